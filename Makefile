@@ -1,0 +1,26 @@
+# The README's two commands: `make run` (main job) and `make test` (whole suite).
+# Both create the virtual environment on first use, so a fresh clone needs nothing else.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+RANKS  ?= 2
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test venv clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,mpich]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/mpiexec -n $(RANKS) $(BIN)/sparse-dist demo
+
+test: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

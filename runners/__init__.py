@@ -1,0 +1,1 @@
+"""Everything a user launches: the ``sparse-dist`` command, dataset generators, benchmarks."""

@@ -1,0 +1,77 @@
+"""Distributed SpMM ``T = A H`` and its transpose, with an autograd interface.
+
+:class:`DistSpMM` binds a :class:`~sparse_dist.dcsr.DistCSR` to one exchange
+plan, a dtype and a device. On the 1.5D grid it completes the plan's partial
+result across the ``c`` replicas of the row group: an allreduce of ``T_g``
+after the forward, and a broadcast of ``dH_g`` from the replica that owns
+block ``g`` after the transpose (only that replica holds a non-zero ``dH_g``,
+so a broadcast moves less than an allreduce would).
+
+Shapes: ``H`` and ``dT`` are this rank's ``n_g x F`` rows (``n_g`` rows of its
+row group, the same on every replica), ``F`` equal on every rank.
+
+Collective: :meth:`DistSpMM.forward`, :meth:`DistSpMM.transpose` and calls of
+the module itself must be entered by every rank, in the same order. Argument
+checks on this hot path are local; a rank that raises ends the whole job
+through :func:`sparse_dist.comm.run_or_abort`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparse_dist.accounting import ComputeTimer
+from sparse_dist.dcsr import DistCSR
+from sparse_dist.plans import ExchangePlan, make_plan
+
+
+class DistSpMM:
+    """``T = A H`` (forward) and ``dH = A^T dT`` (transpose) with one exchange plan."""
+
+    def __init__(self, matrix: DistCSR, plan: str = "p2p", *, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        self.matrix = matrix
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.timer = ComputeTimer()
+        self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer)
+        self._replicated = matrix.grid.replication > 1
+        self._owner_replica = matrix.grid.replica_for_block(matrix.group)
+
+    def _check(self, x: torch.Tensor, what: str) -> torch.Tensor:
+        expected_rows = self.matrix.lshape[0]
+        if x.dim() != 2 or x.shape[0] != expected_rows:
+            raise ValueError(f"{what} must have shape ({expected_rows}, F) on rank {self.matrix.comm.rank}, "
+                             f"got {tuple(x.shape)}")
+        if x.dtype != self.dtype or x.device != self.device:
+            raise TypeError(f"{what} must be {self.dtype} on {self.device}, got {x.dtype} on {x.device}")
+        return x.contiguous()
+
+    def forward(self, h: torch.Tensor, phase: str = "forward") -> torch.Tensor:
+        """``T_g = sum_j A_gj H_j`` for this rank's rows (collective)."""
+        out = self.plan.forward(self._check(h, "H"), phase)
+        if self._replicated:
+            self.matrix.row_comm.allreduce_(out, phase)
+        return out
+
+    def transpose(self, dt: torch.Tensor, phase: str = "backward") -> torch.Tensor:
+        """``dH_g = sum_i A_ig^T dT_i`` for this rank's rows (collective)."""
+        out = self.plan.transpose(self._check(dt, "dT"), phase)
+        if self._replicated:
+            self.matrix.row_comm.bcast_(out, root=self._owner_replica, phase=phase)
+        return out
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """Autograd-aware ``A @ H``: its backward is :meth:`transpose`."""
+        return _SpMMFunction.apply(h, self)
+
+
+class _SpMMFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, op: DistSpMM) -> torch.Tensor:  # type: ignore[override]
+        ctx.op = op  # type: ignore[attr-defined]
+        return op.forward(h)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return ctx.op.transpose(grad_out.contiguous()), None  # type: ignore[attr-defined]
