@@ -31,7 +31,7 @@ import torch
 from runners.synthetic import GRAPH_KINDS, synthetic_rows
 from sparse_dist.comm import Communicator, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.dcsr import DistCSR
-from sparse_dist.layout import RowLayout
+from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import PLAN_NAMES, torch_csr
 from sparse_dist.predict import predict_spmm_bytes
 from sparse_dist.spmm import DistSpMM
@@ -145,7 +145,7 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     threads = args.threads or _default_threads()
     torch.set_num_threads(threads)
     dtype = DTYPES[args.dtype]
-    groups = comm.size // args.replication
+    groups = Grid(comm.size, args.replication).groups  # refuses a c that does not divide P
     layout = RowLayout.balanced(args.nodes, groups)
     group = comm.rank // args.replication
     lo, hi = layout.row_range(group)

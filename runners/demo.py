@@ -16,7 +16,7 @@ import torch
 from runners.synthetic import synthetic_rows
 from sparse_dist.comm import Communicator
 from sparse_dist.dcsr import DistCSR
-from sparse_dist.layout import RowLayout
+from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import PLAN_NAMES
 from sparse_dist.predict import predict_spmm_bytes
 from sparse_dist.spmm import DistSpMM
@@ -33,7 +33,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     n = BUILTIN["nodes"]
     full = synthetic_rows(BUILTIN["kind"], 0, n, n, BUILTIN["degree"], seed=BUILTIN["seed"],
                           community_size=BUILTIN["community_size"], mixing=BUILTIN["mixing"])
-    groups = comm.size // args.replication
+    groups = Grid(comm.size, args.replication).groups  # refuses a c that does not divide P
     layout = RowLayout.balanced(n, groups)
     lo, hi = layout.row_range(comm.rank // args.replication)
     matrix = DistCSR(comm, layout, full[lo:hi], replication=args.replication, name="builtin-clustered")

@@ -33,6 +33,8 @@ class DistSpMM:
         self.matrix = matrix
         self.dtype = dtype
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.timer = ComputeTimer()
         self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer)
         self._replicated = matrix.grid.replication > 1

@@ -70,7 +70,7 @@ def layouts_and_matrices(groups: int) -> list[tuple[str, RowLayout, sp.csr_matri
 
 
 def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_matrix,
-               width: int, dtype: torch.dtype, failures: list[str]) -> int:
+               width: int, dtype: torch.dtype, device: str, failures: list[str]) -> int:
     group = comm.rank // replication
     lo, hi = layout.row_range(group)
     matrix = DistCSR(comm, layout, a[lo:hi], replication=replication, name=label)
@@ -83,12 +83,12 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
     checked = 0
     for plan in PLAN_NAMES:
         name = f"{label} plan={plan} F={width} {str(dtype).removeprefix('torch.')} c={replication}"
-        op = DistSpMM(matrix, plan, dtype=dtype)
-        h = torch.tensor(h_global[lo:hi], dtype=dtype)
-        dt = torch.tensor(dt_global[lo:hi], dtype=dtype)
+        op = DistSpMM(matrix, plan, dtype=dtype, device=device)
+        h = torch.tensor(h_global[lo:hi], dtype=dtype, device=device)
+        dt = torch.tensor(dt_global[lo:hi], dtype=dtype, device=device)
         comm.stats.reset()
-        got_t = op.forward(h)
-        got_dh = op.transpose(dt)
+        got_t = op.forward(h).cpu()
+        got_dh = op.transpose(dt).cpu()
         counted = comm.stats.snapshot()
         scale = 1.0 + float(np.abs(expect_t).max(initial=0.0)) + float(np.abs(expect_dh).max(initial=0.0))
         if not np.allclose(got_t.numpy(), expect_t, rtol=tol, atol=tol * scale):
@@ -105,7 +105,7 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
         # Autograd: d(sum(T * G))/dH must be A^T G.
         h_leaf = h.clone().requires_grad_(True)
         (op(h_leaf) * dt).sum().backward()
-        if not np.allclose(h_leaf.grad.numpy(), expect_dh, rtol=tol, atol=tol * scale):
+        if not np.allclose(h_leaf.grad.cpu().numpy(), expect_dh, rtol=tol, atol=tol * scale):
             failures.append(f"{name}: autograd gradient differs from A^T dT")
         checked += 1
     return checked
@@ -116,21 +116,27 @@ def main() -> int:
     parser.add_argument("--replication", type=int, default=1)
     parser.add_argument("--force-staging", action="store_true",
                         help="send CPU tensors through the host-staging path used for non-CUDA-aware MPI")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per rank: cuda:<local rank>)")
+    parser.add_argument("--gpu-aware", choices=("on", "off", "auto"), default="off")
     args = parser.parse_args()
-    comm = world(gpu_aware="off", force_host_staging=args.force_staging)
+    comm = world(gpu_aware=args.gpu_aware, force_host_staging=args.force_staging)
+    device = args.device
+    if device == "cuda":
+        device = f"cuda:{comm.rank % torch.cuda.device_count()}"
     groups = comm.size // args.replication
     failures: list[str] = []
     checked = 0
     for label, layout, a in layouts_and_matrices(groups):
         for width in (1, 64):
             for dtype in (torch.float32, torch.float64):
-                checked += check_case(comm, args.replication, label, layout, a, width, dtype, failures)
+                checked += check_case(comm, args.replication, label, layout, a, width, dtype, device, failures)
     for failure in failures:
         sys.stderr.write(f"[rank {comm.rank}] FAIL {failure}\n")
     all_passed = comm.all_true(not failures)
     if comm.rank == 0:
         status = "all passed" if all_passed else "FAILURES"
-        print(f"spmm cases P={comm.size} c={args.replication}: {checked} checked per rank, {status}")
+        print(f"spmm cases P={comm.size} c={args.replication} device={args.device} "
+              f"staging={args.force_staging}: {checked} checked per rank, {status}")
     return 0 if all_passed else 1
 
 

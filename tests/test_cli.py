@@ -1,0 +1,47 @@
+"""The commands users launch, under real mpiexec."""
+
+import json
+import sys
+
+import pytest
+from mpirun import BIN, run_mpi
+
+SPARSE_DIST = str(BIN / "sparse-dist")
+
+
+@pytest.mark.parametrize("ranks,extra", [(2, []), (4, ["--replication", "2"])])
+def test_demo_matches_the_single_process_result(ranks: int, extra: list[str]) -> None:
+    result = run_mpi(ranks, [SPARSE_DIST, "demo", *extra], timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "match: all plans equal the single-process result" in result.stdout
+    assert result.stdout.count("True") == 3
+
+
+def test_bench_reports_counted_bytes_equal_to_predicted() -> None:
+    result = run_mpi(3, [SPARSE_DIST, "bench", "spmm", "--nodes", "3000", "--degree", "4", "--features", "8",
+                         "--repeats", "1", "--graph", "random", "--json"], timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["world_size"] == 3 and set(report["plans"]) == {"dense-bcast", "sparse-bcast", "p2p"}
+    for plan in report["plans"].values():
+        assert plan["bytes_match"] is True
+        assert plan["counted_bytes"] == plan["predicted_bytes"]
+    assert report["reference"]["forward"] > 0
+    # dense broadcast moves every row of H to every other rank: 3000 * 8 * 4 bytes received in total * 2 others
+    dense_received = sum(recv for _, recv in report["plans"]["dense-bcast"]["counted_bytes"]["forward"])
+    assert dense_received == 2 * 3000 * 8 * 4
+
+
+def test_bad_arguments_end_the_job_nonzero() -> None:
+    result = run_mpi(2, [SPARSE_DIST, "bench", "spmm", "--nodes", "100", "--replication", "3"], timeout=120)
+    assert result.returncode != 0
+    assert "must divide" in result.stderr
+
+
+def test_info_runs_without_mpiexec() -> None:
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", "runners.cli", "info"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "mpi_library" in result.stdout and "cuda-aware" in result.stdout
