@@ -1,6 +1,6 @@
 # The README's two commands: `make run` (main job) and `make test` (whole suite).
 # Both create the virtual environment on first use, so a fresh clone needs nothing else.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 RANKS  ?= 2
@@ -10,7 +10,6 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,mpich]'
 	touch $(STAMP)
 
