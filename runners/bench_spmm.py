@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from typing import Any
@@ -29,7 +28,7 @@ import scipy.sparse as sp
 import torch
 
 from runners.synthetic import GRAPH_KINDS, synthetic_rows
-from sparse_dist.comm import Communicator, mpi_vendor_details, ranks_on_this_node
+from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import PLAN_NAMES, torch_csr
@@ -56,14 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference timing")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-
-
-def _default_threads() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK")
-    if slurm and slurm.isdigit():
-        return int(slurm)
-    return max(1, cores // ranks_on_this_node())
 
 
 def _median_max(per_rank_lists: list[list[float]]) -> float:
@@ -142,7 +133,7 @@ def _time_reference(args: argparse.Namespace, dtype: torch.dtype, total_threads:
 
 def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark (collective); returns the result dict on every rank."""
-    threads = args.threads or _default_threads()
+    threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     dtype = DTYPES[args.dtype]
     groups = Grid(comm.size, args.replication).groups  # refuses a c that does not divide P

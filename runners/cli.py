@@ -1,4 +1,4 @@
-"""The ``sparse-dist`` command: ``demo``, ``bench spmm`` and ``info``.
+"""The ``sparse-dist`` command: ``prepare``, ``train``, ``demo``, ``bench spmm`` and ``info``.
 
 Launch under MPI: ``mpiexec -n P sparse-dist demo`` or ``srun --mpi=pmi2
 sparse-dist ...``. Any exception on any rank ends the whole job with a
@@ -15,7 +15,7 @@ from sparse_dist import log
 
 
 def _parser() -> argparse.ArgumentParser:
-    from runners import bench_spmm, demo
+    from runners import bench_spmm, demo, prepare_cmd, train_cmd
 
     parser = argparse.ArgumentParser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="library log level (default: WARNING)")
@@ -26,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     demo_parser = commands.add_parser("demo", help="distributed SpMM on a built-in graph vs scipy")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.main)
+    prepare = commands.add_parser("prepare", help="write a dataset as shards (single process)")
+    prepare_cmd.add_arguments(prepare)
+    prepare.set_defaults(func=prepare_cmd.main)
+    train = commands.add_parser("train", help="distributed full-graph training from shards")
+    train_cmd.add_arguments(train)
+    train.set_defaults(func=train_cmd.main)
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     spmm = bench_kinds.add_parser("spmm", help="distributed SpMM vs single-process torch SpMM")

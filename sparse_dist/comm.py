@@ -403,3 +403,12 @@ def ranks_on_this_node() -> int:
         return local.Get_size()
     finally:
         local.Free()
+
+
+def default_threads_per_rank() -> int:
+    """``SLURM_CPUS_PER_TASK`` if set, else the cores this process may use divided by the ranks on its node."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK")
+    if slurm and slurm.isdigit():
+        return int(slurm)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // ranks_on_this_node())

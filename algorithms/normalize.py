@@ -1,0 +1,74 @@
+"""Adjacency normalisation as pure functions of a rank's rows (plus its neighbours' degrees).
+
+* GCN (Kipf & Welling): ``Â = D^-1/2 (A + I) D^-1/2`` where the self-loops are
+  "remaining" ones (a node that already has a self-loop keeps its weight,
+  every other node gets weight 1) and ``D`` holds the ROW sums of ``A + I``.
+  For symmetric ``A`` row and column sums agree; for a directed graph the row
+  sum (the number of sources a row aggregates from) is used on both sides.
+* GraphSAGE-mean: ``D^-1 A`` with row sums of ``A`` (no self-loops; a row
+  without neighbours stays zero).
+
+The same functions serve one rank or many: the only non-local input, the
+degrees of the columns a rank touches, comes from
+:func:`sparse_dist.gather.fetch_by_global_id`, so the result does not depend
+on the number of ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from sparse_dist.comm import Communicator
+from sparse_dist.gather import fetch_by_global_id
+from sparse_dist.layout import RowLayout
+
+
+def add_remaining_self_loops(rows: sp.csr_matrix, first_row: int) -> sp.csr_matrix:
+    """``rows`` (global column ids, row ``k`` is node ``first_row + k``) with a self-loop on every row."""
+    rows = sp.csr_matrix(rows, dtype=np.float64)
+    rows.sum_duplicates()
+    n = rows.shape[0]
+    row_ids = np.repeat(np.arange(n), np.diff(rows.indptr))
+    has_loop = np.zeros(n, dtype=bool)
+    has_loop[row_ids[rows.indices == row_ids + first_row]] = True
+    missing = np.flatnonzero(~has_loop)
+    loops = sp.csr_matrix((np.ones(missing.size), (missing, missing + first_row)), shape=rows.shape)
+    result = sp.csr_matrix(rows + loops)
+    result.sort_indices()
+    return result
+
+
+def scale_symmetric(rows: sp.csr_matrix, row_scale: np.ndarray, column_scale_of_entry: np.ndarray) -> sp.csr_matrix:
+    """``diag(row_scale) @ rows`` with entry ``e`` further multiplied by ``column_scale_of_entry[e]``."""
+    out = sp.csr_matrix(rows, copy=True)
+    out.data = out.data * np.repeat(row_scale, np.diff(out.indptr)) * column_scale_of_entry
+    return out
+
+
+def inverse_sqrt(values: np.ndarray) -> np.ndarray:
+    """``values ** -1/2`` with 0 where the value is 0 (isolated nodes stay zero)."""
+    out = np.zeros_like(values, dtype=np.float64)
+    positive = values > 0
+    out[positive] = values[positive] ** -0.5
+    return out
+
+
+def gcn_normalize(comm: Communicator, layout: RowLayout, rows: sp.csr_matrix, group: int) -> sp.csr_matrix:
+    """GCN ``Â`` rows of row group ``group`` (collective over ``comm``, one rank per group)."""
+    first_row = layout.offsets[group]
+    with_loops = add_remaining_self_loops(rows, first_row)
+    degree_inv_sqrt = inverse_sqrt(np.asarray(with_loops.sum(axis=1)).ravel())
+    columns, inverse = np.unique(with_loops.indices, return_inverse=True)
+    column_scale = fetch_by_global_id(comm, layout, columns, degree_inv_sqrt)
+    return scale_symmetric(with_loops, degree_inv_sqrt, column_scale[inverse])
+
+
+def mean_normalize(rows: sp.csr_matrix) -> sp.csr_matrix:
+    """GraphSAGE-mean ``D^-1 A`` (purely local)."""
+    rows = sp.csr_matrix(rows, dtype=np.float64)
+    rows.sum_duplicates()
+    degree = np.asarray(rows.sum(axis=1)).ravel()
+    scale = np.zeros_like(degree)
+    scale[degree > 0] = 1.0 / degree[degree > 0]
+    return sp.csr_matrix(sp.diags(scale) @ rows)

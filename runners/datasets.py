@@ -1,0 +1,170 @@
+"""Whole-graph datasets as ``prepare`` reads them: Planetoid files and a planted-class generator.
+
+A :class:`GraphData` is held by the single ``prepare`` process only; training
+ranks read shards (:mod:`runners.shards`).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from runners.synthetic import synthetic_rows
+
+BUILTIN_PLANETOID = Path(__file__).resolve().parent / "builtin_data" / "planetoid"
+PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph")
+
+
+class DatasetError(ValueError):
+    """Input data in the wrong format; the message names the file and what was expected."""
+
+
+@dataclass
+class GraphData:
+    """A whole graph: adjacency (N x N, rows aggregate from columns), node data, splits."""
+
+    name: str
+    adjacency: sp.csr_matrix
+    features: np.ndarray          # N x F float32
+    labels: np.ndarray            # N int64 class ids, or N x C {0,1} for multi-label
+    masks: dict[str, np.ndarray]  # train / val / test -> bool N
+    num_classes: int
+    multilabel: bool = False
+
+    @property
+    def num_nodes(self) -> int:
+        return self.adjacency.shape[0]
+
+
+class _PlanetoidUnpickler(pickle.Unpickler):
+    """Refuses anything but the containers the Planetoid files hold (no arbitrary code)."""
+
+    _ALLOWED = {("collections", "defaultdict"), ("builtins", "list"), ("builtins", "dict"),
+                ("builtins", "set"), ("builtins", "int")}
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201
+        module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
+        if (module, name) in self._ALLOWED or (module, name) == ("copyreg", "_reconstructor"):
+            return super().find_class(module, name)
+        if module.startswith("numpy") and name in ("ndarray", "dtype", "_reconstruct", "scalar", "_frombuffer"):
+            return super().find_class(module, name)
+        if module.startswith("scipy.sparse") and name in ("csr_matrix", "csc_matrix", "coo_matrix"):
+            return getattr(sp, name)
+        raise DatasetError(f"unexpected object {module}.{name} in a Planetoid file")
+
+
+def _read_pickle(path: Path) -> object:
+    try:
+        with open(path, "rb") as handle:
+            return _PlanetoidUnpickler(handle, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
+        if isinstance(exc, DatasetError):
+            raise DatasetError(f"{path}: {exc}") from None
+        raise DatasetError(f"{path}: not a Planetoid pickle ({exc})") from None
+
+
+def load_planetoid(directory: str | Path, name: str) -> GraphData:
+    """Read ``ind.NAME.{x,tx,allx,y,ty,ally,graph,test.index}`` with the standard public split.
+
+    As in Kipf & Welling's loader: test rows are re-ordered by their index,
+    test ids missing from the graph (Citeseer) get zero features and no
+    label, train = the first ``len(y)`` nodes, val = the next 500, test = the
+    ids in ``test.index``. The adjacency is made symmetric and binary, without
+    self-loops (the GCN normalisation adds them).
+    """
+    directory = Path(directory)
+    missing = [f"ind.{name}.{part}" for part in (*PLANETOID_PARTS, "test.index")
+               if not (directory / f"ind.{name}.{part}").is_file()]
+    if missing:
+        raise DatasetError(f"{directory}: not a Planetoid dataset directory for {name!r}; missing {missing}")
+    objects = {part: _read_pickle(directory / f"ind.{name}.{part}") for part in PLANETOID_PARTS}
+    for part in ("x", "tx", "allx"):
+        if not sp.issparse(objects[part]):
+            raise DatasetError(f"{directory / f'ind.{name}.{part}'}: expected a scipy sparse matrix, "
+                               f"got {type(objects[part]).__name__}")
+    for part in ("y", "ty", "ally"):
+        if not isinstance(objects[part], np.ndarray) or objects[part].ndim != 2:
+            raise DatasetError(f"{directory / f'ind.{name}.{part}'}: expected a 2-D one-hot label array")
+    try:
+        test_index = np.loadtxt(directory / f"ind.{name}.test.index", dtype=np.int64, ndmin=1)
+    except ValueError as exc:
+        raise DatasetError(f"{directory / f'ind.{name}.test.index'}: expected one integer per line ({exc})") from None
+    graph = objects["graph"]
+    if not isinstance(graph, dict):
+        raise DatasetError(f"{directory / f'ind.{name}.graph'}: expected a dict of adjacency lists")
+
+    tx, allx = sp.csr_matrix(objects["tx"]), sp.csr_matrix(objects["allx"])
+    ty, ally, y = objects["ty"], objects["ally"], objects["y"]
+    test_sorted = np.sort(test_index)
+    n_nodes = max(allx.shape[0] + (test_sorted.max() - test_sorted.min() + 1), len(graph))
+    if test_sorted.max() - test_sorted.min() + 1 != tx.shape[0]:  # Citeseer: isolated test nodes
+        full_tx = sp.lil_matrix((test_sorted.max() - test_sorted.min() + 1, tx.shape[1]))
+        full_tx[test_sorted - test_sorted.min(), :] = tx
+        tx = sp.csr_matrix(full_tx)
+        full_ty = np.zeros((full_tx.shape[0], ty.shape[1]))
+        full_ty[test_sorted - test_sorted.min(), :] = ty
+        ty = full_ty
+    features = sp.vstack([allx, tx]).tolil()
+    features[test_index, :] = features[test_sorted, :]
+    onehot = np.vstack([ally, ty])
+    onehot[test_index, :] = onehot[test_sorted, :]
+    n_nodes = features.shape[0]
+
+    sources, targets = [], []
+    for node, neighbours in graph.items():
+        for other in neighbours:
+            if node != other and 0 <= other < n_nodes and 0 <= node < n_nodes:
+                sources.append(node)
+                targets.append(other)
+    adjacency = sp.csr_matrix((np.ones(len(sources)), (sources, targets)), shape=(n_nodes, n_nodes))
+    adjacency = ((adjacency + adjacency.T) > 0).astype(np.float32).tocsr()
+
+    has_label = onehot.sum(axis=1) > 0
+    labels = onehot.argmax(axis=1).astype(np.int64)
+    masks = {split: np.zeros(n_nodes, dtype=bool) for split in ("train", "val", "test")}
+    masks["train"][: y.shape[0]] = True
+    masks["val"][y.shape[0]: y.shape[0] + 500] = True
+    masks["test"][test_sorted] = True
+    masks["test"] &= has_label
+    return GraphData(name=name, adjacency=adjacency, features=np.asarray(features.todense(), dtype=np.float32),
+                     labels=labels, masks=masks, num_classes=onehot.shape[1])
+
+
+def planted_classes(nodes: int = 50_000, classes: int = 8, degree: int = 10, features: int = 128,
+                    community_size: int = 500, mixing: float = 0.1, words: int = 20, signal: float = 0.3,
+                    train: float = 0.1, val: float = 0.1, test: float = 0.3, seed: int = 0) -> GraphData:
+    """A synthetic graph whose classes are planted in both structure and features.
+
+    Communities of ``community_size`` contiguous nodes (edges leave their
+    community with probability ``mixing``; the graph is symmetrised) carry
+    class ``community % classes``. Features are bag-of-words: each node
+    draws ``words`` words, each from its class's own ``features / classes``
+    words with probability ``signal`` and uniformly otherwise, so features
+    alone are only partly informative and the graph helps. Splits are
+    uniform random with the given fractions.
+    """
+    if classes < 2 or features < classes or not 0 < train and train + val + test <= 1:
+        raise ValueError(f"planted_classes: need classes >= 2, features >= classes, 0 < train, "
+                         f"train + val + test <= 1; got {classes=}, {features=}, {train=}, {val=}, {test=}")
+    rng = np.random.default_rng(seed)
+    directed = synthetic_rows("clustered", 0, nodes, nodes, degree, seed=seed,
+                              community_size=community_size, mixing=mixing)
+    adjacency = ((directed + directed.T) > 0).astype(np.float32).tocsr()
+    adjacency.setdiag(0)
+    adjacency.eliminate_zeros()
+    labels = ((np.arange(nodes) // community_size) % classes).astype(np.int64)
+    block = features // classes
+    own = labels[:, None] * block + rng.integers(0, block, size=(nodes, words))
+    anywhere = rng.integers(0, features, size=(nodes, words))
+    chosen = np.where(rng.random((nodes, words)) < signal, own, anywhere)
+    feature_matrix = np.zeros((nodes, features), dtype=np.float32)
+    np.add.at(feature_matrix, (np.repeat(np.arange(nodes), words), chosen.ravel()), 1.0)
+    draw = rng.random(nodes)
+    masks = {"train": draw < train, "val": (draw >= train) & (draw < train + val),
+             "test": (draw >= train + val) & (draw < train + val + test)}
+    return GraphData(name=f"planted-{nodes}", adjacency=adjacency, features=feature_matrix, labels=labels,
+                     masks=masks, num_classes=classes)

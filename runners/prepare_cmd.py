@@ -1,0 +1,44 @@
+"""``sparse-dist prepare``: turn a dataset into a directory of shards, once (single process)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from runners.datasets import BUILTIN_PLANETOID, load_planetoid, planted_classes
+from runners.partition import PARTITIONERS
+from runners.shards import write_shards
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", choices=("planetoid", "synthetic"),
+                        help="planetoid: ind.NAME.* files; synthetic: planted classes")
+    parser.add_argument("--out", required=True, help="dataset directory to create")
+    parser.add_argument("--name", default="cora", help="planetoid: dataset name in the file names (default: cora)")
+    parser.add_argument("--root", default=None,
+                        help=f"planetoid: directory of the ind.NAME.* files (default: built-in {BUILTIN_PLANETOID})")
+    parser.add_argument("--parts", type=int, default=2, help="number of shards (default: 2)")
+    parser.add_argument("--partitioner", choices=PARTITIONERS, default="block")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the partitioner and the synthetic graph")
+    parser.add_argument("--nodes", type=int, default=100_000, help="synthetic: number of nodes")
+    parser.add_argument("--classes", type=int, default=8, help="synthetic: number of classes")
+    parser.add_argument("--degree", type=int, default=10, help="synthetic: out-edges per node before symmetrising")
+    parser.add_argument("--features", type=int, default=128, help="synthetic: feature width")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
+
+
+def main(comm: object, args: argparse.Namespace) -> int:
+    rank = getattr(comm, "rank", 0)
+    if rank != 0:
+        return 0  # prepare is a single-process step; extra ranks have nothing to do
+    start = time.perf_counter()
+    if args.source == "planetoid":
+        data = load_planetoid(args.root or BUILTIN_PLANETOID, args.name)
+    else:
+        data = planted_classes(nodes=args.nodes, classes=args.classes, degree=args.degree,
+                               features=args.features, seed=args.seed)
+    meta = write_shards(data, args.out, args.parts, args.partitioner, args.seed, overwrite=args.overwrite)
+    print(f"prepared {meta['name']}: {meta['num_nodes']} nodes, {meta['num_edges']} edges, "
+          f"{meta['feature_dim']} features, {meta['num_classes']} classes, {meta['num_parts']} parts "
+          f"({meta['partitioner']}) in {args.out} [{time.perf_counter() - start:.1f} s]")
+    return 0

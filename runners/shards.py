@@ -1,0 +1,191 @@
+"""The sharded dataset format (DESIGN section 6): write once, read one's own part(s).
+
+A dataset directory holds:
+
+* ``meta.json``: ``format_version``, ``name``, ``num_nodes``, ``num_edges``,
+  ``feature_dim``, ``num_classes``, ``multilabel``, ``partitioner``,
+  ``num_parts``, ``row_offsets`` (``num_parts + 1``), ``permutation_file``,
+  ``files`` (file name -> SHA-256);
+* ``permutation.npy``: new node id -> original node id;
+* ``part-NNNNN.npz`` per part: ``indptr``, ``indices`` (GLOBAL new ids),
+  ``data`` (edge weights), ``features``, ``labels``, ``train``, ``val``,
+  ``test`` for the part's rows only.
+
+``write_shards`` writes into a temporary directory next to the target and
+renames it into place, so a crash never leaves a half-written dataset.
+A run on ``G`` row groups merges ``num_parts / G`` adjacent parts per group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from algorithms.train import LocalGraph
+from runners.datasets import GraphData
+from runners.partition import partition, relabel
+from sparse_dist.comm import Communicator
+from sparse_dist.layout import RowLayout
+
+FORMAT_VERSION = 1
+META_FIELDS = ("format_version", "name", "num_nodes", "num_edges", "feature_dim", "num_classes", "multilabel",
+               "partitioner", "num_parts", "row_offsets", "permutation_file", "files")
+PART_ARRAYS = ("indptr", "indices", "data", "features", "labels", "train", "val", "test")
+
+
+class ShardError(ValueError):
+    """A dataset directory that is missing, damaged or does not fit the run."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def part_file(index: int) -> str:
+    return f"part-{index:05d}.npz"
+
+
+def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: str = "block", seed: int = 0,
+                 overwrite: bool = False) -> dict[str, Any]:
+    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise ShardError(f"{out_dir} already exists; pass --overwrite to replace it")
+    part_of = partition(partitioner, data.adjacency, parts, seed)
+    order, offsets = relabel(part_of, parts)
+    new_id = np.empty_like(order)
+    new_id[order] = np.arange(order.size)
+    adjacency = sp.csr_matrix(data.adjacency)[order]
+    adjacency = sp.csr_matrix((adjacency.data, new_id[adjacency.indices], adjacency.indptr), shape=adjacency.shape)
+    adjacency.sort_indices()
+
+    temporary = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    files: dict[str, str] = {}
+    np.save(temporary / "permutation.npy", order)
+    files["permutation.npy"] = _sha256(temporary / "permutation.npy")
+    for index in range(parts):
+        lo, hi = offsets[index], offsets[index + 1]
+        rows = adjacency[lo:hi]
+        nodes = order[lo:hi]
+        name = part_file(index)
+        np.savez(temporary / name, indptr=rows.indptr.astype(np.int64), indices=rows.indices.astype(np.int64),
+                 data=rows.data.astype(np.float32), features=data.features[nodes].astype(np.float32),
+                 labels=data.labels[nodes], train=data.masks["train"][nodes], val=data.masks["val"][nodes],
+                 test=data.masks["test"][nodes])
+        files[name] = _sha256(temporary / name)
+    meta = {"format_version": FORMAT_VERSION, "name": data.name, "num_nodes": int(data.num_nodes),
+            "num_edges": int(adjacency.nnz), "feature_dim": int(data.features.shape[1]),
+            "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel), "partitioner": partitioner,
+            "partition_seed": seed, "num_parts": parts, "row_offsets": offsets.tolist(),
+            "permutation_file": "permutation.npy", "files": files}
+    (temporary / "meta.json").write_text(json.dumps(meta, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(temporary, out_dir)
+    return meta
+
+
+def read_meta(data_dir: str | Path) -> dict[str, Any]:
+    """``meta.json`` of a dataset directory, checked for every field the readers use."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        raise ShardError(f"{data_dir}: not a prepared dataset (no meta.json); run `sparse-dist prepare` first")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ShardError(f"{path}: not valid JSON ({exc})") from None
+    missing = [key for key in META_FIELDS if key not in meta]
+    if missing:
+        raise ShardError(f"{path}: missing fields {missing}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise ShardError(f"{path}: format_version {meta['format_version']}, expected {FORMAT_VERSION}")
+    offsets = meta["row_offsets"]
+    if len(offsets) != meta["num_parts"] + 1 or offsets[0] != 0 or offsets[-1] != meta["num_nodes"]:
+        raise ShardError(f"{path}: row_offsets must have num_parts + 1 = {meta['num_parts'] + 1} entries "
+                         f"from 0 to num_nodes = {meta['num_nodes']}")
+    return meta
+
+
+def _read_part(data_dir: Path, meta: dict[str, Any], index: int) -> dict[str, np.ndarray]:
+    name = part_file(index)
+    path = data_dir / name
+    if not path.is_file():
+        raise ShardError(f"{path}: shard file missing")
+    expected = meta["files"].get(name)
+    if expected is None or _sha256(path) != expected:
+        raise ShardError(f"{path}: checksum does not match meta.json (file damaged or replaced)")
+    with np.load(path, allow_pickle=False) as archive:
+        missing = [key for key in PART_ARRAYS if key not in archive.files]
+        if missing:
+            raise ShardError(f"{path}: missing arrays {missing}")
+        arrays = {key: archive[key] for key in PART_ARRAYS}
+    n_rows = meta["row_offsets"][index + 1] - meta["row_offsets"][index]
+    if arrays["indptr"].size != n_rows + 1 or arrays["features"].shape != (n_rows, meta["feature_dim"]):
+        raise ShardError(f"{path}: expected {n_rows} rows and feature_dim {meta['feature_dim']}, found "
+                         f"indptr of {arrays['indptr'].size} and features {arrays['features'].shape}")
+    if not np.all(np.isfinite(arrays["features"])):
+        raise ShardError(f"{path}: field 'features' has non-finite values")
+    labels = arrays["labels"]
+    if meta["multilabel"]:
+        if labels.shape != (n_rows, meta["num_classes"]) or not np.isin(labels, (0, 1)).all():
+            raise ShardError(f"{path}: field 'labels' must be {n_rows} x {meta['num_classes']} of 0/1")
+    elif labels.size and (labels.min() < 0 or labels.max() >= meta["num_classes"]):
+        raise ShardError(f"{path}: field 'labels' has values in [{labels.min()}, {labels.max()}], expected "
+                         f"[0, {meta['num_classes'] - 1}] (num_classes={meta['num_classes']})")
+    if arrays["indices"].size and (arrays["indices"].min() < 0 or arrays["indices"].max() >= meta["num_nodes"]):
+        raise ShardError(f"{path}: field 'indices' has node ids outside [0, {meta['num_nodes']})")
+    return arrays
+
+
+def load_local_graph(comm: Communicator, data_dir: str | Path, groups: int, replication: int) -> LocalGraph:
+    """This rank's row group, merged from its adjacent parts (collective validation).
+
+    Every rank checks its own files; any problem on any rank raises the same
+    :class:`ShardError` everywhere, before any other collective.
+    """
+    data_dir = Path(data_dir)
+    meta: dict[str, Any] | None = None
+    error: str | None = None
+    try:
+        meta = read_meta(data_dir)
+        if meta["num_parts"] % groups != 0:
+            raise ShardError(f"{data_dir}: {meta['num_parts']} parts cannot be split over {groups} row groups "
+                             f"(P={comm.size}, c={replication}); use a P/c that divides the number of parts")
+    except ShardError as exc:
+        error = str(exc)
+    comm.raise_if_any(error, ShardError)
+    assert meta is not None
+    per_group = meta["num_parts"] // groups
+    group = comm.rank // replication
+    pieces: list[dict[str, np.ndarray]] = []
+    try:
+        pieces = [_read_part(data_dir, meta, index) for index in range(group * per_group, (group + 1) * per_group)]
+    except ShardError as exc:
+        error = str(exc)
+    comm.raise_if_any(error, ShardError)
+    offsets = meta["row_offsets"][::per_group]
+    n_nodes = meta["num_nodes"]
+    blocks = [sp.csr_matrix((p["data"], p["indices"], p["indptr"]), shape=(p["indptr"].size - 1, n_nodes))
+              for p in pieces]
+    rows = sp.csr_matrix(sp.vstack(blocks)) if blocks else sp.csr_matrix((0, n_nodes))
+    return LocalGraph(
+        layout=RowLayout(tuple(int(x) for x in offsets)), rows=rows,
+        features=np.concatenate([p["features"] for p in pieces]),
+        labels=np.concatenate([p["labels"] for p in pieces]),
+        masks={split: np.concatenate([p[split] for p in pieces]) for split in ("train", "val", "test")},
+        num_classes=meta["num_classes"], multilabel=meta["multilabel"], name=meta["name"],
+        extra={"meta": meta},
+    )

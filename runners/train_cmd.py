@@ -1,0 +1,139 @@
+"""``sparse-dist train``: full-graph distributed training from a prepared dataset directory.
+
+Each rank loads only its own part(s), trains, evaluates every
+``--eval-every`` epochs, and rank 0 prints progress and writes the results
+file (JSON lines: ``config``, ``environment``, one ``epoch`` record per epoch
+with loss, metrics, time breakdown and bytes per phase as min/mean/max over
+ranks, then ``final`` with peak memory per rank and the final metrics).
+
+Time breakdown per epoch: ``local_spmm`` (local sparse multiplies),
+``exchange`` (seconds inside MPI for the SpMM exchanges), ``allreduce``
+(gradient allreduce), ``dense`` (everything else: dense matmuls, dropout,
+loss, optimiser).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from algorithms.model import MODEL_KINDS
+from algorithms.train import TrainConfig, Trainer
+from runners.results import ResultsWriter, environment, peak_memory_bytes, spread
+from runners.shards import load_local_graph
+from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
+from sparse_dist.layout import Grid
+from sparse_dist.plans import PLAN_NAMES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
+    parser.add_argument("--model", choices=MODEL_KINDS, default="gcn")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--dropout", type=float, default=0.5)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--weight-decay", type=float, default=5e-4)
+    parser.add_argument("--weight-decay-scope", choices=("first", "all"), default="first",
+                        help="first: first layer only, as Kipf & Welling (default)")
+    parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=1)
+    parser.add_argument("--print-every", type=int, default=10, help="rank-0 progress line every k epochs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
+    parser.add_argument("--replication", type=int, default=1, help="1.5D replication factor c (divides P)")
+    parser.add_argument("--feature-norm", choices=("row", "none"), default="row")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank, cuda:(local rank mod GPUs)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
+    parser.add_argument("--out", default=None, help="results file (JSON lines)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint file path")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="write the checkpoint every k epochs")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
+                       weight_decay=args.weight_decay, weight_decay_scope=args.weight_decay_scope,
+                       epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
+                       replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype)
+
+
+def _device(comm: Communicator, name: str) -> torch.device:
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: no CUDA device is visible to this rank")
+        return torch.device("cuda", comm.rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _resume(comm: Communicator, trainer: Trainer, path: str | None) -> None:
+    state, error = None, None
+    try:
+        if path is None:
+            raise CheckpointError("--resume needs --checkpoint PATH")
+        state = load_checkpoint(path)
+        error = trainer.mismatch(state)
+    except CheckpointError as exc:
+        error = str(exc)
+    comm.raise_if_any(error, CheckpointError)
+    assert state is not None
+    trainer.load_state(state)
+
+
+def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
+    times = {key: spread([g["time"][key] for g in gathered]) for key in gathered[0]["time"]}
+    traffic = {phase: {direction: spread([g["bytes"][phase][direction] for g in gathered])
+                       for direction in ("sent", "recv")} for phase in gathered[0]["bytes"]}
+    return {"time": times, "bytes": traffic}
+
+
+def main(comm: Communicator, args: argparse.Namespace) -> int:
+    threads = args.threads or default_threads_per_rank()
+    torch.set_num_threads(threads)
+    grid = Grid(comm.size, args.replication)
+    config = _config(args)
+    graph = load_local_graph(comm, args.data, grid.groups, args.replication)
+    trainer = Trainer(comm, graph, config, _device(comm, args.device))
+    leader = comm.rank == 0
+    writer = ResultsWriter(args.out if leader else None)
+    writer.write({"type": "config", **asdict(config), "data": args.data, "world_size": comm.size,
+                  "device": args.device, "gpu_aware": comm.gpu_aware})
+    writer.write({"type": "environment", **environment(mpi_vendor_details(), comm.size, threads)})
+    if args.resume:
+        _resume(comm, trainer, args.checkpoint)
+        if leader:
+            print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}", flush=True)
+    metrics: dict[str, float] = {}
+    while trainer.epoch < config.epochs:
+        record = trainer.train_epoch()
+        epoch = record["epoch"]
+        last = epoch == config.epochs
+        if epoch % config.eval_every == 0 or last:
+            metrics = trainer.evaluate()
+        gathered = comm.allgather_object({"time": record["time"], "bytes": record["bytes"]})
+        if leader:
+            writer.write({"type": "epoch", "epoch": epoch, "loss": record["loss"], **metrics,
+                          **_summarise(gathered)})
+            if epoch % args.print_every == 0 or last or epoch == 1:
+                shown = " ".join(f"{key} {value:.4f}" for key, value in metrics.items())
+                wall = max(g["time"]["total"] for g in gathered)
+                print(f"epoch {epoch:4d} loss {record['loss']:.4f} {shown} time {wall:.4f}s", flush=True)
+        if args.checkpoint and args.checkpoint_every and (epoch % args.checkpoint_every == 0 or last):
+            if leader:
+                save_checkpoint(args.checkpoint, trainer.state())
+    peaks = comm.allgather_object(peak_memory_bytes(trainer.device))
+    if leader:
+        writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks})
+        writer.close()
+        final = metrics.get("test_acc", metrics.get("test_f1"))
+        label = "test accuracy" if "test_acc" in metrics else "test micro-F1"
+        if final is not None:
+            print(f"final {label}: {final:.4f} ({config.model}, P={comm.size}, c={config.replication}, "
+                  f"plan {config.plan})", flush=True)
+    return 0
