@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/mpiexec -n $(RANKS) $(BIN)/sparse-dist demo
+	test -f data_prepared/cora/meta.json || $(BIN)/sparse-dist prepare planetoid --out data_prepared/cora --parts 4
+	$(BIN)/mpiexec -n $(RANKS) $(BIN)/sparse-dist train --data data_prepared/cora --out results/cora-gcn.jsonl
 
 test: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q tests

@@ -1,0 +1,113 @@
+"""Exactness contract: distributed training == the single-process reference (tests/reference_gcn.py).
+
+For each dataset (a random directed graph; Cora), model (GCN, SAGE-mean)
+and exchange plan, on this launch's P and c: the evaluation logits, the
+first step's weight gradients, the losses of 5 epochs and the weights after
+them must equal the plain-torch reference to float32 tolerance. Shards are
+written once per dataset by the pytest process (12 parts, random
+partitioner, so every P in 1..4 and c = 2 merges parts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from reference_gcn import Reference  # noqa: E402
+
+from algorithms.train import TrainConfig, Trainer  # noqa: E402
+from runners.shards import load_local_graph, read_meta  # noqa: E402
+from sparse_dist.comm import run_or_abort, world  # noqa: E402
+from sparse_dist.plans import PLAN_NAMES  # noqa: E402
+
+EPOCHS = 5
+RTOL, ATOL = 1e-4, 2e-5
+
+
+def full_graph(directory: Path) -> dict[str, np.ndarray]:
+    """The whole dataset in the shards' (partitioned) node order, read with plain numpy."""
+    meta = read_meta(directory)
+    parts = [np.load(directory / f"part-{i:05d}.npz") for i in range(meta["num_parts"])]
+    n = meta["num_nodes"]
+    adjacency = np.zeros((n, n))
+    row = 0
+    for part in parts:
+        indptr, indices, data = part["indptr"], part["indices"], part["data"]
+        for k in range(indptr.size - 1):
+            adjacency[row, indices[indptr[k]:indptr[k + 1]]] += data[indptr[k]:indptr[k + 1]]
+            row += 1
+    cat = {key: np.concatenate([p[key] for p in parts]) for key in ("features", "labels", "train")}
+    return {"adjacency": adjacency, **cat, "num_classes": meta["num_classes"]}
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool(torch.allclose(got.detach().double(), want.detach().double(), rtol=RTOL, atol=ATOL))
+
+
+def check(comm, directory: Path, data: dict, model: str, plan: str, replication: int, failures: list[str]) -> None:
+    label = f"{directory.name} {model} {plan} P={comm.size} c={replication}"
+    graph = load_local_graph(comm, directory, comm.size // replication, replication)
+    trainer = Trainer(comm, graph, TrainConfig(model=model, plan=plan, replication=replication, epochs=EPOCHS))
+    reference = Reference(data["adjacency"], data["features"], data["labels"], data["train"],
+                          data["num_classes"], model)
+    lo, hi = graph.layout.row_range(comm.rank // replication)
+
+    with torch.no_grad():
+        logits = trainer.model(trainer.features, trainer.spmm, first_row=lo, epoch=0, training=False)
+        want_logits = reference.forward(training=False)[lo:hi]
+    if not close(logits, want_logits):
+        failures.append(f"{label}: forward logits differ by {(logits - want_logits).abs().max():.2e}")
+
+    pairs = []
+    for layer in range(trainer.model.num_layers):
+        ref_layer = reference.params[layer]
+        pairs.append((f"W{layer}", trainer.model.weights[layer], ref_layer[0]))
+        if model == "sage":
+            pairs.append((f"Wn{layer}", trainer.model.neighbour_weights[layer], ref_layer[1]))
+        pairs.append((f"b{layer}", trainer.model.biases[layer], ref_layer[-1]))
+    for epoch in range(EPOCHS):
+        got_loss = trainer.train_epoch()["loss"]
+        want_loss = reference.step()
+        if abs(got_loss - want_loss) > ATOL + RTOL * abs(want_loss):
+            failures.append(f"{label}: epoch {epoch + 1} loss {got_loss:.7f} != reference {want_loss:.7f}")
+        if epoch == 0:
+            for name, mine, theirs in pairs:
+                if not close(mine.grad, theirs.grad):
+                    failures.append(f"{label}: gradient of {name} differs by "
+                                    f"{(mine.grad - theirs.grad).abs().max():.2e}")
+    for name, mine, theirs in pairs:
+        if not close(mine, theirs):
+            failures.append(f"{label}: {name} after {EPOCHS} epochs differs by {(mine - theirs).abs().max():.2e}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("datasets", nargs="+", type=Path)
+    parser.add_argument("--replication", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    comm = world(gpu_aware="off")
+    failures: list[str] = []
+    runs = 0
+    for directory in args.datasets:
+        data = full_graph(directory)
+        for model in ("gcn", "sage"):
+            for plan in PLAN_NAMES:
+                check(comm, directory, data, model, plan, args.replication, failures)
+                runs += 1
+    for failure in failures:
+        sys.stderr.write(f"[rank {comm.rank}] FAIL {failure}\n")
+    ok = comm.all_true(not failures)
+    if comm.rank == 0:
+        print(f"training parity P={comm.size} c={args.replication}: {runs} runs, "
+              f"{'all equal the reference' if ok else 'FAILURES'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_or_abort(main))

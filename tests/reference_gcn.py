@@ -1,0 +1,92 @@
+"""Single-process reference for GCN / GraphSAGE-mean training in plain torch and numpy.
+
+Written independently of the project (imports none of it) from the
+documented conventions: remaining self-loops with weight 1 and row-degree
+symmetric normalisation for GCN, row-mean for SAGE, row-normalised
+features, Glorot-uniform weights from one seeded generator (layer by layer;
+SAGE draws W_self then W_neigh), zero biases, inverted dropout on every
+layer's input with the Philox4x64 global-row masks, mean cross-entropy over
+the training rows, Adam with weight decay on the first layer only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def normalized_adjacency(adjacency: np.ndarray, model: str) -> torch.Tensor:
+    a = adjacency.astype(np.float64).copy()
+    if model == "gcn":
+        diagonal = np.diag(a).copy()
+        diagonal[diagonal == 0] = 1.0
+        np.fill_diagonal(a, diagonal)
+        degree = a.sum(axis=1)
+        scale = np.where(degree > 0, degree ** -0.5, 0.0)
+        return torch.from_numpy(scale[:, None] * a * scale[None, :])
+    degree = a.sum(axis=1)
+    return torch.from_numpy(np.where(degree[:, None] > 0, a / np.maximum(degree[:, None], 1e-300), 0.0))
+
+
+def dropout_keep(seed: int, epoch: int, layer: int, rows: int, width: int, p: float) -> torch.Tensor:
+    key = np.array([seed, (epoch << 16) | layer], dtype=np.uint64)
+    words = np.random.Philox(key=key).random_raw(rows * width)
+    return torch.from_numpy(((words >> np.uint64(11)) * 2.0**-53 < 1.0 - p).reshape(rows, width))
+
+
+class Reference:
+    def __init__(self, adjacency: np.ndarray, features: np.ndarray, labels: np.ndarray, train: np.ndarray,
+                 num_classes: int, model: str, hidden: int = 16, layers: int = 2, dropout: float = 0.5,
+                 lr: float = 0.01, weight_decay: float = 5e-4, seed: int = 0) -> None:
+        self.model, self.dropout, self.seed = model, dropout, seed
+        self.a = normalized_adjacency(adjacency, model).float()
+        sums = features.sum(axis=1, keepdims=True)
+        self.x = torch.from_numpy(np.divide(features, sums, out=np.zeros_like(features, dtype=np.float64),
+                                            where=sums != 0)).float()
+        self.y = torch.from_numpy(labels)
+        self.train = torch.from_numpy(train)
+        dims = [features.shape[1]] + [hidden] * (layers - 1) + [num_classes]
+        generator = torch.Generator().manual_seed(seed)
+        self.params: list[list[torch.Tensor]] = []
+        for fan_in, fan_out in zip(dims[:-1], dims[1:]):
+            bound = math.sqrt(6.0 / (fan_in + fan_out))
+            layer = [((torch.rand(fan_in, fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound)
+                     .float().requires_grad_()]
+            if model == "sage":
+                layer.append(((torch.rand(fan_in, fan_out, generator=generator, dtype=torch.float64) * 2 - 1)
+                              * bound).float().requires_grad_())
+            layer.append(torch.zeros(fan_out, requires_grad=True))
+            self.params.append(layer)
+        self.optimizer = torch.optim.Adam([
+            {"params": self.params[0], "weight_decay": weight_decay},
+            {"params": [p for layer in self.params[1:] for p in layer], "weight_decay": 0.0}], lr=lr)
+        self.epoch = 0
+
+    def forward(self, training: bool) -> torch.Tensor:
+        h = self.x
+        for index, layer in enumerate(self.params):
+            if training and self.dropout > 0:
+                keep = dropout_keep(self.seed, self.epoch, index, h.shape[0], h.shape[1], self.dropout)
+                h = h * keep.float() / (1.0 - self.dropout)
+            if self.model == "gcn":
+                h = self.a @ h @ layer[0] + layer[1]
+            else:
+                h = h @ layer[0] + self.a @ h @ layer[1] + layer[2]
+            if index < len(self.params) - 1:
+                h = torch.relu(h)
+        return h
+
+    def step(self) -> float:
+        self.optimizer.zero_grad()
+        logits = self.forward(training=True)
+        loss = F.cross_entropy(logits[self.train], self.y[self.train])
+        loss.backward()
+        self.optimizer.step()
+        self.epoch += 1
+        return float(loss.detach())
+
+    def flat_parameters(self) -> list[torch.Tensor]:
+        return [p for layer in self.params for p in layer]

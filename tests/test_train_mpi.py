@@ -1,0 +1,127 @@
+"""Distributed training under real mpiexec: exactness, checkpoint/resume, refusals of bad input."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from datasets_for_tests import cora, random_directed, write
+from mpirun import BIN, run_case, run_mpi
+
+from algorithms.checkpoint import load_checkpoint
+
+SPARSE_DIST = str(BIN / "sparse-dist")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("shards")
+    return {"random": write(random_directed(), root / "random"), "cora": write(cora(), root / "cora")}
+
+
+@pytest.mark.parametrize("ranks,replication", [(1, 1), (2, 1), (3, 1), (4, 1), (4, 2)])
+def test_training_equals_single_process_reference(shards, ranks: int, replication: int) -> None:
+    result = run_case(ranks, "train_parity.py", str(shards["random"]), str(shards["cora"]),
+                      "--replication", str(replication), timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "12 runs, all equal the reference" in result.stdout, result.stdout + result.stderr
+
+
+def _train(data: Path, *extra: str, ranks: int = 2) -> "subprocess.CompletedProcess[str]":  # noqa: F821
+    return run_mpi(ranks, [SPARSE_DIST, "train", "--data", str(data), "--print-every", "1000", *extra],
+                   timeout=240)
+
+
+def test_resumed_run_ends_with_the_same_weights(shards, tmp_path: Path) -> None:
+    whole, split = tmp_path / "whole.ckpt", tmp_path / "split.ckpt"
+    common = ["--epochs", "10", "--checkpoint-every", "5"]
+    assert _train(shards["cora"], *common, "--checkpoint", str(whole)).returncode == 0
+    first = _train(shards["cora"], "--epochs", "5", "--checkpoint-every", "5", "--checkpoint", str(split))
+    assert first.returncode == 0, first.stderr
+    assert load_checkpoint(split)["epoch"] == 5
+    resumed = _train(shards["cora"], *common, "--checkpoint", str(split), "--resume", "--out",
+                     str(tmp_path / "resumed.jsonl"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    a, b = load_checkpoint(whole), load_checkpoint(split)
+    assert a["epoch"] == b["epoch"] == 10
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    assert (tmp_path / "resumed.jsonl").read_text().count('"type": "epoch"') == 5
+
+
+def test_damaged_or_foreign_checkpoint_is_refused(shards, tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    assert _train(shards["cora"], "--epochs", "2", "--checkpoint-every", "1", "--checkpoint", str(path)).returncode == 0
+    foreign = _train(shards["cora"], "--epochs", "4", "--hidden", "32", "--checkpoint", str(path), "--resume")
+    assert foreign.returncode != 0 and "differs from this run" in foreign.stderr
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    damaged = _train(shards["cora"], "--epochs", "4", "--checkpoint", str(path), "--resume")
+    assert damaged.returncode != 0 and "checksum mismatch" in damaged.stderr
+
+
+def test_results_file_has_breakdown_bytes_and_memory(shards, tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    result = _train(shards["random"], "--epochs", "3", "--out", str(out), ranks=3)
+    assert result.returncode == 0, result.stderr
+    import json
+
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["config", "environment", "epoch", "epoch", "epoch", "final"]
+    assert "MPICH" in records[1]["mpi_library"]
+    epoch = records[2]
+    assert set(epoch["time"]) == {"total", "local_spmm", "exchange", "allreduce", "dense"}
+    assert epoch["bytes"]["forward"]["recv"]["max"] > 0
+    assert epoch["bytes"]["grad_allreduce"]["sent"]["min"] > 0
+    assert len(records[-1]["peak_memory_per_rank"]) == 3
+    assert "final test accuracy" in result.stdout
+
+
+# ---------------------------------------------------------------- bad input
+def _expect_refusal(data: Path, needle: str, ranks: int = 2) -> None:
+    result = _train(data, "--epochs", "1", ranks=ranks)
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+
+
+def test_missing_shard_is_refused(tmp_path: Path) -> None:
+    data = write(random_directed(), tmp_path / "d", parts=2)
+    (data / "part-00001.npz").unlink()
+    _expect_refusal(data, "part-00001.npz: shard file missing")
+
+
+def test_damaged_shard_is_refused(tmp_path: Path) -> None:
+    data = write(random_directed(), tmp_path / "d", parts=2)
+    blob = bytearray((data / "part-00000.npz").read_bytes())
+    blob[200] ^= 0xFF
+    (data / "part-00000.npz").write_bytes(bytes(blob))
+    _expect_refusal(data, "checksum does not match meta.json")
+
+
+def test_rank_count_that_does_not_fit_the_parts_is_refused(tmp_path: Path) -> None:
+    data = write(random_directed(), tmp_path / "d", parts=4)
+    _expect_refusal(data, "4 parts cannot be split over 3 row groups", ranks=3)
+
+
+def test_labels_out_of_range_are_refused(tmp_path: Path) -> None:
+    graph = random_directed()
+    graph.labels[150] = 9
+    _expect_refusal(write(graph, tmp_path / "d", parts=2, partitioner="block"),
+                    "field 'labels' has values in [0, 9], expected [0, 3]")
+
+
+def test_non_finite_features_are_refused(tmp_path: Path) -> None:
+    graph = random_directed()
+    graph.features[3, 1] = np.nan
+    _expect_refusal(write(graph, tmp_path / "d", parts=2, partitioner="block"),
+                    "field 'features' has non-finite values")
+
+
+def test_directory_in_the_wrong_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    _expect_refusal(tmp_path / "empty", "not a prepared dataset (no meta.json)")
+    bad = write(random_directed(), tmp_path / "d", parts=2)
+    (bad / "meta.json").write_text('{"format_version": 1}')
+    _expect_refusal(bad, "missing fields")

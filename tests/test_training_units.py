@@ -1,0 +1,92 @@
+"""Single-process pieces of training: dropout masks, normalisation, datasets, shards, checkpoints."""
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from algorithms.dropout import keep_mask
+from algorithms.normalize import add_remaining_self_loops, mean_normalize
+from runners.datasets import DatasetError, load_planetoid, planted_classes
+from runners.shards import ShardError, read_meta, write_shards
+from datasets_for_tests import random_directed
+
+
+def test_dropout_mask_of_a_row_does_not_depend_on_the_split() -> None:
+    whole = keep_mask(3, 7, 1, 0, 10, 5, 0.5)
+    pieces = torch.cat([keep_mask(3, 7, 1, 0, 3, 5, 0.5), keep_mask(3, 7, 1, 3, 7, 5, 0.5)])
+    assert torch.equal(whole, pieces)
+    assert not torch.equal(whole, keep_mask(3, 8, 1, 0, 10, 5, 0.5))  # a new mask every epoch
+    rate = keep_mask(0, 0, 0, 0, 1000, 100, 0.3).float().mean().item()
+    assert abs(rate - 0.7) < 0.01  # 100k draws: std of the mean is 0.0015
+
+
+def test_remaining_self_loops_keep_existing_weights() -> None:
+    rows = sp.csr_matrix(np.array([[0.0, 2.0, 0.0], [0.0, 5.0, 1.0]]))  # rows of nodes 10, 11 in a 3-col toy
+    rows = sp.csr_matrix((rows.data, rows.indices, rows.indptr), shape=(2, 13))
+    rows = sp.csr_matrix(sp.hstack([sp.csr_matrix((2, 10)), rows[:, :3]]))  # nodes 10, 11 -> columns 10..12
+    result = add_remaining_self_loops(rows, first_row=10).toarray()
+    assert result[0, 10] == 1.0 and result[0, 11] == 2.0  # loop added
+    assert result[1, 11] == 5.0 and result[1, 12] == 1.0  # existing loop weight kept
+
+
+def test_mean_normalisation_leaves_isolated_rows_zero() -> None:
+    result = mean_normalize(sp.csr_matrix(np.array([[0.0, 1.0, 3.0], [0.0, 0.0, 0.0]]))).toarray()
+    assert result.tolist() == [[0.0, 0.25, 0.75], [0.0, 0.0, 0.0]]
+
+
+def test_planetoid_directory_without_files_is_named(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match=r"missing \['ind.cora.x'"):
+        load_planetoid(tmp_path, "cora")
+
+
+def test_planetoid_pickles_cannot_run_code(tmp_path: Path) -> None:
+    for part in ("x", "tx", "allx", "y", "ty", "ally", "graph"):
+        (tmp_path / f"ind.evil.{part}").write_bytes(pickle.dumps(np.zeros((1, 1))))
+    (tmp_path / "ind.evil.x").write_bytes(pickle.dumps(print))  # a callable the loader must refuse
+    (tmp_path / "ind.evil.test.index").write_text("0\n")
+    with pytest.raises(DatasetError, match="unexpected object builtins.print"):
+        load_planetoid(tmp_path, "evil")
+
+
+def test_planted_classes_are_learnable_signals() -> None:
+    data = planted_classes(nodes=4000, classes=4, features=64, seed=2)
+    # features: the class's own word block holds far more than its 1/4 share of the words
+    block = 64 // 4
+    own = np.array([data.features[i, data.labels[i] * block:(data.labels[i] + 1) * block].sum()
+                    for i in range(4000)])
+    assert own.mean() / data.features.sum(axis=1).mean() > 0.4
+    coo = sp.triu(data.adjacency).tocoo()
+    assert np.mean(data.labels[coo.row] == data.labels[coo.col]) > 0.8  # homophilous edges
+    assert (data.adjacency != data.adjacency.T).nnz == 0
+
+
+def test_shards_round_trip_and_meta_is_checked(tmp_path: Path) -> None:
+    data = random_directed()
+    meta = write_shards(data, tmp_path / "d", 3, "random", seed=4)
+    assert read_meta(tmp_path / "d") == meta
+    order = np.load(tmp_path / "d" / "permutation.npy")
+    assert sorted(order.tolist()) == list(range(data.num_nodes))
+    part = np.load(tmp_path / "d" / "part-00000.npz")
+    assert np.array_equal(part["features"], data.features[order[: meta["row_offsets"][1]]])
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary left behind
+    with pytest.raises(ShardError, match="already exists"):
+        write_shards(data, tmp_path / "d", 3)
+
+
+def test_checkpoint_round_trip_and_damage(tmp_path: Path) -> None:
+    path = tmp_path / "c.ckpt"
+    save_checkpoint(path, {"epoch": 3, "w": torch.arange(4.0)})
+    assert load_checkpoint(path)["epoch"] == 3
+    blob = bytearray(path.read_bytes())
+    blob[-1] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_checkpoint(path)
+    path.write_bytes(b"hello\nworld")
+    with pytest.raises(CheckpointError, match="not a sparse_dist checkpoint"):
+        load_checkpoint(path)
