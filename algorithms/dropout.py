@@ -9,6 +9,8 @@ generates only its own words (Philox jumps to any position in O(1)).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -21,13 +23,17 @@ def keep_mask(seed: int, epoch: int, layer: int, first_row: int, n_rows: int, wi
         raise ValueError(f"dropout probability must lie in [0, 1), got {p}")
     if layer >= 1 << _LAYER_BITS:
         raise ValueError(f"layer index {layer} too large")
+    if p == 0.0:
+        return torch.ones(n_rows, width, dtype=torch.bool)
     start = first_row * width
     counter, skip = divmod(start, 4)
     key = np.array([seed, (epoch << _LAYER_BITS) | layer], dtype=np.uint64)
     generator = np.random.Philox(key=key, counter=np.array([counter, 0, 0, 0], dtype=np.uint64))
     words = generator.random_raw(skip + n_rows * width)[skip:]
-    uniform = (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return torch.from_numpy((uniform < 1.0 - p).reshape(n_rows, width))
+    # (word >> 11) * 2**-53 < q  <=>  (word >> 11) < ceil(q * 2**53)  <=>  word < ceil(q * 2**53) << 11
+    # (q < 1, so the bound fits in 64 bits): the same rule as one integer comparison.
+    threshold = np.uint64(math.ceil((1.0 - p) * 2.0**53) << 11)
+    return torch.from_numpy((words < threshold).reshape(n_rows, width))
 
 
 def apply_dropout(h: torch.Tensor, seed: int, epoch: int, layer: int, first_row: int, p: float) -> torch.Tensor:

@@ -135,7 +135,7 @@ def load_planetoid(directory: str | Path, name: str) -> GraphData:
 
 
 def planted_classes(nodes: int = 50_000, classes: int = 8, degree: int = 10, features: int = 128,
-                    community_size: int = 500, mixing: float = 0.1, words: int = 20, signal: float = 0.3,
+                    community_size: int = 500, mixing: float = 0.7, words: int = 20, signal: float = 0.15,
                     train: float = 0.1, val: float = 0.1, test: float = 0.3, seed: int = 0) -> GraphData:
     """A synthetic graph whose classes are planted in both structure and features.
 
