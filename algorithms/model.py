@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from algorithms.dropout import apply_dropout
+from sparse_dist.policy import ExchangeContext
 
 MODEL_KINDS = ("gcn", "sage")
 
@@ -70,21 +71,22 @@ class GraphModel(nn.Module):
         return params
 
     @staticmethod
-    def _propagate(spmm, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _propagate(spmm, h: torch.Tensor, weight: torch.Tensor, context: ExchangeContext) -> torch.Tensor:
         """``A h W``, exchanging the narrower of ``h`` and ``h W``."""
         if weight.shape[1] < weight.shape[0]:
-            return spmm(h @ weight)
-        return spmm(h) @ weight
+            return spmm(h @ weight, context)
+        return spmm(h, context) @ weight
 
     def forward(self, x: torch.Tensor, spmm, *, first_row: int, epoch: int, training: bool) -> torch.Tensor:
         h = x
         for layer in range(self.num_layers):
             if training and self.dropout > 0:
                 h = apply_dropout(h, self.seed, epoch, layer, first_row, self.dropout)
+            context = ExchangeContext(epoch=epoch, layer=layer, training=training)
             if self.kind == "gcn":
-                h = self._propagate(spmm, h, self.weights[layer]) + self.biases[layer]
+                h = self._propagate(spmm, h, self.weights[layer], context) + self.biases[layer]
             else:
-                h = h @ self.weights[layer] + self._propagate(spmm, h, self.neighbour_weights[layer]) \
+                h = h @ self.weights[layer] + self._propagate(spmm, h, self.neighbour_weights[layer], context) \
                     + self.biases[layer]
             if layer < self.num_layers - 1:
                 h = torch.relu(h)

@@ -15,6 +15,7 @@ Collective: construction, :meth:`Trainer.train_epoch` and
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from algorithms.model import GraphModel
 from algorithms.normalize import gcn_normalize, mean_normalize
+from algorithms.policies import parse_sampler, parse_staleness
 from sparse_dist.comm import Communicator
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.layout import RowLayout
@@ -52,11 +54,14 @@ class TrainConfig:
     replication: int = 1
     feature_norm: str = "row"  # "row": divide each feature row by its sum; "none"
     dtype: str = "float32"
+    sample: str = "none"  # boundary sampling policy, e.g. "bns:p=0.1"
+    stale: str = "none"   # staleness policy, e.g. "sancus-h:eps=0.02"
+    clip: float = 0.0     # global gradient-norm bound; 0 = off (local threshold clip / sqrt(G), as SANCUS)
 
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with (plan and c change no math)."""
         keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
-                "feature_norm", "dtype")
+                "feature_norm", "dtype", "sample", "stale", "clip")
         return {key: value for key, value in asdict(self).items() if key in keep}
 
 
@@ -98,7 +103,9 @@ class Trainer:
         normalized = (gcn_normalize(self.column_comm, graph.layout, graph.rows, self.group)
                       if config.model == "gcn" else mean_normalize(graph.rows))
         self.matrix = DistCSR(comm, graph.layout, normalized, replication=replication, name=graph.name)
-        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device)
+        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device,
+                             sampler=parse_sampler(config.sample, seed=config.seed),
+                             staleness=parse_staleness(config.stale))
 
         features = graph.features.astype(np.float64)
         if config.feature_norm == "row":
@@ -151,6 +158,10 @@ class Trainer:
         loss = self._local_loss_sum(logits) / self.global_counts["train"]
         loss.backward()
         params = self.parameters()
+        if self.config.clip > 0:
+            # Each of the G row groups clips its local gradient to clip / sqrt(G) (SANCUS' scaling), so the
+            # summed gradient stays near the global bound.
+            torch.nn.utils.clip_grad_norm_(params, self.config.clip / math.sqrt(self.column_comm.size))
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
         self.column_comm.allreduce_(flat, "grad_allreduce")
         offset = 0
@@ -159,8 +170,11 @@ class Trainer:
             offset += p.numel()
         self.optimizer.step()
         wall = time.perf_counter() - start
+        decisions = getattr(self.spmm.plan, "decisions", [])
+        broadcasts = [{"layer": d["layer"], "active": d["active"]} for d in decisions if d["epoch"] == self.epoch]
         self.epoch += 1
-        return {"epoch": self.epoch, "loss": float(flat[-1]), **self._breakdown(stats_before, wall)}
+        return {"epoch": self.epoch, "loss": float(flat[-1]), **self._breakdown(stats_before, wall),
+                "broadcasts": broadcasts, "cache_bytes": self.spmm.plan.cache_bytes()}
 
     def _breakdown(self, before: dict[str, dict[str, float]], wall: float) -> dict[str, Any]:
         after = self.comm.stats.snapshot()
@@ -211,6 +225,21 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
         torch.set_rng_state(state["torch_rng"])
+
+    def policy_state(self) -> dict[str, Any]:
+        """This rank's policy state (caches and versions); per rank, unlike :meth:`state`."""
+        return {"rank": self.comm.rank, "world_size": self.comm.size, "epoch": self.epoch,
+                "plan": self.spmm.plan.policy_state()}
+
+    def load_policy_state(self, state: dict[str, Any]) -> None:
+        self.spmm.plan.load_policy_state(state["plan"])
+
+    def policy_mismatch(self, state: dict[str, Any]) -> str | None:
+        expected = (self.comm.rank, self.comm.size, self.epoch)
+        found = (state.get("rank"), state.get("world_size"), state.get("epoch"))
+        if found != expected:
+            return f"policy state is for (rank, world size, epoch) {found}, this run needs {expected}"
+        return None
 
     def mismatch(self, state: dict[str, Any]) -> str | None:
         """Why a checkpoint does not belong to this run, or None."""

@@ -46,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
     parser.add_argument("--replication", type=int, default=1, help="1.5D replication factor c (divides P)")
+    parser.add_argument("--sample", default="none",
+                        help="boundary sampling policy, e.g. bns:p=0.1 or bns:p=0.1,side=owner (default: none)")
+    parser.add_argument("--stale", default="none",
+                        help="staleness policy: sancus-e:eps=1, sancus-a:eps=1, sancus-h:eps=0.02 "
+                             "(add ,skip_backward=1 to skip stale gradients too; default: none)")
+    parser.add_argument("--clip", type=float, default=0.0,
+                        help="gradient-norm bound; each row group clips locally to clip/sqrt(G) (default: off)")
     parser.add_argument("--feature-norm", choices=("row", "none"), default="row")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -61,7 +68,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
                        weight_decay=args.weight_decay, weight_decay_scope=args.weight_decay_scope,
                        epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
-                       replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype)
+                       replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
+                       sample=args.sample, stale=args.stale, clip=args.clip)
 
 
 def _device(comm: Communicator, name: str) -> torch.device:
@@ -70,6 +78,11 @@ def _device(comm: Communicator, name: str) -> torch.device:
             raise RuntimeError("--device cuda: no CUDA device is visible to this rank")
         return torch.device("cuda", comm.rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def policy_file(path: str, rank: int) -> str:
+    """Per-rank file of policy state (historical-block caches) beside the checkpoint."""
+    return f"{path}.rank{rank:05d}"
 
 
 def _resume(comm: Communicator, trainer: Trainer, path: str | None) -> None:
@@ -84,6 +97,17 @@ def _resume(comm: Communicator, trainer: Trainer, path: str | None) -> None:
     comm.raise_if_any(error, CheckpointError)
     assert state is not None
     trainer.load_state(state)
+    if trainer.config.stale != "none":
+        policy, error = None, None
+        try:
+            assert path is not None
+            policy = load_checkpoint(policy_file(path, comm.rank))
+            error = trainer.policy_mismatch(policy)
+        except CheckpointError as exc:
+            error = str(exc)
+        comm.raise_if_any(error, CheckpointError)
+        assert policy is not None
+        trainer.load_policy_state(policy)
 
 
 def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,10 +140,12 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         last = epoch == config.epochs
         if epoch % config.eval_every == 0 or last:
             metrics = trainer.evaluate()
-        gathered = comm.allgather_object({"time": record["time"], "bytes": record["bytes"]})
+        gathered = comm.allgather_object({"time": record["time"], "bytes": record["bytes"],
+                                          "cache_bytes": record["cache_bytes"]})
         if leader:
             writer.write({"type": "epoch", "epoch": epoch, "loss": record["loss"], **metrics,
-                          **_summarise(gathered)})
+                          **_summarise(gathered), "broadcasts": record["broadcasts"],
+                          "cache_bytes": spread([g["cache_bytes"] for g in gathered])})
             if epoch % args.print_every == 0 or last or epoch == 1:
                 shown = " ".join(f"{key} {value:.4f}" for key, value in metrics.items())
                 wall = max(g["time"]["total"] for g in gathered)
@@ -127,6 +153,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         if args.checkpoint and args.checkpoint_every and (epoch % args.checkpoint_every == 0 or last):
             if leader:
                 save_checkpoint(args.checkpoint, trainer.state())
+            if config.stale != "none":
+                save_checkpoint(policy_file(args.checkpoint, comm.rank), trainer.policy_state())
     peaks = comm.allgather_object(peak_memory_bytes(trainer.device))
     if leader:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks})

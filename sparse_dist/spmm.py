@@ -23,20 +23,22 @@ import torch
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.plans import ExchangePlan, make_plan
+from sparse_dist.policy import BoundarySampler, ExchangeContext, StalenessRule
 
 
 class DistSpMM:
     """``T = A H`` (forward) and ``dH = A^T dT`` (transpose) with one exchange plan."""
 
     def __init__(self, matrix: DistCSR, plan: str = "p2p", *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", sampler: BoundarySampler | None = None,
+                 staleness: StalenessRule | None = None) -> None:
         self.matrix = matrix
         self.dtype = dtype
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timer = ComputeTimer()
-        self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer)
+        self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer, sampler, staleness)
         self._replicated = matrix.grid.replication > 1
         self._owner_replica = matrix.grid.replica_for_block(matrix.group)
 
@@ -49,31 +51,37 @@ class DistSpMM:
             raise TypeError(f"{what} must be {self.dtype} on {self.device}, got {x.dtype} on {x.device}")
         return x.contiguous()
 
-    def forward(self, h: torch.Tensor, phase: str = "forward") -> torch.Tensor:
-        """``T_g = sum_j A_gj H_j`` for this rank's rows (collective)."""
-        out = self.plan.forward(self._check(h, "H"), phase)
+    def forward(self, h: torch.Tensor, phase: str = "forward", context: ExchangeContext | None = None) -> torch.Tensor:
+        """``T_g = sum_j A_gj H_j`` for this rank's rows (collective).
+
+        With a training ``context`` the plan consults its policies (sampling,
+        staleness); without one, or when evaluating, the product is exact.
+        """
+        out = self.plan.forward(self._check(h, "H"), phase, context)
         if self._replicated:
             self.matrix.row_comm.allreduce_(out, phase)
         return out
 
-    def transpose(self, dt: torch.Tensor, phase: str = "backward") -> torch.Tensor:
-        """``dH_g = sum_i A_ig^T dT_i`` for this rank's rows (collective)."""
-        out = self.plan.transpose(self._check(dt, "dT"), phase)
+    def transpose(self, dt: torch.Tensor, phase: str = "backward",
+                  context: ExchangeContext | None = None) -> torch.Tensor:
+        """``dH_g = sum_i A_ig^T dT_i`` for this rank's rows (collective); mirrors the forward of ``context``."""
+        out = self.plan.transpose(self._check(dt, "dT"), phase, context)
         if self._replicated:
             self.matrix.row_comm.bcast_(out, root=self._owner_replica, phase=phase)
         return out
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """Autograd-aware ``A @ H``: its backward is :meth:`transpose`."""
-        return _SpMMFunction.apply(h, self)
+    def __call__(self, h: torch.Tensor, context: ExchangeContext | None = None) -> torch.Tensor:
+        """Autograd-aware ``A @ H``: its backward is :meth:`transpose` with the same context."""
+        return _SpMMFunction.apply(h, self, context)
 
 
 class _SpMMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, op: DistSpMM) -> torch.Tensor:  # type: ignore[override]
-        ctx.op = op  # type: ignore[attr-defined]
-        return op.forward(h)
+    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, op: DistSpMM,  # type: ignore[override]
+                context: ExchangeContext | None) -> torch.Tensor:
+        ctx.op, ctx.context = op, context  # type: ignore[attr-defined]
+        return op.forward(h, context=context)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return ctx.op.transpose(grad_out.contiguous()), None  # type: ignore[attr-defined]
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        return ctx.op.transpose(grad_out.contiguous(), context=ctx.context), None, None  # type: ignore[attr-defined]
