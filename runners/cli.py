@@ -15,7 +15,7 @@ from sparse_dist import log
 
 
 def _parser() -> argparse.ArgumentParser:
-    from runners import bench_spmm, demo, prepare_cmd, train_cmd
+    from runners import bench_policies, bench_spmm, demo, prepare_cmd, train_cmd
 
     parser = argparse.ArgumentParser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="library log level (default: WARNING)")
@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     spmm = bench_kinds.add_parser("spmm", help="distributed SpMM vs single-process torch SpMM")
     bench_spmm.add_arguments(spmm)
     spmm.set_defaults(func=bench_spmm.main)
+    policies = bench_kinds.add_parser("policies", help="exact vs BNS-GCN sampling vs SANCUS staleness, one run")
+    bench_policies.add_arguments(policies)
+    policies.set_defaults(func=bench_policies.main)
     info = commands.add_parser("info", help="versions, MPI library, CUDA and CUDA-aware MPI status")
     info.set_defaults(func=_info)
     return parser

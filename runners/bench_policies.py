@@ -1,0 +1,91 @@
+"""``sparse-dist bench policies``: the papers' headline comparisons side by side, in one MPI job.
+
+On one prepared dataset, trains the same model under each configuration
+and reports exchange bytes (forward + backward, all ranks, all epochs),
+the epoch-time breakdown (median over epochs after the first, slowest
+rank), and the final test accuracy:
+
+* BNS-GCN (Fig. 5 / Table 6): exact ``p2p`` vs ``bns`` with p = 0.1, 0.01, 0;
+* SANCUS (Table 5): ``dense-bcast`` (CAGNET) vs ``sancus-e`` (eps 1),
+  ``sancus-a`` (eps 1) and ``sancus-h`` (eps ``--sancus-h-eps``).
+
+Ratios are taken within this one run: bytes and epoch time relative to exact
+``p2p`` and to ``dense-bcast``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+import torch
+
+from algorithms.train import TrainConfig, Trainer
+from runners.shards import load_local_graph
+from sparse_dist.comm import Communicator, default_threads_per_rank
+
+TIME_KEYS = ("total", "local_spmm", "exchange", "allreduce", "dense")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
+    parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--dropout", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sancus-h-eps", type=float, default=0.05, help="variation-gap threshold of sancus-h")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+
+
+def configurations(h_eps: float) -> list[tuple[str, dict[str, str]]]:
+    return [
+        ("exact p2p", {"plan": "p2p"}),
+        ("bns p=0.1", {"plan": "p2p", "sample": "bns:p=0.1"}),
+        ("bns p=0.01", {"plan": "p2p", "sample": "bns:p=0.01"}),
+        ("bns p=0", {"plan": "p2p", "sample": "bns:p=0"}),
+        ("dense-bcast", {"plan": "dense-bcast"}),
+        ("sancus-e1", {"plan": "dense-bcast", "stale": "sancus-e:eps=1"}),
+        ("sancus-a1", {"plan": "dense-bcast", "stale": "sancus-a:eps=1"}),
+        (f"sancus-h{h_eps:g}", {"plan": "dense-bcast", "stale": f"sancus-h:eps={h_eps}"}),
+    ]
+
+
+def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
+    graph = load_local_graph(comm, args.data, comm.size, 1)
+    config = TrainConfig(hidden=args.hidden, dropout=args.dropout, seed=args.seed, epochs=args.epochs, **settings)
+    trainer = Trainer(comm, graph, config)
+    records = [trainer.train_epoch() for _ in range(args.epochs)]
+    metrics = trainer.evaluate()
+    moved = sum(r["bytes"][phase]["recv"] for r in records for phase in ("forward", "backward"))
+    skipped = sum(1 for r in records for b in r["broadcasts"] for _ in b["active"])
+    gathered = comm.allgather_object({"moved": moved, "times": [r["time"] for r in records[1:] or records],
+                                      "cache": records[-1]["cache_bytes"]})
+    times = {key: statistics.median(max(g["times"][k][key] for g in gathered) for k in range(len(gathered[0]["times"])))
+             for key in TIME_KEYS}
+    return {"bytes": int(sum(g["moved"] for g in gathered)), "time": times, "test_acc": metrics["test_acc"],
+            "active_broadcasts": skipped, "cache_bytes_max": max(g["cache"] for g in gathered), **settings}
+
+
+def main(comm: Communicator, args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads or default_threads_per_rank())
+    results = {name: _run_one(comm, args, settings) for name, settings in configurations(args.sancus_h_eps)}
+    if comm.rank == 0:
+        exact, dense = results["exact p2p"], results["dense-bcast"]
+        print(f"policies on {args.data}: P={comm.size}, {args.epochs} epochs, GCN hidden {args.hidden}, "
+              f"dropout {args.dropout}, seed {args.seed}")
+        print(f"{'config':<14}{'exchange MB':>12}{'/p2p':>7}{'/dense':>8}{'epoch_s':>9}{'local':>8}{'exch':>8}"
+              f"{'allred':>8}{'dense':>8}{'t/p2p':>7}{'t/dense':>8}{'test_acc':>9}")
+        for name, r in results.items():
+            t = r["time"]
+            print(f"{name:<14}{r['bytes'] / 1e6:>12.2f}{r['bytes'] / max(exact['bytes'], 1):>7.3f}"
+                  f"{r['bytes'] / max(dense['bytes'], 1):>8.3f}{t['total']:>9.4f}{t['local_spmm']:>8.4f}"
+                  f"{t['exchange']:>8.4f}{t['allreduce']:>8.4f}{t['dense']:>8.4f}"
+                  f"{t['total'] / exact['time']['total']:>7.2f}{t['total'] / dense['time']['total']:>8.2f}"
+                  f"{r['test_acc']:>9.4f}")
+        if args.json:
+            print(json.dumps({"world_size": comm.size, "config": {k: v for k, v in vars(args).items()
+                                                                  if k != "func"}, "results": results}))
+    return 0
