@@ -85,29 +85,26 @@ def policy_file(path: str, rank: int) -> str:
     return f"{path}.rank{rank:05d}"
 
 
-def _resume(comm: Communicator, trainer: Trainer, path: str | None) -> None:
+def _load_agreed(comm: Communicator, path: str | None, mismatch) -> dict[str, Any]:
+    """Load a checkpoint file on every rank; any rank's problem raises the same error everywhere."""
     state, error = None, None
     try:
         if path is None:
             raise CheckpointError("--resume needs --checkpoint PATH")
         state = load_checkpoint(path)
-        error = trainer.mismatch(state)
+        error = mismatch(state)
     except CheckpointError as exc:
         error = str(exc)
     comm.raise_if_any(error, CheckpointError)
     assert state is not None
-    trainer.load_state(state)
+    return state
+
+
+def _resume(comm: Communicator, trainer: Trainer, path: str | None) -> None:
+    trainer.load_state(_load_agreed(comm, path, trainer.mismatch))
     if trainer.config.stale != "none":
-        policy, error = None, None
-        try:
-            assert path is not None
-            policy = load_checkpoint(policy_file(path, comm.rank))
-            error = trainer.policy_mismatch(policy)
-        except CheckpointError as exc:
-            error = str(exc)
-        comm.raise_if_any(error, CheckpointError)
-        assert policy is not None
-        trainer.load_policy_state(policy)
+        assert path is not None
+        trainer.load_policy_state(_load_agreed(comm, policy_file(path, comm.rank), trainer.policy_mismatch))
 
 
 def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:

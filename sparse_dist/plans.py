@@ -583,8 +583,8 @@ class PointToPointPlan(ExchangePlan):
         pending = None
         if traffic:
             key = "remote" if remote_matrix is self.remote_matrix else ("sampled", self._sample_epoch)
-            if key != "remote":
-                self._transposed = {k: v for k, v in self._transposed.items() if not isinstance(k, tuple)}
+            if key != "remote":  # keep only this epoch's sampled transpose
+                self._transposed = {k: v for k, v in self._transposed.items() if not isinstance(k, tuple) or k == key}
             pieces = self._product(self._transpose_of(key, remote_matrix), dt)
             back = torch.empty(sum(send_rows), width, dtype=self.dtype, device=self.device)
             pending = self.col_comm.ialltoallv(pieces, recv_rows, back, send_rows, phase=phase)

@@ -104,3 +104,16 @@ def test_plans_refuse_policies_they_cannot_carry() -> None:
         DistSpMM(matrix, "dense-bcast", sampler=BnsSampler(0.5))
     with pytest.raises(ValueError, match="need a broadcast plan"):
         DistSpMM(matrix, "p2p", staleness=SancusRule("e", 1))
+
+
+def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
+    result = run_mpi(2, [SPARSE_DIST, "bench", "policies", "--data", str(cora_shards), "--epochs", "3", "--json"],
+                     timeout=240)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])["results"]
+    assert list(report) == ["exact p2p", "bns p=0.1", "bns p=0.01", "bns p=0", "dense-bcast", "sancus-e1",
+                            "sancus-a1", "sancus-h0.05", "sancus-e1 -bwd"]
+    assert report["bns p=0"]["bytes"] == 0
+    assert 0 < report["bns p=0.1"]["bytes"] < report["exact p2p"]["bytes"] < report["dense-bcast"]["bytes"]
+    assert report["sancus-e1"]["bytes"] < report["dense-bcast"]["bytes"]  # epoch 1 reuses the epoch-0 blocks
+    assert report["sancus-e1 -bwd"]["bytes"] < report["sancus-e1"]["bytes"]

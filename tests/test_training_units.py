@@ -63,7 +63,8 @@ def test_planted_classes_are_learnable_signals() -> None:
     expected_share = 0.15 + 0.85 * chance  # signal words plus uniform words that land in the own block
     assert abs(own.mean() / data.features.sum(axis=1).mean() - expected_share) < 0.01
     coo = sp.triu(data.adjacency).tocoo()
-    assert np.mean(data.labels[coo.row] == data.labels[coo.col]) > 1.3 * chance  # homophilous edges
+    assert np.mean(data.labels[coo.row] == data.labels[coo.col]) > 2 * chance  # homophilous edges
+    assert np.mean(coo.row // 500 == coo.col // 500) > 0.9  # clustered: few edges leave a community
     assert (data.adjacency != data.adjacency.T).nnz == 0
 
 
