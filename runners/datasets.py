@@ -174,3 +174,84 @@ def planted_classes(nodes: int = 50_000, classes: int = 8, degree: int = 10, fea
              "test": (draw >= train + val) & (draw < train + val + test)}
     return GraphData(name=f"planted-{nodes}", adjacency=adjacency, features=feature_matrix, labels=labels,
                      masks=masks, num_classes=classes)
+
+
+def _load_array(path: Path, what: str) -> np.ndarray:
+    if not path.is_file():
+        raise DatasetError(f"{path}: {what} file not found")
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                if len(archive.files) != 1:
+                    raise DatasetError(f"{path}: expected one array in the .npz, found {archive.files}")
+                return archive[archive.files[0]]
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+        return np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
+    except (ValueError, OSError) as exc:
+        raise DatasetError(f"{path}: cannot read {what} ({exc})") from None
+
+
+def load_edge_list(edges: str | Path, features: str | Path, labels: str | Path, *,
+                   masks: str | Path | None = None, split: tuple[float, float, float] = (0.1, 0.1, 0.8),
+                   symmetrize: bool = False, seed: int = 0, name: str | None = None) -> GraphData:
+    """A user's graph: edges ``src dst`` (text, ``.npy`` or single-array ``.npz``), features and labels ``.npy``.
+
+    Edge ``(u, v)`` means node ``u`` aggregates from ``v`` (row ``u``, column
+    ``v`` of ``A``). Decisions: duplicate edges collapse to one edge of weight
+    1; self-loops are dropped (GCN adds its own); ``symmetrize`` adds every
+    reverse edge. ``masks`` is an ``.npz`` with boolean ``train``, ``val``,
+    ``test`` arrays; without it a seeded uniform split by ``split``
+    fractions is drawn. Labels are class ids (1-D) or a 0/1 matrix
+    (multi-label).
+    """
+    edges, features, labels = Path(edges), Path(features), Path(labels)
+    x = _load_array(features, "features")
+    if x.ndim != 2:
+        raise DatasetError(f"{features}: features must be a 2-D array (nodes x width), got shape {x.shape}")
+    n = x.shape[0]
+    if not np.all(np.isfinite(x)):
+        raise DatasetError(f"{features}: features contain non-finite values")
+    pairs = _load_array(edges, "edges")
+    if pairs.ndim != 2 or pairs.shape[1] != 2 or not np.issubdtype(pairs.dtype, np.integer):
+        raise DatasetError(f"{edges}: edges must be integer pairs (E x 2), got {pairs.dtype} of shape {pairs.shape}")
+    if pairs.size and (pairs.min() < 0 or pairs.max() >= n):
+        raise DatasetError(f"{edges}: node ids must lie in [0, {n}) (the rows of {features.name}), "
+                           f"found [{pairs.min()}, {pairs.max()}]")
+    y = _load_array(labels, "labels")
+    if y.shape[0] != n or y.ndim not in (1, 2):
+        raise DatasetError(f"{labels}: expected {n} labels (one per feature row), got shape {y.shape}")
+    multilabel = y.ndim == 2
+    if multilabel:
+        if not np.isin(y, (0, 1)).all():
+            raise DatasetError(f"{labels}: a 2-D label array must hold only 0 and 1 (multi-label)")
+        num_classes = y.shape[1]
+        y = y.astype(np.float32)
+    else:
+        if not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
+            raise DatasetError(f"{labels}: class labels must be non-negative integers")
+        num_classes = int(y.max()) + 1 if y.size else 1
+        y = y.astype(np.int64)
+    src, dst = pairs[:, 0], pairs[:, 1]
+    if symmetrize:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    keep = src != dst
+    adjacency = sp.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (src[keep], dst[keep])), shape=(n, n))
+    adjacency.data[:] = 1.0  # duplicates were summed: collapse to weight 1
+    if masks is not None:
+        with np.load(Path(masks), allow_pickle=False) as archive:
+            missing = [k for k in ("train", "val", "test") if k not in archive.files]
+            if missing:
+                raise DatasetError(f"{masks}: missing mask arrays {missing}")
+            split_masks = {k: archive[k].astype(bool) for k in ("train", "val", "test")}
+        bad = [k for k, m in split_masks.items() if m.shape != (n,)]
+        if bad:
+            raise DatasetError(f"{masks}: masks {bad} must have shape ({n},)")
+    else:
+        if len(split) != 3 or min(split) < 0 or sum(split) > 1 + 1e-9:
+            raise DatasetError(f"split fractions must be three non-negative numbers summing to <= 1, got {split}")
+        draw = np.random.default_rng(seed).random(n)
+        split_masks = {"train": draw < split[0], "val": (draw >= split[0]) & (draw < split[0] + split[1]),
+                       "test": (draw >= split[0] + split[1]) & (draw < sum(split))}
+    return GraphData(name=name or edges.stem, adjacency=adjacency, features=x.astype(np.float32), labels=y,
+                     masks=split_masks, num_classes=num_classes, multilabel=multilabel)

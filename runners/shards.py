@@ -5,7 +5,8 @@ A dataset directory holds:
 * ``meta.json``: ``format_version``, ``name``, ``num_nodes``, ``num_edges``,
   ``feature_dim``, ``num_classes``, ``multilabel``, ``partitioner``,
   ``num_parts``, ``row_offsets`` (``num_parts + 1``), ``permutation_file``,
-  ``files`` (file name -> SHA-256);
+  ``files`` (file name -> SHA-256), ``partition_stats``
+  (:func:`runners.partition.partition_statistics`);
 * ``permutation.npy``: new node id -> original node id;
 * ``part-NNNNN.npz`` per part: ``indptr``, ``indices`` (GLOBAL new ids),
   ``data`` (edge weights), ``features``, ``labels``, ``train``, ``val``,
@@ -30,7 +31,7 @@ import scipy.sparse as sp
 
 from algorithms.train import LocalGraph
 from runners.datasets import GraphData
-from runners.partition import partition, relabel
+from runners.partition import partition, partition_statistics, relabel
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import RowLayout
 
@@ -90,7 +91,8 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
             "num_edges": int(adjacency.nnz), "feature_dim": int(data.features.shape[1]),
             "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel), "partitioner": partitioner,
             "partition_seed": seed, "num_parts": parts, "row_offsets": offsets.tolist(),
-            "permutation_file": "permutation.npy", "files": files}
+            "permutation_file": "permutation.npy", "files": files,
+            "partition_stats": partition_statistics(adjacency, offsets, data.masks["train"][order])}
     (temporary / "meta.json").write_text(json.dumps(meta, indent=1))
     if out_dir.exists():
         shutil.rmtree(out_dir)
