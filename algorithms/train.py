@@ -213,6 +213,16 @@ class Trainer:
         totals = self.column_comm.allgather_array(counts).sum(axis=0)
         return {f"{split}_acc": float(totals[k] / max(self.global_counts[split], 1)) for k, split in enumerate(SPLITS)}
 
+    @torch.no_grad()
+    def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's (global row ids, predicted classes or 0/1 matrix) of ``split`` from an exact forward."""
+        self.model.eval()
+        logits = self.model(self.features, self.spmm, first_row=self.first_row, epoch=self.epoch, training=False)
+        mask = self.masks[split]
+        rows = torch.nonzero(mask).flatten() + self.first_row
+        predicted = (logits[mask] > 0).to(torch.int64) if self.graph.multilabel else logits[mask].argmax(dim=1)
+        return rows.cpu().numpy(), predicted.cpu().numpy()
+
     # ------------------------------------------------------------ checkpoint
     def state(self) -> dict[str, Any]:
         """Everything needed to continue exactly: weights, optimiser, epoch, RNG, config."""

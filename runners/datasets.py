@@ -7,7 +7,7 @@ ranks read shards (:mod:`runners.shards`).
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ class GraphData:
     masks: dict[str, np.ndarray]  # train / val / test -> bool N
     num_classes: int
     multilabel: bool = False
+    meta_extra: dict = field(default_factory=dict)  # written into meta.json (e.g. the OGB name and metric)
 
     @property
     def num_nodes(self) -> int:
@@ -254,4 +255,103 @@ def load_edge_list(edges: str | Path, features: str | Path, labels: str | Path, 
         split_masks = {"train": draw < split[0], "val": (draw >= split[0]) & (draw < split[0] + split[1]),
                        "test": (draw >= split[0] + split[1]) & (draw < sum(split))}
     return GraphData(name=name or edges.stem, adjacency=adjacency, features=x.astype(np.float32), labels=y,
-                     masks=split_masks, num_classes=num_classes, multilabel=multilabel)
+                     masks=split_masks, num_classes=num_classes, multilabel=multilabel,
+                     meta_extra={"feature_norm": "none"})
+
+
+def _ogb_necessary_files(root: Path, name: str) -> tuple[Path, list[str]]:
+    directory = root / name.replace("-", "_")
+    return directory, ["raw/edge.csv.gz", "raw/num-node-list.csv.gz", "raw/num-edge-list.csv.gz",
+                       "raw/node-feat.csv.gz", "raw/node-label.csv.gz"]
+
+
+def _read_ogb_raw(name: str, directory: Path) -> tuple:
+    """Run OGB's own reader on ``directory/raw`` and ``split`` through a scratch copy of its layout.
+
+    ogb 1.3.6 caches into ``processed/`` with pickle protocol 4 and reloads
+    it with ``torch.load``'s defaults, which modern torch refuses; reading
+    from raw in a scratch directory (links to the user's ``raw`` and
+    ``split``) keeps OGB's code path and leaves the user's directory as it is.
+    """
+    import os
+    import tempfile
+
+    import ogb
+    import pandas as pd
+    from ogb.nodeproppred import NodePropPredDataset
+
+    master = pd.read_csv(Path(ogb.__file__).parent / "nodeproppred" / "master.csv", index_col=0,
+                         keep_default_na=False)
+    if name not in master:
+        raise DatasetError(f"{name}: not an OGB node-property dataset; known: {list(master.keys())}")
+    meta = master[name].to_dict()
+    with tempfile.TemporaryDirectory(prefix="sparse-dist-ogb-") as scratch:
+        work = Path(scratch) / directory.name
+        (work / "processed").mkdir(parents=True)
+        for sub in ("raw", "split"):
+            os.symlink((directory / sub).resolve(), work / sub)
+        (work / f"RELEASE_v{meta['version']}.txt").write_text("read by sparse-dist\n")
+        dataset = NodePropPredDataset(name=name, meta_dict={**meta, "dir_path": str(work)})
+        graph, labels = dataset[0]
+        split = dataset.get_idx_split()
+    return dataset, graph, labels, split
+
+
+def load_ogb(name: str, root: str | Path, *, symmetrize: bool = True, allow_download: bool = False) -> GraphData:
+    """An OGB node-property dataset through ``ogb``'s own ``NodePropPredDataset``, with OGB's split.
+
+    ``root`` is the directory that holds (or will hold) ``ogbn_NAME/``. Without
+    network the files must already be there; if they are absent and
+    ``allow_download`` is off (or the download fails) one sentence says where
+    to put them. ``symmetrize`` adds reverse edges (the usual practice for
+    ``ogbn-arxiv``; OGB itself already adds them for ``ogbn-products``).
+    The dataset's evaluation metric name is kept in ``meta.json``.
+    """
+    from ogb.nodeproppred import NodePropPredDataset
+
+    root = Path(root)
+    directory, needed = _ogb_necessary_files(root, name)
+    present = all((directory / f).is_file() for f in needed)
+    if not present and not allow_download:
+        raise DatasetError(f"{name}: no dataset under {directory}; download it on a machine with network access "
+                           f"(python -c \"from ogb.nodeproppred import NodePropPredDataset; "
+                           f"NodePropPredDataset('{name}', root='DIR')\") and copy DIR/{directory.name} to {root}/")
+    try:
+        if present:
+            dataset, graph, labels, split = _read_ogb_raw(name, directory)
+        else:
+            dataset = NodePropPredDataset(name=name, root=str(root))  # downloads and processes
+            (graph, labels), split = dataset[0], dataset.get_idx_split()
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise DatasetError(f"{name}: could not read or download the dataset under {directory} ({exc}); "
+                           f"put the OGB files in {directory}") from None
+    if dataset.is_hetero:
+        raise DatasetError(f"{name}: heterogeneous OGB graphs are not supported")
+    n = int(graph["num_nodes"])
+    src, dst = graph["edge_index"]
+    if symmetrize:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    keep = src != dst
+    adjacency = sp.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (dst[keep], src[keep])), shape=(n, n))
+    adjacency.data[:] = 1.0
+    labels = np.asarray(labels)
+    multilabel = dataset.num_tasks > 1
+    masks = {}
+    for ours, theirs in (("train", "train"), ("val", "valid"), ("test", "test")):
+        mask = np.zeros(n, dtype=bool)
+        mask[np.asarray(split[theirs], dtype=np.int64)] = True
+        masks[ours] = mask
+    if multilabel:
+        y = labels.astype(np.float32)
+        num_classes = labels.shape[1]
+    else:
+        y = labels.reshape(-1).astype(np.float64)
+        unlabelled = ~np.isfinite(y)
+        for mask in masks.values():
+            mask &= ~unlabelled
+        y = np.where(unlabelled, 0, y).astype(np.int64)
+        num_classes = dataset.num_classes
+    features = graph["node_feat"].astype(np.float32) if graph["node_feat"] is not None else np.ones((n, 1), np.float32)
+    return GraphData(name=name, adjacency=adjacency, features=features, labels=y, masks=masks,
+                     num_classes=num_classes, multilabel=multilabel,
+                     meta_extra={"ogb_name": name, "eval_metric": dataset.eval_metric, "feature_norm": "none"})

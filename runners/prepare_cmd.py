@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import time
 
-from runners.datasets import BUILTIN_PLANETOID, load_edge_list, load_planetoid, planted_classes
+from runners.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
 from runners.partition import PARTITIONERS
 from runners.shards import write_shards
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", choices=("planetoid", "synthetic", "edgelist"),
-                        help="planetoid: ind.NAME.* files; synthetic: planted classes; edgelist: your own graph")
+    parser.add_argument("source", choices=("planetoid", "synthetic", "edgelist", "ogb"),
+                        help="planetoid: ind.NAME.* files; synthetic: planted classes; edgelist: your own graph; "
+                             "ogb: an OGB node-property dataset (--name ogbn-arxiv --root DIR)")
     parser.add_argument("--out", required=True, help="dataset directory to create")
     parser.add_argument("--name", default=None,
                         help="planetoid: dataset name in the file names (default: cora); edgelist: dataset name")
     parser.add_argument("--root", default=None,
-                        help=f"planetoid: directory of the ind.NAME.* files (default: built-in {BUILTIN_PLANETOID})")
+                        help=f"planetoid: directory of the ind.NAME.* files (default: built-in {BUILTIN_PLANETOID}); "
+                             "ogb: the directory holding ogbn_NAME/")
     parser.add_argument("--parts", type=int, default=2, help="number of shards (default: 2)")
     parser.add_argument("--partitioner", choices=PARTITIONERS, default="block")
     parser.add_argument("--seed", type=int, default=0, help="seed of the partitioner and the synthetic graph")
@@ -31,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--masks", help="edgelist: .npz with boolean train/val/test (default: random split)")
     parser.add_argument("--split", default="0.1,0.1,0.8", help="edgelist: train,val,test fractions")
     parser.add_argument("--symmetrize", action="store_true", help="edgelist: add every reverse edge")
+    parser.add_argument("--directed", action="store_true", help="ogb: keep the graph directed (default: symmetrise)")
+    parser.add_argument("--download", action="store_true", help="ogb: let ogb download the data if absent")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
 
 
@@ -41,6 +45,10 @@ def main(comm: object, args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.source == "planetoid":
         data = load_planetoid(args.root or BUILTIN_PLANETOID, args.name or "cora")
+    elif args.source == "ogb":
+        if not args.name or not args.root:
+            raise SystemExit("prepare ogb needs --name (e.g. ogbn-arxiv) and --root DIR")
+        data = load_ogb(args.name, args.root, symmetrize=not args.directed, allow_download=args.download)
     elif args.source == "edgelist":
         missing = [flag for flag, value in (("--edges", args.edges), ("--node-features", args.node_features),
                                             ("--labels", args.labels)) if not value]

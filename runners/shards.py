@@ -92,7 +92,8 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
             "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel), "partitioner": partitioner,
             "partition_seed": seed, "num_parts": parts, "row_offsets": offsets.tolist(),
             "permutation_file": "permutation.npy", "files": files,
-            "partition_stats": partition_statistics(adjacency, offsets, data.masks["train"][order])}
+            "partition_stats": partition_statistics(adjacency, offsets, data.masks["train"][order]),
+            **data.meta_extra}
     (temporary / "meta.json").write_text(json.dumps(meta, indent=1))
     if out_dir.exists():
         shutil.rmtree(out_dir)

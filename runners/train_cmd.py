@@ -18,6 +18,7 @@ import argparse
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import torch
 
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -53,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(add ,skip_backward=1 to skip stale gradients too; default: none)")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="gradient-norm bound; each row group clips locally to clip/sqrt(G) (default: off)")
-    parser.add_argument("--feature-norm", choices=("row", "none"), default="row")
+    parser.add_argument("--feature-norm", choices=("auto", "row", "none"), default="auto",
+                        help="auto: what the dataset's meta.json says (row for Planetoid and synthetic "
+                             "bag-of-words, none for OGB and edge lists)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, cuda:(local rank mod GPUs)")
@@ -107,6 +110,30 @@ def _resume(comm: Communicator, trainer: Trainer, path: str | None) -> None:
         trainer.load_policy_state(_load_agreed(comm, policy_file(path, comm.rank), trainer.policy_mismatch))
 
 
+def _ogb_metric(comm: Communicator, trainer: Trainer, meta: dict[str, Any]) -> dict[str, float] | None:
+    """The OGB Evaluator's metric on the test split (predictions gathered to rank 0; collective)."""
+    rows, predicted = trainer.predictions("test")
+    gathered = comm.allgather_object((rows, predicted, trainer.labels[trainer.masks["test"]].cpu().numpy()))
+    if comm.rank != 0:
+        return None
+    from ogb.nodeproppred import Evaluator
+
+    seen: set[int] = set()
+    truth, guesses = [], []
+    for part_rows, part_pred, part_true in gathered:  # replicas of a row group send the same rows once each
+        first = int(part_rows[0]) if len(part_rows) else None
+        if first is not None and first in seen:
+            continue
+        seen.update(int(r) for r in part_rows)
+        truth.append(part_true)
+        guesses.append(part_pred)
+    y_true, y_pred = np.concatenate(truth), np.concatenate(guesses)
+    if y_true.ndim == 1:
+        y_true, y_pred = y_true[:, None], y_pred[:, None]
+    result = Evaluator(meta["ogb_name"]).eval({"y_true": y_true, "y_pred": y_pred})
+    return {f"test_ogb_{key}": float(value) for key, value in result.items()}
+
+
 def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
     times = {key: spread([g["time"][key] for g in gathered]) for key in gathered[0]["time"]}
     traffic = {phase: {direction: spread([g["bytes"][phase][direction] for g in gathered])
@@ -118,8 +145,10 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     grid = Grid(comm.size, args.replication)
-    config = _config(args)
     graph = load_local_graph(comm, args.data, grid.groups, args.replication)
+    if args.feature_norm == "auto":
+        args.feature_norm = graph.extra["meta"].get("feature_norm", "row")
+    config = _config(args)
     trainer = Trainer(comm, graph, config, _device(comm, args.device))
     leader = comm.rank == 0
     writer = ResultsWriter(args.out if leader else None)
@@ -152,6 +181,9 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                 save_checkpoint(args.checkpoint, trainer.state())
             if config.stale != "none":
                 save_checkpoint(policy_file(args.checkpoint, comm.rank), trainer.policy_state())
+    ogb_metric = _ogb_metric(comm, trainer, graph.extra["meta"]) if "ogb_name" in graph.extra["meta"] else None
+    if ogb_metric is not None:
+        metrics.update(ogb_metric)
     peaks = comm.allgather_object(peak_memory_bytes(trainer.device))
     if leader:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks})
@@ -161,4 +193,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         if final is not None:
             print(f"final {label}: {final:.4f} ({config.model}, P={comm.size}, c={config.replication}, "
                   f"plan {config.plan})", flush=True)
+        for key, value in metrics.items():
+            if key.startswith("test_ogb_"):
+                print(f"OGB Evaluator {key.removeprefix('test_ogb_')} on the test split: {value:.4f}", flush=True)
     return 0
