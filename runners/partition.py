@@ -104,12 +104,20 @@ def partition_statistics(adjacency: sp.csr_matrix, offsets: np.ndarray,
         boundary = np.bincount(row_part[needed], minlength=parts)
     inner = layout.counts()
     edges = np.bincount(entry_row_part, minlength=parts)
+    train = np.bincount(row_part[train_mask], minlength=parts).tolist() if train_mask is not None else None
+    return boundary_summary(offsets, inner, boundary, counts, edges, train)
+
+
+def boundary_summary(offsets: np.ndarray, inner: np.ndarray, boundary: np.ndarray, counts: np.ndarray,
+                     edges: np.ndarray, train: list[int] | None) -> dict[str, Any]:
+    """The statistics dict from per-part figures; ``counts[i, j] = |B_ij|``, ``boundary[j] = |B_j|``."""
+    layout = RowLayout(tuple(int(x) for x in offsets))
+    parts = layout.parts
     predicted = {plan: int(predict_spmm_bytes(Grid(parts), layout, counts, boundary, plan, 1, 4)["forward"][:, 1].sum())
                  for plan in ("dense-bcast", "sparse-bcast", "p2p")}
-    train = (np.bincount(row_part[train_mask], minlength=parts).tolist() if train_mask is not None else None)
     return {
-        "inner_nodes": inner.tolist(), "boundary_nodes": boundary.tolist(), "train_nodes": train,
+        "inner_nodes": [int(x) for x in inner], "boundary_nodes": [int(x) for x in boundary], "train_nodes": train,
         "boundary_over_inner": [float(b / i) if i else 0.0 for b, i in zip(boundary, inner)],
-        "edges": edges.tolist(), "total_boundary_nodes": int(boundary.sum()),
+        "edges": [int(x) for x in edges], "total_boundary_nodes": int(np.sum(boundary)),
         "predicted_forward_bytes_per_feature": predicted,
     }

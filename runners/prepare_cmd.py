@@ -7,6 +7,7 @@ import time
 
 from runners.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
 from runners.partition import PARTITIONERS
+from runners.stream_synthetic import write_streamed_synthetic
 from runners.shards import write_shards
 
 
@@ -35,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--symmetrize", action="store_true", help="edgelist: add every reverse edge")
     parser.add_argument("--directed", action="store_true", help="ogb: keep the graph directed (default: symmetrise)")
     parser.add_argument("--download", action="store_true", help="ogb: let ogb download the data if absent")
+    parser.add_argument("--stream", action="store_true",
+                        help="synthetic: generate and shard in two streaming passes with bounded memory "
+                             "(block partition), for graphs larger than memory")
+    parser.add_argument("--graph", choices=("clustered", "rmat"), default="clustered",
+                        help="synthetic --stream: clustered communities or R-MAT skewed degrees")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
 
 
@@ -43,6 +49,14 @@ def main(comm: object, args: argparse.Namespace) -> int:
     if rank != 0:
         return 0  # prepare is a single-process step; extra ranks have nothing to do
     start = time.perf_counter()
+    if args.source == "synthetic" and args.stream:
+        if args.partitioner != "block":
+            raise SystemExit("prepare synthetic --stream writes contiguous blocks; use --partitioner block")
+        meta = write_streamed_synthetic(args.out, nodes=args.nodes, degree=args.degree, parts=args.parts,
+                                        graph=args.graph, classes=args.classes, features=args.features,
+                                        seed=args.seed, overwrite=args.overwrite)
+        _report(meta, args.out, time.perf_counter() - start)
+        return 0
     if args.source == "planetoid":
         data = load_planetoid(args.root or BUILTIN_PLANETOID, args.name or "cora")
     elif args.source == "ogb":
@@ -61,9 +75,14 @@ def main(comm: object, args: argparse.Namespace) -> int:
         data = planted_classes(nodes=args.nodes, classes=args.classes, degree=args.degree,
                                features=args.features, seed=args.seed)
     meta = write_shards(data, args.out, args.parts, args.partitioner, args.seed, overwrite=args.overwrite)
+    _report(meta, args.out, time.perf_counter() - start)
+    return 0
+
+
+def _report(meta: dict, out: str, seconds: float) -> None:
     print(f"prepared {meta['name']}: {meta['num_nodes']} nodes, {meta['num_edges']} edges, "
           f"{meta['feature_dim']} features, {meta['num_classes']} classes, {meta['num_parts']} parts "
-          f"({meta['partitioner']}) in {args.out} [{time.perf_counter() - start:.1f} s]")
+          f"({meta['partitioner']}) in {out} [{seconds:.1f} s]")
     stats = meta["partition_stats"]
     print(f"{'part':>5}{'inner':>10}{'train':>8}{'boundary':>10}{'b/inner':>9}{'edges':>12}")
     for part in range(meta["num_parts"]):
@@ -71,4 +90,3 @@ def main(comm: object, args: argparse.Namespace) -> int:
               f"{stats['boundary_nodes'][part]:>10}{stats['boundary_over_inner'][part]:>9.3f}{stats['edges'][part]:>12}")
     print("predicted forward exchange bytes per 4-byte feature column: " + ", ".join(
         f"{plan} {value}" for plan, value in stats["predicted_forward_bytes_per_feature"].items()))
-    return 0

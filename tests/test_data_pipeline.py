@@ -106,3 +106,38 @@ def test_merged_metis_parts_train_like_unmerged(tmp_path: Path) -> None:
     for losses, accuracy in finals[1:]:
         assert np.allclose(losses, finals[0][0], rtol=1e-5, atol=1e-6)
         assert accuracy == finals[0][1]
+
+
+def test_streamed_synthetic_is_a_valid_undirected_graph_with_exact_statistics(tmp_path: Path) -> None:
+    from runners.partition import partition_statistics
+    from runners.shards import read_meta
+    from runners.stream_synthetic import write_streamed_synthetic
+
+    nodes = 70_000  # crosses a generator chunk border
+    for graph in ("clustered", "rmat"):
+        out = tmp_path / graph
+        meta = write_streamed_synthetic(out, nodes=nodes, degree=3, parts=3, graph=graph, features=16,
+                                        progress=False)
+        assert read_meta(out)["files"] == meta["files"]
+        parts = [np.load(out / f"part-{p:05d}.npz") for p in range(3)]
+        indptr = np.concatenate([parts[0]["indptr"]] + [p["indptr"][1:] + sum(q["indptr"][-1] for q in parts[:k + 1])
+                                                        for k, p in enumerate(parts[1:])])
+        a = sp.csr_matrix((np.concatenate([p["data"] for p in parts]), np.concatenate([p["indices"] for p in parts]),
+                           indptr), shape=(nodes, nodes))
+        assert (a != a.T).nnz == 0 and a.diagonal().sum() == 0 and a.max() == 1  # undirected, no loops, no dups
+        assert a.nnz == meta["num_edges"] and a.nnz > 1.5 * nodes * 3
+        expected = partition_statistics(a, np.asarray(meta["row_offsets"]),
+                                        np.concatenate([p["train"] for p in parts]))
+        assert meta["partition_stats"] == expected
+        labels = np.concatenate([p["labels"] for p in parts])
+        assert labels.min() >= 0 and labels.max() < meta["num_classes"]
+        assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_streamed_shards_train(tmp_path: Path) -> None:
+    from runners.stream_synthetic import write_streamed_synthetic
+
+    write_streamed_synthetic(tmp_path / "s", nodes=5000, degree=4, parts=2, features=16, progress=False)
+    result = run_mpi(2, [SPARSE_DIST, "train", "--data", str(tmp_path / "s"), "--epochs", "3"], timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "final test accuracy" in result.stdout
