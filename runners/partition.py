@@ -81,31 +81,48 @@ def relabel(part_of: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray]:
     return order.astype(np.int64), np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
+class BoundaryAccumulator:
+    """Partition statistics gathered one part at a time (the whole graph is never needed at once)."""
+
+    def __init__(self, offsets: np.ndarray) -> None:
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        parts = self.offsets.size - 1
+        self.needed = np.zeros(int(self.offsets[-1]), dtype=bool)  # rows some other part needs: the B_j
+        self.counts = np.zeros((parts, parts), dtype=np.int64)     # |B_ij|
+        self.edges = np.zeros(parts, dtype=np.int64)
+        self.train = np.zeros(parts, dtype=np.int64)
+
+    def _owner(self, ids: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets[1:], ids, side="right")
+
+    def add_part(self, part: int, columns: np.ndarray, train_rows: int) -> None:
+        """Record part ``part``'s row entries (global new column ids) and its number of training rows."""
+        lo, hi = self.offsets[part], self.offsets[part + 1]
+        remote = np.unique(columns[(columns < lo) | (columns >= hi)])
+        self.needed[remote] = True
+        self.counts[part] = np.bincount(self._owner(remote), minlength=self.counts.shape[0])
+        self.edges[part] = columns.size
+        self.train[part] = train_rows
+
+    def summary(self) -> dict[str, Any]:
+        boundary = np.bincount(self._owner(np.flatnonzero(self.needed)), minlength=self.counts.shape[0])
+        return boundary_summary(self.offsets, np.diff(self.offsets), boundary, self.counts, self.edges,
+                                self.train.tolist())
+
+
 def partition_statistics(adjacency: sp.csr_matrix, offsets: np.ndarray,
                          train_mask: np.ndarray | None = None) -> dict[str, Any]:
     """Boundary view of a relabelled adjacency (rows aggregate from columns) split at ``offsets``.
 
-    ``train_mask`` (in the relabelled order) adds the training nodes per part.
+    ``train_mask`` (in the relabelled order) gives the training nodes per part.
     """
-    layout = RowLayout(tuple(int(x) for x in offsets))
-    parts = layout.parts
     adjacency = sp.csr_matrix(adjacency)
-    row_part = np.repeat(np.arange(parts), np.diff(offsets)).astype(np.int64)
-    entry_row_part = np.repeat(row_part, np.diff(adjacency.indptr))
-    entry_col_part = row_part[adjacency.indices]
-    remote = entry_row_part != entry_col_part
-    pairs = np.unique(np.stack([entry_row_part[remote], adjacency.indices[remote]], axis=1), axis=0) \
-        if remote.any() else np.empty((0, 2), dtype=np.int64)
-    counts = np.zeros((parts, parts), dtype=np.int64)
-    np.add.at(counts, (pairs[:, 0], row_part[pairs[:, 1]]), 1)
-    boundary = np.zeros(parts, dtype=np.int64)
-    if pairs.size:
-        needed = np.unique(pairs[:, 1])
-        boundary = np.bincount(row_part[needed], minlength=parts)
-    inner = layout.counts()
-    edges = np.bincount(entry_row_part, minlength=parts)
-    train = np.bincount(row_part[train_mask], minlength=parts).tolist() if train_mask is not None else None
-    return boundary_summary(offsets, inner, boundary, counts, edges, train)
+    accumulator = BoundaryAccumulator(offsets)
+    for part in range(len(offsets) - 1):
+        lo, hi = int(offsets[part]), int(offsets[part + 1])
+        columns = adjacency.indices[adjacency.indptr[lo]:adjacency.indptr[hi]].astype(np.int64)
+        accumulator.add_part(part, columns, int(train_mask[lo:hi].sum()) if train_mask is not None else 0)
+    return accumulator.summary()
 
 
 def boundary_summary(offsets: np.ndarray, inner: np.ndarray, boundary: np.ndarray, counts: np.ndarray,

@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from algorithms.train import LocalGraph
 from runners.datasets import GraphData
-from runners.partition import partition, partition_statistics, relabel
+from runners.partition import BoundaryAccumulator, partition, relabel
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import RowLayout
 
@@ -45,7 +45,7 @@ class ShardError(ValueError):
     """A dataset directory that is missing, damaged or does not fit the run."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -67,33 +67,40 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
     order, offsets = relabel(part_of, parts)
     new_id = np.empty_like(order)
     new_id[order] = np.arange(order.size)
-    adjacency = sp.csr_matrix(data.adjacency)[order]
-    adjacency = sp.csr_matrix((adjacency.data, new_id[adjacency.indices], adjacency.indptr), shape=adjacency.shape)
-    adjacency.sort_indices()
+    source = sp.csr_matrix(data.adjacency)
 
     temporary = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir(parents=True)
     files: dict[str, str] = {}
     np.save(temporary / "permutation.npy", order)
-    files["permutation.npy"] = _sha256(temporary / "permutation.npy")
+    files["permutation.npy"] = sha256_file(temporary / "permutation.npy")
+    statistics = BoundaryAccumulator(offsets)
     for index in range(parts):
+        # One part's rows at a time, relabelled on the fly: never a second copy of the whole graph.
         lo, hi = offsets[index], offsets[index + 1]
-        rows = adjacency[lo:hi]
         nodes = order[lo:hi]
+        rows = source[nodes]
+        rows = sp.csr_matrix((rows.data, new_id[rows.indices], rows.indptr), shape=rows.shape)
+        rows.sort_indices()
         name = part_file(index)
         np.savez(temporary / name, indptr=rows.indptr.astype(np.int64), indices=rows.indices.astype(np.int64),
                  data=rows.data.astype(np.float32), features=data.features[nodes].astype(np.float32),
                  labels=data.labels[nodes], train=data.masks["train"][nodes], val=data.masks["val"][nodes],
                  test=data.masks["test"][nodes])
-        files[name] = _sha256(temporary / name)
+        files[name] = sha256_file(temporary / name)
+        statistics.add_part(index, rows.indices.astype(np.int64), int(data.masks["train"][nodes].sum()))
+    stats = statistics.summary()
     meta = {"format_version": FORMAT_VERSION, "name": data.name, "num_nodes": int(data.num_nodes),
-            "num_edges": int(adjacency.nnz), "feature_dim": int(data.features.shape[1]),
+            "num_edges": int(sum(stats["edges"])), "feature_dim": int(data.features.shape[1]),
             "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel), "partitioner": partitioner,
             "partition_seed": seed, "num_parts": parts, "row_offsets": offsets.tolist(),
-            "permutation_file": "permutation.npy", "files": files,
-            "partition_stats": partition_statistics(adjacency, offsets, data.masks["train"][order]),
-            **data.meta_extra}
+            "permutation_file": "permutation.npy", "files": files, "partition_stats": stats, **data.meta_extra}
+    return finish_dataset(temporary, out_dir, meta)
+
+
+def finish_dataset(temporary: Path, out_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Write ``meta.json`` into the finished temporary directory and rename it into place."""
     (temporary / "meta.json").write_text(json.dumps(meta, indent=1))
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -128,7 +135,7 @@ def _read_part(data_dir: Path, meta: dict[str, Any], index: int) -> dict[str, np
     if not path.is_file():
         raise ShardError(f"{path}: shard file missing")
     expected = meta["files"].get(name)
-    if expected is None or _sha256(path) != expected:
+    if expected is None or sha256_file(path) != expected:
         raise ShardError(f"{path}: checksum does not match meta.json (file damaged or replaced)")
     with np.load(path, allow_pickle=False) as archive:
         missing = [key for key in PART_ARRAYS if key not in archive.files]

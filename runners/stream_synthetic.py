@@ -20,8 +20,6 @@ from the node's own class words (as :func:`runners.datasets.planted_classes`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import sys
@@ -30,10 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from runners.partition import BoundaryAccumulator
+from runners.shards import FORMAT_VERSION, finish_dataset, part_file, sha256_file
 from runners.synthetic import CHUNK_ROWS
-
-FORMAT_VERSION = 1
-
 
 def _progress(label: str, done: int, total: int, started: float) -> None:
     """One self-overwriting progress line on stderr (the command's, not the library's)."""
@@ -96,14 +93,6 @@ def _node_data(first: int, stop: int, classes: int, features: int, community: in
     return {k: np.concatenate(v) if v else np.empty(0) for k, v in pieces.items()}
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_streamed_synthetic(out_dir: str | Path, *, nodes: int, degree: int, parts: int, graph: str = "clustered",
                              classes: int = 8, features: int = 128, community: int = 500, mixing: float = 0.05,
                              label_noise: float = 0.3, words: int = 20, signal: float = 0.15,
@@ -147,9 +136,7 @@ def write_streamed_synthetic(out_dir: str | Path, *, nodes: int, degree: int, pa
             handle.close()
 
     files: dict[str, str] = {}
-    needed = np.zeros(nodes, dtype=bool)  # rows somebody else needs: the boundary sets B_j
-    boundary_pairs = np.zeros((parts, parts), dtype=np.int64)
-    inner, edges_per_part, train_per_part = [], [], []
+    statistics = BoundaryAccumulator(offsets)
     started = time.perf_counter()
     for p in range(parts):
         lo, hi = int(offsets[p]), int(offsets[p + 1])
@@ -161,35 +148,22 @@ def write_streamed_synthetic(out_dir: str | Path, *, nodes: int, degree: int, pa
         keep = rows + lo != cols
         rows, cols = rows[keep], cols[keep]
         indptr = np.searchsorted(rows, np.arange(hi - lo + 1))
-        remote = (cols < lo) | (cols >= hi)
-        remote_cols = np.unique(cols[remote])
-        needed[remote_cols] = True
-        boundary_pairs[p] = np.bincount(np.searchsorted(offsets[1:], remote_cols, side="right"), minlength=parts)
         node_data = _node_data(lo, hi, classes, features, community, label_noise, words, signal, split, seed)
-        name = f"part-{p:05d}.npz"
+        name = part_file(p)
         np.savez(temporary / name, indptr=indptr.astype(np.int64), indices=cols.astype(np.int64),
                  data=np.ones(cols.size, dtype=np.float32), **node_data)
-        files[name] = _sha256(temporary / name)
-        inner.append(hi - lo)
-        edges_per_part.append(int(cols.size))
-        train_per_part.append(int(node_data["train"].sum()))
+        files[name] = sha256_file(temporary / name)
+        statistics.add_part(p, cols, int(node_data["train"].sum()))
         if progress:
             _progress("writing parts", p + 1, parts, started)
     shutil.rmtree(temporary / "buckets")
     np.save(temporary / "permutation.npy", np.arange(nodes, dtype=np.int64))
-    files["permutation.npy"] = _sha256(temporary / "permutation.npy")
-    boundary = np.bincount(np.searchsorted(offsets[1:], np.flatnonzero(needed), side="right"), minlength=parts)
-    from runners.partition import boundary_summary
-
+    files["permutation.npy"] = sha256_file(temporary / "permutation.npy")
+    stats = statistics.summary()
     meta = {"format_version": FORMAT_VERSION, "name": f"synthetic-{graph}-{nodes}", "num_nodes": nodes,
-            "num_edges": int(sum(edges_per_part)), "feature_dim": features, "num_classes": classes,
+            "num_edges": int(sum(stats["edges"])), "feature_dim": features, "num_classes": classes,
             "multilabel": False, "partitioner": "block", "partition_seed": seed, "num_parts": parts,
             "row_offsets": offsets.tolist(), "permutation_file": "permutation.npy", "files": files,
             "feature_norm": "row",
-            "partition_stats": boundary_summary(offsets, np.asarray(inner), boundary, boundary_pairs,
-                                                np.asarray(edges_per_part), train_per_part)}
-    (temporary / "meta.json").write_text(json.dumps(meta, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(temporary, out_dir)
-    return meta
+            "partition_stats": stats}
+    return finish_dataset(temporary, out_dir, meta)
