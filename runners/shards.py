@@ -63,7 +63,7 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise ShardError(f"{out_dir} already exists; pass --overwrite to replace it")
-    part_of = partition(partitioner, data.adjacency, parts, seed)
+    part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"])
     order, offsets = relabel(part_of, parts)
     new_id = np.empty_like(order)
     new_id[order] = np.arange(order.size)

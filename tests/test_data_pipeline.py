@@ -81,11 +81,14 @@ def _relabelled_boundary(adjacency: sp.csr_matrix, part_of: np.ndarray, parts: i
 def test_metis_is_deterministic_balanced_and_cuts_the_boundary() -> None:
     data = planted_classes(nodes=6000, classes=4, mixing=0.2, seed=3)
     train = data.masks["train"]
-    first = partition("metis", data.adjacency, 4, seed=7)
-    assert np.array_equal(first, partition("metis", data.adjacency, 4, seed=7))
+    first = partition("metis", data.adjacency, 4, seed=7, train_mask=train)
+    assert np.array_equal(first, partition("metis", data.adjacency, 4, seed=7, train_mask=train))
     sizes = np.bincount(first, minlength=4)
     assert sizes.max() <= 1.05 * 6000 / 4  # METIS' default imbalance bound is 3%
-    assert np.bincount(first[train], minlength=4).min() > 0
+    train_load = np.bincount(first[train], minlength=4)
+    assert train_load.max() <= max(np.floor(1.05 * train.sum() / 4), train_load.min() + 1)  # second constraint
+    plain = partition("metis", data.adjacency, 4, seed=7)
+    assert np.array_equal(np.bincount(plain, minlength=4), sizes)  # the swaps keep the node counts
     citations = cora().adjacency  # a real graph: METIS must cut its boundary by a large factor
     metis, random = partition("metis", citations, 4, seed=7), partition("random", citations, 4, seed=7)
     assert _relabelled_boundary(citations, metis, 4) * 3 < _relabelled_boundary(citations, random, 4)
