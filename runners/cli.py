@@ -1,4 +1,4 @@
-"""The ``sparse-dist`` command: ``prepare``, ``train``, ``demo``, ``bench spmm`` and ``info``.
+"""The ``sparse-dist`` command: ``prepare``, ``train``, ``demo``, ``bench spmm|policies`` and ``info``.
 
 Launch under MPI: ``mpiexec -n P sparse-dist demo`` or ``srun --mpi=pmi2
 sparse-dist ...``. Any exception on any rank ends the whole job with a
@@ -23,26 +23,23 @@ def _parser() -> argparse.ArgumentParser:
                         help="hand CUDA buffers to MPI directly (on), stage through host memory (off), "
                              "or detect (auto)")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo_parser = commands.add_parser("demo", help="distributed SpMM on a built-in graph vs scipy")
-    demo.add_arguments(demo_parser)
-    demo_parser.set_defaults(func=demo.main)
-    prepare = commands.add_parser("prepare", help="write a dataset as shards (single process)")
-    prepare_cmd.add_arguments(prepare)
-    prepare.set_defaults(func=prepare_cmd.main)
-    train = commands.add_parser("train", help="distributed full-graph training from shards")
-    train_cmd.add_arguments(train)
-    train.set_defaults(func=train_cmd.main)
+    _command(commands, "demo", "distributed SpMM on a built-in graph vs scipy", demo)
+    _command(commands, "prepare", "write a dataset as shards (single process)", prepare_cmd)
+    _command(commands, "train", "distributed full-graph training from shards", train_cmd)
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
-    spmm = bench_kinds.add_parser("spmm", help="distributed SpMM vs single-process torch SpMM")
-    bench_spmm.add_arguments(spmm)
-    spmm.set_defaults(func=bench_spmm.main)
-    policies = bench_kinds.add_parser("policies", help="exact vs BNS-GCN sampling vs SANCUS staleness, one run")
-    bench_policies.add_arguments(policies)
-    policies.set_defaults(func=bench_policies.main)
+    _command(bench_kinds, "spmm", "distributed SpMM vs single-process torch SpMM", bench_spmm)
+    _command(bench_kinds, "policies", "exact vs BNS-GCN sampling vs SANCUS staleness, one run", bench_policies)
     info = commands.add_parser("info", help="versions, MPI library, CUDA and CUDA-aware MPI status")
     info.set_defaults(func=_info)
     return parser
+
+
+def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object) -> None:
+    """A subcommand whose module offers ``add_arguments(parser)`` and ``main(comm, args)``."""
+    parser = subparsers.add_parser(name, help=summary)
+    module.add_arguments(parser)  # type: ignore[attr-defined]
+    parser.set_defaults(func=module.main)  # type: ignore[attr-defined]
 
 
 def _info(comm: object, args: argparse.Namespace) -> int:
