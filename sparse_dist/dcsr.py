@@ -27,10 +27,12 @@ import zlib
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.log import get_logger
+from sparse_dist.predict import predict_spmm_bytes
 
 _log = get_logger(__name__)
 
@@ -142,8 +144,6 @@ class DistCSR:
 
     def _exchange_boundary_ids(self) -> None:
         """Tell each owner which of its rows every receiver needs (p2p send lists, B_j)."""
-        import torch
-
         groups = self.grid.groups
         share = set(self.grid.column_share(self.replica))
         me = self.group
@@ -177,6 +177,11 @@ class DistCSR:
     def column_share(self) -> list[int]:
         """Column blocks this rank multiplies (all groups in 1D)."""
         return self.grid.column_share(self.replica)
+
+    def predict_bytes(self, plan: str, width: int, itemsize: int) -> dict[str, np.ndarray]:
+        """Analytic bytes per world rank of one forward and one transpose with ``plan`` (see predict.py)."""
+        return predict_spmm_bytes(self.grid, self.layout, self.boundary_counts, self.union_sizes, plan, width,
+                                  itemsize)
 
     def total_boundary(self) -> int:
         """Sum over owners of |B_j|: the distinct rows that must leave their owner."""
