@@ -177,3 +177,25 @@ def parse_staleness(spec: str) -> StalenessRule | None:
     if name not in _STALENESS:
         raise ValueError(f"unknown staleness policy {name!r}; known: {sorted(_STALENESS)} or 'none'")
     return _STALENESS[name](_text=params, _spec=spec)
+
+
+def split_policy(spec: str) -> tuple[str, str]:
+    """``'exact'``, one policy, or ``'bns:p=0.1+sancus-e:eps=1'`` -> ``(sample, stale)`` specs (validated).
+
+    Used by studies, which name a run's policy in one string.
+    """
+    sample, stale = "none", "none"
+    if spec.strip() in ("exact", "none", ""):
+        return sample, stale
+    for piece in spec.split("+"):
+        name, _ = _split(piece.strip())
+        if name in _SAMPLERS and sample == "none":
+            sample = piece.strip()
+            parse_sampler(sample)
+        elif name in _STALENESS and stale == "none":
+            stale = piece.strip()
+            parse_staleness(stale)
+        else:
+            raise ValueError(f"policy {spec!r}: {piece.strip()!r} is not a sampling policy {sorted(_SAMPLERS)} "
+                             f"or staleness policy {sorted(_STALENESS)}, or repeats one kind")
+    return sample, stale

@@ -171,7 +171,8 @@ class Trainer:
         self.optimizer.step()
         wall = time.perf_counter() - start
         decisions = getattr(self.spmm.plan, "decisions", [])
-        broadcasts = [{"layer": d["layer"], "active": d["active"]} for d in decisions if d["epoch"] == self.epoch]
+        broadcasts = [{"layer": d["layer"], "owners": d["owners"], "active": d["active"]}
+                      for d in decisions if d["epoch"] == self.epoch]
         self.epoch += 1
         return {"epoch": self.epoch, "loss": float(flat[-1]), **self._breakdown(stats_before, wall),
                 "broadcasts": broadcasts, "cache_bytes": self.spmm.plan.cache_bytes()}

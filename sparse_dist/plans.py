@@ -411,7 +411,7 @@ class _BroadcastPlan(ExchangePlan):
                 self._multiply_into(out, entry.block_torch, entry.values)
         self.used[layer] = messages
         if self.staleness is not None:
-            self.decisions.append({"epoch": epoch, "layer": layer,
+            self.decisions.append({"epoch": epoch, "layer": layer, "owners": len(self._exchanged()),
                                    "active": [int(j) for j in self._exchanged() if active[j]]})
         return out
 
@@ -461,9 +461,9 @@ class DenseBroadcastPlan(_BroadcastPlan):
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
                  sampler: BoundarySampler | None = None, staleness: StalenessRule | None = None) -> None:
-        if sampler is not None and sampler.p < 1.0:
-            raise ValueError("boundary sampling needs the sparse-bcast or p2p plan: dense-bcast sends every "
-                             "row of H_j by definition")
+        problem = unsupported_policy(self.name, sampling=sampler is not None and sampler.p < 1.0, staleness=False)
+        if problem:
+            raise ValueError(problem)
         super().__init__(matrix, dtype, device, timer, sampler, staleness)
 
     def _remote_form(self, j: int, block: sp.csr_matrix) -> sp.csr_matrix:
@@ -505,9 +505,9 @@ class PointToPointPlan(ExchangePlan):
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
                  sampler: BoundarySampler | None = None, staleness: StalenessRule | None = None) -> None:
-        if staleness is not None:
-            raise ValueError("staleness policies (cached historical blocks) need a broadcast plan: "
-                             "use dense-bcast or sparse-bcast")
+        problem = unsupported_policy(self.name, sampling=False, staleness=staleness is not None)
+        if problem:
+            raise ValueError(problem)
         super().__init__(matrix, dtype, device, timer, sampler, staleness)
         groups = matrix.grid.groups
         self.local_block = self._csr(matrix.blocks[self.group]) if self.group in matrix.blocks else None
@@ -601,6 +601,16 @@ _PLANS: dict[str, type[ExchangePlan]] = {
     "sparse-bcast": SparseBroadcastPlan,
     "p2p": PointToPointPlan,
 }
+
+
+def unsupported_policy(plan: str, *, sampling: bool, staleness: bool) -> str | None:
+    """Why ``plan`` cannot run a policy with sampling and/or staleness, or None when it can."""
+    if sampling and plan == "dense-bcast":
+        return "boundary sampling needs the sparse-bcast or p2p plan: dense-bcast sends every row of H_j by definition"
+    if staleness and plan == "p2p":
+        return ("staleness policies (cached historical blocks) need a broadcast plan: "
+                "use dense-bcast or sparse-bcast")
+    return None
 
 
 def make_plan(name: str, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
