@@ -24,38 +24,42 @@ def predict_spmm_bytes(grid: Grid, layout: RowLayout, boundary_counts: np.ndarra
     """Bytes each world rank sends and receives in one forward and one transpose.
 
     Returns ``{"forward": a, "backward": b}`` with arrays of shape ``(P, 2)``
-    (column 0 sent, column 1 received).
+    (column 0 sent, column 1 received). Integer counts give exact integer
+    bytes; float counts (expected boundary sizes of a partition model) give
+    expected bytes.
     """
     groups, c = grid.groups, grid.replication
     row_bytes = width * itemsize
-    column = np.zeros((grid.world_size, 2), dtype=np.int64)
-    for j in range(groups):
-        r = grid.replica_for_block(j)
-        owner = grid.rank_of(j, r)
-        if plan in ("dense-bcast", "sparse-bcast"):
-            rows = layout.count(j) if plan == "dense-bcast" else int(union_sizes[j])
-            if rows == 0:
-                continue
-            column[owner, SENT] += rows * row_bytes * (groups - 1)
-            for i in range(groups):
-                if i != j:
-                    column[grid.rank_of(i, r), RECV] += rows * row_bytes
-        elif plan == "p2p":
-            for i in range(groups):
-                if i != j:
-                    moved = int(boundary_counts[i, j]) * row_bytes
-                    column[owner, SENT] += moved
-                    column[grid.rank_of(i, r), RECV] += moved
-        else:
-            raise ValueError(f"unknown exchange plan {plan!r}")
+    counts = np.asarray(boundary_counts)
+    kind = np.result_type(counts.dtype, np.asarray(union_sizes).dtype, np.int64)
+    owners = np.arange(groups)
+    replica = owners % c                                  # grid.replica_for_block(j)
+    owner_rank = owners * c + replica                     # grid.rank_of(j, replica)
+    if plan in ("dense-bcast", "sparse-bcast"):
+        rows = layout.counts() if plan == "dense-bcast" else np.asarray(union_sizes)
+        # receiver i gets every owner j != i whose block its replica column (j % c) handles
+        moved = np.zeros((groups, groups), dtype=kind)
+        moved[:, :] = rows[None, :] * row_bytes
+    elif plan == "p2p":
+        moved = counts.astype(kind) * row_bytes           # moved[i, j]: rows of H_j rank i needs
+    else:
+        raise ValueError(f"unknown exchange plan {plan!r}")
+    np.fill_diagonal(moved, 0)
+    column = np.zeros((grid.world_size, 2), dtype=kind)
+    if plan == "p2p":
+        np.add.at(column[:, SENT], owner_rank, moved.sum(axis=0))
+    else:
+        np.add.at(column[:, SENT], owner_rank, np.asarray(rows, dtype=kind) * row_bytes * (groups - 1))
+    receivers = owners[:, None] * c + replica[None, :]    # rank_of(i, replica of j)
+    np.add.at(column[:, RECV], receivers.ravel(), moved.ravel())
     forward = column.copy()
     backward = column[:, ::-1].copy()
     if c > 1:
         for rank in range(grid.world_size):
             g, r = grid.group_of(rank), grid.replica_of(rank)
             n_g = layout.count(g)
-            moved = _ring_allreduce_bytes(n_g * width, c, r, itemsize)
-            forward[rank] += moved
+            moved_rows = _ring_allreduce_bytes(n_g * width, c, r, itemsize)
+            forward[rank] += moved_rows
             if r == grid.replica_for_block(g):
                 backward[rank, SENT] += n_g * row_bytes * (c - 1)
             else:
