@@ -1,0 +1,67 @@
+"""``sparse-dist bench network``: alpha and beta of this MPI, for the performance model.
+
+Broadcasts of 8 B to 16 MiB over all ranks (run it with 2 ranks, placed as
+the runs you want to model). Each sample times a chain of broadcasts whose
+root alternates between ranks 0 and 1, so each one waits for the one before
+(no pipelining), and divides by the chain's length; median of
+``--repeats`` samples, slowest rank. The model's broadcast formula
+(:func:`runners.perf_model.bcast_time`) is fitted: ``alpha`` from the
+small messages, ``beta`` by least squares on the large ones. Prints the
+table, the fit, and the flags to hand ``sparse-dist model``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from runners.perf_model import BCAST_SHORT
+from sparse_dist.comm import Communicator
+
+SIZES = [8 * 4 ** k for k in range(13)]  # 8 B .. 128 MiB
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--max-bytes", type=int, default=16 * 2 ** 20,
+                        help="largest message (default 16 MiB, the size of typical exchanged blocks)")
+
+
+def main(comm: Communicator, args: argparse.Namespace) -> int:
+    if comm.size < 2:
+        raise SystemExit("bench network needs at least 2 ranks (mpiexec -n 2 sparse-dist bench network)")
+    g = comm.size
+    steps = int(np.ceil(np.log2(g)))
+    rows = []
+    for size in [s for s in SIZES if s <= args.max_bytes]:
+        buffer = torch.zeros(size, dtype=torch.uint8)
+        chain = max(2, min(200, (1 << 22) // size))
+        samples = []
+        for _ in range(args.repeats + 1):
+            comm.barrier()
+            start = time.perf_counter()
+            for link in range(chain):
+                comm.bcast_(buffer, link % 2, "other")
+            elapsed = (time.perf_counter() - start) / chain
+            samples.append(max(comm.allgather_object(elapsed)))
+        rows.append((size, statistics.median(samples[1:])))
+    small = [t / steps for size, t in rows if size <= 512]
+    alpha = statistics.median(small)
+    large = [(size, t) for size, t in rows if size >= max(BCAST_SHORT, 1 << 20)]
+    # large: t = (steps + g - 1) alpha + 2 (g - 1)/g * size * beta
+    factor = 2.0 * (g - 1) / g
+    x = np.array([factor * s for s, _ in large])
+    y = np.array([t - (steps + g - 1) * alpha for _, t in large])
+    beta = float((x @ y) / (x @ x))
+    if comm.rank == 0:
+        print(f"{'bytes':>12} {'seconds':>12} {'GB/s':>8}")
+        for size, seconds in rows:
+            print(f"{size:>12} {seconds:>12.3e} {size / seconds / 1e9:>8.2f}")
+        print(f"fit over {g} ranks: alpha {alpha * 1e6:.2f} us, beta {beta * 1e9:.4f} ns/B "
+              f"({1e-9 / beta:.2f} GB/s)")
+        print(f"sparse-dist model ... --alpha {alpha:.3g} --beta-gbs {1e-9 / beta:.3g}")
+    return 0

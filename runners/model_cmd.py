@@ -1,0 +1,281 @@
+"""``sparse-dist model``: predicted epoch time and bytes per rank, checked against a study or beyond it.
+
+* ``sparse-dist model compare RESULTS_DIR``: for every run of a study,
+  the prediction from the dataset's exact partition statistics, compute
+  rates calibrated on the same configuration's smallest-P run, and the
+  alpha-beta network model; prints measured vs predicted and the error,
+  and writes ``model.csv`` beside ``results.csv``.
+* ``sparse-dist model predict --graph ogbn-papers100M --ranks 64,256,1024``:
+  the same model for a graph and P this machine cannot run, from the
+  partition model of :mod:`runners.perf_model` and rates calibrated on a
+  study (``--calibrate-from RESULTS_DIR``).
+
+Every assumption (network figures, placement, cores per rank, partition
+model, active share of a staleness policy) is printed with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from runners.collect import ResultsError, read_csv, write_csv_rows
+from runners.perf_model import (NETWORKS, ModelShape, Network, Policy, Prediction, Rates, Workload, predict_epoch,
+                                workload_analytic, workload_from_shards)
+from runners.shards import read_meta
+
+# Public figures of OGB graphs (symmetrised nonzeros = twice the undirected edges).
+GRAPHS: dict[str, dict[str, int]] = {
+    "ogbn-papers100M": {"nodes": 111_059_956, "nnz": 2 * 1_615_685_872, "features": 128, "classes": 172},
+    "ogbn-products": {"nodes": 2_449_029, "nnz": 2 * 61_859_140, "features": 100, "classes": 47},
+    "ogbn-arxiv": {"nodes": 169_343, "nnz": 2 * 1_166_243, "features": 128, "classes": 40},
+}
+COMPARE_COLUMNS = ("run", "world_size", "plan", "policy", "calibration", "measured_epoch", "predicted_epoch",
+                   "error", "predicted_compute", "predicted_exchange", "predicted_allreduce", "measured_bytes",
+                   "predicted_bytes")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    modes = parser.add_subparsers(dest="mode", required=True)
+    compare = modes.add_parser("compare", help="predicted vs measured for every run of a study")
+    compare.add_argument("results", help="a study's output directory (holds results.csv)")
+    _network_arguments(compare, "shm")
+    predict = modes.add_parser("predict", help="predictions for a graph and rank counts beyond this machine")
+    predict.add_argument("--graph", choices=sorted(GRAPHS), default=None, help="a known graph's sizes")
+    predict.add_argument("--nodes", type=int, help="number of nodes (instead of --graph)")
+    predict.add_argument("--nnz", type=int, help="nonzeros of the symmetrised adjacency (instead of --graph)")
+    predict.add_argument("--features", type=int)
+    predict.add_argument("--classes", type=int)
+    predict.add_argument("--hidden", type=int, default=128)
+    predict.add_argument("--layers", type=int, default=3)
+    predict.add_argument("--model", choices=("gcn", "sage"), default="gcn")
+    predict.add_argument("--ranks", default="64,256,1024", help="comma-separated P")
+    predict.add_argument("--plans", default="dense-bcast,sparse-bcast,p2p")
+    predict.add_argument("--policies", default="exact,bns:p=0.1,sancus-h:eps=0.05",
+                         help="policies separated by ',' (or ';'); a policy's own parameters may use ',' too")
+    predict.add_argument("--active", type=float, default=None,
+                         help="share of forward broadcasts a data-dependent staleness rule sends "
+                              "(default: measured in --calibrate-from's runs)")
+    predict.add_argument("--cut", type=float, default=None,
+                         help="edge-cut fraction of the partition (default: random partition, (P-1)/P)")
+    predict.add_argument("--neighbour-parts", type=int, default=None,
+                         help="parts the cut edges of one part spread over (default: all others)")
+    predict.add_argument("--calibrate-from", required=True,
+                         help="a study's output directory; its P=1 exact p2p run gives the per-core rates")
+    predict.add_argument("--threads", type=int, default=None, help="cores per rank (default: the network's "
+                         "cores per node / ranks per node)")
+    _network_arguments(predict, "ib-hdr")
+
+
+def _network_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--network", choices=sorted(NETWORKS), default=default,
+                        help=f"alpha-beta preset (default: {default}); see runners/perf_model.py")
+    parser.add_argument("--alpha", type=float, help="override alpha (s) on and off node")
+    parser.add_argument("--beta-gbs", type=float, help="override bandwidth (GB/s) on and off node")
+    parser.add_argument("--ranks-per-node", type=int, help="override ranks per node")
+    parser.add_argument("--cores-per-node", type=int, help="override cores per node")
+
+
+def network_from(args: argparse.Namespace) -> Network:
+    net = NETWORKS[args.network]
+    if net.name == "shm":
+        net = replace(net, cores_per_node=os.cpu_count() or 1)
+    changes: dict[str, Any] = {}
+    if args.alpha is not None:
+        changes.update(alpha_intra=args.alpha, alpha_inter=args.alpha)
+    if args.beta_gbs is not None:
+        changes.update(beta_intra=1 / (args.beta_gbs * 1e9), beta_inter=1 / (args.beta_gbs * 1e9))
+    if args.ranks_per_node:
+        changes["ranks_per_node"] = args.ranks_per_node
+    if args.cores_per_node:
+        changes["cores_per_node"] = args.cores_per_node
+    return replace(net, **changes) if changes else net
+
+
+def _shape(row: dict[str, Any], meta: dict[str, Any]) -> ModelShape:
+    dims = [meta["feature_dim"]] + [int(row["hidden"])] * (int(row["layers"]) - 1) + [meta["num_classes"]]
+    return ModelShape(tuple(dims), kind="gcn", itemsize=4)
+
+
+def _cores(net: Network, ranks: int, threads: int) -> float:
+    return min(float(threads), net.cores_per_node / min(net.ranks_per_node, ranks))
+
+
+def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Network, policy: Policy) -> Rates:
+    """Per-core rates that reproduce one measured run's local SpMM and dense time."""
+    cores = _cores(net, int(row["world_size"]), int(row["threads_per_rank"] or 1))
+    unit = Rates(spmm=1.0, dense=1.0)
+    replication = int(row["replication"])
+    probe = predict_epoch(work, shape, row["plan"], policy, unit, net, replication, int(row["threads_per_rank"] or 1))
+    # probe.compute_* are the work units of the slowest rank divided by cores: rate = units / measured seconds
+    return Rates(spmm=probe.compute_spmm / float(row["t_local_spmm"]),
+                 dense=probe.compute_dense / float(row["t_dense"]),
+                 source=f"{row['run']} ({cores:g} core(s) a rank)")
+
+
+def _policy_for(row: dict[str, Any], active: float | None = None) -> Policy:
+    measured = row.get("broadcast_fraction")
+    if active is None and row["stale"] not in (None, "none"):
+        # one row group exchanges nothing, so the share does not matter there
+        single = int(row["world_size"]) == int(row["replication"])
+        active = 1.0 if single or measured in (None, "") else float(measured)
+    return Policy.from_specs(str(row["sample"]), str(row["stale"]), active)
+
+
+def compare(args: argparse.Namespace) -> int:
+    results = Path(args.results)
+    rows = read_csv(results / "results.csv")
+    if not rows:
+        raise ResultsError(f"{results / 'results.csv'}: no finished runs to compare")
+    net = network_from(args)
+    out: list[dict[str, Any]] = []
+    workloads: dict[tuple[str, int], Workload] = {}
+    data_dirs = {row["run"]: _data_dir(results, row) for row in rows}
+    print(f"network {net.name}: alpha {net.alpha_intra * 1e6:.2f} us, {1e-9 / net.beta_intra:.1f} GB/s, "
+          f"{net.cores_per_node} cores a node ({net.note})")
+
+    def work_of(row: dict[str, Any]) -> Workload:
+        key = (str(data_dirs[row["run"]]), int(row["world_size"]) // int(row["replication"]))
+        if key not in workloads:
+            workloads[key] = workload_from_shards(*key)
+        return workloads[key]
+
+    def configuration(row: dict[str, Any]) -> tuple:
+        return row["dataset"], row["plan"], row["policy"], row["replication"], row["hidden"], row["layers"]
+
+    for row in sorted(rows, key=lambda r: (*map(str, configuration(r)), r["world_size"])):
+        base = min((r for r in rows if configuration(r) == configuration(row)), key=lambda r: r["world_size"])
+        rates = calibrate(base, work_of(base), _shape(base, read_meta(data_dirs[base["run"]])), net,
+                          _policy_for(base))
+        prediction = predict_epoch(work_of(row), _shape(row, read_meta(data_dirs[row["run"]])), row["plan"],
+                                   _policy_for(row), rates, net, int(row["replication"]),
+                                   int(row["threads_per_rank"] or 1))
+        out.append({"run": row["run"], "world_size": row["world_size"], "plan": row["plan"], "policy": row["policy"],
+                    "calibration": base["run"] == row["run"], "measured_epoch": row["epoch_time"],
+                    "predicted_epoch": prediction.epoch, "error": prediction.epoch / float(row["epoch_time"]) - 1.0,
+                    "predicted_compute": prediction.compute_spmm + prediction.compute_dense,
+                    "predicted_exchange": prediction.exchange, "predicted_allreduce": prediction.allreduce,
+                    "measured_bytes": row["exchange_bytes"], "predicted_bytes": prediction.exchange_bytes_total})
+    _print_compare(out)
+    write_csv_rows(results / "model.csv", COMPARE_COLUMNS, out)
+    print(f"wrote {results / 'model.csv'}")
+    return 0
+
+
+def _data_dir(results: Path, row: dict[str, Any]) -> Path:
+    """The prepared dataset a run trained on (from its config record)."""
+    from runners.collect import read_records
+
+    records = read_records(results / str(row["results_file"]))
+    config = next(r for r in records if r["type"] == "config")
+    path = Path(config["data"])
+    return path if path.is_absolute() or path.exists() else results / path
+
+
+def _print_compare(out: list[dict[str, Any]]) -> None:
+    print(f"{'P':>3} {'plan':<13}{'policy':<20}{'measured s':>11}{'predicted s':>12}{'error':>8}"
+          f"{'bytes measured':>16}{'bytes predicted':>16}")
+    for r in out:
+        mark = "  (calibration)" if r["calibration"] else ""
+        print(f"{r['world_size']:>3} {r['plan']:<13}{r['policy']:<20}{r['measured_epoch']:>11.4f}"
+              f"{r['predicted_epoch']:>12.4f}{r['error'] * 100:>7.1f}%{r['measured_bytes']:>16.0f}"
+              f"{r['predicted_bytes']:>16.0f}{mark}")
+    checked = [abs(r["error"]) for r in out if not r["calibration"]]
+    if checked:
+        print(f"predicted runs: {len(checked)}, |error| mean {statistics.fmean(checked) * 100:.1f}%, "
+              f"max {max(checked) * 100:.1f}%, within 25%: {sum(e <= 0.25 for e in checked)}/{len(checked)}")
+
+
+def predict(args: argparse.Namespace) -> int:
+    sizes = dict(GRAPHS[args.graph]) if args.graph else {}
+    for key in ("nodes", "nnz", "features", "classes"):
+        if getattr(args, key) is not None:
+            sizes[key] = getattr(args, key)
+    missing = [k for k in ("nodes", "nnz", "features", "classes") if k not in sizes]
+    if missing:
+        raise ResultsError(f"model predict: give --graph or --{' --'.join(missing)}")
+    net = network_from(args)
+    threads = args.threads or max(net.cores_per_node // net.ranks_per_node, 1)
+    study = Path(args.calibrate_from)
+    rows = read_csv(study / "results.csv")
+    calibration = [r for r in rows if r["plan"] == "p2p" and r["policy"] == "exact"]
+    if not calibration:
+        raise ResultsError(f"{study}: no exact p2p run to calibrate the compute rates on")
+    base = min(calibration, key=lambda r: (r["world_size"], -float(r["nodes"] or 0)))
+    here = replace(NETWORKS["shm"], cores_per_node=os.cpu_count() or 1)
+    base_dir = _data_dir(study, base)
+    rates = calibrate(base, workload_from_shards(base_dir, int(base["world_size"]) // int(base["replication"])),
+                      _shape(base, read_meta(base_dir)), here, Policy())
+    shape = ModelShape(tuple([sizes["features"]] + [args.hidden] * (args.layers - 1) + [sizes["classes"]]),
+                       kind=args.model)
+    name = args.graph or "graph"
+    print(f"graph {name}: {sizes['nodes']:,} nodes, {sizes['nnz']:,} nonzeros, {sizes['features']} features, "
+          f"{sizes['classes']} classes; {args.model.upper()} {args.layers} layers, hidden {args.hidden}, float32")
+    print(f"network {net.name}: {net.note}; alpha {net.alpha_inter * 1e6:.1f} us off node / "
+          f"{net.alpha_intra * 1e6:.1f} us on node, {1e-9 / net.beta_inter:.0f} / {1e-9 / net.beta_intra:.0f} GB/s, "
+          f"{net.ranks_per_node} rank(s) a node, {threads} core(s) a rank")
+    print(f"compute rates per core measured on this machine from {rates.source}: SpMM "
+          f"{rates.spmm / 1e6:.0f} M nnz*col/s, dense {rates.dense / 1e9:.2f} G row*F_in*F_out/s "
+          f"(scaled linearly to {threads} core(s): optimistic)")
+    policies = [p for p in args.policies.replace(";", ",").split(",") if p]
+    policies = _rejoin(policies)
+    measured_active = _measured_active(rows)
+    header = f"{'P':>5} {'plan':<13}{'policy':<20}{'GB recv/rank':>13}{'GB total':>10}" \
+             f"{'compute s':>10}{'exchange s':>11}{'allreduce s':>12}{'epoch s':>9}"
+    print(header)
+    from algorithms.policies import split_policy
+    from sparse_dist.plans import unsupported_policy
+
+    for ranks in [int(x) for x in args.ranks.split(",")]:
+        work = workload_analytic(name, sizes["nodes"], sizes["nnz"], ranks, args.cut, args.neighbour_parts)
+        for plan in args.plans.split(","):
+            for policy_spec in policies:
+                sample, stale = split_policy(policy_spec)
+                if unsupported_policy(plan, sampling=sample != "none", staleness=stale != "none"):
+                    continue
+                active = args.active if args.active is not None else measured_active.get(stale.partition(":")[0])
+                try:
+                    policy = Policy.from_specs(sample, stale, active)
+                except ValueError as exc:
+                    raise ResultsError(f"{exc} (the calibration study has no measured run of it)") from None
+                result: Prediction = predict_epoch(work, shape, plan, policy, rates, net, 1, threads)
+                print(f"{ranks:>5} {plan:<13}{policy_spec:<20}{result.exchange_bytes_max_recv / 1e9:>13.3f}"
+                      f"{result.exchange_bytes_total / 1e9:>10.1f}"
+                      f"{result.compute_spmm + result.compute_dense:>10.3f}{result.exchange:>11.3f}"
+                      f"{result.allreduce:>12.5f}{result.epoch:>9.3f}")
+    print("per epoch: GB recv/rank: the most exchange bytes one rank receives (forward + backward); "
+          "GB total: sent by all ranks. "
+          + " ".join(work.notes))
+    return 0
+
+
+def _measured_active(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean share of forward blocks sent, per staleness rule name, over a study's multi-group runs."""
+    shares: dict[str, list[float]] = {}
+    for row in rows:
+        if row["stale"] not in (None, "none") and row["broadcast_fraction"] not in (None, "") \
+                and int(row["world_size"]) > int(row["replication"]):
+            shares.setdefault(str(row["stale"]).partition(":")[0], []).append(float(row["broadcast_fraction"]))
+    for name, values in sorted(shares.items()):
+        print(f"{name}: sends {statistics.fmean(values):.3f} of forward blocks (mean of {len(values)} measured "
+              f"run(s) of the calibration study; --active overrides)")
+    return {name: statistics.fmean(values) for name, values in shares.items()}
+
+
+def _rejoin(pieces: list[str]) -> list[str]:
+    """Undo splitting on ',' inside a policy's own parameters (``sancus-e:eps=1,skip_backward=1``)."""
+    policies: list[str] = []
+    for piece in pieces:
+        if "=" in piece and ":" not in piece and policies:
+            policies[-1] += "," + piece
+        else:
+            policies.append(piece)
+    return policies
+
+
+def main(comm: object, args: argparse.Namespace) -> int:
+    return compare(args) if args.mode == "compare" else predict(args)

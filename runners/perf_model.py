@@ -1,0 +1,389 @@
+"""Performance model: epoch time and bytes per rank of one configuration at any P, without running it.
+
+Epoch time = slowest rank's compute + exchange + gradient allreduce (no
+overlap assumed, so it is an upper estimate where MPI progresses in the
+background).
+
+**Workload** (:class:`Workload`): rows, nonzeros (local / remote columns)
+and the boundary matrix ``|B_ij|`` per row group. Either measured exactly
+from a prepared dataset (:func:`workload_from_shards`, merging shards as a
+run would) or expected values for a partition model
+(:func:`workload_analytic`): every node has the graph's mean degree ``d``
+and each neighbour lies outside its part with probability ``cut``, spread
+evenly over ``k`` neighbouring parts (``random``: ``cut = (P-1)/P``,
+``k = P-1``). Then ``E|B_ij| = n_j (1 - (1 - cut/k)^d)`` for a neighbouring
+part and ``E|B_j| = n_j (1 - (1 - cut)^d)``; because ``1 - (1-q)^d`` is
+concave in ``d``, a skewed degree distribution gives fewer boundary rows,
+so this is an upper estimate.
+
+**Compute** (:class:`Rates`, per core): local SpMM costs
+``nnz * width`` per multiply (forward, and transpose where the layer needs
+a gradient; sampled remote columns count ``p`` times); everything else
+("dense": weight multiplies, dropout, loss, optimiser) costs
+``rows * sum_l F_in*F_out``. Both rates come from a measured calibration
+run; a rank's speed is its rate times its cores, ``min(threads,
+cores_per_node / ranks_per_node)`` (linear in cores: optimistic for many
+threads). On one node MPI copies through shared memory with the ranks'
+cores, so oversubscription (more threads than cores) slows the exchanges
+by the same factor.
+
+**Network** (:class:`Network`, alpha-beta): ``alpha`` seconds per message,
+``beta`` seconds per byte, on-node (``intra``) and off-node (``inter``);
+off-node bandwidth is shared by the ranks of a node behind each NIC.
+MPICH's algorithms: broadcast of ``m`` bytes over ``g`` ranks is binomial,
+``ceil(log2 g) (alpha + m beta)``, below 12 KiB and scatter + ring allgather,
+``(ceil(log2 g) + g - 1) alpha + 2 (g-1)/g m beta``, above; reduce is
+costed as a broadcast; allreduce is recursive doubling below 2 KiB and
+Rabenseifner, ``2 ceil(log2 g) alpha + 2 (g-1)/g m beta``, above;
+alltoallv costs ``alpha`` per peer plus ``beta`` times the larger of the
+bytes sent and received. SANCUS rules ``a`` and ``h`` add one small
+allgather of flags per layer.
+
+**Policies**: BNS sampling keeps a fraction ``p`` of boundary rows
+(expected bytes scale by ``p``); a staleness policy sends a fraction
+``active`` of the forward blocks (``sancus-e:eps=E``: ``1/(E+1)``; the
+data-dependent rules take it from a measured run or an assumption).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runners.partition import BoundaryAccumulator
+from runners.shards import part_file, read_meta
+from sparse_dist.layout import Grid, RowLayout
+from sparse_dist.predict import predict_spmm_bytes
+
+BCAST_SHORT = 12288   # MPICH: binomial broadcast below this many bytes
+ALLREDUCE_SHORT = 2048  # MPICH: recursive doubling below this many bytes
+
+
+@dataclass(frozen=True)
+class Network:
+    """Alpha-beta figures of one machine kind (seconds, seconds per byte)."""
+
+    name: str
+    alpha_intra: float
+    beta_intra: float
+    alpha_inter: float
+    beta_inter: float
+    ranks_per_node: int = 1
+    nics_per_node: int = 1
+    cores_per_node: int = 1
+    note: str = ""
+
+    def link(self, group_size: int) -> tuple[float, float]:
+        """(alpha, beta) of a collective over ``group_size`` consecutive ranks placed ``ranks_per_node`` a node.
+
+        Off-node traffic of all ranks on a node shares its NICs: the share of a rank's bytes that
+        leaves the node, ``(g - q)/(g - 1)``, runs at ``beta_inter * q / nics``.
+        """
+        q = min(self.ranks_per_node, group_size)
+        if group_size <= self.ranks_per_node:
+            return self.alpha_intra, self.beta_intra
+        off_node = (group_size - q) / (group_size - 1)
+        return self.alpha_inter, max(self.beta_intra, self.beta_inter * q / self.nics_per_node * off_node)
+
+
+# Documented defaults. shm: this 2-core machine (MPICH shared memory), from `sparse-dist bench network`.
+# The rest are typical published figures, assumed and not measured here.
+NETWORKS: dict[str, Network] = {
+    "shm": Network("shm", 5.4e-6, 1 / 6.6e9, 5.4e-6, 1 / 6.6e9, ranks_per_node=1_000_000, cores_per_node=2,
+                   note="one node, MPICH shared memory: alpha 5.4 us, 6.6 GB/s measured on the 2-core "
+                        "development machine by `mpiexec -n 2 sparse-dist bench network`"),
+    "ib-hdr": Network("ib-hdr", 0.5e-6, 1 / 20e9, 1.5e-6, 1 / 23e9, ranks_per_node=2, nics_per_node=1,
+                      cores_per_node=64,
+                      note="CPU nodes, 2 sockets x 32 cores, one HDR InfiniBand NIC (200 Gb/s, ~23 GB/s)"),
+    "ib-ndr": Network("ib-ndr", 0.5e-6, 1 / 20e9, 1.2e-6, 1 / 46e9, ranks_per_node=2, nics_per_node=1,
+                      cores_per_node=64,
+                      note="CPU nodes, 2 sockets x 32 cores, one NDR InfiniBand NIC (400 Gb/s, ~46 GB/s)"),
+    "nvlink-hdr": Network("nvlink-hdr", 2.0e-6, 1 / 150e9, 2.5e-6, 1 / 23e9, ranks_per_node=4, nics_per_node=4,
+                          cores_per_node=64,
+                          note="GPU nodes, 4 GPUs on NVLink (~150 GB/s a GPU), one HDR NIC per GPU"),
+}
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Per-core compute rates from a calibration run."""
+
+    spmm: float   # nnz * width per core-second
+    dense: float  # rows * sum(F_in * F_out) per core-second
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a training epoch computes: layer widths, model kind, element size."""
+
+    dims: tuple[int, ...]
+    kind: str = "gcn"
+    itemsize: int = 4
+
+    @property
+    def exchanges(self) -> list[tuple[int, bool]]:
+        """Per layer: (width exchanged, whether the transpose runs too), as :mod:`algorithms.model` orders them."""
+        out = []
+        for layer, (f_in, f_out) in enumerate(zip(self.dims[:-1], self.dims[1:])):
+            width = min(f_in, f_out)
+            out.append((width, layer > 0 or f_out < f_in))
+        return out
+
+    @property
+    def dense_work_per_row(self) -> int:
+        factor = 2 if self.kind == "sage" else 1
+        return factor * sum(a * b for a, b in zip(self.dims[:-1], self.dims[1:]))
+
+    @property
+    def parameters(self) -> int:
+        factor = 2 if self.kind == "sage" else 1
+        return sum(factor * a * b + b for a, b in zip(self.dims[:-1], self.dims[1:]))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Expected effect of a communication policy on one epoch."""
+
+    sample_p: float = 1.0
+    active: float = 1.0
+    agreement: bool = False   # one allgather of flags per layer (sancus-a, sancus-h)
+
+    @staticmethod
+    def from_specs(sample: str, stale: str, active: float | None = None) -> "Policy":
+        p = 1.0
+        if sample not in ("", "none"):
+            p = float(dict(kv.split("=") for kv in sample.split(":", 1)[1].split(","))["p"])
+        if stale in ("", "none"):
+            return Policy(p, 1.0, False)
+        name, _, params = stale.partition(":")
+        settings = dict(kv.split("=") for kv in params.split(",") if kv)
+        if active is None:
+            if name in ("sancus-e", "sancus-a"):
+                active = 1.0 / (float(settings.get("eps", 1)) + 1.0)
+            else:
+                raise ValueError(f"{stale}: the share of active broadcasts is data-dependent; give it (--active)")
+        return Policy(p, active, name in ("sancus-a", "sancus-h"))
+
+
+@dataclass
+class Workload:
+    """Per row group: rows, nonzeros with local / remote columns, and ``|B_ij|``, ``|B_j|``."""
+
+    name: str
+    rows: np.ndarray
+    nnz_local: np.ndarray
+    nnz_remote: np.ndarray
+    boundary: np.ndarray            # G x G, boundary[i, j] = |B_ij| (expected values allowed)
+    union: np.ndarray               # |B_j|
+    exact: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def groups(self) -> int:
+        return int(self.rows.size)
+
+
+def workload_from_shards(data_dir: str | Path, groups: int, self_loops: bool = True) -> Workload:
+    """Exact statistics of a prepared dataset run on ``groups`` row groups (its shards merged as a run does)."""
+    data_dir = Path(data_dir)
+    meta = read_meta(data_dir)
+    if meta["num_parts"] % groups:
+        raise ValueError(f"{data_dir}: {meta['num_parts']} parts cannot be merged into {groups} row groups")
+    per_group = meta["num_parts"] // groups
+    offsets = np.asarray(meta["row_offsets"][::per_group], dtype=np.int64)
+    accumulator = BoundaryAccumulator(offsets)
+    nnz_local = np.zeros(groups, dtype=np.int64)
+    nnz_remote = np.zeros(groups, dtype=np.int64)
+    for g in range(groups):
+        columns, loops = [], 0
+        for index in range(g * per_group, (g + 1) * per_group):
+            with np.load(data_dir / part_file(index), allow_pickle=False) as archive:
+                indices, indptr = archive["indices"].astype(np.int64), archive["indptr"]
+            first = meta["row_offsets"][index]
+            rows_of = np.repeat(np.arange(indptr.size - 1) + first, np.diff(indptr))
+            loops += int(np.unique(rows_of[indices == rows_of]).size)
+            columns.append(indices)
+        merged = np.concatenate(columns) if columns else np.empty(0, np.int64)
+        accumulator.add_part(g, merged, 0)
+        inside = (merged >= offsets[g]) & (merged < offsets[g + 1])
+        missing_loops = (offsets[g + 1] - offsets[g] - loops) if self_loops else 0
+        nnz_local[g] = int(inside.sum()) + missing_loops
+        nnz_remote[g] = int((~inside).sum())
+    union = np.bincount(accumulator._owner(np.flatnonzero(accumulator.needed)), minlength=groups)
+    return Workload(meta["name"], np.diff(offsets), nnz_local, nnz_remote, accumulator.counts.copy(), union)
+
+
+def workload_analytic(name: str, nodes: int, nnz: int, groups: int, cut: float | None = None,
+                      neighbour_parts: int | None = None) -> Workload:
+    """Expected statistics of an ``nnz``-entry graph on ``groups`` equal row groups (see the module doc)."""
+    rows = np.full(groups, nodes // groups, dtype=np.int64)
+    rows[: nodes % groups] += 1
+    degree = nnz / nodes
+    if cut is None:
+        cut = (groups - 1) / groups
+    k = min(neighbour_parts or groups - 1, groups - 1)
+    boundary = np.zeros((groups, groups))
+    union = np.zeros(groups)
+    if groups > 1:
+        q = cut / k
+        reach = 1.0 - (1.0 - q) ** degree
+        for i in range(groups):
+            for step in range(1, k + 1):
+                j = (i + step) % groups
+                boundary[i, j] = rows[j] * reach
+        union = rows * (1.0 - (1.0 - cut) ** degree)
+    remote = np.round(rows * degree * (cut if groups > 1 else 0.0)).astype(np.int64)
+    local = np.round(rows * degree).astype(np.int64) - remote + rows
+    notes = [f"expected boundary of a partition with edge cut {cut:.3f} over {k} neighbouring part(s), "
+             f"every node of mean degree {degree:.1f} (upper estimate)"]
+    return Workload(name, rows, local, remote, boundary, union, exact=False, notes=notes)
+
+
+def _log2(g: int) -> int:
+    return math.ceil(math.log2(g)) if g > 1 else 0
+
+
+def _collective(size: float, group: int, net: Network, short: int, long_steps: int) -> float:
+    """MPICH's two regimes: a tree of ``ceil(log2 g)`` steps below ``short`` bytes, else ``long_steps``
+    latencies plus ``2 (g-1)/g`` of the message per rank (scatter / reduce-scatter + ring allgather)."""
+    if group <= 1 or size <= 0:
+        return 0.0
+    alpha, beta = net.link(group)
+    if size < short:
+        return _log2(group) * (alpha + size * beta)
+    return long_steps * alpha + 2.0 * (group - 1) / group * size * beta
+
+
+def bcast_time(size: float, group: int, net: Network) -> float:
+    return _collective(size, group, net, BCAST_SHORT, _log2(group) + group - 1)
+
+
+def allreduce_time(size: float, group: int, net: Network) -> float:
+    return _collective(size, group, net, ALLREDUCE_SHORT, 2 * _log2(group))
+
+
+def alltoallv_time(sent: np.ndarray, received: np.ndarray, peers: np.ndarray, group: int, net: Network) -> float:
+    """Slowest rank: alpha per peer plus beta times the larger of its bytes sent and received."""
+    if group <= 1:
+        return 0.0
+    alpha, beta = net.link(group)
+    return float(np.max(peers * alpha + np.maximum(sent, received) * beta))
+
+
+@dataclass
+class Prediction:
+    """Predicted figures of one epoch: seconds, and exchange bytes (all ranks' sent; the busiest rank's
+    sent + received; the most one rank receives)."""
+
+    ranks: int
+    plan: str
+    compute_spmm: float
+    compute_dense: float
+    exchange: float
+    allreduce: float
+    exchange_bytes_total: float
+    exchange_bytes_max_rank: float
+    exchange_bytes_max_recv: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def epoch(self) -> float:
+        return self.compute_spmm + self.compute_dense + self.exchange + self.allreduce
+
+
+def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Policy, rates: Rates, net: Network,
+                  replication: int = 1, threads: int = 1) -> Prediction:
+    """One epoch of ``plan`` with ``policy`` on ``work.groups * replication`` ranks."""
+    groups, c = work.groups, replication
+    ranks = groups * c
+    grid = Grid(ranks, c)
+    ranks_per_node = min(net.ranks_per_node, ranks)
+    cores = min(float(threads), net.cores_per_node / ranks_per_node)
+    s = shape.itemsize
+    sampled = policy.sample_p < 1.0
+
+    # Compute: every rank of a row group multiplies its share of the row group's blocks.
+    nnz = work.nnz_local + (policy.sample_p if sampled else 1.0) * work.nnz_remote
+    passes = sum(width * (2 if backward else 1) for width, backward in shape.exchanges)
+    spmm = float(np.max(nnz)) * passes / c / (rates.spmm * cores)
+    dense = float(np.max(work.rows)) * shape.dense_work_per_row / (rates.dense * cores)
+
+    # Bytes: the exact byte model scaled by the policy's expected fractions.
+    layout = RowLayout.from_counts([int(r) for r in work.rows])
+    keep = policy.sample_p if sampled else 1.0
+    exchange = 0.0
+    total_bytes = 0.0
+    max_rank = np.zeros(ranks)
+    received = np.zeros(ranks)
+    for width, backward in shape.exchanges:
+        fractions = [policy.active * keep] + ([keep] if backward else [])
+        volume = predict_spmm_bytes(grid, layout, work.boundary, work.union, plan, width, s)
+        for direction, fraction in zip(("forward", "backward"), fractions):
+            per_rank = volume[direction].astype(float)
+            if c > 1:  # the 1.5D partial-sum allreduce / block broadcast is not sampled or skipped
+                extra = _replication_bytes(grid, layout, width, s, direction)
+                per_rank = (per_rank - extra) * fraction + extra
+            else:
+                per_rank = per_rank * fraction
+            total_bytes += float(per_rank[:, 0].sum())
+            max_rank += per_rank.sum(axis=1)
+            received += per_rank[:, 1]
+            exchange += _exchange_time(work, grid, layout, plan, width * s, fraction, net, direction)
+        if policy.agreement:
+            exchange += _log2(groups) * net.link(groups)[0]
+    grad_bytes = (shape.parameters + 1) * s
+    allreduce = allreduce_time(grad_bytes, groups, net)
+    if ranks <= net.ranks_per_node:
+        # On one node MPI copies through shared memory with the ranks' own cores: oversubscribed cores
+        # slow the copies (and the polling) as much as the compute.
+        slowdown = max(1.0, ranks_per_node * threads / net.cores_per_node)
+        exchange, allreduce = exchange * slowdown, allreduce * slowdown
+    notes = list(work.notes)
+    return Prediction(ranks, plan, spmm, dense, exchange, allreduce, total_bytes, float(max_rank.max()),
+                      float(received.max()), notes)
+
+
+def _replication_bytes(grid: Grid, layout: RowLayout, width: int, itemsize: int, direction: str) -> np.ndarray:
+    """The 1.5D part of :func:`predict_spmm_bytes` (no boundary traffic at all)."""
+    zeros = np.zeros((grid.groups, grid.groups), dtype=np.int64)
+    no_union = np.zeros(grid.groups, dtype=np.int64)
+    return predict_spmm_bytes(grid, layout, zeros, no_union, "p2p", width, itemsize)[direction].astype(float)
+
+
+def _exchange_time(work: Workload, grid: Grid, layout: RowLayout, plan: str, row_bytes: int, fraction: float,
+                   net: Network, direction: str) -> float:
+    groups, c = grid.groups, grid.replication
+    seconds = 0.0
+    if plan in ("dense-bcast", "sparse-bcast"):
+        # Owners take turns; a replica column handles the owners j with j % c == its replica.
+        rows = work.rows if plan == "dense-bcast" else work.union
+        per_column = [0.0] * c
+        for j in range(groups):
+            per_column[grid.replica_for_block(j)] += bcast_time(float(rows[j]) * row_bytes * fraction, groups, net)
+        seconds += max(per_column)
+    elif plan == "p2p":
+        sent = work.boundary.sum(axis=0) * row_bytes * fraction        # owner j sends sum_i |B_ij|
+        received = work.boundary.sum(axis=1) * row_bytes * fraction    # receiver i
+        peers = np.maximum((work.boundary > 0).sum(axis=0), (work.boundary > 0).sum(axis=1))
+        seconds += alltoallv_time(sent, received, peers, groups, net)
+    else:
+        raise ValueError(f"unknown exchange plan {plan!r}")
+    if c > 1:
+        widest = float(np.max(work.rows)) * row_bytes
+        seconds += allreduce_time(widest, c, net) if direction == "forward" else bcast_time(widest, c, net)
+    return seconds
+
+
+def with_ranks_per_node(net: Network, ranks_per_node: int | None, cores_per_node: int | None) -> Network:
+    """``net`` with its placement overridden where given."""
+    changes: dict[str, Any] = {}
+    if ranks_per_node:
+        changes["ranks_per_node"] = ranks_per_node
+    if cores_per_node:
+        changes["cores_per_node"] = cores_per_node
+    return replace(net, **changes) if changes else net

@@ -1,0 +1,129 @@
+"""The performance model: alpha-beta formulas, partition statistics, bytes, calibration (no MPI)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from datasets_for_tests import random_directed, write
+
+from runners.model_cmd import calibrate
+from runners.perf_model import (Network, ModelShape, Policy, Rates, allreduce_time, alltoallv_time, bcast_time,
+                                predict_epoch, workload_analytic, workload_from_shards)
+from runners.shards import part_file, read_meta
+from sparse_dist.layout import Grid, RowLayout
+from sparse_dist.predict import predict_spmm_bytes
+
+FLAT = Network("flat", 2e-6, 1e-9, 2e-6, 1e-9, ranks_per_node=1_000, cores_per_node=1_000)
+
+
+def test_collective_formulas() -> None:
+    # binomial below 12 KiB: ceil(log2 5) = 3 steps of (alpha + m beta)
+    assert bcast_time(1000, 5, FLAT) == pytest.approx(3 * (2e-6 + 1000e-9))
+    # scatter + ring allgather above: (3 + 4) alpha + 2 * 4/5 * m beta
+    assert bcast_time(1e6, 5, FLAT) == pytest.approx(7 * 2e-6 + 1.6e6 * 1e-9)
+    assert allreduce_time(1000, 4, FLAT) == pytest.approx(2 * (2e-6 + 1000e-9))
+    assert allreduce_time(1e6, 4, FLAT) == pytest.approx(4 * 2e-6 + 1.5e6 * 1e-9)
+    assert bcast_time(1e6, 1, FLAT) == 0.0 and allreduce_time(1e6, 1, FLAT) == 0.0
+    t = alltoallv_time(np.array([100.0, 0.0]), np.array([0.0, 300.0]), np.array([1, 1]), 2, FLAT)
+    assert t == pytest.approx(2e-6 + 300e-9)
+
+
+def test_off_node_bandwidth_is_shared_by_the_ranks_of_a_node() -> None:
+    net = Network("two-tier", 1e-6, 1e-10, 5e-6, 1e-9, ranks_per_node=4, nics_per_node=1)
+    assert net.link(4) == (1e-6, 1e-10)
+    alpha, beta = net.link(8)  # 4 of a rank's 7 peers are off node, 4 ranks share one NIC
+    assert alpha == 5e-6 and beta == pytest.approx(1e-9 * 4 * 4 / 7)
+
+
+def test_shard_statistics_match_the_matrix(tmp_path: Path) -> None:
+    data = write(random_directed(n=300, seed=3), tmp_path / "d", parts=6)
+    meta = read_meta(data)
+    blocks = []
+    for index in range(meta["num_parts"]):
+        with np.load(data / part_file(index)) as part:
+            blocks.append(sp.csr_matrix((part["data"], part["indices"], part["indptr"]),
+                                        shape=(part["indptr"].size - 1, meta["num_nodes"])))
+    matrix = sp.vstack(blocks).tocsr()
+    for groups in (1, 2, 3, 6):
+        offsets = meta["row_offsets"][:: meta["num_parts"] // groups]
+        work = workload_from_shards(data, groups)
+        for i in range(groups):
+            rows = matrix[offsets[i]:offsets[i + 1]]
+            for j in range(groups):
+                block = rows[:, offsets[j]:offsets[j + 1]]
+                used = int((block.getnnz(axis=0) > 0).sum())
+                assert work.boundary[i, j] == (used if i != j else 0)
+            own = rows[:, offsets[i]:offsets[i + 1]]
+            loops = int((own.diagonal() != 0).sum())
+            assert work.nnz_local[i] == own.nnz + (offsets[i + 1] - offsets[i] - loops)
+            assert work.nnz_remote[i] == rows.nnz - own.nnz
+        needed = [set() for _ in range(groups)]
+        for i in range(groups):
+            rows = matrix[offsets[i]:offsets[i + 1]]
+            for j in range(groups):
+                if i != j:
+                    needed[j] |= set((np.flatnonzero(rows[:, offsets[j]:offsets[j + 1]].getnnz(axis=0))
+                                      + offsets[j]).tolist())
+        assert work.union.tolist() == [len(s) for s in needed]
+
+
+def test_analytic_boundary_matches_a_random_partition() -> None:
+    rng = np.random.default_rng(0)
+    n, d, groups = 24_000, 8, 4
+    part = rng.integers(0, groups, n)
+    neighbours = rng.integers(0, n, (n, d))              # node v's d neighbours (symmetric graph)
+    empirical = np.zeros((groups, groups))
+    neighbour_parts = part[neighbours]                     # v is in B_ij when v is in j and a neighbour in i
+    for i in range(groups):
+        touches = (neighbour_parts == i).any(axis=1)
+        for j in range(groups):
+            if i != j:
+                empirical[i, j] = int((touches & (part == j)).sum())
+    work = workload_analytic("random", n, n * d, groups)
+    off = ~np.eye(groups, dtype=bool)
+    # E|B_ij| = n_j (1 - (1 - 1/G)^d) for nodes with exactly d neighbours, each in part i w.p. 1/G
+    expected_reach = 1 - (1 - 1 / groups) ** d
+    assert work.boundary[0, 1] == pytest.approx(n / groups * expected_reach)
+    counts = np.bincount(part, minlength=groups)
+    assert np.allclose(empirical[off] / np.broadcast_to(counts, (groups, groups))[off], expected_reach, rtol=0.03)
+
+
+def test_predicted_bytes_follow_the_exact_byte_model_and_the_policies(tmp_path: Path) -> None:
+    data = write(random_directed(n=240, seed=5), tmp_path / "d", parts=4)
+    work = workload_from_shards(data, 4)
+    shape = ModelShape((12, 16, 4))   # layer 0 exchanges 12 columns without a transpose, layer 1 4 columns with
+    rates = Rates(spmm=1e9, dense=1e9)
+    layout = RowLayout.from_counts(work.rows.tolist())
+    for plan in ("dense-bcast", "sparse-bcast", "p2p"):
+        exact = predict_epoch(work, shape, plan, Policy(), rates, FLAT)
+        sent = sum(int(predict_spmm_bytes(Grid(4), layout, work.boundary, work.union, plan, w, 4)[d][:, 0].sum())
+                   for w, d in ((12, "forward"), (4, "forward"), (4, "backward")))
+        assert exact.exchange_bytes_total == sent
+        if plan != "dense-bcast":
+            sampled = predict_epoch(work, shape, plan, Policy(sample_p=0.25), rates, FLAT)
+            assert sampled.exchange_bytes_total == pytest.approx(0.25 * sent)
+        if plan != "p2p":
+            stale = predict_epoch(work, shape, plan, Policy(active=0.5), rates, FLAT)
+            forward = sum(int(predict_spmm_bytes(Grid(4), layout, work.boundary, work.union, plan, w, 4)
+                              ["forward"][:, 0].sum()) for w in (12, 4))
+            assert stale.exchange_bytes_total == pytest.approx(sent - 0.5 * forward)
+    assert Policy.from_specs("none", "sancus-e:eps=3").active == 0.25
+    with pytest.raises(ValueError, match="data-dependent"):
+        Policy.from_specs("none", "sancus-h:eps=0.1")
+
+
+def test_calibration_reproduces_the_calibration_run(tmp_path: Path) -> None:
+    data = write(random_directed(n=240, seed=5), tmp_path / "d", parts=2)
+    work = workload_from_shards(data, 2)
+    shape = ModelShape((12, 16, 4))
+    row = {"run": "r", "world_size": 2, "replication": 1, "threads_per_rank": 1, "plan": "p2p",
+           "t_local_spmm": 0.03, "t_dense": 0.2}
+    rates = calibrate(row, work, shape, FLAT, Policy())
+    again = predict_epoch(work, shape, "p2p", Policy(), rates, FLAT)
+    assert again.compute_spmm == pytest.approx(0.03) and again.compute_dense == pytest.approx(0.2)
+    # half the rows and nonzeros per rank at twice the ranks: compute halves (no overlap, same rates)
+    assert math.isclose(rates.spmm * 0.03, float(np.max(work.nnz_local + work.nnz_remote)) * (12 + 2 * 4))
