@@ -1,4 +1,4 @@
-"""The ``sparse-dist`` command: ``prepare``, ``train``, ``demo``, ``bench spmm|policies`` and ``info``.
+"""The ``sparse-dist`` command: ``prepare``, ``train``, ``sweep``, ``plot``, ``model``, ``demo``, ``bench`` and ``info``.
 
 Launch under MPI: ``mpiexec -n P sparse-dist demo`` or ``srun --mpi=pmi2
 sparse-dist ...``. Any exception on any rank ends the whole job with a
@@ -15,7 +15,7 @@ from sparse_dist import log
 
 
 def _parser() -> argparse.ArgumentParser:
-    from runners import bench_policies, bench_spmm, demo, prepare_cmd, train_cmd
+    from runners import bench_network, bench_policies, bench_spmm, demo, model_cmd, plot_cmd, prepare_cmd, sweep_cmd, train_cmd
 
     parser = argparse.ArgumentParser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="library log level (default: WARNING)")
@@ -26,20 +26,31 @@ def _parser() -> argparse.ArgumentParser:
     _command(commands, "demo", "distributed SpMM on a built-in graph vs scipy", demo)
     _command(commands, "prepare", "write a dataset as shards (single process)", prepare_cmd)
     _command(commands, "train", "distributed full-graph training from shards", train_cmd)
+    _command(commands, "sweep", "run a scaling study (TOML) with mpiexec or srun; collect a CSV", sweep_cmd,
+             mpi=False)
+    _command(commands, "plot", "PNG figures of one or more studies", plot_cmd, mpi=False)
+    _command(commands, "model", "alpha-beta performance model: compare with a study, or predict large P",
+             model_cmd, mpi=False)
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     _command(bench_kinds, "spmm", "distributed SpMM vs single-process torch SpMM", bench_spmm)
+    _command(bench_kinds, "network", "alpha and beta of this MPI for `sparse-dist model`", bench_network)
     _command(bench_kinds, "policies", "exact vs BNS-GCN sampling vs SANCUS staleness, one run", bench_policies)
     info = commands.add_parser("info", help="versions, MPI library, CUDA and CUDA-aware MPI status")
     info.set_defaults(func=_info)
     return parser
 
 
-def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object) -> None:
-    """A subcommand whose module offers ``add_arguments(parser)`` and ``main(comm, args)``."""
+def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object,
+             mpi: bool = True) -> None:
+    """A subcommand whose module offers ``add_arguments(parser)`` and ``main(comm, args)``.
+
+    ``mpi=False``: a single-process tool (sweep, plot, model) that never initialises MPI, so the
+    ``mpiexec`` jobs it launches do not inherit a singleton MPI's environment; ``comm`` is None.
+    """
     parser = subparsers.add_parser(name, help=summary)
     module.add_arguments(parser)  # type: ignore[attr-defined]
-    parser.set_defaults(func=module.main)  # type: ignore[attr-defined]
+    parser.set_defaults(func=module.main, mpi=mpi)  # type: ignore[attr-defined]
 
 
 def _info(comm: object, args: argparse.Namespace) -> int:
@@ -75,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     args = _parser().parse_args(argv)
     log.configure(args.log_level)
+    if not getattr(args, "mpi", True):
+        return _run_without_mpi(args)
     from sparse_dist.comm import run_or_abort, world
 
     def body() -> int:
@@ -82,6 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(comm, args)
 
     return run_or_abort(body)
+
+
+def _run_without_mpi(args: argparse.Namespace) -> int:
+    """Single-process tools: a user error is one line on stderr and exit status 2."""
+    from runners.collect import ResultsError
+    from runners.study import StudyError
+
+    try:
+        return args.func(None, args)
+    except (StudyError, ResultsError, FileNotFoundError) as exc:
+        print(f"sparse-dist {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

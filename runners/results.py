@@ -52,7 +52,9 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
     return peak
 
 
-def environment(mpi: dict[str, str], world_size: int, threads: int) -> dict[str, Any]:
+def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_node: int) -> dict[str, Any]:
+    """Where a run ran: versions, MPI library, ranks and threads, and the node's CPU count (to spot
+    oversubscription: ranks_on_node * threads_per_rank > cpu_count)."""
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "platform": platform.platform(), "argv": sys.argv, "world_size": world_size,
-            "threads_per_rank": threads, **mpi}
+            "threads_per_rank": threads, "cpu_count": os.cpu_count(), "ranks_on_node": ranks_on_node, **mpi}

@@ -26,7 +26,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.train import TrainConfig, Trainer
 from runners.results import ResultsWriter, environment, peak_memory_bytes, spread
 from runners.shards import load_local_graph
-from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
+from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.layout import Grid
 from sparse_dist.plans import PLAN_NAMES
 
@@ -154,7 +154,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     writer = ResultsWriter(args.out if leader else None)
     writer.write({"type": "config", **asdict(config), "data": args.data, "world_size": comm.size,
                   "device": args.device, "gpu_aware": comm.gpu_aware})
-    writer.write({"type": "environment", **environment(mpi_vendor_details(), comm.size, threads)})
+    writer.write({"type": "environment",
+                  **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node())})
     if args.resume:
         _resume(comm, trainer, args.checkpoint)
         if leader:

@@ -1,0 +1,168 @@
+"""Results of many runs in one table: one CSV row per run, plus all raw JSON lines in one file.
+
+Time figures leave out the study's warm-up epochs. Per epoch, ``epoch_time``
+is the slowest rank's wall time (what a user waits for); the breakdown
+columns (``t_local_spmm``, ``t_dense``, ``t_exchange``, ``t_allreduce``)
+are means over ranks, so they add up to ``epoch_time_mean_rank``. Bytes are
+per epoch, averaged over the timed epochs: ``exchange_bytes`` is what all
+ranks sent in forward and backward SpMM exchanges together,
+``exchange_bytes_max_rank`` the largest sent + received of one rank.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any, Iterable
+
+TIME_PARTS = ("local_spmm", "dense", "exchange", "allreduce")
+CSV_COLUMNS = (
+    "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
+    "stale", "seed", "hidden", "layers", "epochs", "warmup", "epoch_time", "epoch_time_std", "epoch_time_mean_rank",
+    "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "exchange_bytes", "exchange_bytes_max_rank",
+    "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "peak_rss_max", "threads_per_rank",
+    "ranks_on_node", "cpu_count",
+    "launcher", "results_file",
+)
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be read; the message names it."""
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON-lines records of one run's results file."""
+    records = []
+    with open(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ResultsError(f"{path}:{number}: not a JSON line ({exc})") from None
+    return records
+
+
+def is_complete(path: Path) -> bool:
+    """A results file that exists and ends with its ``final`` record (the run finished)."""
+    try:
+        records = read_records(path)
+    except (OSError, ResultsError):
+        return False
+    return bool(records) and records[-1].get("type") == "final"
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """One CSV row from one run's records (``extra`` supplies the study's own columns)."""
+    config = next(r for r in records if r["type"] == "config")
+    environment = next((r for r in records if r["type"] == "environment"), {})
+    final = next(r for r in records if r["type"] == "final")
+    epochs = [r for r in records if r["type"] == "epoch"]
+    timed = epochs[warmup:] or epochs
+    world = int(config["world_size"])
+    totals = [e["time"]["total"]["max"] for e in timed]
+    row: dict[str, Any] = {
+        "world_size": world, "replication": config["replication"], "plan": config["plan"],
+        "sample": config["sample"], "stale": config["stale"], "seed": config["seed"], "hidden": config["hidden"],
+        "layers": config["layers"], "epochs": len(epochs), "warmup": warmup,
+        "epoch_time": _mean(totals), "epoch_time_std": statistics.pstdev(totals) if len(totals) > 1 else 0.0,
+        "epoch_time_mean_rank": _mean([e["time"]["total"]["mean"] for e in timed]),
+        "exchange_bytes": _mean([(e["bytes"]["forward"]["sent"]["mean"] + e["bytes"]["backward"]["sent"]["mean"])
+                                 * world for e in timed]),
+        "exchange_bytes_max_rank": _mean([max_rank_traffic(e) for e in timed]),
+        "allreduce_bytes": _mean([e["bytes"]["grad_allreduce"]["sent"]["mean"] * world for e in timed]),
+        "broadcast_fraction": broadcast_fraction(timed, world // int(config["replication"])),
+        "final_test": final.get("test_acc", final.get("test_f1")),
+        "final_val": final.get("val_acc", final.get("val_f1")),
+        "peak_rss_max": max(p.get("rss", 0) for p in final.get("peak_memory_per_rank", [{}])),
+        "threads_per_rank": environment.get("threads_per_rank"),
+        "ranks_on_node": environment.get("ranks_on_node"), "cpu_count": environment.get("cpu_count"),
+    }
+    for part in TIME_PARTS:
+        row[f"t_{part}"] = _mean([e["time"][part]["mean"] for e in timed])
+    row.update(extra)
+    return row
+
+
+def max_rank_traffic(epoch: dict[str, Any]) -> float:
+    """Upper bound of one rank's exchange bytes (sent + received, forward + backward) in one epoch."""
+    return sum(epoch["bytes"][phase][direction]["max"] for phase in ("forward", "backward")
+               for direction in ("sent", "recv"))
+
+
+def broadcast_fraction(epochs: list[dict[str, Any]], groups: int) -> float | None:
+    """Share of (epoch, layer, owner) forward blocks that were sent (SANCUS); None without a staleness policy.
+
+    Each decision lists the ids of the ACTIVE owners out of ``owners`` exchanged ones (older results
+    files lack ``owners``: every row group is counted then).
+    """
+    decisions = [d for e in epochs for d in e.get("broadcasts", [])]
+    owners = sum(int(d.get("owners", groups)) for d in decisions)
+    return sum(len(d["active"]) for d in decisions) / owners if owners else None
+
+
+def write_atomically(path: Path, write: Any) -> None:
+    """Call ``write(handle)`` on a temporary file beside ``path``, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(temporary, "w", newline="") as handle:
+        write(handle)
+    os.replace(temporary, path)
+
+
+def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """The study table (:data:`CSV_COLUMNS`)."""
+    write_csv_rows(path, CSV_COLUMNS, rows)
+
+
+def write_csv_rows(path: Path, columns: tuple[str, ...], rows: Iterable[dict[str, Any]]) -> None:
+    """A CSV with ``columns`` (None becomes an empty cell), written atomically."""
+    rows = list(rows)
+
+    def write(handle: Any) -> None:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: ("" if row.get(key) is None else row.get(key)) for key in columns})
+
+    write_atomically(path, write)
+
+
+def write_raw(path: Path, runs: Iterable[tuple[str, list[dict[str, Any]]]]) -> None:
+    """Every record of every run in one JSON-lines file, each tagged with its ``run``."""
+    def write(handle: Any) -> None:
+        for run_id, records in runs:
+            for record in records:
+                handle.write(json.dumps({"run": run_id, **record}) + "\n")
+
+    write_atomically(path, write)
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows of a study CSV with numbers parsed back (empty cells become None)."""
+    if not path.is_file():
+        raise ResultsError(f"{path}: no such results table (run `sparse-dist sweep` first)")
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in ("run", "world_size", "plan", "policy", "epoch_time") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ResultsError(f"{path}: not a study table (missing columns {missing})")
+        return [{key: _number(value) for key, value in row.items()} for row in reader]
+
+
+def _number(text: str) -> Any:
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

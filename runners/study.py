@@ -1,0 +1,300 @@
+"""A scaling study declared in TOML: which runs it has, and where their results live.
+
+A study file (see ``studies/`` and the README)::
+
+    [study]
+    name = "clustered-strong"
+    output = "results/clustered-strong"   # relative to the study file
+    scaling = "strong"                     # strong | weak
+    ranks = [1, 2, 4]
+    replication = [1]                      # c; a c that does not divide P is skipped
+    plans = ["dense-bcast", "sparse-bcast", "p2p"]
+    policies = ["exact", "bns:p=0.1", "sancus-h:eps=0.02"]
+    seeds = [0]
+    epochs = 12
+    warmup = 2                             # leading epochs left out of every time figure
+    timeout = 900                          # seconds per run
+    launcher = "auto"                      # auto | mpiexec | srun
+    launcher_args = []                     # e.g. ["--oversubscribe"] for Open MPI's mpiexec
+
+    [train]                                # any `sparse-dist train` option, by its long name
+    hidden = 64
+    threads = 1
+
+    [[dataset]]
+    name = "clustered"
+    synthetic = { nodes = 100000, degree = 10, features = 64, classes = 8 }
+    partitioner = "metis"                  # prepared once per size by the sweep
+    # path = "data_prepared/cora"          # or an already prepared directory
+    # nodes_per_rank = 25000               # weak scaling: nodes = nodes_per_rank * P
+    # sizes = { "1" = 25000, "2" = 50000 } # weak scaling, explicit
+
+Plans and policies are crossed; combinations the library cannot run (BNS
+sampling on ``dense-bcast``, SANCUS caching on ``p2p``) are listed as
+skipped with the reason. A policy is ``exact``, one policy spec, or a
+sampling and a staleness spec joined by ``+``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from algorithms.policies import split_policy
+from sparse_dist.plans import PLAN_NAMES, unsupported_policy
+
+STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "seeds", "epochs",
+              "warmup", "timeout", "launcher", "launcher_args"}
+DATASET_KEYS = {"name", "path", "synthetic", "partitioner", "parts", "nodes_per_rank", "sizes", "seed"}
+SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
+LAUNCHERS = ("auto", "mpiexec", "srun")
+TRAIN_FLAGS_SET_BY_STUDY = {"data", "out", "plan", "replication", "sample", "stale", "seed", "epochs"}
+
+
+class StudyError(ValueError):
+    """A study file that cannot be run; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where one dataset of the study comes from."""
+
+    name: str
+    path: Path | None = None
+    synthetic: dict[str, int] = field(default_factory=dict)
+    partitioner: str = "metis"
+    parts: int | None = None
+    nodes_per_rank: int | None = None
+    sizes: dict[int, int] = field(default_factory=dict)
+    seed: int = 0
+
+    def nodes_for(self, ranks: int, scaling: str) -> int | None:
+        """Synthetic node count of the run with ``ranks`` ranks (None for a prepared directory)."""
+        if self.path is not None:
+            return None
+        if scaling == "weak":
+            if ranks in self.sizes:
+                return self.sizes[ranks]
+            if self.nodes_per_rank is None:
+                raise StudyError(f"dataset {self.name!r}: weak scaling needs nodes_per_rank or sizes[{ranks}]")
+            return self.nodes_per_rank * ranks
+        return int(self.synthetic["nodes"])
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training job of the study."""
+
+    dataset: DatasetSpec
+    nodes: int | None
+    ranks: int
+    replication: int
+    plan: str
+    policy: str
+    sample: str
+    stale: str
+    seed: int
+
+    @property
+    def data_name(self) -> str:
+        return self.dataset.name if self.nodes is None else f"{self.dataset.name}-n{self.nodes}"
+
+    @property
+    def run_id(self) -> str:
+        policy = re.sub(r"[^A-Za-z0-9.=-]+", "_", self.policy)
+        return f"{self.data_name}_P{self.ranks}_c{self.replication}_{self.plan}_{policy}_s{self.seed}"
+
+
+@dataclass
+class Study:
+    """A parsed study file."""
+
+    source: Path
+    name: str
+    output: Path
+    scaling: str
+    ranks: list[int]
+    replication: list[int]
+    plans: list[str]
+    policies: list[str]
+    seeds: list[int]
+    epochs: int
+    warmup: int
+    timeout: float
+    launcher: str
+    launcher_args: list[str]
+    train: dict[str, Any]
+    datasets: list[DatasetSpec]
+
+    def runs(self) -> tuple[list[Run], list[str]]:
+        """Every run in a fixed order, and a line for each combination skipped (with the reason)."""
+        runs: list[Run] = []
+        skipped: list[str] = []
+        for dataset in self.datasets:
+            for ranks in self.ranks:
+                nodes = dataset.nodes_for(ranks, self.scaling)
+                for c in self.replication:
+                    if ranks % c:
+                        skipped.append(f"P={ranks} c={c}: c does not divide P")
+                        continue
+                    for plan in self.plans:
+                        for policy in self.policies:
+                            sample, stale = split_policy(policy)
+                            problem = unsupported_policy(plan, sampling=sample != "none", staleness=stale != "none")
+                            if problem:
+                                if ranks == self.ranks[0] and c == self.replication[0]:
+                                    skipped.append(f"{plan} + {policy}: {problem}")
+                                continue
+                            runs.extend(Run(dataset, nodes, ranks, c, plan, policy, sample, stale, seed)
+                                        for seed in self.seeds)
+        return runs, skipped
+
+    def parts_for(self, dataset: DatasetSpec) -> int:
+        """Shards a prepared synthetic dataset gets: every row-group count P/c of the study divides it."""
+        if dataset.parts is not None:
+            return dataset.parts
+        groups = [p // c for p in self.ranks for c in self.replication if p % c == 0]
+        return math.lcm(*groups) if groups else 1
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.output / "runs"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.output / "data"
+
+    def results_file(self, run: Run) -> Path:
+        return self.runs_dir / f"{run.run_id}.jsonl"
+
+    def log_file(self, run: Run) -> Path:
+        return self.runs_dir / f"{run.run_id}.log"
+
+    def prepared_dir(self, run: Run) -> Path:
+        if run.dataset.path is not None:
+            return run.dataset.path
+        return self.data_dir / run.data_name
+
+
+def _expect(where: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise StudyError(f"{where}: expected {what}, found {value!r}")
+    return value
+
+
+def _int_list(where: str, value: Any, minimum: int) -> list[int]:
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in items):
+        raise StudyError(f"{where}: expected a non-empty list of integers >= {minimum}, found {value!r}")
+    return list(items)
+
+
+def _str_list(where: str, value: Any) -> list[str]:
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(x, str) and x for x in items):
+        raise StudyError(f"{where}: expected a non-empty list of strings, found {value!r}")
+    return list(items)
+
+
+def _unknown(where: str, table: dict[str, Any], known: set[str]) -> None:
+    extra = sorted(set(table) - known)
+    if extra:
+        raise StudyError(f"{where}: unknown field(s) {extra}; expected some of {sorted(known)}")
+
+
+def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
+    where = f"{path}: dataset[{index}]"
+    _expect(where, table, dict, "a table")
+    _unknown(where, table, DATASET_KEYS)
+    name = _expect(f"{where}.name", table.get("name"), str, "a name")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise StudyError(f"{where}.name: use letters, digits, '.', '_' or '-', found {name!r}")
+    has_path, has_synthetic = "path" in table, "synthetic" in table
+    if has_path == has_synthetic:
+        raise StudyError(f"{where}: give exactly one of 'path' (a prepared directory) or 'synthetic'")
+    sizes: dict[int, int] = {}
+    for key, value in (table.get("sizes") or {}).items():
+        if not key.isdigit() or not isinstance(value, int) or value < 1:
+            raise StudyError(f"{where}.sizes: expected {{\"P\" = nodes}} with positive integers, found {key}={value!r}")
+        sizes[int(key)] = value
+    if has_path:
+        if scaling == "weak":
+            raise StudyError(f"{where}: weak scaling needs a synthetic dataset (one size per P), not a path")
+        directory = Path(_expect(f"{where}.path", table["path"], str, "a directory"))
+        return DatasetSpec(name=name, path=directory if directory.is_absolute()
+                           else Path(os.path.normpath(path.parent / directory)))
+    synthetic = _expect(f"{where}.synthetic", table["synthetic"], dict, "a table")
+    _unknown(f"{where}.synthetic", synthetic, SYNTHETIC_KEYS)
+    for key, value in synthetic.items():
+        _expect(f"{where}.synthetic.{key}", value, int, "a positive integer")
+    if scaling == "strong" and "nodes" not in synthetic:
+        raise StudyError(f"{where}.synthetic.nodes: strong scaling needs the node count")
+    parts = table.get("parts")
+    if parts is not None:
+        _int_list(f"{where}.parts", parts, 1)
+    return DatasetSpec(name=name, synthetic=dict(synthetic), partitioner=table.get("partitioner", "metis"),
+                       parts=parts, nodes_per_rank=table.get("nodes_per_rank"), sizes=sizes,
+                       seed=int(table.get("seed", 0)))
+
+
+def load_study(path: str | Path) -> Study:
+    """Parse and check a study file; every problem names the file and the field."""
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise StudyError(f"{path}: study file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise StudyError(f"{path}: not valid TOML ({exc})") from None
+    _unknown(str(path), document, {"study", "train", "dataset"})
+    study = _expect(f"{path}: [study]", document.get("study"), dict, "a [study] table")
+    _unknown(f"{path}: [study]", study, STUDY_KEYS)
+    name = _expect(f"{path}: study.name", study.get("name", path.stem), str, "a name")
+    scaling = study.get("scaling", "strong")
+    if scaling not in ("strong", "weak"):
+        raise StudyError(f"{path}: study.scaling: expected 'strong' or 'weak', found {scaling!r}")
+    plans = _str_list(f"{path}: study.plans", study.get("plans", ["p2p"]))
+    for plan in plans:
+        if plan not in PLAN_NAMES:
+            raise StudyError(f"{path}: study.plans: unknown plan {plan!r}; expected some of {PLAN_NAMES}")
+    policies = _str_list(f"{path}: study.policies", study.get("policies", ["exact"]))
+    for policy in policies:
+        try:
+            split_policy(policy)
+        except ValueError as exc:
+            raise StudyError(f"{path}: study.policies: {exc}") from None
+    launcher = study.get("launcher", "auto")
+    if launcher not in LAUNCHERS:
+        raise StudyError(f"{path}: study.launcher: expected one of {LAUNCHERS}, found {launcher!r}")
+    epochs = _int_list(f"{path}: study.epochs", study.get("epochs", 10), 1)[0]
+    warmup = _int_list(f"{path}: study.warmup", study.get("warmup", 1), 0)[0]
+    if warmup >= epochs:
+        raise StudyError(f"{path}: study.warmup ({warmup}) must be below study.epochs ({epochs})")
+    train = document.get("train", {})
+    _expect(f"{path}: [train]", train, dict, "a table")
+    clash = sorted(set(k.replace("-", "_") for k in train) & TRAIN_FLAGS_SET_BY_STUDY)
+    if clash:
+        raise StudyError(f"{path}: [train] sets {clash}, which the study itself decides per run")
+    tables = document.get("dataset")
+    if not isinstance(tables, list) or not tables:
+        raise StudyError(f"{path}: expected at least one [[dataset]] table")
+    datasets = [_dataset(path, i, table, scaling) for i, table in enumerate(tables)]
+    if len({d.name for d in datasets}) != len(datasets):
+        raise StudyError(f"{path}: dataset names must be distinct")
+    output = Path(_expect(f"{path}: study.output", study.get("output", f"results/{name}"), str, "a directory"))
+    timeout = study.get("timeout", 1800)
+    _expect(f"{path}: study.timeout", timeout, (int, float), "seconds")
+    return Study(source=path, name=name,
+                 output=output if output.is_absolute() else Path(os.path.normpath(path.parent / output)),
+                 scaling=scaling, ranks=_int_list(f"{path}: study.ranks", study.get("ranks", [1]), 1),
+                 replication=_int_list(f"{path}: study.replication", study.get("replication", [1]), 1),
+                 plans=plans, policies=policies, seeds=_int_list(f"{path}: study.seeds", study.get("seeds", [0]), 0),
+                 epochs=epochs, warmup=warmup, timeout=float(timeout), launcher=launcher,
+                 launcher_args=_str_list(f"{path}: study.launcher_args", study["launcher_args"])
+                 if study.get("launcher_args") else [],
+                 train=dict(train), datasets=datasets)

@@ -1,0 +1,210 @@
+"""``sparse-dist sweep STUDY.toml``: run every job of a scaling study and collect the results.
+
+Not an MPI program itself: it launches each run as ``mpiexec -n P`` (or
+``srun --mpi=pmi2 -n P`` when it runs inside a Slurm allocation), one after
+the other, with a time limit per run. A run whose results file is complete
+is skipped, so a killed study resumes where it stopped (a run killed midway
+leaves no results file: its writer only renames the file into place at the
+end). Synthetic datasets are prepared once per size under ``OUTPUT/data``.
+
+Output, under the study's ``output`` directory:
+
+* ``runs/RUN.jsonl`` and ``runs/RUN.log``: each run's results and its output;
+* ``results.csv``: one row per finished run (:mod:`runners.collect`);
+* ``runs.jsonl``: every record of every run, tagged with ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runners.collect import is_complete, read_records, summarise_run, write_csv, write_raw
+from runners.study import Run, Study, StudyError, load_study
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="study file (TOML)")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and the commands, run nothing")
+    parser.add_argument("--collect-only", action="store_true", help="only rebuild results.csv from finished runs")
+
+
+def _python_command() -> list[str]:
+    return [sys.executable, "-m", "runners.cli"]
+
+
+def _mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise StudyError("no mpiexec found beside the Python interpreter or on PATH; install an MPI "
+                         "(pip install mpich) or run the study inside a Slurm allocation")
+    return found
+
+
+def launcher_for(study: Study) -> str:
+    """``srun`` inside a Slurm allocation (when ``launcher = "auto"``), else ``mpiexec``."""
+    if study.launcher != "auto":
+        return study.launcher
+    return "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "mpiexec"
+
+
+def launch_prefix(launcher: str, ranks: int, extra: list[str]) -> list[str]:
+    if launcher == "srun":
+        return ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", str(ranks), *extra]
+    return [_mpiexec(), "-n", str(ranks), *extra]
+
+
+def train_flags(options: dict[str, object]) -> list[str]:
+    """``[train]`` table -> ``sparse-dist train`` flags (``true`` -> bare flag, ``false`` -> left out)."""
+    flags: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return flags
+
+
+def run_command(study: Study, run: Run, launcher: str) -> list[str]:
+    return [*launch_prefix(launcher, run.ranks, study.launcher_args), *_python_command(), "train",
+            "--data", str(study.prepared_dir(run)), "--out", str(study.results_file(run)),
+            "--plan", run.plan, "--replication", str(run.replication), "--sample", run.sample,
+            "--stale", run.stale, "--seed", str(run.seed), "--epochs", str(study.epochs),
+            "--print-every", str(max(study.epochs // 4, 1)), *train_flags(study.train)]
+
+
+def prepare_command(study: Study, run: Run) -> list[str]:
+    spec = run.dataset
+    settings = {"nodes": run.nodes, **{k: v for k, v in spec.synthetic.items() if k != "nodes"}}
+    return [*_python_command(), "prepare", "synthetic", "--out", str(study.prepared_dir(run)),
+            "--parts", str(study.parts_for(spec)), "--partitioner", spec.partitioner, "--seed", str(spec.seed),
+            "--overwrite", *[f"--{key}={value}" for key, value in settings.items()]]
+
+
+def _execute(command: list[str], log_path: Path, timeout: float) -> tuple[int | None, float]:
+    """Run ``command`` in its own process group, output to ``log_path``; rc None when it timed out."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc: int | None = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        if rc is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            log.write(f"\nsparse-dist sweep: killed after the study's timeout of {timeout:g} s\n")
+    return rc, time.perf_counter() - started
+
+
+def _tail(path: Path, lines: int = 6) -> str:
+    text = path.read_text(errors="replace").rstrip().splitlines()
+    return "\n".join("      " + line for line in text[-lines:])
+
+
+def collect(study: Study, runs: list[Run], launcher: str) -> int:
+    """Rebuild ``results.csv`` and ``runs.jsonl`` from every finished run; returns the row count."""
+    rows, raw = [], []
+    for run in runs:
+        path = study.results_file(run)
+        if not is_complete(path):
+            continue
+        records = read_records(path)
+        meta = _dataset_meta(study, run)
+        extra = {"study": study.name, "run": run.run_id, "dataset": run.dataset.name,
+                 "nodes": meta.get("num_nodes", run.nodes), "edges": meta.get("num_edges"),
+                 "scaling": study.scaling, "policy": run.policy, "launcher": launcher,
+                 "results_file": str(path.relative_to(study.output))}
+        rows.append(summarise_run(records, study.warmup, extra))
+        raw.append((run.run_id, records))
+    write_csv(study.output / "results.csv", rows)
+    write_raw(study.output / "runs.jsonl", raw)
+    return len(rows)
+
+
+def _dataset_meta(study: Study, run: Run) -> dict[str, object]:
+    path = study.prepared_dir(run) / "meta.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def main(comm: object, args: argparse.Namespace) -> int:
+    study = load_study(args.study)
+    runs, skipped = study.runs()
+    launcher = launcher_for(study)
+    for line in skipped:
+        print(f"skipped: {line}")
+    if args.collect_only:
+        count = collect(study, runs, launcher)
+        print(f"collected {count} finished run(s) into {study.output / 'results.csv'}")
+        return 0
+    print(f"study {study.name}: {len(runs)} run(s), {study.scaling} scaling, launcher {launcher}, "
+          f"output {study.output}", flush=True)
+    failures: list[str] = []
+    prepared: set[Path] = set()
+    width = len(str(len(runs)))
+    for index, run in enumerate(runs, 1):
+        label = f"[{index:>{width}}/{len(runs)}] {run.run_id}"
+        data_dir = study.prepared_dir(run)
+        if args.dry_run:
+            print(label)
+            if run.dataset.path is None and data_dir not in prepared:
+                print("    " + " ".join(prepare_command(study, run)))
+                prepared.add(data_dir)
+            print("    " + " ".join(run_command(study, run, launcher)))
+            continue
+        if is_complete(study.results_file(run)):
+            print(f"{label}  done before, skipped", flush=True)
+            continue
+        if run.dataset.path is None and not (data_dir / "meta.json").is_file() and data_dir not in prepared:
+            print(f"{label}  preparing {data_dir} ...", flush=True)
+            rc, seconds = _execute(prepare_command(study, run), study.data_dir / f"{run.data_name}.prepare.log",
+                                   study.timeout)
+            if rc != 0:
+                failures.append(f"prepare {run.data_name}")
+                print(f"{label}  FAILED to prepare the dataset (see {study.data_dir / (run.data_name + '.prepare.log')})"
+                      f"\n{_tail(study.data_dir / f'{run.data_name}.prepare.log')}", flush=True)
+                prepared.add(data_dir)
+                continue
+        prepared.add(data_dir)
+        if not (data_dir / "meta.json").is_file():
+            failures.append(run.run_id)
+            print(f"{label}  FAILED: {data_dir} is not a prepared dataset", flush=True)
+            continue
+        rc, seconds = _execute(run_command(study, run, launcher), study.log_file(run), study.timeout)
+        if rc == 0 and is_complete(study.results_file(run)):
+            row = summarise_run(read_records(study.results_file(run)), study.warmup, {})
+            shown = f"  test {row['final_test']:.4f}" if row["final_test"] is not None else ""
+            print(f"{label}  ran {seconds:.1f} s, epoch {row['epoch_time']:.4f} s{shown}", flush=True)
+        else:
+            failures.append(run.run_id)
+            why = "timed out" if rc is None else f"exit {rc}"
+            print(f"{label}  FAILED ({why}; log {study.log_file(run)})\n{_tail(study.log_file(run))}", flush=True)
+        collect(study, runs, launcher)
+    if args.dry_run:
+        return 0
+    count = collect(study, runs, launcher)
+    print(f"collected {count} finished run(s) into {study.output / 'results.csv'} and runs.jsonl")
+    if failures:
+        print(f"{len(failures)} run(s) failed: {', '.join(failures)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,141 @@
+"""Study files, run planning and result collection (single process, no MPI)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from runners.collect import broadcast_fraction, summarise_run
+from runners.study import StudyError, load_study
+from runners.sweep_cmd import launcher_for, train_flags
+
+GOOD = """
+[study]
+name = "s"
+output = "out"
+ranks = [1, 2, 3, 4]
+replication = [1, 2]
+plans = ["dense-bcast", "p2p"]
+policies = ["exact", "bns:p=0.1", "sancus-e:eps=1"]
+seeds = [0, 1]
+epochs = 5
+warmup = 2
+
+[train]
+hidden = 8
+weight_decay_scope = "all"
+
+[[dataset]]
+name = "syn"
+synthetic = { nodes = 1000, degree = 4, features = 8, classes = 3 }
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "study.toml"
+    path.write_text(text)
+    return path
+
+
+def test_runs_cross_plans_policies_and_skip_what_cannot_run(tmp_path: Path) -> None:
+    study = load_study(_write(tmp_path, GOOD))
+    runs, skipped = study.runs()
+    # per (P, c): dense-bcast x {exact, sancus-e} + p2p x {exact, bns} = 4 configurations, 2 seeds
+    valid_pc = [(p, c) for p in (1, 2, 3, 4) for c in (1, 2) if p % c == 0]
+    assert len(runs) == len(valid_pc) * 4 * 2
+    assert {(r.plan, r.policy) for r in runs} == {("dense-bcast", "exact"), ("dense-bcast", "sancus-e:eps=1"),
+                                                  ("p2p", "exact"), ("p2p", "bns:p=0.1")}
+    assert any("P=3 c=2" in line for line in skipped) and any("dense-bcast + bns" in line for line in skipped)
+    assert len({r.run_id for r in runs}) == len(runs)
+    assert study.output == tmp_path / "out"
+    # every row-group count P/c of the study divides the shard count
+    assert study.parts_for(study.datasets[0]) == 12
+    sancus = next(r for r in runs if r.policy == "sancus-e:eps=1")
+    assert (sancus.sample, sancus.stale) == ("none", "sancus-e:eps=1")
+
+
+def test_weak_scaling_sizes_per_rank_count(tmp_path: Path) -> None:
+    text = GOOD.replace('name = "s"', 'name = "s"\nscaling = "weak"').replace(
+        "synthetic = { nodes = 1000, degree = 4, features = 8, classes = 3 }",
+        'synthetic = { degree = 4, features = 8, classes = 3 }\nnodes_per_rank = 500\nsizes = { "3" = 1234 }')
+    study = load_study(_write(tmp_path, text))
+    runs, _ = study.runs()
+    nodes = {r.ranks: r.nodes for r in runs}
+    assert nodes == {1: 500, 2: 1000, 3: 1234, 4: 2000}
+    assert len({study.prepared_dir(r) for r in runs}) == 4
+
+
+@pytest.mark.parametrize("change,field", [
+    (("epochs = 5", "epochs = 5\nbogus = 1"), "unknown field(s) ['bogus']"),
+    (('plans = ["dense-bcast", "p2p"]', 'plans = ["allgather"]'), "study.plans"),
+    (('"bns:p=0.1"', '"bns:q=0.1"'), "study.policies"),
+    (("warmup = 2", "warmup = 5"), "study.warmup"),
+    (("ranks = [1, 2, 3, 4]", "ranks = [0, 2]"), "study.ranks"),
+    (("hidden = 8", "epochs = 3"), "[train] sets ['epochs']"),
+    (("synthetic = { nodes = 1000,", 'path = "x"\nsynthetic = { nodes = 1000,'), "exactly one of 'path'"),
+    (("name = \"syn\"", "name = \"a b\""), "dataset[0].name"),
+])
+def test_bad_study_files_name_the_file_and_field(tmp_path: Path, change: tuple[str, str], field: str) -> None:
+    path = _write(tmp_path, GOOD.replace(*change))
+    with pytest.raises(StudyError) as error:
+        load_study(path).runs()
+    assert str(path) in str(error.value) and field in str(error.value)
+
+
+def test_missing_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(StudyError, match="not found"):
+        load_study(tmp_path / "nope.toml")
+    with pytest.raises(StudyError, match="not valid TOML"):
+        load_study(_write(tmp_path, "[study\n"))
+
+
+def test_train_flags_and_launcher_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert train_flags({"hidden": 8, "weight_decay_scope": "all", "resume": True, "x": False}) == \
+        ["--hidden", "8", "--weight-decay-scope", "all", "--resume"]
+    study = load_study(_write(tmp_path, GOOD))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert launcher_for(study) == "mpiexec"
+    fake = tmp_path / "bin" / "srun"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert launcher_for(study) == "srun"
+
+
+def _epoch(n: int, total: float, parts: tuple[float, float, float, float], sent: float,
+           broadcasts: list | None = None) -> dict:
+    spread = lambda v: {"min": v, "mean": v, "max": v}  # noqa: E731
+    names = ("local_spmm", "dense", "exchange", "allreduce")
+    return {"type": "epoch", "epoch": n, "loss": 1.0,
+            "time": {"total": {"min": total / 2, "mean": total * 0.75, "max": total},
+                     **{k: spread(v) for k, v in zip(names, parts)}},
+            "bytes": {phase: {"sent": spread(sent), "recv": spread(sent)}
+                      for phase in ("forward", "backward", "grad_allreduce", "other")},
+            "broadcasts": broadcasts or []}
+
+
+def test_summary_leaves_out_warmup_epochs() -> None:
+    config = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none",
+              "stale": "none", "seed": 0, "hidden": 8, "layers": 2}
+    epochs = [_epoch(1, 10.0, (9, 9, 9, 9), 1e9), _epoch(2, 1.0, (0.1, 0.2, 0.3, 0.4), 100),
+              _epoch(3, 3.0, (0.3, 0.4, 0.5, 0.6), 300)]
+    final = {"type": "final", "epochs": 3, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
+    row = summarise_run([config, {"type": "environment", "threads_per_rank": 1}, *epochs, final], 1, {"run": "x"})
+    assert row["epoch_time"] == pytest.approx(2.0) and row["epoch_time_std"] == pytest.approx(1.0)
+    assert row["epoch_time_mean_rank"] == pytest.approx(1.5)
+    assert row["t_local_spmm"] == pytest.approx(0.2) and row["t_allreduce"] == pytest.approx(0.5)
+    # (forward + backward sent mean) * world size, averaged over the two timed epochs
+    assert row["exchange_bytes"] == pytest.approx((200 * 2 + 600 * 2) / 2)
+    assert row["final_test"] == 0.5 and row["peak_rss_max"] == 7 and row["run"] == "x"
+
+
+def test_broadcast_fraction_counts_active_owners() -> None:
+    epochs = [{"broadcasts": [{"layer": 0, "owners": 4, "active": [0, 2]}, {"layer": 1, "owners": 4, "active": []}]},
+              {"broadcasts": [{"layer": 0, "owners": 4, "active": [0, 1, 2, 3]}]}]
+    assert broadcast_fraction(epochs, 4) == pytest.approx(6 / 12)
+    assert broadcast_fraction([{"broadcasts": []}], 4) is None

@@ -1,0 +1,132 @@
+"""``sparse-dist sweep``, ``model compare`` and ``plot`` end to end, with real mpiexec runs."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from pathlib import Path
+
+import pytest
+from datasets_for_tests import random_directed, write
+from mpirun import BIN, ROOT
+
+SPARSE_DIST = str(BIN / "sparse-dist")
+STUDY = """
+[study]
+name = "t"
+output = "out"
+ranks = [1, 3]
+plans = ["sparse-bcast", "p2p"]
+policies = ["exact", "bns:p=0.5", "sancus-e:eps=1"]
+epochs = 4
+warmup = 1
+timeout = {timeout}
+
+[train]
+hidden = 8
+threads = 1
+
+[[dataset]]
+name = "directed"
+path = "data"
+"""
+
+
+def _sweep(study: Path, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SPARSE_DIST, "sweep", str(study)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("study")
+    write(random_directed(n=300, seed=2), root / "data", parts=3)
+    path = root / "study.toml"
+    path.write_text(STUDY.format(timeout=200))
+    result = _sweep(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return path
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_sweep_runs_every_configuration_and_collects_one_table(study: Path) -> None:
+    rows = _rows(study.parent / "out" / "results.csv")
+    # 2 rank counts x (sparse-bcast: exact, bns, sancus-e; p2p: exact, bns)
+    assert len(rows) == 10
+    assert {(r["world_size"], r["plan"], r["policy"]) for r in rows} >= {("3", "p2p", "bns:p=0.5"),
+                                                                        ("3", "sparse-bcast", "sancus-e:eps=1")}
+    for row in rows:
+        assert row["launcher"] == "mpiexec" and int(row["epochs"]) == 4 and float(row["epoch_time"]) > 0
+        assert (float(row["exchange_bytes"]) == 0) == (row["world_size"] == "1")
+    sancus = next(r for r in rows if r["policy"] == "sancus-e:eps=1" and r["world_size"] == "3")
+    assert 0 < float(sancus["broadcast_fraction"]) < 1
+    raw = (study.parent / "out" / "runs.jsonl").read_text().splitlines()
+    assert len({line.split('"run": "')[1].split('"')[0] for line in raw}) == 10
+
+
+def test_a_killed_study_resumes_with_the_missing_runs_only(study: Path) -> None:
+    runs = study.parent / "out" / "runs"
+    victim = runs / "directed_P3_c1_p2p_exact_s0.jsonl"
+    victim.unlink()
+    (runs / ".directed_P3_c1_p2p_exact_s0.jsonl.tmp-1").write_text('{"type": "config"}\n')  # a killed run's leftover
+    result = _sweep(study)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("done before, skipped") == 9
+    assert "directed_P3_c1_p2p_exact_s0  ran" in result.stdout
+    assert victim.is_file() and len(_rows(study.parent / "out" / "results.csv")) == 10
+
+
+def test_model_predicts_the_exact_bytes_of_every_exact_run(study: Path) -> None:
+    result = subprocess.run([SPARSE_DIST, "model", "compare", str(study.parent / "out")], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = _rows(study.parent / "out" / "model.csv")
+    measured = {r["run"]: r for r in _rows(study.parent / "out" / "results.csv")}
+    assert len(rows) == 10
+    for row in rows:
+        if row["policy"] == "exact":
+            assert float(row["measured_bytes"]) == float(row["predicted_bytes"])
+        assert float(row["predicted_epoch"]) > 0
+        if row["calibration"] == "True":  # rates are fitted to this run's own compute time
+            run = measured[row["run"]]
+            assert row["world_size"] == "1"
+            assert float(row["predicted_compute"]) == pytest.approx(float(run["t_local_spmm"]) + float(run["t_dense"]))
+    assert "within 25%" in result.stdout
+
+
+def test_plot_writes_every_figure(study: Path, tmp_path: Path) -> None:
+    result = subprocess.run([SPARSE_DIST, "plot", str(study.parent / "out"), "--out", str(tmp_path), "--dpi", "50"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = {"scaling-strong.png", "breakdown.png", "bytes.png", "accuracy.png", "sancus-broadcasts.png"}
+    assert {Path(line).name for line in result.stdout.split()} == names
+    for name in names:
+        header = (tmp_path / name).read_bytes()[:24]
+        assert header[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+        assert width > 100 and height > 100
+
+
+def test_a_run_over_its_time_limit_is_killed_and_reported(tmp_path: Path) -> None:
+    write(random_directed(n=300, seed=2), tmp_path / "data", parts=3)
+    path = tmp_path / "study.toml"
+    path.write_text(STUDY.format(timeout=1).replace('policies = ["exact", "bns:p=0.5", "sancus-e:eps=1"]',
+                                                    'policies = ["exact"]').replace("ranks = [1, 3]", "ranks = [3]")
+                    .replace('plans = ["sparse-bcast", "p2p"]', 'plans = ["p2p"]'))
+    result = _sweep(path, timeout=120)
+    assert result.returncode == 1
+    assert "FAILED (timed out" in result.stdout and "1 run(s) failed" in result.stderr
+    assert not list((tmp_path / "out" / "runs").glob("*.jsonl"))
+
+
+def test_bad_study_is_one_clear_line(tmp_path: Path) -> None:
+    path = tmp_path / "study.toml"
+    path.write_text(STUDY.format(timeout=10).replace('plans = ["sparse-bcast", "p2p"]', 'plans = ["ring"]'))
+    result = _sweep(path, timeout=60)
+    assert result.returncode == 2
+    assert f"{path}: study.plans: unknown plan 'ring'" in result.stderr
+
