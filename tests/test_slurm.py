@@ -53,9 +53,9 @@ def _submit_and_wait(slurm: LocalSlurm, template: str, work: Path, export: dict[
     info = slurm.wait(job_id, JOB_TIMEOUT)
     output = Path(info.get("StdOut", ""))
     text = output.read_text() if output.is_file() else "(no output file)"
+    gpus = f", TRES per task {info['TresPerTask']}" if info.get("TresPerTask") else ""
     print(f"\n{template}: job {job_id} {info.get('JobState')} exit {info.get('ExitCode')} "
-          f"elapsed {info.get('RunTime')} on {info.get('NodeList')} ({info.get('NumTasks')} tasks, "
-          f"TRES per task {info.get('TresPerTask')})")
+          f"elapsed {info.get('RunTime')} on {info.get('NodeList')} ({info.get('NumTasks')} tasks{gpus})")
     assert info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", \
         f"{template}: job {job_id} ended {info.get('JobState')} exit {info.get('ExitCode')}:\n{text[-2000:]}"
     return {**info, "output": text}
