@@ -21,6 +21,13 @@ library picks, so that counts can be predicted exactly from the layout):
 Time: the seconds a rank spends inside MPI calls (posting and waiting), i.e.
 the exchange time not hidden behind local work.
 
+Initialisation: importing this module does not start MPI; the first
+:func:`world` (or anything else that needs the world) does, with
+``MPI_THREAD_MULTIPLE`` as mpi4py would, and mpi4py finalises it at exit.
+So the single-process tools (``sparse-dist sweep``, ``plot``, ``model``),
+which import the library, never become MPI singletons, and the ``mpiexec``
+or ``srun`` jobs they launch inherit no MPI state.
+
 Devices: CPU tensors go to MPI as numpy views. CUDA tensors are handed to
 MPI directly when the MPI library is CUDA-aware (``gpu_aware='on'``, or
 ``'auto'`` and detected), after synchronising the producing stream;
@@ -39,9 +46,13 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+import mpi4py
 import numpy as np
 import torch
-from mpi4py import MPI
+
+mpi4py.rc.initialize = False  # started by _initialised() on first use, not at import
+mpi4py.rc.finalize = True     # still finalised by mpi4py at exit once started
+from mpi4py import MPI  # noqa: E402
 
 from sparse_dist.accounting import CommStats
 from sparse_dist.log import get_logger, set_rank
@@ -161,7 +172,7 @@ class Communicator:
     def __init__(self, mpi_comm: Any = None, *, gpu_aware: str | bool = "auto",
                  force_host_staging: bool = False, stats: CommStats | None = None,
                  _owned: Any = None) -> None:
-        base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        base = _initialised() if mpi_comm is None else mpi_comm
         self._comm = _owned if _owned is not None else base.Dup()
         self.rank: int = self._comm.Get_rank()
         self.size: int = self._comm.Get_size()
@@ -356,13 +367,20 @@ class Communicator:
             time.sleep(poll_seconds)
 
 
+def _initialised() -> Any:
+    """``MPI.COMM_WORLD``, starting MPI first if this process has not yet."""
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    return MPI.COMM_WORLD
+
+
 def world(*, gpu_aware: str | bool = "auto", force_host_staging: bool = False) -> Communicator:
-    """The facade over a duplicate of ``MPI.COMM_WORLD`` (collective)."""
+    """The facade over a duplicate of ``MPI.COMM_WORLD`` (collective; starts MPI on first use)."""
     return Communicator(None, gpu_aware=gpu_aware, force_host_staging=force_host_staging)
 
 
 def world_rank() -> int:
-    return MPI.COMM_WORLD.Get_rank()
+    return _initialised().Get_rank()
 
 
 def run_or_abort(main: Callable[[], int]) -> int:
@@ -380,25 +398,31 @@ def run_or_abort(main: Callable[[], int]) -> int:
             raise
         _abort_with(f"exit status {exc.code}", exc.code if isinstance(exc.code, int) else 1)
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
-        rank = MPI.COMM_WORLD.Get_rank()
+        rank = _initialised().Get_rank()
         details = "".join(traceback.format_exception(exc))
         sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in details.rstrip().splitlines()))
         _abort_with(f"{type(exc).__name__}: {exc}", 1)
     return 1
 
 
+ABORT_GRACE_SECONDS = 0.5
+
+
 def _abort_with(reason: str, code: int) -> None:
-    rank = MPI.COMM_WORLD.Get_rank()
+    rank = _initialised().Get_rank()
     sys.stderr.write(f"[rank {rank}] error: {reason}; aborting all ranks\n")
     sys.stderr.flush()
     if MPI.COMM_WORLD.Get_size() > 1:
+        # Let the launcher forward this message before MPI_Abort tears the job down (without the pause an
+        # abort from every rank at once sometimes lost all output).
+        time.sleep(ABORT_GRACE_SECONDS)
         MPI.COMM_WORLD.Abort(code)
     raise SystemExit(code)
 
 
 def ranks_on_this_node() -> int:
     """How many ranks of the world share this node (for a default thread count)."""
-    local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    local = _initialised().Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return local.Get_size()
     finally:
