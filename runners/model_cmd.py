@@ -23,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runners.collect import ResultsError, read_csv, write_csv_rows
-from runners.perf_model import (NETWORKS, ModelShape, Network, Policy, Prediction, Rates, Workload, predict_epoch,
-                                workload_analytic, workload_from_shards)
+from runners.collect import ResultsError, read_csv, read_records, write_csv_rows
+from runners.perf_model import (NETWORKS, ModelShape, Network, Policy, Prediction, Rates, Workload, cores_per_rank,
+                                predict_epoch, workload_analytic, workload_from_shards)
 from runners.shards import read_meta
 
 # Public figures of OGB graphs (symmetrised nonzeros = twice the undirected edges).
@@ -101,13 +101,9 @@ def _shape(row: dict[str, Any], meta: dict[str, Any]) -> ModelShape:
     return ModelShape(tuple(dims), kind="gcn", itemsize=4)
 
 
-def _cores(net: Network, ranks: int, threads: int) -> float:
-    return min(float(threads), net.cores_per_node / min(net.ranks_per_node, ranks))
-
-
 def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Network, policy: Policy) -> Rates:
     """Per-core rates that reproduce one measured run's local SpMM and dense time."""
-    cores = _cores(net, int(row["world_size"]), int(row["threads_per_rank"] or 1))
+    cores = cores_per_rank(net, int(row["world_size"]), int(row["threads_per_rank"] or 1))
     unit = Rates(spmm=1.0, dense=1.0)
     replication = int(row["replication"])
     probe = predict_epoch(work, shape, row["plan"], policy, unit, net, replication, int(row["threads_per_rank"] or 1))
@@ -167,13 +163,13 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def _data_dir(results: Path, row: dict[str, Any]) -> Path:
-    """The prepared dataset a run trained on (from its config record)."""
-    from runners.collect import read_records
-
+    """The prepared dataset a run trained on: its config's path, or the study's own ``data/`` copy of
+    that directory when the study was moved."""
     records = read_records(results / str(row["results_file"]))
     config = next(r for r in records if r["type"] == "config")
-    path = Path(config["data"])
-    return path if path.is_absolute() or path.exists() else results / path
+    recorded = Path(config["data"])
+    moved = results / "data" / recorded.name
+    return recorded if recorded.is_dir() or not moved.is_dir() else moved
 
 
 def _print_compare(out: list[dict[str, Any]]) -> None:

@@ -296,6 +296,11 @@ class Prediction:
         return self.compute_spmm + self.compute_dense + self.exchange + self.allreduce
 
 
+def cores_per_rank(net: Network, ranks: int, threads: int) -> float:
+    """Cores one rank computes with: its threads, or its share of the node when oversubscribed."""
+    return min(float(threads), net.cores_per_node / min(net.ranks_per_node, ranks))
+
+
 def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Policy, rates: Rates, net: Network,
                   replication: int = 1, threads: int = 1) -> Prediction:
     """One epoch of ``plan`` with ``policy`` on ``work.groups * replication`` ranks."""
@@ -303,7 +308,7 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Policy, 
     ranks = groups * c
     grid = Grid(ranks, c)
     ranks_per_node = min(net.ranks_per_node, ranks)
-    cores = min(float(threads), net.cores_per_node / ranks_per_node)
+    cores = cores_per_rank(net, ranks, threads)
     s = shape.itemsize
     sampled = policy.sample_p < 1.0
 

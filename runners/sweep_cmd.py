@@ -76,7 +76,7 @@ def train_flags(options: dict[str, object]) -> list[str]:
 
 def run_command(study: Study, run: Run, launcher: str) -> list[str]:
     return [*launch_prefix(launcher, run.ranks, study.launcher_args), *_python_command(), "train",
-            "--data", str(study.prepared_dir(run)), "--out", str(study.results_file(run)),
+            "--data", str(study.prepared_dir(run).resolve()), "--out", str(study.results_file(run)),
             "--plan", run.plan, "--replication", str(run.replication), "--sample", run.sample,
             "--stale", run.stale, "--seed", str(run.seed), "--epochs", str(study.epochs),
             "--print-every", str(max(study.epochs // 4, 1)), *train_flags(study.train)]
