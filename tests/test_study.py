@@ -139,3 +139,15 @@ def test_broadcast_fraction_counts_active_owners() -> None:
               {"broadcasts": [{"layer": 0, "owners": 4, "active": [0, 1, 2, 3]}]}]
     assert broadcast_fraction(epochs, 4) == pytest.approx(6 / 12)
     assert broadcast_fraction([{"broadcasts": []}], 4) is None
+
+
+def test_the_single_process_tools_never_start_mpi() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import runners.cli, runners.sweep_cmd, runners.model_cmd, runners.plot_cmd, runners.study\n"
+             "from mpi4py import MPI\n"
+             "print(MPI.Is_initialized())")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
