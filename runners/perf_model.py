@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.policies import parse_sampler, parse_staleness
 from runners.partition import BoundaryAccumulator
 from runners.shards import part_file, read_meta
 from sparse_dist.layout import Grid, RowLayout
@@ -151,23 +152,23 @@ class Policy:
 
     sample_p: float = 1.0
     active: float = 1.0
-    agreement: bool = False   # one allgather of flags per layer (sancus-a, sancus-h)
+    agreement: bool = False      # one allgather of flags per layer (sancus-a, sancus-h)
+    skip_backward: bool = False  # stale blocks' gradients are dropped too
 
     @staticmethod
     def from_specs(sample: str, stale: str, active: float | None = None) -> "Policy":
-        p = 1.0
-        if sample not in ("", "none"):
-            p = float(dict(kv.split("=") for kv in sample.split(":", 1)[1].split(","))["p"])
-        if stale in ("", "none"):
-            return Policy(p, 1.0, False)
-        name, _, params = stale.partition(":")
-        settings = dict(kv.split("=") for kv in params.split(",") if kv)
+        """From ``--sample`` / ``--stale`` specs, parsed by :mod:`algorithms.policies` itself."""
+        sampler = parse_sampler(sample)
+        p = float(sampler.p) if sampler is not None else 1.0
+        rule = parse_staleness(stale)
+        if rule is None:
+            return Policy(p)
+        kind = getattr(rule, "kind", None)
         if active is None:
-            if name in ("sancus-e", "sancus-a"):
-                active = 1.0 / (float(settings.get("eps", 1)) + 1.0)
-            else:
+            if kind not in ("e", "a"):  # e and a follow a fixed schedule with our plans (all receivers agree)
                 raise ValueError(f"{stale}: the share of active broadcasts is data-dependent; give it (--active)")
-        return Policy(p, active, name in ("sancus-a", "sancus-h"))
+            active = 1.0 / (float(rule.eps) + 1.0)
+        return Policy(p, active, agreement=kind in ("a", "h"), skip_backward=bool(getattr(rule, "skip_backward", 0)))
 
 
 @dataclass
@@ -326,7 +327,8 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Policy, 
     max_rank = np.zeros(ranks)
     received = np.zeros(ranks)
     for width, backward in shape.exchanges:
-        fractions = [policy.active * keep] + ([keep] if backward else [])
+        backward_share = keep * (policy.active if policy.skip_backward else 1.0)
+        fractions = [policy.active * keep] + ([backward_share] if backward else [])
         volume = predict_spmm_bytes(grid, layout, work.boundary, work.union, plan, width, s)
         for direction, fraction in zip(("forward", "backward"), fractions):
             per_rank = volume[direction].astype(float)

@@ -112,6 +112,12 @@ def test_predicted_bytes_follow_the_exact_byte_model_and_the_policies(tmp_path: 
                               ["forward"][:, 0].sum()) for w in (12, 4))
             assert stale.exchange_bytes_total == pytest.approx(sent - 0.5 * forward)
     assert Policy.from_specs("none", "sancus-e:eps=3").active == 0.25
+    assert Policy.from_specs("bns:p=0.2,side=owner", "none").sample_p == 0.2
+    # skipping stale gradients too: the backward bytes shrink by the same share as the forward ones
+    skipping = predict_epoch(work, shape, "sparse-bcast", Policy.from_specs("none", "sancus-e:eps=1,skip_backward=1"),
+                             rates, FLAT)
+    exact = predict_epoch(work, shape, "sparse-bcast", Policy(), rates, FLAT)
+    assert skipping.exchange_bytes_total == pytest.approx(0.5 * exact.exchange_bytes_total)
     with pytest.raises(ValueError, match="data-dependent"):
         Policy.from_specs("none", "sancus-h:eps=0.1")
 
