@@ -18,14 +18,15 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
+from runners.results import ResultsWriter, temporary_beside
+
 TIME_PARTS = ("local_spmm", "dense", "exchange", "allreduce")
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
-    "stale", "seed", "hidden", "layers", "epochs", "warmup", "epoch_time", "epoch_time_std", "epoch_time_mean_rank",
-    "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "exchange_bytes", "exchange_bytes_max_rank",
-    "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "peak_rss_max", "threads_per_rank",
-    "ranks_on_node", "cpu_count",
-    "launcher", "results_file",
+    "stale", "seed", "model", "hidden", "layers", "dtype", "epochs", "warmup", "epoch_time", "epoch_time_std",
+    "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "exchange_bytes",
+    "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "peak_rss_max",
+    "threads_per_rank", "ranks_on_node", "cpu_count", "launcher", "results_file", "data",
 )
 
 
@@ -70,8 +71,9 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
     totals = [e["time"]["total"]["max"] for e in timed]
     row: dict[str, Any] = {
         "world_size": world, "replication": config["replication"], "plan": config["plan"],
-        "sample": config["sample"], "stale": config["stale"], "seed": config["seed"], "hidden": config["hidden"],
-        "layers": config["layers"], "epochs": len(epochs), "warmup": warmup,
+        "sample": config["sample"], "stale": config["stale"], "seed": config["seed"], "model": config["model"],
+        "hidden": config["hidden"], "layers": config["layers"], "dtype": config["dtype"], "data": config["data"],
+        "epochs": len(epochs), "warmup": warmup,
         "epoch_time": _mean(totals), "epoch_time_std": statistics.pstdev(totals) if len(totals) > 1 else 0.0,
         "epoch_time_mean_rank": _mean([e["time"]["total"]["mean"] for e in timed]),
         "exchange_bytes": _mean([(e["bytes"]["forward"]["sent"]["mean"] + e["bytes"]["backward"]["sent"]["mean"])
@@ -111,7 +113,7 @@ def broadcast_fraction(epochs: list[dict[str, Any]], groups: int) -> float | Non
 def write_atomically(path: Path, write: Any) -> None:
     """Call ``write(handle)`` on a temporary file beside ``path``, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary = temporary_beside(path)
     with open(temporary, "w", newline="") as handle:
         write(handle)
     os.replace(temporary, path)
@@ -137,12 +139,11 @@ def write_csv_rows(path: Path, columns: tuple[str, ...], rows: Iterable[dict[str
 
 def write_raw(path: Path, runs: Iterable[tuple[str, list[dict[str, Any]]]]) -> None:
     """Every record of every run in one JSON-lines file, each tagged with its ``run``."""
-    def write(handle: Any) -> None:
-        for run_id, records in runs:
-            for record in records:
-                handle.write(json.dumps({"run": run_id, **record}) + "\n")
-
-    write_atomically(path, write)
+    writer = ResultsWriter(path)
+    for run_id, records in runs:
+        for record in records:
+            writer.write({"run": run_id, **record})
+    writer.close()
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:

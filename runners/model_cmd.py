@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runners.collect import ResultsError, read_csv, read_records, write_csv_rows
+from runners.collect import ResultsError, read_csv, write_csv_rows
 from runners.perf_model import (NETWORKS, ModelShape, Network, Policy, Prediction, Rates, Workload, cores_per_rank,
                                 predict_epoch, workload_analytic, workload_from_shards)
 from runners.shards import read_meta
@@ -96,9 +96,13 @@ def network_from(args: argparse.Namespace) -> Network:
     return replace(net, **changes) if changes else net
 
 
+ITEMSIZE = {"float32": 4, "float64": 8}
+
+
 def _shape(row: dict[str, Any], meta: dict[str, Any]) -> ModelShape:
+    """The layer widths, model kind and element size a run trained with (from its study row)."""
     dims = [meta["feature_dim"]] + [int(row["hidden"])] * (int(row["layers"]) - 1) + [meta["num_classes"]]
-    return ModelShape(tuple(dims), kind="gcn", itemsize=4)
+    return ModelShape(tuple(dims), kind=str(row["model"]), itemsize=ITEMSIZE[str(row["dtype"])])
 
 
 def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Network, policy: Policy) -> Rates:
@@ -163,11 +167,9 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def _data_dir(results: Path, row: dict[str, Any]) -> Path:
-    """The prepared dataset a run trained on: its config's path, or the study's own ``data/`` copy of
+    """The prepared dataset a run trained on: the path it recorded, or the study's own ``data/`` copy of
     that directory when the study was moved."""
-    records = read_records(results / str(row["results_file"]))
-    config = next(r for r in records if r["type"] == "config")
-    recorded = Path(config["data"])
+    recorded = Path(str(row["data"]))
     moved = results / "data" / recorded.name
     return recorded if recorded.is_dir() or not moved.is_dir() else moved
 

@@ -14,8 +14,13 @@ import numpy as np
 import torch
 
 
+def temporary_beside(path: Path) -> Path:
+    """Where a file is written before it is renamed to ``path`` (hidden, unique to this process)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
 class ResultsWriter:
-    """Appends JSON lines to ``path.tmp-PID`` and renames it to ``path`` on :meth:`close`."""
+    """Appends JSON lines to ``.path.tmp-PID`` and renames it to ``path`` on :meth:`close`."""
 
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None
@@ -23,7 +28,7 @@ class ResultsWriter:
         self._handle = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._temporary = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+            self._temporary = temporary_beside(self.path)
             self._handle = open(self._temporary, "w")
 
     def write(self, record: dict[str, Any]) -> None:

@@ -10,14 +10,16 @@ end). Synthetic datasets are prepared once per size under ``OUTPUT/data``.
 Output, under the study's ``output`` directory:
 
 * ``runs/RUN.jsonl`` and ``runs/RUN.log``: each run's results and its output;
-* ``results.csv``: one row per finished run (:mod:`runners.collect`);
-* ``runs.jsonl``: every record of every run, tagged with ``run``.
+* ``results.csv``: one row per finished run (:mod:`runners.collect`), rewritten after each run;
+* ``runs.jsonl``: every record of every run, tagged with ``run``, written when the sweep ends
+  (``--collect-only`` rebuilds both from the finished runs).
+
+Each results file is read once per sweep, so collecting stays linear in the number of runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -25,8 +27,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from runners.collect import is_complete, read_records, summarise_run, write_csv, write_raw
+from runners.shards import read_meta
 from runners.study import Run, Study, StudyError, load_study
 
 
@@ -122,29 +126,40 @@ def _tail(path: Path, lines: int = 6) -> str:
     return "\n".join("      " + line for line in text[-lines:])
 
 
-def collect(study: Study, runs: list[Run], launcher: str) -> int:
-    """Rebuild ``results.csv`` and ``runs.jsonl`` from every finished run; returns the row count."""
-    rows, raw = [], []
-    for run in runs:
-        path = study.results_file(run)
-        if not is_complete(path):
-            continue
-        records = read_records(path)
-        meta = _dataset_meta(study, run)
-        extra = {"study": study.name, "run": run.run_id, "dataset": run.dataset.name,
-                 "nodes": meta.get("num_nodes", run.nodes), "edges": meta.get("num_edges"),
-                 "scaling": study.scaling, "policy": run.policy, "launcher": launcher,
-                 "results_file": str(path.relative_to(study.output))}
-        rows.append(summarise_run(records, study.warmup, extra))
-        raw.append((run.run_id, records))
-    write_csv(study.output / "results.csv", rows)
-    write_raw(study.output / "runs.jsonl", raw)
-    return len(rows)
+class StudyTable:
+    """The study's finished runs, each results file read once: rows for ``results.csv`` and raw records."""
 
+    def __init__(self, study: Study, launcher: str) -> None:
+        self.study, self.launcher = study, launcher
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.records: dict[str, list[dict[str, Any]]] = {}
 
-def _dataset_meta(study: Study, run: Run) -> dict[str, object]:
-    path = study.prepared_dir(run) / "meta.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    def add(self, run: Run) -> dict[str, Any] | None:
+        """Read ``run``'s results if it finished (once); its CSV row, or None."""
+        if run.run_id not in self.rows:
+            path = self.study.results_file(run)
+            if not is_complete(path):
+                return None
+            records = read_records(path)
+            meta_path = self.study.prepared_dir(run) / "meta.json"
+            meta = read_meta(meta_path.parent) if meta_path.is_file() else {}
+            extra = {"study": self.study.name, "run": run.run_id, "dataset": run.dataset.name,
+                     "nodes": meta.get("num_nodes", run.nodes), "edges": meta.get("num_edges"),
+                     "scaling": self.study.scaling, "policy": run.policy, "launcher": self.launcher,
+                     "results_file": str(path.relative_to(self.study.output))}
+            self.rows[run.run_id] = summarise_run(records, self.study.warmup, extra)
+            self.records[run.run_id] = records
+        return self.rows[run.run_id]
+
+    def write_csv(self, runs: list[Run]) -> int:
+        """``results.csv`` in the study's run order; returns the row count."""
+        rows = [self.rows[r.run_id] for r in runs if r.run_id in self.rows]
+        write_csv(self.study.output / "results.csv", rows)
+        return len(rows)
+
+    def write_raw(self, runs: list[Run]) -> None:
+        write_raw(self.study.output / "runs.jsonl",
+                  [(r.run_id, self.records[r.run_id]) for r in runs if r.run_id in self.records])
 
 
 def main(comm: object, args: argparse.Namespace) -> int:
@@ -153,8 +168,12 @@ def main(comm: object, args: argparse.Namespace) -> int:
     launcher = launcher_for(study)
     for line in skipped:
         print(f"skipped: {line}")
+    table = StudyTable(study, launcher)
     if args.collect_only:
-        count = collect(study, runs, launcher)
+        for run in runs:
+            table.add(run)
+        count = table.write_csv(runs)
+        table.write_raw(runs)
         print(f"collected {count} finished run(s) into {study.output / 'results.csv'}")
         return 0
     print(f"study {study.name}: {len(runs)} run(s), {study.scaling} scaling, launcher {launcher}, "
@@ -172,7 +191,7 @@ def main(comm: object, args: argparse.Namespace) -> int:
                 prepared.add(data_dir)
             print("    " + " ".join(run_command(study, run, launcher)))
             continue
-        if is_complete(study.results_file(run)):
+        if table.add(run) is not None:
             print(f"{label}  done before, skipped", flush=True)
             continue
         if run.dataset.path is None and not (data_dir / "meta.json").is_file() and data_dir not in prepared:
@@ -191,18 +210,19 @@ def main(comm: object, args: argparse.Namespace) -> int:
             print(f"{label}  FAILED: {data_dir} is not a prepared dataset", flush=True)
             continue
         rc, seconds = _execute(run_command(study, run, launcher), study.log_file(run), study.timeout)
-        if rc == 0 and is_complete(study.results_file(run)):
-            row = summarise_run(read_records(study.results_file(run)), study.warmup, {})
+        row = table.add(run) if rc == 0 else None
+        if row is not None:
             shown = f"  test {row['final_test']:.4f}" if row["final_test"] is not None else ""
             print(f"{label}  ran {seconds:.1f} s, epoch {row['epoch_time']:.4f} s{shown}", flush=True)
         else:
             failures.append(run.run_id)
             why = "timed out" if rc is None else f"exit {rc}"
             print(f"{label}  FAILED ({why}; log {study.log_file(run)})\n{_tail(study.log_file(run))}", flush=True)
-        collect(study, runs, launcher)
+        table.write_csv(runs)
     if args.dry_run:
         return 0
-    count = collect(study, runs, launcher)
+    count = table.write_csv(runs)
+    table.write_raw(runs)
     print(f"collected {count} finished run(s) into {study.output / 'results.csv'} and runs.jsonl")
     if failures:
         print(f"{len(failures)} run(s) failed: {', '.join(failures)}", file=sys.stderr)

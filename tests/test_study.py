@@ -121,7 +121,8 @@ def _epoch(n: int, total: float, parts: tuple[float, float, float, float], sent:
 
 def test_summary_leaves_out_warmup_epochs() -> None:
     config = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none",
-              "stale": "none", "seed": 0, "hidden": 8, "layers": 2}
+              "stale": "none", "seed": 0, "model": "gcn", "hidden": 8, "layers": 2, "dtype": "float32",
+              "data": "d"}
     epochs = [_epoch(1, 10.0, (9, 9, 9, 9), 1e9), _epoch(2, 1.0, (0.1, 0.2, 0.3, 0.4), 100),
               _epoch(3, 3.0, (0.3, 0.4, 0.5, 0.6), 300)]
     final = {"type": "final", "epochs": 3, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
