@@ -5,7 +5,8 @@ documented conventions: remaining self-loops with weight 1 and row-degree
 symmetric normalisation for GCN, row-mean for SAGE, row-normalised
 features, Glorot-uniform weights from one seeded generator (layer by layer;
 SAGE draws W_self then W_neigh), zero biases, inverted dropout on every
-layer's input with the Philox4x64 global-row masks, mean cross-entropy over
+layer's input with the global-row masks of the documented CPU rule (SFC64
+per chunk of rows, 16-bit lanes, threshold round((1 - p) 2^16)), mean cross-entropy over
 the training rows, Adam with weight decay on the first layer only.
 """
 
@@ -31,10 +32,20 @@ def normalized_adjacency(adjacency: np.ndarray, model: str) -> torch.Tensor:
     return torch.from_numpy(np.where(degree[:, None] > 0, a / np.maximum(degree[:, None], 1e-300), 0.0))
 
 
-def dropout_keep(seed: int, epoch: int, layer: int, rows: int, width: int, p: float) -> torch.Tensor:
-    key = np.array([seed, (epoch << 16) | layer], dtype=np.uint64)
-    words = np.random.Philox(key=key).random_raw(rows * width)
-    return torch.from_numpy(((words >> np.uint64(11)) * 2.0**-53 < 1.0 - p).reshape(rows, width))
+def dropout_keep(seed: int, epoch: int, layer: int, rows: int, width: int, p: float) -> tuple[torch.Tensor, float]:
+    """Keep mask of all ``rows`` and the scale of kept entries, straight from the written rule."""
+    lanes_per_chunk = 1 << 22
+    chunk_rows = max(1, lanes_per_chunk // width)
+    threshold = max(1, round((1.0 - p) * 65536))
+    lanes = []
+    for chunk, first in enumerate(range(0, rows, chunk_rows)):
+        count = (min(rows, first + chunk_rows) - first) * width
+        stream = np.random.SFC64(np.random.SeedSequence((seed, epoch, layer, chunk)))
+        words = stream.random_raw((count + 3) // 4)
+        signed = words.astype("<u8").view("<i2")[:count].astype(np.int64)  # lanes read as int16
+        lanes.append(signed + 32768)
+    keep = np.concatenate(lanes) < threshold
+    return torch.from_numpy(keep.reshape(rows, width)), 65536.0 / threshold
 
 
 class Reference:
@@ -69,8 +80,8 @@ class Reference:
         h = self.x
         for index, layer in enumerate(self.params):
             if training and self.dropout > 0:
-                keep = dropout_keep(self.seed, self.epoch, index, h.shape[0], h.shape[1], self.dropout)
-                h = h * keep.float() / (1.0 - self.dropout)
+                keep, scale = dropout_keep(self.seed, self.epoch, index, h.shape[0], h.shape[1], self.dropout)
+                h = h * keep.float() * scale
             if self.model == "gcn":
                 h = self.a @ h @ layer[0] + layer[1]
             else:

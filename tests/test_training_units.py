@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import torch
 
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from algorithms.dropout import keep_mask
+from algorithms.dropout import KeepRule, apply_dropout, keep_mask
 from algorithms.normalize import add_remaining_self_loops, mean_normalize
 from runners.datasets import DatasetError, load_planetoid, planted_classes
 from runners.shards import ShardError, read_meta, write_shards
@@ -23,6 +23,44 @@ def test_dropout_mask_of_a_row_does_not_depend_on_the_split() -> None:
     assert not torch.equal(whole, keep_mask(3, 8, 1, 0, 10, 5, 0.5))  # a new mask every epoch
     rate = keep_mask(0, 0, 0, 0, 1000, 100, 0.3).float().mean().item()
     assert abs(rate - 0.7) < 0.01  # 100k draws: std of the mean is 0.0015
+
+
+@pytest.mark.parametrize("generator", ["auto", "device"])
+def test_dropout_mask_pieces_across_chunk_boundaries(generator: str) -> None:
+    """Small chunks (7 rows of width 37) so that the cuts fall inside and on chunk edges, both rules."""
+    lanes = 7 * 37 + 5  # not a multiple of the width: a chunk holds 7 whole rows
+    whole = keep_mask(5, 2, 3, 0, 100, 37, 0.4, lanes_per_chunk=lanes, generator=generator)
+    cuts = [0, 1, 7, 8, 20, 21, 63, 99, 100]
+    pieces = torch.cat([keep_mask(5, 2, 3, a, b - a, 37, 0.4, lanes_per_chunk=lanes, generator=generator)
+                        for a, b in zip(cuts[:-1], cuts[1:])])
+    assert torch.equal(whole, pieces)
+    empty = keep_mask(5, 2, 3, 40, 0, 37, 0.4, lanes_per_chunk=lanes, generator=generator)
+    assert empty.shape == (0, 37)
+
+
+def test_dropout_rules_differ_but_are_each_fair() -> None:
+    host = keep_mask(1, 0, 0, 0, 2000, 64, 0.5)
+    device = keep_mask(1, 0, 0, 0, 2000, 64, 0.5, generator="device")
+    assert not torch.equal(host, device)  # documented: CPU and CUDA masks come from different generators
+    for mask in (host, device):
+        lanes = mask.reshape(-1, 4).float().mean(dim=0)  # each of a word's four 16-bit lanes is fair
+        assert torch.all((lanes - 0.5).abs() < 0.01), lanes  # 32k draws per lane: std 0.0028
+
+
+def test_dropout_scale_makes_the_expectation_exact() -> None:
+    for p in (0.5, 0.6, 0.1):
+        rule = KeepRule.of(p)
+        assert abs(rule.threshold / 65536 - (1 - p)) <= 0.5 / 65536
+        assert rule.scale * rule.threshold == 65536.0
+    h = torch.ones(4000, 50, dtype=torch.float64, requires_grad=True)
+    out = apply_dropout(h, 9, 1, 0, 123, 0.6)
+    mask = keep_mask(9, 1, 0, 123, 4000, 50, 0.6)
+    assert torch.equal(out, mask.double() * KeepRule.of(0.6).scale)
+    assert abs(out.mean().item() - 1.0) < 0.02  # 200k entries, std of the mean about 0.0027
+    out.backward(torch.full_like(out, 2.0))
+    assert torch.equal(h.grad, 2.0 * mask.double() * KeepRule.of(0.6).scale)
+    with pytest.raises(ValueError, match="dropout probability"):
+        KeepRule.of(1.0)
 
 
 def test_remaining_self_loops_keep_existing_weights() -> None:
