@@ -40,9 +40,13 @@ def add_remaining_self_loops(rows: sp.csr_matrix, first_row: int) -> sp.csr_matr
 
 
 def scale_symmetric(rows: sp.csr_matrix, row_scale: np.ndarray, column_scale_of_entry: np.ndarray) -> sp.csr_matrix:
-    """``diag(row_scale) @ rows`` with entry ``e`` further multiplied by ``column_scale_of_entry[e]``."""
+    """``diag(row_scale) @ rows`` with entry ``e`` further multiplied by ``column_scale_of_entry[e]``.
+
+    Each entry is ``a * (s_row * s_col)``: the product of the two scales is commutative, so a
+    symmetric ``A`` gives a bitwise symmetric result (the SpMM then needs no stored transpose).
+    """
     out = sp.csr_matrix(rows, copy=True)
-    out.data = out.data * np.repeat(row_scale, np.diff(out.indptr)) * column_scale_of_entry
+    out.data = out.data * (np.repeat(row_scale, np.diff(out.indptr)) * column_scale_of_entry)
     return out
 
 

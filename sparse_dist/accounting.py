@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
+import torch
+
 PHASES: tuple[str, ...] = ("forward", "backward", "grad_allreduce", "other")
 
 
@@ -61,18 +63,45 @@ class CommStats:
 
 
 class ComputeTimer:
-    """Accumulates seconds of local work (e.g. local SpMM) by name."""
+    """Accumulates seconds of local work (e.g. local SpMM) by name.
+
+    On a CUDA device the work is timed with a pair of events on the current
+    stream, so measuring never synchronises the device; the events are read
+    (and waited for) only when :attr:`seconds` is asked for, at the end of an
+    epoch. On the CPU it is wall time.
+    """
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
+        self._seconds: dict[str, float] = {}
+        self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     @contextmanager
-    def measure(self, name: str) -> Iterator[None]:
+    def measure(self, name: str, device: torch.device | None = None) -> Iterator[None]:
+        if device is not None and device.type == "cuda":
+            stream = torch.cuda.current_stream(device)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            try:
+                yield
+            finally:
+                end.record(stream)
+                self._pending.append((name, begin, end))
+            return
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Seconds per name so far (waits for the device work timed with events)."""
+        for name, begin, end in self._pending:
+            end.synchronize()
+            self._seconds[name] = self._seconds.get(name, 0.0) + begin.elapsed_time(end) / 1000.0
+        self._pending.clear()
+        return self._seconds
 
     def reset(self) -> None:
-        self.seconds.clear()
+        self._seconds.clear()
+        self._pending.clear()

@@ -57,6 +57,24 @@ def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device: torch.device) -
     return tensor.to(device)
 
 
+def csr_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of a torch sparse CSR tensor's three arrays."""
+    parts = (tensor.crow_indices(), tensor.col_indices(), tensor.values())
+    return sum(part.numel() * part.element_size() for part in parts)
+
+
+def is_symmetric(matrix: sp.csr_matrix) -> bool:
+    """Whether ``matrix`` equals its transpose bitwise (structure and values)."""
+    if matrix.shape[0] != matrix.shape[1]:
+        return False
+    mine = sp.csr_matrix(matrix)
+    mine.sort_indices()
+    flipped = sp.csr_matrix(matrix.T)
+    flipped.sort_indices()
+    return (mine.nnz == flipped.nnz and np.array_equal(mine.indptr, flipped.indptr)
+            and np.array_equal(mine.indices, flipped.indices) and np.array_equal(mine.data, flipped.data))
+
+
 def remap_columns(block: sp.csr_matrix, positions: np.ndarray, width: int) -> sp.csr_matrix:
     """``block`` with its columns renumbered: old column ``ids[k]`` becomes ``positions[k]``.
 
@@ -113,18 +131,31 @@ class ExchangePlan(ABC):
         return torch_csr(matrix, self.dtype, self.device)
 
     def _transpose_of(self, key: object, matrix: sp.csr_matrix) -> torch.Tensor:
-        """The (cached) CSR of ``matrix.T``, built locally on first use."""
+        """The (cached) CSR of ``matrix.T``, built locally on first use.
+
+        The local diagonal block of a symmetric matrix (GCN on an undirected graph: the whole
+        matrix at P = 1) is its own transpose: the forward CSR is reused, so no second copy of
+        the largest block is stored. Directed graphs get the transposed copy (exact either way).
+        """
         if key not in self._transposed:
-            self._transposed[key] = self._csr(sp.csr_matrix(matrix.T))
+            local = getattr(self, "local_block", None)
+            if key == "local" and local is not None and is_symmetric(matrix):
+                self._transposed[key] = local
+            else:
+                self._transposed[key] = self._csr(sp.csr_matrix(matrix.T))
         return self._transposed[key]
 
+    def transpose_bytes(self) -> int:
+        """Bytes of the transposed blocks this rank stores (a symmetric local block reuses its forward CSR)."""
+        local = getattr(self, "local_block", None)
+        return sum(csr_bytes(t) for t in self._transposed.values() if t is not local)
+
     def _multiply_into(self, out: torch.Tensor, a: torch.Tensor, x: torch.Tensor) -> None:
-        """``out += a @ x`` timed as local SpMM."""
-        with self.timer.measure("local_spmm"):
-            if a._nnz() > 0:
-                out.addmm_(a, x)
-            if out.is_cuda:
-                torch.cuda.current_stream(out.device).synchronize()
+        """``out += a @ x`` timed as local SpMM (with events on CUDA: no device synchronisation)."""
+        if a._nnz() == 0:
+            return
+        with self.timer.measure("local_spmm", out.device):
+            out.addmm_(a, x)
 
     def _product(self, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(a.shape[0], x.shape[1], dtype=self.dtype, device=self.device)

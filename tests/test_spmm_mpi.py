@@ -1,7 +1,7 @@
 """Distributed SpMM under real mpiexec vs a single-process scipy reference.
 
-Each launch checks 5 matrices (random directed with empty rows, a group with
-zero rows, mostly empty blocks, fewer rows than groups, no nonzeros) x
+Each launch checks 6 matrices (random directed with empty rows, a group with
+zero rows, mostly empty blocks, fewer rows than groups, no nonzeros, symmetric) x
 F in {1, 64} x {float32, float64} x 3 plans: forward, transpose, autograd,
 and counted bytes == predicted bytes on every rank (tests/mpi_cases/spmm_cases.py).
 """
@@ -23,7 +23,7 @@ def test_spmm_matches_scipy(ranks: int, replication: int, staging: bool) -> None
     args = ["--replication", str(replication)] + (["--force-staging"] if staging else [])
     result = run_case(ranks, "spmm_cases.py", *args)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "60 checked per rank, all passed" in result.stdout, result.stdout + result.stderr
+    assert "72 checked per rank, all passed" in result.stdout, result.stdout + result.stderr
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -18,7 +18,7 @@ import torch
 from sparse_dist.comm import run_or_abort, world
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.layout import RowLayout
-from sparse_dist.plans import PLAN_NAMES
+from sparse_dist.plans import PLAN_NAMES, is_symmetric
 from sparse_dist.spmm import DistSpMM
 
 TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
@@ -65,6 +65,8 @@ def layouts_and_matrices(groups: int) -> list[tuple[str, RowLayout, sp.csr_matri
     cases.append(("empty-blocks", blocky, block_local(blocky, seed=3)))
     cases.append(("fewer-rows-than-groups", RowLayout.balanced(3, groups), random_directed(3, 0.6, seed=4)))
     cases.append(("no-nonzeros", RowLayout.balanced(10, groups), sp.csr_matrix((10, 10))))
+    directed = random_directed(40, 0.1, seed=5, empty_rows=4)
+    cases.append(("symmetric-40", RowLayout.balanced(40, groups), sp.csr_matrix(directed + directed.T)))
     return cases
 
 
@@ -89,6 +91,13 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
         got_t = op.forward(h).cpu()
         got_dh = op.transpose(dt).cpu()
         counted = comm.stats.snapshot()
+        local = matrix.blocks.get(matrix.group)
+        if label.startswith("symmetric") and local is not None and local.nnz and is_symmetric(local):
+            stored = op.plan.transpose_bytes()  # the remote parts only: at most their nnz and row pointers
+            remote_nnz = sum(b.nnz for j, b in matrix.blocks.items() if j != matrix.group)
+            itemsize = torch.empty(0, dtype=dtype).element_size()
+            if stored > remote_nnz * (8 + itemsize) + 8 * (a.shape[0] + 1) * len(matrix.blocks):
+                failures.append(f"{name}: a symmetric local block stored a transposed copy ({stored} bytes)")
         scale = 1.0 + float(np.abs(expect_t).max(initial=0.0)) + float(np.abs(expect_dh).max(initial=0.0))
         if not np.allclose(got_t.numpy(), expect_t, rtol=tol, atol=tol * scale):
             failures.append(f"{name}: forward differs by {np.abs(got_t.numpy() - expect_t).max():.3e}")
