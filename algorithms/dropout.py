@@ -33,6 +33,7 @@ differ (same rule, different generators).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from functools import lru_cache
 
 import numpy as np
 import torch
+
+from sparse_dist.accounting import ComputeTimer
 
 LANES_PER_CHUNK = 1 << 22   # 16-bit lanes per chunk (2^20 64-bit words)
 LANES_PER_WORD = 4
@@ -170,23 +173,32 @@ class _MaskedScale(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, mask: torch.Tensor,  # type: ignore[override]
-                scale: float) -> torch.Tensor:
+                scale: float, timer: ComputeTimer | None) -> torch.Tensor:
         ctx.save_for_backward(mask)
-        ctx.scale = scale  # type: ignore[attr-defined]
+        ctx.scale, ctx.timer = scale, timer  # type: ignore[attr-defined]
         return torch.mul(h, mask).mul_(scale)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
+                 grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         (mask,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        return torch.mul(grad, mask).mul_(ctx.scale), None, None  # type: ignore[attr-defined]
+        with _timed(ctx.timer, grad.device):  # type: ignore[attr-defined]
+            return torch.mul(grad, mask).mul_(ctx.scale), None, None, None  # type: ignore[attr-defined]
 
 
-def apply_dropout(h: torch.Tensor, seed: int, epoch: int, layer: int, first_row: int, p: float) -> torch.Tensor:
+def _timed(timer: ComputeTimer | None, device: torch.device) -> contextlib.AbstractContextManager[None]:
+    return timer.measure("dropout", device) if timer is not None else contextlib.nullcontext()
+
+
+def apply_dropout(h: torch.Tensor, seed: int, epoch: int, layer: int, first_row: int, p: float,
+                  timer: ComputeTimer | None = None) -> torch.Tensor:
     """Inverted dropout of ``h`` (rows ``first_row ...`` of a global matrix) with the global-row mask.
 
-    The mask is made on ``h.device``; autograd keeps it as booleans.
+    The mask is made on ``h.device``; autograd keeps it as booleans. With a ``timer``, the mask, its
+    application and its backward are booked under ``dropout``.
     """
     if p == 0.0:
         return h
-    mask = keep_mask(seed, epoch, layer, first_row, h.shape[0], h.shape[1], p, h.device)
-    return _MaskedScale.apply(h, mask, KeepRule.of(p).scale)
+    with _timed(timer, h.device):
+        mask = keep_mask(seed, epoch, layer, first_row, h.shape[0], h.shape[1], p, h.device)
+        return _MaskedScale.apply(h, mask, KeepRule.of(p).scale, timer)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from algorithms.dropout import apply_dropout
+from sparse_dist.accounting import ComputeTimer
 from sparse_dist.policy import ExchangeContext
 
 MODEL_KINDS = ("gcn", "sage")
@@ -77,11 +78,13 @@ class GraphModel(nn.Module):
             return spmm(h @ weight, context)
         return spmm(h, context) @ weight
 
-    def forward(self, x: torch.Tensor, spmm, *, first_row: int, epoch: int, training: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, spmm, *, first_row: int, epoch: int, training: bool,
+                timer: ComputeTimer | None = None) -> torch.Tensor:
+        """This rank's output rows; ``timer`` books the dropout work (masks, forward and backward)."""
         h = x
         for layer in range(self.num_layers):
             if training and self.dropout > 0:
-                h = apply_dropout(h, self.seed, epoch, layer, first_row, self.dropout)
+                h = apply_dropout(h, self.seed, epoch, layer, first_row, self.dropout, timer)
             context = ExchangeContext(epoch=epoch, layer=layer, training=training)
             if self.kind == "gcn":
                 h = self._propagate(spmm, h, self.weights[layer], context) + self.biases[layer]
