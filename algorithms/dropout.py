@@ -7,8 +7,10 @@ Why on the device: drawing masks on the host and copying them over cost
 
 The rule (layer ``layer`` of epoch ``epoch``, a matrix of width ``width``):
 
-* Global rows are cut into fixed chunks of ``R = max(1, LANES_PER_CHUNK //
-  width)`` rows; chunk ``c`` holds rows ``[c R, (c + 1) R)``, whatever P is.
+* Global rows are cut into fixed chunks of ``R = max(1, L // width)`` rows,
+  ``L`` lanes a chunk (2^22 on the CPU, 2^24 on CUDA, where fewer and
+  larger launches pay); chunk ``c`` holds rows ``[c R, (c + 1) R)``,
+  whatever P is.
 * Each chunk has its own random stream of 64-bit words, seeded from
   ``SeedSequence((seed, epoch, layer, c))``. Each word gives four 16-bit
   lanes (little-endian memory order, read as signed ``int16`` ``s``); entry
@@ -24,11 +26,13 @@ touch. The stream's generator depends on the device type:
 * CPU: NumPy's ``SFC64`` bit generator, chunks drawn in parallel threads
   (NumPy releases the GIL), each only up to the last word the rank needs.
 * CUDA: torch's CUDA Philox generator, ``manual_seed`` with the chunk's
-  seed word, one ``random_`` over the whole chunk (at most 2^20 words,
-  below the size where torch's launch shape depends on the GPU model).
+  seed word, one ``random_`` over the whole chunk (a rank draws whole
+  chunks: at most two partly wasted, which costs microseconds on a GPU).
 
-So masks are identical for every P on one device type; CPU and CUDA masks
-differ (same rule, different generators).
+So masks are identical for every P on one device type (on CUDA: on one GPU
+model, since torch's launch shape for a 2^22-word draw can depend on the
+number of multiprocessors); CPU and CUDA masks differ (same rule, different
+generators).
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ import torch
 
 from sparse_dist.accounting import ComputeTimer
 
-LANES_PER_CHUNK = 1 << 22   # 16-bit lanes per chunk (2^20 64-bit words)
+LANES_PER_CHUNK = 1 << 22          # 16-bit lanes per chunk on the CPU (2^20 64-bit words)
+DEVICE_LANES_PER_CHUNK = 1 << 24   # on CUDA (2^22 words: 32 MiB drawn per launch)
 LANES_PER_WORD = 4
 _LANE_SPAN = 1 << 16
 
@@ -77,7 +82,7 @@ def chunk_seed(seed: int, epoch: int, layer: int, chunk: int) -> np.random.SeedS
     return np.random.SeedSequence((seed, epoch, layer, chunk))
 
 
-def rows_per_chunk(width: int, lanes_per_chunk: int = LANES_PER_CHUNK) -> int:
+def rows_per_chunk(width: int, lanes_per_chunk: int) -> int:
     return max(1, lanes_per_chunk // max(width, 1))
 
 
@@ -100,7 +105,7 @@ def _chunk_spans(first_row: int, n_rows: int, width: int, rows: int) -> list[tup
 
 
 def keep_mask(seed: int, epoch: int, layer: int, first_row: int, n_rows: int, width: int, p: float,
-              device: str | torch.device = "cpu", *, lanes_per_chunk: int = LANES_PER_CHUNK,
+              device: str | torch.device = "cpu", *, lanes_per_chunk: int | None = None,
               generator: str = "auto") -> torch.Tensor:
     """Boolean ``n_rows x width`` mask of kept entries of global rows ``first_row ...``, made on ``device``.
 
@@ -113,11 +118,14 @@ def keep_mask(seed: int, epoch: int, layer: int, first_row: int, n_rows: int, wi
     device = torch.device(device)
     if p == 0.0 or n_rows == 0 or width == 0:
         return torch.ones(n_rows, width, dtype=torch.bool, device=device)
+    host_rule = device.type == "cpu" and generator == "auto"
+    if lanes_per_chunk is None:
+        lanes_per_chunk = LANES_PER_CHUNK if host_rule else DEVICE_LANES_PER_CHUNK
     rows = rows_per_chunk(width, lanes_per_chunk)
     spans = _chunk_spans(first_row, n_rows, width, rows)
     total = n_rows * width
     mask = torch.empty(total, dtype=torch.bool, device=device)
-    if device.type == "cpu" and generator == "auto":
+    if host_rule:
         _fill_on_host(mask.numpy(), spans, rows * width, total, seed, epoch, layer, rule)
     else:
         _fill_on_device(mask, spans, rows * width, total, seed, epoch, layer, rule)
@@ -168,37 +176,82 @@ def _fill_on_device(out: torch.Tensor, spans: list[tuple[int, int, int]], chunk_
         torch.lt(lanes[start:start + length], rule.signed_bound, out=out[out_start:out_start + length])
 
 
-class _MaskedScale(torch.autograd.Function):
-    """``h * mask * scale`` that keeps only the boolean mask (1 byte an entry) for its backward."""
+class _Masked(torch.autograd.Function):
+    """``h * mask``; keeps the boolean mask (1 byte an entry) for the backward only if ``h`` needs one."""
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, mask: torch.Tensor,  # type: ignore[override]
-                scale: float, timer: ComputeTimer | None) -> torch.Tensor:
-        ctx.save_for_backward(mask)
-        ctx.scale, ctx.timer = scale, timer  # type: ignore[attr-defined]
-        return torch.mul(h, mask).mul_(scale)
+                timer: ComputeTimer | None) -> torch.Tensor:
+        if ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
+            ctx.save_for_backward(mask)
+        ctx.timer = timer  # type: ignore[attr-defined]
+        return torch.mul(h, mask)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
-                 grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+                 grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (mask,) = ctx.saved_tensors  # type: ignore[attr-defined]
         with _timed(ctx.timer, grad.device):  # type: ignore[attr-defined]
-            return torch.mul(grad, mask).mul_(ctx.scale), None, None, None  # type: ignore[attr-defined]
+            return torch.mul(grad, mask), None, None
+
+
+class _ReluMasked(torch.autograd.Function):
+    """``relu(z) * mask`` in one node: the backward is ReLU's own, read from the masked output.
+
+    ``d out / d z = [z > 0] mask = [out > 0]``, so nothing but the output is kept and the mask
+    costs no backward pass at all.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, z: torch.Tensor, mask: torch.Tensor,  # type: ignore[override]
+                timer: ComputeTimer | None) -> torch.Tensor:
+        out = torch.relu(z)
+        with _timed(timer, out.device):
+            out.mul_(mask)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
+                 grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (out,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        return torch.ops.aten.threshold_backward(grad, out, 0), None, None
 
 
 def _timed(timer: ComputeTimer | None, device: torch.device) -> contextlib.AbstractContextManager[None]:
     return timer.measure("dropout", device) if timer is not None else contextlib.nullcontext()
 
 
-def apply_dropout(h: torch.Tensor, seed: int, epoch: int, layer: int, first_row: int, p: float,
-                  timer: ComputeTimer | None = None) -> torch.Tensor:
-    """Inverted dropout of ``h`` (rows ``first_row ...`` of a global matrix) with the global-row mask.
+class GlobalRowDropout:
+    """The dropout of one forward pass: masks of global rows ``first_row ...`` per layer.
 
-    The mask is made on ``h.device``; autograd keeps it as booleans. With a ``timer``, the mask, its
-    application and its backward are booked under ``dropout``.
+    Inverted dropout multiplies kept entries by ``scale``; this class leaves that factor out of
+    the masked tensors (``h * mask``) so the caller can fold it into the next linear map
+    (``(h m) (scale W) = (h m scale) W``, exact for p = 0.5 where the scale is 2), which saves a
+    full pass over the activations in the forward and in the backward. ``timer`` books the masks
+    and their passes under ``dropout``.
     """
-    if p == 0.0:
-        return h
-    with _timed(timer, h.device):
-        mask = keep_mask(seed, epoch, layer, first_row, h.shape[0], h.shape[1], p, h.device)
-        return _MaskedScale.apply(h, mask, KeepRule.of(p).scale, timer)
+
+    def __init__(self, p: float, seed: int, epoch: int, first_row: int, timer: ComputeTimer | None = None) -> None:
+        self.rule = KeepRule.of(p)
+        self.seed, self.epoch, self.first_row, self.timer = seed, epoch, first_row, timer
+
+    @property
+    def scale(self) -> float:
+        return self.rule.scale
+
+    def mask(self, layer: int, like: torch.Tensor) -> torch.Tensor:
+        """Boolean keep mask of layer ``layer``'s input, shaped and placed like ``like``."""
+        with _timed(self.timer, like.device):
+            return keep_mask(self.seed, self.epoch, layer, self.first_row, like.shape[0], like.shape[1],
+                             self.rule.p, like.device)
+
+    def drop(self, h: torch.Tensor, layer: int) -> torch.Tensor:
+        """``h * mask`` (unscaled) of layer ``layer``'s input."""
+        mask = self.mask(layer, h)
+        with _timed(self.timer, h.device):
+            return _Masked.apply(h, mask, self.timer)
+
+    def relu_drop(self, z: torch.Tensor, layer: int) -> torch.Tensor:
+        """``relu(z) * mask`` (unscaled): ReLU of one layer fused with the dropout of the next's input."""
+        return _ReluMasked.apply(z, self.mask(layer, z), self.timer)

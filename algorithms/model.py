@@ -9,7 +9,12 @@ Layer math (DESIGN section 5), for this rank's rows ``H`` (``n_g x F_in``):
   the neighbour term.
 
 ReLU between layers (none after the last), inverted dropout on every layer's
-input with masks drawn per global row (:mod:`algorithms.dropout`).
+input with masks drawn per global row (:mod:`algorithms.dropout`). Two
+fusions keep dropout to about one pass over the activations: the ReLU of
+layer ``l`` and the mask of layer ``l + 1``'s input are one autograd node,
+and the inverted-dropout scale multiplies the (small) weights instead of
+the activations (``dropout(H) W = (H m)(s W)``; both sides are linear in
+``H``, so SAGE scales both its weights).
 
 Initial weights: Glorot-uniform from one ``torch.Generator`` seeded with
 ``seed``, drawn layer by layer (GCN: ``W``; SAGE: ``W_self`` then
@@ -25,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from algorithms.dropout import apply_dropout
+from algorithms.dropout import GlobalRowDropout
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.policy import ExchangeContext
 
@@ -72,25 +77,31 @@ class GraphModel(nn.Module):
         return params
 
     @staticmethod
-    def _propagate(spmm, h: torch.Tensor, weight: torch.Tensor, context: ExchangeContext) -> torch.Tensor:
-        """``A h W``, exchanging the narrower of ``h`` and ``h W``."""
+    def _propagate(spmm, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   context: ExchangeContext) -> torch.Tensor:
+        """``A h W (+ b)``, exchanging the narrower of ``h`` and ``h W``; the bias rides on an op that
+        writes a fresh tensor anyway (``addmm``, or in place on the SpMM's own output)."""
         if weight.shape[1] < weight.shape[0]:
-            return spmm(h @ weight, context)
-        return spmm(h, context) @ weight
+            out = spmm(h @ weight, context)
+            return out if bias is None else out.add_(bias)
+        aggregated = spmm(h, context)
+        return aggregated @ weight if bias is None else torch.addmm(bias, aggregated, weight)
 
     def forward(self, x: torch.Tensor, spmm, *, first_row: int, epoch: int, training: bool,
                 timer: ComputeTimer | None = None) -> torch.Tensor:
-        """This rank's output rows; ``timer`` books the dropout work (masks, forward and backward)."""
-        h = x
+        """This rank's output rows; ``timer`` books the dropout work (masks and their passes)."""
+        dropout = (GlobalRowDropout(self.dropout, self.seed, epoch, first_row, timer)
+                   if training and self.dropout > 0 else None)
+        scale = dropout.scale if dropout is not None else 1.0
+        h = dropout.drop(x, 0) if dropout is not None else x
         for layer in range(self.num_layers):
-            if training and self.dropout > 0:
-                h = apply_dropout(h, self.seed, epoch, layer, first_row, self.dropout, timer)
             context = ExchangeContext(epoch=epoch, layer=layer, training=training)
+            weight = self.weights[layer] * scale if scale != 1.0 else self.weights[layer]
             if self.kind == "gcn":
-                h = self._propagate(spmm, h, self.weights[layer], context) + self.biases[layer]
+                h = self._propagate(spmm, h, weight, self.biases[layer], context)
             else:
-                h = h @ self.weights[layer] + self._propagate(spmm, h, self.neighbour_weights[layer], context) \
-                    + self.biases[layer]
+                neighbour = self.neighbour_weights[layer] * scale if scale != 1.0 else self.neighbour_weights[layer]
+                h = torch.addmm(self.biases[layer], h, weight).add_(self._propagate(spmm, h, neighbour, None, context))
             if layer < self.num_layers - 1:
-                h = torch.relu(h)
+                h = dropout.relu_drop(h, layer + 1) if dropout is not None else torch.relu(h)
         return h

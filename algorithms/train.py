@@ -117,6 +117,8 @@ class Trainer:
         if graph.multilabel:
             self.labels = self.labels.to(self.dtype)
         self.masks = {split: torch.from_numpy(graph.masks[split].astype(bool)).to(self.device) for split in SPLITS}
+        self.train_rows = torch.nonzero(self.masks["train"]).flatten()
+        self.train_labels = self.labels.index_select(0, self.train_rows)
         local_counts = np.array([int(graph.masks[s].sum()) for s in SPLITS], dtype=np.int64)
         self.global_counts = dict(zip(SPLITS, self.column_comm.allgather_array(local_counts).sum(axis=0).tolist()))
         if self.global_counts["train"] == 0:
@@ -138,11 +140,11 @@ class Trainer:
 
     # ----------------------------------------------------------------- loss
     def _local_loss_sum(self, logits: torch.Tensor) -> torch.Tensor:
-        mask = self.masks["train"]
+        picked = logits.index_select(0, self.train_rows)  # fixed rows: no mask-to-index search per epoch
         if self.graph.multilabel:
-            total = F.binary_cross_entropy_with_logits(logits[mask], self.labels[mask], reduction="sum")
+            total = F.binary_cross_entropy_with_logits(picked, self.train_labels, reduction="sum")
             return total / self.graph.num_classes
-        return F.cross_entropy(logits[mask], self.labels[mask], reduction="sum")
+        return F.cross_entropy(picked, self.train_labels, reduction="sum")
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.model.parameters())

@@ -109,6 +109,25 @@ def _run_pipelined(items: list[int], post: Callable[[int], tuple[Pending | None,
         in_flight = following  # type: ignore[assignment]
 
 
+class _Output:
+    """A product's output rows: the first sparse product writes them (``beta = 0``, no zero fill
+    pass over the output), later ones accumulate; :meth:`tensor` zero-fills only if none wrote."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self._buffer = buffer
+        self._written = False
+
+    def add_product(self, a: torch.Tensor, x: torch.Tensor) -> None:
+        self._buffer.addmm_(a, x, beta=1.0 if self._written else 0.0)
+        self._written = True
+
+    def tensor(self) -> torch.Tensor:
+        if not self._written:
+            self._buffer.zero_()
+            self._written = True
+        return self._buffer
+
+
 class ExchangePlan(ABC):
     """One way of moving ``H`` rows between ranks; owns the blocks in the form it needs."""
 
@@ -150,17 +169,20 @@ class ExchangePlan(ABC):
         local = getattr(self, "local_block", None)
         return sum(csr_bytes(t) for t in self._transposed.values() if t is not local)
 
-    def _multiply_into(self, out: torch.Tensor, a: torch.Tensor, x: torch.Tensor) -> None:
+    def _output(self, rows: int, width: int) -> "_Output":
+        return _Output(torch.empty(rows, width, dtype=self.dtype, device=self.device))
+
+    def _multiply_into(self, out: "_Output", a: torch.Tensor, x: torch.Tensor) -> None:
         """``out += a @ x`` timed as local SpMM (with events on CUDA: no device synchronisation)."""
         if a._nnz() == 0:
             return
-        with self.timer.measure("local_spmm", out.device):
-            out.addmm_(a, x)
+        with self.timer.measure("local_spmm", self.device):
+            out.add_product(a, x)
 
     def _product(self, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(a.shape[0], x.shape[1], dtype=self.dtype, device=self.device)
+        out = self._output(a.shape[0], x.shape[1])
         self._multiply_into(out, a, x)
-        return out
+        return out.tensor()
 
     def _sample_scale(self) -> float:
         """``1/p`` for kept boundary columns (p = 0 keeps none, so the scale is never used)."""
@@ -263,7 +285,7 @@ class _BroadcastPlan(ExchangePlan):
             assert context is not None
             return self._policy_forward(h, phase, context)
         width = h.shape[1]
-        out = torch.zeros(self.n_rows, width, dtype=self.dtype, device=self.device)
+        out = self._output(self.n_rows, width)
         if self.local_block is not None and self.group not in self._exchanged():
             self._multiply_into(out, self.local_block, h)
 
@@ -282,7 +304,7 @@ class _BroadcastPlan(ExchangePlan):
                 self._multiply_into(out, self.remote_torch[j], buffer)  # type: ignore[arg-type]
 
         _run_pipelined(self._exchanged(), post, consume)
-        return out
+        return out.tensor()
 
     def transpose(self, dt: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
         if self._policy_active(context):
@@ -293,7 +315,7 @@ class _BroadcastPlan(ExchangePlan):
                                     self.send_index if j == self.group else None) for j in self._exchanged()}
         skip_stale = self.staleness is not None and self.staleness.skip_backward
         width = dt.shape[1]
-        out = torch.zeros(self.n_rows, width, dtype=self.dtype, device=self.device)
+        out = self._output(self.n_rows, width)
         if self.local_block is not None:
             self._multiply_into(out, self._transpose_of("local", self.matrix.blocks[self.group]), dt)
         previous: tuple[Pending, torch.Tensor | None, torch.Tensor | None] | None = None
@@ -317,17 +339,17 @@ class _BroadcastPlan(ExchangePlan):
             previous = current
         if previous is not None:
             self._finish_reduce(out, *previous)
-        return out
+        return out.tensor()
 
     @staticmethod
-    def _finish_reduce(out: torch.Tensor, pending: Pending, result: torch.Tensor | None,
+    def _finish_reduce(out: _Output, pending: Pending, result: torch.Tensor | None,
                        rows: torch.Tensor | None) -> None:
         pending.wait()
         if result is not None:
             if rows is None:
-                out += result
+                out.tensor().add_(result)
             else:
-                out.index_add_(0, rows, result)
+                out.tensor().index_add_(0, rows, result)
 
     # ----------------------------------------------------------- policy path
     def _share_boundaries(self) -> dict[int, np.ndarray]:
@@ -395,7 +417,7 @@ class _BroadcastPlan(ExchangePlan):
     def _policy_forward(self, h: torch.Tensor, phase: str, context: ExchangeContext) -> torch.Tensor:
         layer, epoch = context.layer, context.epoch
         width = h.shape[1]
-        out = torch.zeros(self.n_rows, width, dtype=self.dtype, device=self.device)
+        out = self._output(self.n_rows, width)
         active = self._decide(context, h)
         if self.local_block is not None:
             self._multiply_into(out, self.local_block, h)
@@ -444,7 +466,7 @@ class _BroadcastPlan(ExchangePlan):
         if self.staleness is not None:
             self.decisions.append({"epoch": epoch, "layer": layer, "owners": len(self._exchanged()),
                                    "active": [int(j) for j in self._exchanged() if active[j]]})
-        return out
+        return out.tensor()
 
     # ------------------------------------------------------------ state
     def cache_bytes(self) -> int:
@@ -594,7 +616,7 @@ class PointToPointPlan(ExchangePlan):
     def forward(self, h: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
         send_index, send_rows, recv_rows, remote_block, _, traffic = self._exchange_shape(context)
         width = h.shape[1]
-        out = torch.zeros(self.n_rows, width, dtype=self.dtype, device=self.device)
+        out = self._output(self.n_rows, width)
         pending = None
         if traffic:
             send = h.index_select(0, send_index)
@@ -605,12 +627,12 @@ class PointToPointPlan(ExchangePlan):
         if pending is not None:
             pending.wait()
             self._multiply_into(out, remote_block, recv)
-        return out
+        return out.tensor()
 
     def transpose(self, dt: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
         send_index, send_rows, recv_rows, _, remote_matrix, traffic = self._exchange_shape(context)
         width = dt.shape[1]
-        out = torch.zeros(self.n_rows, width, dtype=self.dtype, device=self.device)
+        out = self._output(self.n_rows, width)
         pending = None
         if traffic:
             key = "remote" if remote_matrix is self.remote_matrix else ("sampled", self._sample_epoch)
@@ -623,8 +645,8 @@ class PointToPointPlan(ExchangePlan):
             self._multiply_into(out, self._transpose_of("local", self.matrix.blocks[self.group]), dt)
         if pending is not None:
             pending.wait()
-            out.index_add_(0, send_index, back)
-        return out
+            out.tensor().index_add_(0, send_index, back)
+        return out.tensor()
 
 
 _PLANS: dict[str, type[ExchangePlan]] = {

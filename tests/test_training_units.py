@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import torch
 
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from algorithms.dropout import KeepRule, apply_dropout, keep_mask
+from algorithms.dropout import GlobalRowDropout, KeepRule, keep_mask
 from algorithms.normalize import add_remaining_self_loops, mean_normalize
 from runners.datasets import DatasetError, load_planetoid, planted_classes
 from runners.shards import ShardError, read_meta, write_shards
@@ -52,13 +52,29 @@ def test_dropout_scale_makes_the_expectation_exact() -> None:
         rule = KeepRule.of(p)
         assert abs(rule.threshold / 65536 - (1 - p)) <= 0.5 / 65536
         assert rule.scale * rule.threshold == 65536.0
+    dropout = GlobalRowDropout(0.6, 9, 1, 123)
     h = torch.ones(4000, 50, dtype=torch.float64, requires_grad=True)
-    out = apply_dropout(h, 9, 1, 0, 123, 0.6)
+    out = dropout.drop(h, 0)
     mask = keep_mask(9, 1, 0, 123, 4000, 50, 0.6)
-    assert torch.equal(out, mask.double() * KeepRule.of(0.6).scale)
-    assert abs(out.mean().item() - 1.0) < 0.02  # 200k entries, std of the mean about 0.0027
+    assert torch.equal(out, mask.double())
+    assert abs(out.mean().item() * dropout.scale - 1.0) < 0.02  # 200k entries, std of the mean about 0.0027
     out.backward(torch.full_like(out, 2.0))
-    assert torch.equal(h.grad, 2.0 * mask.double() * KeepRule.of(0.6).scale)
+    assert torch.equal(h.grad, 2.0 * mask.double())
+
+
+def test_fused_relu_dropout_has_the_gradient_of_relu_then_mask() -> None:
+    dropout = GlobalRowDropout(0.5, 4, 2, 10)
+    z = torch.randn(300, 20, dtype=torch.float64)
+    z[0, :5] = 0.0  # ReLU's kink: both sides must use the same (zero) derivative there
+    fused_in = z.clone().requires_grad_(True)
+    plain_in = z.clone().requires_grad_(True)
+    grad = torch.randn(300, 20, dtype=torch.float64)
+    fused = dropout.relu_drop(fused_in, 1)
+    plain = torch.relu(plain_in) * keep_mask(4, 2, 1, 10, 300, 20, 0.5).double()
+    assert torch.equal(fused, plain)
+    fused.backward(grad)
+    plain.backward(grad)
+    assert torch.equal(fused_in.grad, plain_in.grad)
     with pytest.raises(ValueError, match="dropout probability"):
         KeepRule.of(1.0)
 
