@@ -13,6 +13,14 @@ distributed repetition's time is its slowest rank's. Effective bandwidth
 models the local SpMM's memory traffic as: CSR arrays + one gathered row of
 ``H`` per nonzero + one written output row per row (cache reuse ignored),
 compared with a ``copy_`` bandwidth measured by all ranks at once.
+
+``--device cuda``: every rank runs the distributed op on
+``cuda:(rank mod visible GPUs)`` (``H`` is generated on the CPU, then moved),
+the clock is read only after ``torch.cuda.synchronize()``, and the
+reference is ``torch.sparse.mm`` on a CUDA CSR tensor (cuSPARSE) on rank 0's
+GPU; the copy bandwidth is then the GPU's. Every rank checks that CUDA is
+visible and all agree before any other collective, so a missing GPU is one
+clear error on every rank, never a crash inside an exchange.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import torch
 from runners.synthetic import GRAPH_KINDS, synthetic_rows
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.dcsr import DistCSR
+from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import PLAN_NAMES, torch_csr
 from sparse_dist.spmm import DistSpMM
@@ -48,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", choices=(*PLAN_NAMES, "all"), default="all")
     parser.add_argument("--replication", type=int, default=1, help="1.5D replication factor c (divides P)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank, cuda:(rank mod visible GPUs); reference on cuSPARSE")
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions after one warm-up")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: cores on the node / ranks on the node)")
@@ -66,20 +77,23 @@ def _local_traffic_bytes(n_rows: int, nnz: int, width: int, itemsize: int, index
         + n_rows * width * itemsize
 
 
-def _copy_bandwidth(n_bytes: int, repeats: int) -> float:
-    """Bytes per second of ``dst.copy_(src)`` (read + write counted)."""
-    src = torch.ones(n_bytes // 4, dtype=torch.float32)
+def _copy_bandwidth(n_bytes: int, repeats: int, device: torch.device) -> float:
+    """Bytes per second of ``dst.copy_(src)`` on ``device`` (read + write counted)."""
+    src = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         dst.copy_(src)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2 * src.numel() * 4 / statistics.median(times)
 
 
 def _time_distributed(comm: Communicator, op: DistSpMM, h: torch.Tensor, repeats: int) -> dict[str, Any]:
+    """Medians of the slowest rank's local, exchange and wall seconds per phase (collective)."""
     records: dict[str, list[float]] = {key: [] for key in
                                        ("forward_wall", "forward_local", "forward_exchange",
                                         "backward_wall", "backward_local", "backward_exchange")}
@@ -89,9 +103,11 @@ def _time_distributed(comm: Communicator, op: DistSpMM, h: torch.Tensor, repeats
         for phase, run in (("forward", lambda: op.forward(h)), ("backward", lambda: op.transpose(h))):
             comm.stats.reset()
             op.timer.reset()
+            synchronize(op.device)
             comm.barrier()
             start = time.perf_counter()
             run()
+            synchronize(op.device)
             records[f"{phase}_wall"].append(time.perf_counter() - start)
             records[f"{phase}_local"].append(op.timer.seconds.get("local_spmm", 0.0))
             records[f"{phase}_exchange"].append(comm.stats.counter(phase).seconds)
@@ -104,34 +120,37 @@ def _time_distributed(comm: Communicator, op: DistSpMM, h: torch.Tensor, repeats
     return summary
 
 
-def _time_reference(args: argparse.Namespace, dtype: torch.dtype, total_threads: int) -> dict[str, float]:
-    """Single-process torch SpMM on the whole matrix (rank 0 only)."""
+def _time_reference(args: argparse.Namespace, dtype: torch.dtype, total_threads: int,
+                    device: torch.device) -> dict[str, float]:
+    """Single-process ``torch.sparse.mm`` on the whole matrix on ``device`` (rank 0 only; cuSPARSE on CUDA)."""
     torch.set_num_threads(total_threads)
     full = synthetic_rows(args.graph, 0, args.nodes, args.nodes, args.degree, seed=args.seed,
                           community_size=args.community_size, mixing=args.mixing)
-    a = torch_csr(full, dtype, torch.device("cpu"))
-    a_t = torch_csr(sp.csr_matrix(full.T), dtype, torch.device("cpu"))
-    h = torch.randn(args.nodes, args.features, dtype=dtype)
+    a = torch_csr(full, dtype, device)
+    a_t = torch_csr(sp.csr_matrix(full.T), dtype, device)
+    h = torch.randn(args.nodes, args.features, dtype=dtype).to(device)
     torch.sparse.mm(a, h)
     torch.sparse.mm(a_t, h)
     forward, backward = [], []
     for _ in range(args.repeats):
-        start = time.perf_counter()
-        torch.sparse.mm(a, h)
-        forward.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        torch.sparse.mm(a_t, h)
-        backward.append(time.perf_counter() - start)
+        for times, matrix in ((forward, a), (backward, a_t)):
+            synchronize(device)
+            start = time.perf_counter()
+            torch.sparse.mm(matrix, h)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     index_bytes = a.crow_indices().element_size()
     traffic = _local_traffic_bytes(args.nodes, full.nnz, args.features, itemsize, index_bytes)
     return {"forward": statistics.median(forward), "backward": statistics.median(backward),
             "traffic_bytes": traffic, "nnz": int(full.nnz),
-            "copy_bandwidth": _copy_bandwidth(min(1 << 30, max(traffic // 4, 1 << 26)), args.repeats)}
+            "copy_bandwidth": _copy_bandwidth(min(1 << 30, max(traffic // 4, 1 << 26)), args.repeats, device),
+            "device": str(device)}
 
 
 def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark (collective); returns the result dict on every rank."""
+    device = rank_device(comm, args.device)
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     dtype = DTYPES[args.dtype]
@@ -145,13 +164,13 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     matrix = DistCSR(comm, layout, rows, replication=args.replication, name=f"synthetic-{args.graph}")
     setup_seconds = time.perf_counter() - start
     generator = torch.Generator().manual_seed(args.seed + group)
-    h = torch.randn(hi - lo, args.features, dtype=dtype, generator=generator)
+    h = torch.randn(hi - lo, args.features, dtype=dtype, generator=generator).to(device)
     itemsize = h.element_size()
 
     plans = PLAN_NAMES if args.plan == "all" else (args.plan,)
     results: dict[str, Any] = {}
     for plan in plans:
-        op = DistSpMM(matrix, plan, dtype=dtype)
+        op = DistSpMM(matrix, plan, dtype=dtype, device=device)
         summary = _time_distributed(comm, op, h, args.repeats)
         predicted = matrix.predict_bytes(plan, args.features, itemsize)
         summary["predicted_bytes"] = {phase: predicted[phase].tolist() for phase in ("forward", "backward")}
@@ -163,12 +182,14 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     local_nnz = sum(block.nnz for block in matrix.blocks.values())
     traffic = _local_traffic_bytes(hi - lo, local_nnz, args.features, itemsize, 4)
     comm.barrier()
-    copy_bw = _copy_bandwidth(min(1 << 30, max(traffic // 4, 1 << 26)), args.repeats)
-    per_rank = comm.allgather_object({"traffic": traffic, "copy_bw": copy_bw, "threads": threads})
+    copy_bw = _copy_bandwidth(min(1 << 30, max(traffic // 4, 1 << 26)), args.repeats, device)
+    per_rank = comm.allgather_object({"traffic": traffic, "copy_bw": copy_bw, "threads": threads,
+                                      "device": str(device)})
+    note = shared_gpu_note(comm, device)
     reference = None
     if not args.no_reference:
         if comm.rank == 0:
-            reference = _time_reference(args, dtype, threads * comm.size)
+            reference = _time_reference(args, dtype, threads * comm.size, device)
             torch.set_num_threads(threads)
         comm.idle_barrier()
         reference = comm.allgather_object(reference)[0]
@@ -177,22 +198,28 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
         "world_size": comm.size, "threads_per_rank": threads, "gnnz": matrix.gnnz,
         "total_boundary_rows": matrix.total_boundary(), "setup_seconds": setup_seconds,
         "environment": {**mpi_vendor_details(), "torch": torch.__version__},
-        "plans": results, "per_rank": per_rank, "reference": reference,
+        "plans": results, "per_rank": per_rank, "reference": reference, "device": args.device,
+        "shared_gpu_note": note,
     }
 
 
 def report(result: dict[str, Any]) -> str:
     """Human-readable table of a :func:`run` result."""
     cfg = result["config"]
-    lines = [f"SpMM benchmark: {cfg['graph']} graph, N={cfg['nodes']}, nnz={result['gnnz']}, F={cfg['features']}, "
-             f"{cfg['dtype']}, P={result['world_size']}, c={cfg['replication']}, "
+    device = result.get("device", "cpu")
+    lines = [f"SpMM benchmark on {device}: {cfg['graph']} graph, N={cfg['nodes']}, nnz={result['gnnz']}, "
+             f"F={cfg['features']}, {cfg['dtype']}, P={result['world_size']}, c={cfg['replication']}, "
              f"threads/rank={result['threads_per_rank']}, boundary rows (sum |B_j|)={result['total_boundary_rows']}"]
+    if result.get("shared_gpu_note"):
+        lines.append(result["shared_gpu_note"])
     ref = result["reference"]
     per_rank = result["per_rank"]
     slowest_traffic = max(r["traffic"] for r in per_rank)
     copy_bw = min(r["copy_bw"] for r in per_rank)
     if ref:
-        lines.append(f"single process ({result['threads_per_rank'] * result['world_size']} threads): "
+        where = (f"{ref['device']}, torch.sparse.mm = cuSPARSE" if device == "cuda"
+                 else f"cpu, {result['threads_per_rank'] * result['world_size']} threads")
+        lines.append(f"single process ({where}): "
                      f"forward {ref['forward']:.4f} s, transpose {ref['backward']:.4f} s, "
                      f"effective bandwidth {ref['traffic_bytes'] / ref['forward'] / 1e9:.2f} GB/s "
                      f"vs copy {ref['copy_bandwidth'] / 1e9:.2f} GB/s")

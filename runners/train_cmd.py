@@ -28,7 +28,8 @@ from algorithms.train import TrainConfig, Trainer
 from runners.results import ResultsWriter, environment, peak_memory_bytes, spread
 from runners.shards import load_local_graph
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
-from sparse_dist.hostmem import host_allocator_state, tune_host_allocator
+from sparse_dist.devices import rank_device
+from sparse_dist.hostmem import huge_page_state
 from sparse_dist.layout import Grid
 from sparse_dist.plans import PLAN_NAMES
 
@@ -63,7 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, cuda:(local rank mod GPUs)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
-    add_host_allocator_argument(parser)
     parser.add_argument("--out", default=None, help="results file (JSON lines)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint file path")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="write the checkpoint every k epochs")
@@ -76,14 +76,6 @@ def _config(args: argparse.Namespace) -> TrainConfig:
                        epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
                        replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
                        sample=args.sample, stale=args.stale, clip=args.clip)
-
-
-def _device(comm: Communicator, name: str) -> torch.device:
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: no CUDA device is visible to this rank")
-        return torch.device("cuda", comm.rank % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 def policy_file(path: str, rank: int) -> str:
@@ -144,30 +136,21 @@ def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
     return {"time": times, "bytes": traffic}
 
 
-def add_host_allocator_argument(parser: argparse.ArgumentParser) -> None:
-    """``--host-allocator``, shared by the commands that train (see :mod:`sparse_dist.hostmem`)."""
-    parser.add_argument("--host-allocator", choices=("tuned", "default"), default="tuned",
-                        help="tuned: glibc keeps large freed blocks for reuse instead of page-faulting them in "
-                             "again every epoch (faster CPU epochs, resident size stays near its peak); "
-                             "default: leave malloc as it is")
-
-
 def main(comm: Communicator, args: argparse.Namespace) -> int:
-    if args.host_allocator == "tuned":
-        tune_host_allocator()
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
+    device = rank_device(comm, args.device)  # before any data is read
     grid = Grid(comm.size, args.replication)
     graph = load_local_graph(comm, args.data, grid.groups, args.replication)
     if args.feature_norm == "auto":
         args.feature_norm = graph.extra["meta"].get("feature_norm", "row")
     config = _config(args)
-    trainer = Trainer(comm, graph, config, _device(comm, args.device))
+    trainer = Trainer(comm, graph, config, device)
     leader = comm.rank == 0
     writer = ResultsWriter(args.out if leader else None)
     writer.write({"type": "config", **asdict(config), "data": args.data, "world_size": comm.size,
                   "device": args.device, "gpu_aware": comm.gpu_aware})
-    writer.write({"type": "environment", "host_allocator": host_allocator_state(),
+    writer.write({"type": "environment", "huge_pages": huge_page_state(),
                   **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node())})
     if args.resume:
         _resume(comm, trainer, args.checkpoint)

@@ -1,64 +1,54 @@
-"""Host memory: keep large freed blocks in the process instead of handing them back to the kernel.
+"""Host memory: large CPU tensors on transparent huge pages.
 
-Why: glibc serves every allocation above its mmap threshold (at most 32 MiB)
-with a fresh ``mmap`` and returns it with ``munmap`` when freed. A training
-epoch allocates and frees tensors of the same large sizes over and over
-(activations, gradients, SpMM outputs: 100 MB each at 200k rows x 128
-columns), so every one of them is page-faulted in again, zeroed by the
-kernel, every epoch. On the 200k-node case that was a large share of the
-CPU epoch: a fresh 100 MB tensor cost 20-70 ms, a copy into a warm one 6 ms.
+Why: an epoch allocates and frees tensors of the same large sizes over and
+over (activations, gradients, SpMM outputs: 100 MB each at 200k rows x 128
+columns). glibc hands each one back to the kernel when it is freed (they lie
+above its mmap threshold), so every epoch page-faults all of them in again,
+4 KiB at a time: on this project's 2-core test machine a fresh 100 MB
+result cost 20-70 ms where a write into a warm one took 6 ms.
 
-:func:`tune_host_allocator` asks glibc (``mallopt``) to serve large blocks
-from its heap (``M_MMAP_MAX = 0``) and to keep up to ``keep_bytes`` of freed
-memory at the top of the heap (``M_TRIM_THRESHOLD``), so the second epoch
-reuses the first one's pages. This is what preloading jemalloc or tcmalloc
-does for PyTorch on CPUs, without a preload. The cost: the process's
-resident size stays near its peak between epochs. It changes the whole
-process (PyTorch, NumPy and the MPI library allocate through it), so it is
-a decision of the command (``--host-allocator``), never of library code
-that merely imports this module. Other C libraries (musl) are left alone.
+PyTorch's own switch ``THP_MEM_ALLOC_ENABLE=1`` makes its CPU allocator
+align large blocks to 2 MiB and ask for transparent huge pages
+(``madvise(MADV_HUGEPAGE)``), so a 100 MB tensor is faulted in with about
+50 faults instead of 25,000. Memory is still returned when freed, so the
+resident set stays an honest measure of live memory (a kept-heap
+``mallopt`` set-up was tried and dropped: torch's aligned allocations do
+not fit the blocks it freed, and the heap grew by a block every epoch).
+
+PyTorch reads the variable once, at its first CPU allocation, so it must be
+in the environment before ``torch`` is imported: :func:`prefer_huge_pages`
+is called by the ``sparse-dist`` entry point first thing. A value the user
+set (``THP_MEM_ALLOC_ENABLE=0`` to switch it off) is kept. It matters only
+where the kernel's THP mode is ``always`` or ``madvise``
+(``/sys/kernel/mm/transparent_hugepage/enabled``).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import platform
+import os
+import sys
 
-from sparse_dist.log import get_logger
-
-_log = get_logger(__name__)
-
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-DEFAULT_KEEP_BYTES = 1 << 30
-
-_applied: str | None = None
+VARIABLE = "THP_MEM_ALLOC_ENABLE"
+_KERNEL_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def tune_host_allocator(keep_bytes: int = DEFAULT_KEEP_BYTES) -> str:
-    """Serve large blocks from the reusable heap (glibc); returns what was done, for results files.
+def prefer_huge_pages() -> None:
+    """Set ``THP_MEM_ALLOC_ENABLE=1`` unless the user chose a value (before torch is imported)."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault(VARIABLE, "1")
 
-    Idempotent; rank-local (no communication).
-    """
-    global _applied
-    if _applied is not None:
-        return _applied
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        _applied = f"default (not glibc: {platform.system()} {platform.libc_ver()[0] or 'unknown libc'})"
-        return _applied
+
+def huge_page_state() -> str:
+    """What this process does, for results files and reports (rank-local, no communication)."""
+    requested = os.environ.get(VARIABLE, "0") not in ("", "0")
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        ok = libc.mallopt(_M_MMAP_MAX, 0) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, int(keep_bytes)) == 1
-    except (OSError, AttributeError) as exc:
-        _applied = f"default (mallopt unavailable: {exc})"
-        return _applied
-    _applied = (f"glibc heap: mmap off, keep {keep_bytes >> 20} MiB freed" if ok
-                else "default (mallopt refused the settings)")
-    _log.info("host allocator: %s", _applied)
-    return _applied
-
-
-def host_allocator_state() -> str:
-    """What :func:`tune_host_allocator` did in this process, or ``default``."""
-    return _applied or "default"
+        with open(_KERNEL_SETTING) as handle:
+            kernel = handle.read().strip()
+    except OSError:
+        kernel = "unknown"
+    mode = kernel[kernel.find("[") + 1:kernel.find("]")] if "[" in kernel else kernel
+    if not requested:
+        return f"{VARIABLE} off (kernel THP: {mode})"
+    if mode == "never":
+        return f"{VARIABLE}=1 but the kernel's THP mode is never: 4 KiB pages"
+    return f"{VARIABLE}=1: large CPU tensors on huge pages (kernel THP: {mode})"

@@ -1,0 +1,434 @@
+"""``sparse-dist bench train``: full training epochs of sparse-dist, next to PyG on the same graph.
+
+Data: a prepared directory (``--data``), or ``--synthetic NODES``: rank 0
+makes the planted-class graph exactly as ``sparse-dist prepare synthetic``
+does (:func:`runners.datasets.planted_classes`, then
+:func:`runners.shards.write_shards` with ``P`` block parts) into a
+temporary directory under ``--scratch`` (which every rank must see), every
+rank loads its part, and rank 0 removes the directory at the end.
+
+First, when ``torch_geometric`` imports, rank 0 loads all parts and trains
+the same model on the whole graph with PyG (:mod:`runners.pyg_peer`) on the
+same device, with the threads of all ranks, while the other ranks sleep in
+a non-spinning barrier. Then every rank trains with
+:class:`algorithms.train.Trainer`.
+
+Each run does ``--warmup`` untimed epochs, then ``--epochs`` timed ones.
+An epoch's time is measured around the trainer's step after a device
+synchronisation and a barrier (so on CUDA the queued tail of the step is
+counted); ``epoch_s`` is the median over timed epochs of the slowest rank.
+The breakdown columns are, for each epoch, the slowest rank's trainer
+figures (``local_spmm``, ``exchange``, ``allreduce`` and, where the trainer
+reports them, ``dropout`` and ``optimizer``), ``dense`` the rest of that
+rank's epoch; each column is its median over epochs, so the columns need
+not add up to ``epoch_s`` exactly (the JSON keeps every epoch's split).
+
+Memory, per rank, over the timed epochs only: on CUDA the peak of
+``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on
+the CPU the peak resident set (``VmHWM``), reset by writing ``5`` to
+``/proc/self/clear_refs`` just before the timed epochs, next to the
+resident set at that moment (``before``) so the increase is visible. Where
+the reset is refused or ``/proc`` is missing the peak is since process
+start, and the report says so. Both include what the process already held
+(Python, torch, the graph); rank 0 also keeps what the PyG run left behind
+in its allocator and its imported modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from algorithms.model import MODEL_KINDS
+from algorithms.train import LocalGraph, TrainConfig, Trainer
+from runners.datasets import planted_classes
+from runners.shards import load_local_graph, write_shards
+from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
+from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
+from sparse_dist.hostmem import huge_page_state
+from sparse_dist.plans import PLAN_NAMES
+
+TIME_PARTS = ("local_spmm", "exchange", "allreduce", "dropout", "optimizer")  # "dense" is the rest
+OPTIONAL_PARTS = ("dropout", "optimizer")  # shown only when the trainer reports them
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", help="dataset directory made by `sparse-dist prepare`")
+    source.add_argument("--synthetic", type=_at_least(2), metavar="NODES",
+                        help="planted-class synthetic graph of NODES nodes (as `prepare synthetic`)")
+    parser.add_argument("--degree", type=_at_least(1), default=15, help="synthetic: out-edges per node")
+    parser.add_argument("--features", type=_at_least(1), default=128, help="synthetic: feature width")
+    parser.add_argument("--classes", type=_at_least(2), default=47, help="synthetic: number of classes")
+    parser.add_argument("--scratch", default=None,
+                        help="synthetic: directory for the temporary shards, visible to every rank "
+                             "(default: the system temporary directory)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank, cuda:(rank mod visible GPUs)")
+    parser.add_argument("--model", choices=MODEL_KINDS, default="gcn")
+    parser.add_argument("--layers", type=_at_least(1), default=3)
+    parser.add_argument("--hidden", type=_at_least(1), default=128)
+    parser.add_argument("--dropout", type=_probability, default=0.5)
+    parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
+    parser.add_argument("--epochs", type=_at_least(1), default=10, help="timed epochs")
+    parser.add_argument("--warmup", type=_at_least(0), default=2, help="untimed epochs before the timed ones")
+    parser.add_argument("--threads", type=_at_least(0), default=0,
+                        help="torch threads per rank (default: cores / ranks); the PyG peer gets threads * P")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-pyg", action="store_true", help="skip the PyG peer")
+    parser.add_argument("--dropout-baseline", action="store_true",
+                        help="also time sparse-dist with dropout 0 in the same run and print what dropout costs")
+
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+
+
+# ------------------------------------------------------------------ memory
+def _status_bytes(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes, or None where there is no such file or field."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _max_rss_since_start() -> int:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+class PeakMemory:
+    """Peak memory of this process over one phase: CUDA allocations on a GPU, else the resident set."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.before: int | None = None
+        self.reset = False
+        self.note: str | None = None
+
+    def start(self) -> None:
+        """Record the current figure and reset the peak to it."""
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            self.before = int(torch.cuda.memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.reset = True
+            return
+        self.before = _status_bytes("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")  # Linux >= 4.0: VmHWM := current RSS
+            self.reset = True
+        except OSError as exc:
+            self.note = f"peak RSS not reset ({exc.strerror or exc}): it is the peak since process start"
+
+    def stop(self) -> dict[str, Any]:
+        """``kind``, ``before`` and ``peak`` in bytes, whether the peak was reset, and a note if not."""
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            peak: int | None = int(torch.cuda.max_memory_allocated(self.device))
+            kind = "cuda_allocated"
+        else:
+            kind = "rss"
+            peak = _status_bytes("VmHWM") if self.reset else None
+            if peak is None:
+                peak = _max_rss_since_start()
+                self.reset = False
+                self.note = self.note or "no /proc/self/status: peak RSS since process start (getrusage)"
+        return {"kind": kind, "before": self.before, "peak": peak, "reset": self.reset, "note": self.note}
+
+
+# ------------------------------------------------------------------ timing
+def _split(parts: dict[str, float] | None, wall: float) -> dict[str, float]:
+    """An epoch's seconds: ``total`` (measured here), the trainer's parts, ``dense`` the rest."""
+    if parts is None:
+        return {"total": wall}
+    out = {"total": wall, **{key: float(parts.get(key, 0.0)) for key in TIME_PARTS}}
+    out["dense"] = max(wall - sum(out[key] for key in TIME_PARTS), 0.0)
+    return out
+
+
+def time_epochs(step: Callable[[], tuple[float, dict[str, float] | None]], device: torch.device, warmup: int,
+                epochs: int, barrier: Callable[[], None]) -> dict[str, Any]:
+    """Run ``warmup`` untimed then ``epochs`` timed calls of ``step`` (returns loss and time parts or None).
+
+    ``barrier`` is called before each timed epoch (``comm.barrier`` for a
+    collective step, a no-op for a single process). Returns this rank's
+    per-epoch times, losses and peak memory over the timed epochs.
+    """
+    for _ in range(warmup):
+        step()
+    probe = PeakMemory(device)
+    synchronize(device)
+    barrier()
+    probe.start()
+    times, losses = [], []
+    for _ in range(epochs):
+        synchronize(device)
+        barrier()
+        start = time.perf_counter()
+        loss, parts = step()
+        synchronize(device)
+        times.append(_split(parts, time.perf_counter() - start))
+        losses.append(loss)
+    return {"times": times, "losses": losses, "memory": probe.stop()}
+
+
+def summarise(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Slowest rank per epoch, medians over epochs, memory per rank, the final loss."""
+    epochs = len(per_rank[0]["times"])
+    slowest = [max((run["times"][k] for run in per_rank), key=lambda t: t["total"]) for k in range(epochs)]
+    medians = {key: statistics.median(t[key] for t in slowest) for key in slowest[0]}
+    return {"epoch_s": medians["total"], "breakdown": medians, "per_epoch_slowest": slowest,
+            "memory_per_rank": [run["memory"] for run in per_rank], "final_loss": per_rank[0]["losses"][-1],
+            "losses": per_rank[0]["losses"]}
+
+
+# ------------------------------------------------------------------ runs
+def _config(args: argparse.Namespace, meta: dict[str, Any], dropout: float | None = None) -> TrainConfig:
+    """The run's hyper-parameters; features normalised as ``sparse-dist train --feature-norm auto`` does."""
+    return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers,
+                       dropout=args.dropout if dropout is None else dropout,
+                       epochs=args.warmup + args.epochs, seed=args.seed, plan=args.plan,
+                       feature_norm=meta.get("feature_norm", "row"))
+
+
+def _prepare_synthetic(comm: Communicator, args: argparse.Namespace) -> tuple[str, Path | None]:
+    """Rank 0 writes the synthetic graph as ``P`` shards; returns (directory, scratch to remove on rank 0).
+
+    Collective; the other ranks sleep meanwhile. Every rank must then see
+    the directory, else every rank raises.
+    """
+    path, scratch = None, None
+    if comm.rank == 0:
+        scratch = Path(tempfile.mkdtemp(prefix="sparse-dist-bench-", dir=args.scratch))
+        data = planted_classes(nodes=args.synthetic, classes=args.classes, degree=args.degree,
+                               features=args.features, seed=args.seed)
+        write_shards(data, scratch / "data", comm.size, "block", args.seed)
+        path = str(scratch / "data")
+        del data
+        gc.collect()
+    comm.idle_barrier()
+    path = comm.allgather_object(path)[0]
+    seen = (Path(path) / "meta.json").is_file()
+    comm.raise_if_any(None if seen else f"cannot see {path}, written by rank 0; pass --scratch DIR on a "
+                                        f"file system every rank shares", RuntimeError)
+    return path, scratch
+
+
+def _whole_graph(comm: Communicator, data_dir: str, wanted: bool) -> LocalGraph | None:
+    """Every part of ``data_dir`` merged into one graph on rank 0 when ``wanted`` (collective; others get None)."""
+    alone = comm.split(comm.rank, 0)
+    try:
+        return load_local_graph(alone, data_dir, 1, 1) if wanted and comm.rank == 0 else None
+    finally:
+        alone.free()
+
+
+def _pyg_import_error() -> str | None:
+    try:
+        import torch_geometric  # noqa: F401
+    except ImportError as exc:
+        return f"torch_geometric is not importable ({exc})"
+    return None
+
+
+def run_peer(comm: Communicator, args: argparse.Namespace, data_dir: str, device: torch.device,
+             threads: int) -> dict[str, Any]:
+    """Rank 0 trains the PyG peer with ``threads * P`` threads; the others sleep (collective).
+
+    Returns the summary on every rank, or ``{"skipped": reason}``.
+    """
+    error = _pyg_import_error() if comm.rank == 0 else None
+    whole = _whole_graph(comm, data_dir, error is None)
+    outcome: dict[str, Any] | None = None
+    if comm.rank == 0:
+        if error is not None:
+            outcome = {"skipped": error}
+        else:
+            from runners.pyg_peer import PygPeer
+
+            assert whole is not None
+            torch.set_num_threads(threads * comm.size)
+            try:
+                peer = PygPeer(whole, _config(args, whole.extra["meta"]), device)
+                run = time_epochs(lambda: (peer.train_epoch(), None), device, args.warmup, args.epochs,
+                                  lambda: None)
+                outcome = {**summarise([run]), "threads": threads * comm.size, "device": str(device),
+                           "notes": peer.notes}
+                del peer
+            finally:
+                torch.set_num_threads(threads)
+        del whole
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    comm.idle_barrier()
+    return comm.allgather_object(outcome)[0]
+
+
+def run_sparse_dist(comm: Communicator, args: argparse.Namespace, data_dir: str,
+                    device: torch.device, dropout: float | None = None) -> dict[str, Any]:
+    """Every rank trains its part with :class:`Trainer` (collective); returns the summary everywhere."""
+    graph = load_local_graph(comm, data_dir, comm.size, 1)
+    meta = graph.extra["meta"]
+    trainer = Trainer(comm, graph, _config(args, meta, dropout), device)
+    reported: set[str] = set()
+
+    def step() -> tuple[float, dict[str, float]]:
+        record = trainer.train_epoch()
+        reported.update(record["time"])
+        return record["loss"], record["time"]
+
+    run = time_epochs(step, device, args.warmup, args.epochs, comm.barrier)
+    summary = summarise(comm.allgather_object(run))
+    summary["reported_parts"] = [key for key in OPTIONAL_PARTS if key in reported]
+    summary["dataset"] = {key: meta[key] for key in ("name", "num_nodes", "num_edges", "feature_dim",
+                                                     "num_classes", "num_parts")}
+    return summary
+
+
+def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
+    """The whole benchmark (collective); the result dict on every rank."""
+    device = rank_device(comm, args.device)
+    threads = args.threads or default_threads_per_rank()
+    torch.set_num_threads(threads)
+    scratch = None
+    try:
+        if args.data:
+            data_dir = args.data
+        else:
+            data_dir, scratch = _prepare_synthetic(comm, args)
+        notes = [note for note in (shared_gpu_note(comm, device),) if note]
+        peer = {"skipped": "--no-pyg"} if args.no_pyg else run_peer(comm, args, data_dir, device, threads)
+        ours = run_sparse_dist(comm, args, data_dir, device)
+        baseline = (run_sparse_dist(comm, args, data_dir, device, dropout=0.0)
+                    if args.dropout_baseline and args.dropout > 0 else None)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    result: dict[str, Any] = {
+        "config": {key: value for key, value in vars(args).items() if key not in ("func", "command", "bench")},
+        "world_size": comm.size, "threads_per_rank": threads, "device": args.device,
+        "devices": comm.allgather_object(str(device)), "dataset": ours.pop("dataset"),
+        "environment": {**mpi_vendor_details(), "torch": torch.__version__, "huge_pages": huge_page_state()},
+        "notes": notes, "sparse_dist": ours,
+    }
+    if baseline is not None:
+        baseline.pop("dataset")
+        result["sparse_dist_dropout0"] = baseline
+        result["dropout_cost"] = ours["epoch_s"] / baseline["epoch_s"]
+    if "skipped" in peer:
+        result["pyg_skipped"] = peer["skipped"]
+    else:
+        result["pyg"] = peer
+        mine = max(m["peak"] for m in ours["memory_per_rank"])
+        result["ratio"] = {"epoch_time": ours["epoch_s"] / peer["epoch_s"],
+                           "peak_memory": mine / peer["memory_per_rank"][0]["peak"]}
+    return result
+
+
+# ------------------------------------------------------------------ report
+def _mb(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.1f}"
+
+
+def report(result: dict[str, Any]) -> str:
+    """Human-readable table of a :func:`run` result."""
+    cfg, data, ours = result["config"], result["dataset"], result["sparse_dist"]
+    size = result["world_size"]
+    lines = [f"bench train on {result['device']}: {cfg['model']} {cfg['layers']} layers, hidden {cfg['hidden']}, "
+             f"dropout {cfg['dropout']}, plan {cfg['plan']}, seed {cfg['seed']}; {data['name']}: "
+             f"{data['num_nodes']} nodes, {data['num_edges']} edges, {data['feature_dim']} features, "
+             f"{data['num_classes']} classes",
+             f"P={size} x {result['threads_per_rank']} threads; {cfg['warmup']} warm-up + {cfg['epochs']} timed "
+             f"epochs; times: median over timed epochs of the slowest rank (s)"]
+    lines += result["notes"]
+    peer = result.get("pyg")
+    if peer is None:
+        lines.append(f"pyg peer skipped: {result['pyg_skipped']}")
+    else:
+        lines.append(f"pyg peer: one process on {peer['device']} with {peer['threads']} threads, same model, "
+                     f"graph, features and initial weights; its dropout RNG differs, so losses differ")
+        lines += [f"pyg note: {note}" for note in peer["notes"]]
+    parts = ["local_spmm", "exchange", "allreduce", *ours["reported_parts"], "dense"]
+    memory_kind = "peak CUDA allocated" if result["device"] == "cuda" else "peak RSS"
+    lines.append(f"{'run':<17}{'epoch_s':>9}" + "".join(f"{p:>11}" for p in parts)
+                 + f"{'before_MB':>11}{'peak_MB/rank':>14}{'t/pyg':>7}{'mem/pyg':>8}{'final_loss':>11}")
+    rows = []
+    if peer is not None:
+        memory = peer["memory_per_rank"][0]
+        rows.append(f"{'pyg':<17}{peer['epoch_s']:>9.4f}" + "".join(f"{'-':>11}" for _ in parts)
+                    + f"{_mb(memory['before']):>11}{_mb(memory['peak']):>14}{'1.00':>7}{'1.00':>8}"
+                    f"{peer['final_loss']:>11.4f}")
+    memory = ours["memory_per_rank"]
+    before = max((m["before"] for m in memory if m["before"] is not None), default=None)
+    ratio = result.get("ratio")
+    rows.append(f"{f'sparse-dist P={size}':<17}{ours['epoch_s']:>9.4f}"
+                + "".join(f"{ours['breakdown'][p]:>11.4f}" for p in parts)
+                + f"{_mb(before):>11}{_mb(max(m['peak'] for m in memory)):>14}"
+                + (f"{ratio['epoch_time']:>7.2f}{ratio['peak_memory']:>8.2f}" if ratio else f"{'-':>7}{'-':>8}")
+                + f"{ours['final_loss']:>11.4f}")
+    base = result.get("sparse_dist_dropout0")
+    if base is not None:
+        rows.append(f"{'  same, dropout 0':<17}{base['epoch_s']:>9.4f}"
+                    + "".join(f"{base['breakdown'][p]:>11.4f}" for p in parts)
+                    + f"{_mb(max((m['before'] or 0) for m in base['memory_per_rank'])):>11}"
+                    + f"{_mb(max(m['peak'] for m in base['memory_per_rank'])):>14}"
+                    + (f"{base['epoch_s'] / peer['epoch_s']:>7.2f}{'':>8}" if peer is not None else f"{'-':>7}{'':>8}")
+                    + f"{base['final_loss']:>11.4f}")
+    lines += rows
+    if base is not None:
+        lines.append(f"dropout {cfg['dropout']} costs {result['dropout_cost']:.3f}x the epoch without dropout "
+                     f"(same run); dropout share of the epoch: "
+                     f"{ours['breakdown'].get('dropout', 0.0) / ours['epoch_s']:.1%}")
+    lines.append(f"host memory: {result['environment']['huge_pages']} (the whole process, the peer included)")
+    lines.append(f"{memory_kind} per sparse-dist rank over the timed epochs (before -> peak, MB): "
+                 + "; ".join(f"rank {r} {_mb(m['before'])} -> {_mb(m['peak'])}" for r, m in enumerate(memory))
+                 + " (before_MB and peak_MB/rank columns: max over ranks)")
+    for r, m in enumerate(memory):
+        if m["note"]:
+            lines.append(f"note: rank {r}: {m['note']}")
+    if peer is not None and peer["memory_per_rank"][0]["note"]:
+        lines.append(f"note: pyg: {peer['memory_per_rank'][0]['note']}")
+    return "\n".join(lines)
+
+
+def main(comm: Communicator, args: argparse.Namespace) -> int:
+    result = run(comm, args)
+    if comm.rank == 0:
+        print(report(result), flush=True)
+        if args.json:
+            print(json.dumps(result), flush=True)
+    return 0

@@ -1,0 +1,176 @@
+"""The PyG peer of ``sparse-dist bench train``: the same model on the same whole graph, one process.
+
+It exists to put sparse-dist's epoch time and memory next to what a
+single-process PyTorch Geometric user gets on the same device. It mirrors
+:mod:`algorithms.model` and :class:`algorithms.train.Trainer`:
+
+* GCN: a stack of ``GCNConv(in, out, normalize=False, cached=False,
+  bias=True)`` applied to ``Â`` given as a ``torch.sparse_csr_tensor``
+  (int64 indices, PyG's index type). ``Â`` is computed here from the raw
+  whole adjacency with scipy (:func:`gcn_adjacency`), independently of
+  :func:`algorithms.normalize.gcn_normalize`, with the same definition.
+* SAGE: ``SAGEConv(in, out, aggr='mean')`` (``root_weight=True``: ``H W_r +
+  mean_j(H_j) W_l + b``, our ``H W_self + (D^-1 A H) W_neigh + b``) applied
+  to the raw adjacency. PyG's mean divides by the number of stored edges of
+  a row, ours by its weighted degree: equal for 0/1 adjacencies; otherwise
+  the peer's result carries a note.
+* ``F.dropout(p)`` on every layer's input (the first included), ReLU
+  between layers, cross-entropy (BCE for multi-label) averaged over the
+  training rows, Adam with the trainer's learning rate and weight-decay
+  scope; features row-normalised as the trainer does.
+
+Initial weights are copied from :class:`algorithms.model.GraphModel` with
+the same seed, so both runs start from the same point; dropout masks come
+from torch's RNG and differ from sparse-dist's per-global-row masks, so
+the losses are comparable in size but never equal.
+
+``torch_geometric`` is optional and imported only inside :class:`PygPeer`
+(an ``ImportError`` propagates; the caller skips the peer).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from algorithms.model import GraphModel
+from algorithms.train import LocalGraph, TrainConfig, row_normalize_features
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def gcn_adjacency(adjacency: sp.spmatrix) -> sp.csr_matrix:
+    """``D^-1/2 (A + I_remaining) D^-1/2`` of a whole square adjacency (float64 CSR).
+
+    Self-loops already present keep their weight; every other node gets a
+    loop of weight 1. ``D`` holds the row sums of ``A + I_remaining`` and
+    scales rows and columns alike; a zero degree gives a zero scale.
+    """
+    a = sp.coo_matrix(adjacency, dtype=np.float64)
+    a.sum_duplicates()
+    n = a.shape[0]
+    if a.shape != (n, n):
+        raise ValueError(f"gcn_adjacency needs a square matrix, got {a.shape}")
+    has_loop = np.zeros(n, dtype=bool)
+    has_loop[a.row[a.row == a.col]] = True
+    loops = sp.diags((~has_loop).astype(np.float64))
+    with_loops = sp.csr_matrix(a.tocsr() + loops)
+    degree = np.asarray(with_loops.sum(axis=1)).ravel()
+    scale = np.where(degree > 0, 1.0 / np.sqrt(np.where(degree > 0, degree, 1.0)), 0.0)
+    result = sp.csr_matrix(sp.diags(scale) @ with_loops @ sp.diags(scale))
+    result.sort_indices()
+    return result
+
+
+def sparse_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``matrix`` as a torch sparse CSR tensor with int64 indices on ``device``."""
+    matrix = sp.csr_matrix(matrix)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        tensor = torch.sparse_csr_tensor(torch.from_numpy(matrix.indptr.astype(np.int64)),
+                                         torch.from_numpy(matrix.indices.astype(np.int64)),
+                                         torch.from_numpy(matrix.data).to(dtype), size=matrix.shape,
+                                         check_invariants=False)
+    return tensor.to(device)
+
+
+class _PygModel(torch.nn.Module):
+    """GCNConv or SAGEConv layers with dropout on every input and ReLU between layers."""
+
+    def __init__(self, kind: str, dims: list[int], dropout: float, start: GraphModel) -> None:
+        super().__init__()
+        from torch_geometric.nn import GCNConv, SAGEConv  # optional dependency
+
+        self.dropout = dropout
+        self.convs = torch.nn.ModuleList()
+        with torch.no_grad():
+            for layer, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+                if kind == "gcn":
+                    conv = GCNConv(fan_in, fan_out, normalize=False, cached=False, bias=True)
+                    conv.lin.weight.copy_(start.weights[layer].T)
+                    conv.bias.copy_(start.biases[layer])
+                else:
+                    conv = SAGEConv(fan_in, fan_out, aggr="mean", root_weight=True, bias=True)
+                    conv.lin_r.weight.copy_(start.weights[layer].T)
+                    conv.lin_l.weight.copy_(start.neighbour_weights[layer].T)
+                    conv.lin_l.bias.copy_(start.biases[layer])
+                self.convs.append(conv)
+
+    def forward(self, x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
+        h = x
+        for layer, conv in enumerate(self.convs):
+            h = F.dropout(h, p=self.dropout, training=self.training)
+            h = conv(h, adjacency)
+            if layer < len(self.convs) - 1:
+                h = torch.relu(h)
+        return h
+
+
+class PygPeer:
+    """One process's PyG training of ``config``'s model on the whole ``graph`` (not collective).
+
+    ``graph`` holds every row (``graph.rows`` is ``N x N``). Raises
+    ``ImportError`` when ``torch_geometric`` is missing.
+    """
+
+    def __init__(self, graph: LocalGraph, config: TrainConfig, device: torch.device) -> None:
+        import torch_geometric  # noqa: F401  (optional dependency: fail here, before any work)
+
+        if graph.rows.shape[0] != graph.rows.shape[1]:
+            raise ValueError(f"the PyG peer needs the whole graph, got {graph.rows.shape[0]} of "
+                             f"{graph.rows.shape[1]} rows")
+        self.config = config
+        self.device = device
+        self.multilabel = graph.multilabel
+        self.num_classes = graph.num_classes
+        self.notes: list[str] = []
+        dtype = DTYPES[config.dtype]
+        if config.model == "gcn":
+            matrix = gcn_adjacency(graph.rows)
+        else:
+            matrix = sp.csr_matrix(graph.rows, dtype=np.float64)
+            matrix.sum_duplicates()
+            if matrix.nnz and not np.all(matrix.data == 1.0):
+                self.notes.append("edge weights are not all 1: PyG's mean divides by the edge count, "
+                                  "sparse-dist by the weighted degree")
+        self.adjacency = sparse_csr(matrix, dtype, device)
+        features = graph.features.astype(np.float64)
+        if config.feature_norm == "row":
+            features = row_normalize_features(features)
+        self.features = torch.from_numpy(features).to(dtype).to(device)
+        self.labels = torch.from_numpy(graph.labels).to(device)
+        if graph.multilabel:
+            self.labels = self.labels.to(dtype)
+        self.train_mask = torch.from_numpy(graph.masks["train"].astype(bool)).to(device)
+        if not bool(self.train_mask.any()):
+            raise ValueError(f"{graph.name}: the training split is empty")
+
+        dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
+        start = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=dtype)
+        self.model = _PygModel(config.model, dims, config.dropout, start).to(dtype).to(device)
+        first = list(self.model.convs[0].parameters())
+        rest = [p for conv in self.model.convs[1:] for p in conv.parameters()]
+        if config.weight_decay_scope == "first":
+            groups = [{"params": first, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        else:
+            groups = [{"params": first + rest, "weight_decay": config.weight_decay}]
+        self.optimizer = torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)
+        torch.manual_seed(config.seed)
+
+    def train_epoch(self) -> float:
+        """One full-graph step; returns the training loss (synchronises with the device to read it)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        logits = self.model(self.features, self.adjacency)[self.train_mask]
+        labels = self.labels[self.train_mask]
+        if self.multilabel:
+            loss = F.binary_cross_entropy_with_logits(logits, labels)
+        else:
+            loss = F.cross_entropy(logits, labels)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
