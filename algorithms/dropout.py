@@ -218,8 +218,9 @@ class _ReluMasked(torch.autograd.Function):
         return torch.ops.aten.threshold_backward(grad, out, 0), None, None
 
 
-def _timed(timer: ComputeTimer | None, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    return timer.measure("dropout", device) if timer is not None else contextlib.nullcontext()
+def _timed(timer: ComputeTimer | None, device: torch.device,
+           name: str = "dropout") -> contextlib.AbstractContextManager[None]:
+    return timer.measure(name, device) if timer is not None else contextlib.nullcontext()
 
 
 class GlobalRowDropout:
@@ -228,8 +229,8 @@ class GlobalRowDropout:
     Inverted dropout multiplies kept entries by ``scale``; this class leaves that factor out of
     the masked tensors (``h * mask``) so the caller can fold it into the next linear map
     (``(h m) (scale W) = (h m scale) W``, exact for p = 0.5 where the scale is 2), which saves a
-    full pass over the activations in the forward and in the backward. ``timer`` books the masks
-    and their passes under ``dropout``.
+    full pass over the activations in the forward and in the backward. ``timer`` books making the
+    masks under ``masks`` and applying them (forward and backward) under ``dropout``.
     """
 
     def __init__(self, p: float, seed: int, epoch: int, first_row: int, timer: ComputeTimer | None = None) -> None:
@@ -241,8 +242,8 @@ class GlobalRowDropout:
         return self.rule.scale
 
     def mask(self, layer: int, like: torch.Tensor) -> torch.Tensor:
-        """Boolean keep mask of layer ``layer``'s input, shaped and placed like ``like``."""
-        with _timed(self.timer, like.device):
+        """Boolean keep mask of layer ``layer``'s input, shaped and placed like ``like`` (booked as ``masks``)."""
+        with _timed(self.timer, like.device, "masks"):
             return keep_mask(self.seed, self.epoch, layer, self.first_row, like.shape[0], like.shape[1],
                              self.rule.p, like.device)
 

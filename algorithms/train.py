@@ -187,13 +187,11 @@ class Trainer:
         after = self.comm.stats.snapshot()
         delta = {phase: {key: after[phase][key] - before[phase][key] for key in after[phase]} for phase in after}
         computed = self.spmm.timer.seconds
-        local, dropout, optimizer = (computed.get(key, 0.0) for key in ("local_spmm", "dropout", "optimizer"))
-        exchange = delta["forward"]["seconds"] + delta["backward"]["seconds"]
-        allreduce = delta["grad_allreduce"]["seconds"]
+        parts = {key: computed.get(key, 0.0) for key in ("local_spmm", "masks", "dropout", "optimizer")}
+        parts["exchange"] = delta["forward"]["seconds"] + delta["backward"]["seconds"]
+        parts["allreduce"] = delta["grad_allreduce"]["seconds"]
         return {
-            "time": {"total": wall, "local_spmm": local, "exchange": exchange, "allreduce": allreduce,
-                     "dropout": dropout, "optimizer": optimizer,
-                     "dense": max(wall - local - exchange - allreduce - dropout - optimizer, 0.0)},
+            "time": {"total": wall, **parts, "dense": max(wall - sum(parts.values()), 0.0)},
             "bytes": {phase: {"sent": int(d["bytes_sent"]), "recv": int(d["bytes_recv"])} for phase, d in delta.items()},
         }
 

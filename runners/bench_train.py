@@ -58,8 +58,8 @@ from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
 from sparse_dist.hostmem import huge_page_state
 from sparse_dist.plans import PLAN_NAMES
 
-TIME_PARTS = ("local_spmm", "exchange", "allreduce", "dropout", "optimizer")  # "dense" is the rest
-OPTIONAL_PARTS = ("dropout", "optimizer")  # shown only when the trainer reports them
+TIME_PARTS = ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer")  # "dense" is the rest
+OPTIONAL_PARTS = ("masks", "dropout", "optimizer")  # shown only when the trainer reports them
 
 
 def _at_least(low: int) -> Callable[[str], int]:
@@ -410,9 +410,10 @@ def report(result: dict[str, Any]) -> str:
                     + f"{base['final_loss']:>11.4f}")
     lines += rows
     if base is not None:
+        share = {key: ours["breakdown"].get(key, 0.0) / ours["epoch_s"] for key in ("masks", "dropout")}
         lines.append(f"dropout {cfg['dropout']} costs {result['dropout_cost']:.3f}x the epoch without dropout "
-                     f"(same run); dropout share of the epoch: "
-                     f"{ours['breakdown'].get('dropout', 0.0) / ours['epoch_s']:.1%}")
+                     f"(same run); share of the epoch: making masks {share['masks']:.1%}, applying them "
+                     f"(forward and backward) {share['dropout']:.1%}")
     lines.append(f"host memory: {result['environment']['huge_pages']} (the whole process, the peer included)")
     lines.append(f"{memory_kind} per sparse-dist rank over the timed epochs (before -> peak, MB): "
                  + "; ".join(f"rank {r} {_mb(m['before'])} -> {_mb(m['peak'])}" for r, m in enumerate(memory))

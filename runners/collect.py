@@ -5,8 +5,9 @@ is the slowest rank's wall time (what a user waits for); the breakdown
 columns (``t_local_spmm``, ``t_dense``, ``t_exchange``, ``t_allreduce``)
 are means over ranks, so they add up to ``epoch_time_mean_rank``. ``t_dense``
 is all compute besides the local SpMM (weight multiplies, dropout, loss,
-optimiser), what the performance model calls dense; ``t_dropout`` and
-``t_optimizer`` show two of its parts (0 in results files older than them). Bytes are
+optimiser), what the performance model calls dense; ``t_masks`` (making
+dropout masks), ``t_dropout`` (applying them) and ``t_optimizer`` show three
+of its parts (0 in results files older than them). Bytes are
 per epoch, averaged over the timed epochs: ``exchange_bytes`` is what all
 ranks sent in forward and backward SpMM exchanges together,
 ``exchange_bytes_max_rank`` the largest sent + received of one rank.
@@ -23,12 +24,12 @@ from typing import Any, Iterable
 
 from runners.results import ResultsWriter, temporary_beside
 
-DENSE_PARTS = ("dense", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
+DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
     "stale", "seed", "model", "hidden", "layers", "dtype", "epochs", "warmup", "epoch_time", "epoch_time_std",
-    "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_dropout",
-    "t_optimizer", "exchange_bytes",
+    "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
+    "t_dropout", "t_optimizer", "exchange_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "peak_rss_max",
     "threads_per_rank", "ranks_on_node", "cpu_count", "launcher", "results_file", "data",
 )
@@ -91,7 +92,7 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
         "threads_per_rank": environment.get("threads_per_rank"),
         "ranks_on_node": environment.get("ranks_on_node"), "cpu_count": environment.get("cpu_count"),
     }
-    for part in ("local_spmm", "exchange", "allreduce", "dropout", "optimizer"):
+    for part in ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer"):
         row[f"t_{part}"] = _mean([e["time"].get(part, {"mean": 0.0})["mean"] for e in timed])
     row["t_dense"] = _mean([sum(e["time"].get(part, {"mean": 0.0})["mean"] for part in DENSE_PARTS) for e in timed])
     row.update(extra)
