@@ -12,16 +12,19 @@ import platform
 import sys
 
 from sparse_dist import log
+from sparse_dist.hostmem import prefer_huge_pages
 
 
 def _parser() -> argparse.ArgumentParser:
-    from runners import bench_network, bench_policies, bench_spmm, demo, model_cmd, plot_cmd, prepare_cmd, sweep_cmd, train_cmd
+    from runners import (bench_network, bench_policies, bench_spmm, bench_train, demo, model_cmd, plot_cmd,
+                         prepare_cmd, sweep_cmd, train_cmd)
 
     parser = argparse.ArgumentParser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="library log level (default: WARNING)")
-    parser.add_argument("--gpu-aware", choices=("on", "off", "auto"), default="auto",
-                        help="hand CUDA buffers to MPI directly (on), stage through host memory (off), "
-                             "or detect (auto)")
+    parser.add_argument("--gpu-aware", choices=("auto", "on", "off", "force"), default="auto",
+                        help="CUDA buffers: hand them to MPI if the library reports CUDA support (auto), "
+                             "demand a library that reports it (on: else a clear error before any exchange), "
+                             "stage through host memory (off), or hand them over unchecked (force)")
     commands = parser.add_subparsers(dest="command", required=True)
     _command(commands, "demo", "distributed SpMM on a built-in graph vs scipy", demo)
     _command(commands, "prepare", "write a dataset as shards (single process)", prepare_cmd)
@@ -35,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     _command(bench_kinds, "spmm", "distributed SpMM vs single-process torch SpMM", bench_spmm)
     _command(bench_kinds, "network", "alpha and beta of this MPI for `sparse-dist model`", bench_network)
+    _command(bench_kinds, "train", "full training epochs: sparse-dist vs PyG on the same graph", bench_train)
     _command(bench_kinds, "policies", "exact vs BNS-GCN sampling vs SANCUS staleness, one run", bench_policies)
     info = commands.add_parser("info", help="versions, MPI library, CUDA and CUDA-aware MPI status")
     info.set_defaults(func=_info)
@@ -72,7 +76,13 @@ def _info(comm: object, args: argparse.Namespace) -> int:
         cuda = torch.cuda.is_available()
         print(f"cuda        {'available: ' + torch.cuda.get_device_name(0) if cuda else 'not available'}"
               f" (torch built with CUDA {torch.version.cuda})")
-        print(f"cuda-aware  detected={detect_cuda_aware_mpi()} in use={comm.gpu_aware} (--gpu-aware {args.gpu_aware})")
+        awareness = detect_cuda_aware_mpi()
+        print(f"cuda-aware  library reports {'CUDA support' if awareness else 'no CUDA support'} "
+              f"({awareness.reason})")
+        print(f"gpu path    {comm.gpu_path}")
+        if comm.force_host_staging:
+            print("staging     host staging forced for every buffer (SPARSE_DIST_FORCE_HOST_STAGING=1)")
+        print(f"reduce      segments of {comm.reduce_segment_bytes} bytes (0: unsegmented)")
         try:
             import cupy  # optional
 
@@ -84,14 +94,22 @@ def _info(comm: object, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
+    prefer_huge_pages()  # before anything imports torch (see sparse_dist.hostmem)
     args = _parser().parse_args(argv)
     log.configure(args.log_level)
     if not getattr(args, "mpi", True):
         return _run_without_mpi(args)
-    from sparse_dist.comm import run_or_abort, world
+    from sparse_dist.comm import GpuAwareError, run_or_abort, world, world_rank
 
     def body() -> int:
-        comm = world(gpu_aware=args.gpu_aware)
+        try:
+            comm = world(gpu_aware=args.gpu_aware)
+        except GpuAwareError as exc:
+            # The same deterministic error on every rank before any collective: one line from rank 0, and every
+            # rank exits 2 on its own (no traceback, no MPI_Abort).
+            if world_rank() == 0:
+                print(f"sparse-dist: error: {exc}", file=sys.stderr, flush=True)
+            return 2
         return args.func(comm, args)
 
     return run_or_abort(body)

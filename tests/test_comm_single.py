@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from sparse_dist.accounting import CommStats
-from sparse_dist.comm import CollectiveError, _ring_allreduce_bytes, world
+from sparse_dist.comm import (DEFAULT_REDUCE_SEGMENT_BYTES, CollectiveError, StagingPool, _reduce_segment_setting,
+                              _ring_allreduce_bytes, _segments, world)
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +68,72 @@ def test_unknown_phase_is_refused() -> None:
 def test_allgather_array_shape(comm) -> None:
     out = comm.allgather_array(np.array([3, 4], dtype=np.int64))
     assert out.shape == (1, 2) and out.tolist() == [[3, 4]]
+
+
+def test_staging_pool_lends_each_buffer_once_and_reuses_it() -> None:
+    pool = StagingPool()
+    first = pool.acquire(6, torch.float32, pinned=False)
+    second = pool.acquire(6, torch.float32, pinned=False)  # the first is still lent: a second buffer
+    assert first.tensor.data_ptr() != second.tensor.data_ptr() and pool.allocations == 2
+    pool.release(first)
+    again = pool.acquire(6, torch.float32, pinned=False)
+    assert again is first and pool.allocations == 2
+    other = pool.acquire(6, torch.float64, pinned=False)  # another dtype is another key
+    assert other is not second and pool.allocations == 3
+
+
+def test_staging_pool_drops_oldest_idle_buffers_beyond_its_limit() -> None:
+    pool = StagingPool(idle_limit_bytes=100)
+    loans = [pool.acquire(n, torch.uint8, pinned=False) for n in (60, 50, 40)]
+    for loan in loans:
+        pool.release(loan)
+    assert pool.idle_buffers == 2  # 60 + 50 > 100: the 60-byte one went first, then 50 + 40 <= 100
+    assert pool.acquire(60, torch.uint8, pinned=False) is not loans[0] and pool.allocations == 4
+
+
+def test_segments_cover_the_buffer_in_order() -> None:
+    assert _segments(10, 4, 0) == [(0, 10)]
+    assert _segments(10, 4, 40) == [(0, 10)]
+    assert _segments(10, 4, 12) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert _segments(3, 8, 1) == [(0, 1), (1, 2), (2, 3)]  # a segment holds at least one element
+    assert _segments(0, 8, 16) == [(0, 0)]
+
+
+def test_reduce_segment_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPARSE_DIST_REDUCE_SEGMENT_BYTES", raising=False)
+    assert _reduce_segment_setting(None) == DEFAULT_REDUCE_SEGMENT_BYTES
+    assert _reduce_segment_setting(123) == 123
+    monkeypatch.setenv("SPARSE_DIST_REDUCE_SEGMENT_BYTES", "65536")
+    assert _reduce_segment_setting(None) == 65536 and _reduce_segment_setting(0) == 0
+    monkeypatch.setenv("SPARSE_DIST_REDUCE_SEGMENT_BYTES", "4M")
+    with pytest.raises(ValueError, match="SPARSE_DIST_REDUCE_SEGMENT_BYTES"):
+        _reduce_segment_setting(None)
+
+
+def test_staged_exchange_starts_at_wait_or_test_and_returns_its_buffer() -> None:
+    staged = world(gpu_aware="off", force_host_staging=True, reduce_segment_bytes=8)
+    try:
+        first = torch.arange(5, dtype=torch.float64)
+        pending = staged.ibcast_(first, root=0, phase="forward")
+        assert not pending._started  # deferred: the copy may overlap the caller's next kernel
+        result = torch.full((5,), 2.0, dtype=torch.float64)
+        later = staged.ireduce(None, result, root=0, phase="backward")  # 5 segments of one element
+        assert pending._started and not later._started  # posting flushed the earlier one, in order
+        assert later.test() and torch.equal(result, torch.full((5,), 2.0, dtype=torch.float64))
+        pending.wait()
+        assert staged.staging_pool.idle_buffers == 2
+        snap = staged.stats.snapshot()
+        assert snap["backward"]["calls"] == 1 and snap["forward"]["calls"] == 1
+    finally:
+        staged.free()
+
+
+def test_split_child_shares_pool_and_settings() -> None:
+    parent = world(gpu_aware="off", force_host_staging=True, reduce_segment_bytes=64)
+    child = parent.split(0, 0)
+    try:
+        assert child.staging_pool is parent.staging_pool and child.reduce_segment_bytes == 64
+        assert child.force_host_staging and child.gpu_path == parent.gpu_path
+    finally:
+        child.free()
+        parent.free()
