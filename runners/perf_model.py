@@ -48,9 +48,8 @@ data-dependent rules take it from a measured run or an assumption).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -384,13 +383,3 @@ def _exchange_time(work: Workload, grid: Grid, layout: RowLayout, plan: str, row
         widest = float(np.max(work.rows)) * row_bytes
         seconds += allreduce_time(widest, c, net) if direction == "forward" else bcast_time(widest, c, net)
     return seconds
-
-
-def with_ranks_per_node(net: Network, ranks_per_node: int | None, cores_per_node: int | None) -> Network:
-    """``net`` with its placement overridden where given."""
-    changes: dict[str, Any] = {}
-    if ranks_per_node:
-        changes["ranks_per_node"] = ranks_per_node
-    if cores_per_node:
-        changes["cores_per_node"] = cores_per_node
-    return replace(net, **changes) if changes else net

@@ -7,8 +7,8 @@ layouts (:mod:`sparse_dist.layout`), the block-row distributed CSR
 (:mod:`sparse_dist.accounting`) and the analytic byte model
 (:mod:`sparse_dist.predict`).
 
-Importing this package does not initialise MPI; importing
-:mod:`sparse_dist.comm` does.
+Importing this package, or :mod:`sparse_dist.comm`, does not initialise
+MPI: the first :func:`sparse_dist.comm.world` does.
 """
 
 __version__ = "0.1.0"
