@@ -37,6 +37,8 @@ always ACTIVE:
 
 from __future__ import annotations
 
+import argparse
+
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -177,6 +179,29 @@ def parse_staleness(spec: str) -> StalenessRule | None:
     if name not in _STALENESS:
         raise ValueError(f"unknown staleness policy {name!r}; known: {sorted(_STALENESS)} or 'none'")
     return _STALENESS[name](_text=params, _spec=spec)
+
+
+def sampler_spec(text: str) -> str:
+    """An argparse ``type=`` for ``--sample``: the spec itself once :func:`parse_sampler` accepts it.
+
+    Checked while the command line is parsed, so a typo stops the job before any data is read or
+    any collective starts.
+    """
+    try:
+        parse_sampler(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (accepted: 'none' or bns:p=P[,side=receiver|owner])") from None
+    return text
+
+
+def staleness_spec(text: str) -> str:
+    """An argparse ``type=`` for ``--stale`` (see :func:`sampler_spec`)."""
+    try:
+        parse_staleness(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (accepted: 'none' or sancus-e|sancus-a|sancus-h:eps=E[,skip_backward=1] with E >= 0)") from None
+    return text
 
 
 def split_policy(spec: str) -> tuple[str, str]:

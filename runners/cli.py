@@ -8,18 +8,43 @@ non-zero status and that rank's message (:func:`sparse_dist.comm.run_or_abort`).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
+from typing import NoReturn
 
 from sparse_dist import log
 from sparse_dist.hostmem import prefer_huge_pages
+
+
+_LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher (mpiexec, srun) announced it, before MPI starts; 0 if none did."""
+    for name in _LAUNCHER_RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is said once per job: every rank parses the same command line and fails the same way,
+    before MPI starts, so only launcher rank 0 prints the sentence; every rank exits with status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        if launcher_rank() == 0:
+            sys.stderr.write(f"{self.prog}: error: {message}\n(see {self.prog} --help)\n")
+            sys.stderr.flush()
+        raise SystemExit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
     from runners import (bench_network, bench_policies, bench_spmm, bench_train, demo, model_cmd, plot_cmd,
                          prepare_cmd, sweep_cmd, train_cmd)
 
-    parser = argparse.ArgumentParser(prog="sparse-dist", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="library log level (default: WARNING)")
     parser.add_argument("--gpu-aware", choices=("auto", "on", "off", "force"), default="auto",
                         help="CUDA buffers: hand them to MPI if the library reports CUDA support (auto), "

@@ -24,6 +24,7 @@ import torch
 
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from algorithms.model import MODEL_KINDS
+from algorithms.policies import sampler_spec, staleness_spec
 from algorithms.train import TrainConfig, Trainer
 from runners.results import ResultsWriter, environment, peak_memory_bytes, spread
 from runners.shards import load_local_graph
@@ -50,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
     parser.add_argument("--replication", type=int, default=1, help="1.5D replication factor c (divides P)")
-    parser.add_argument("--sample", default="none",
+    parser.add_argument("--sample", default="none", type=sampler_spec,
                         help="boundary sampling policy, e.g. bns:p=0.1 or bns:p=0.1,side=owner (default: none)")
-    parser.add_argument("--stale", default="none",
+    parser.add_argument("--stale", default="none", type=staleness_spec,
                         help="staleness policy: sancus-e:eps=1, sancus-a:eps=1, sancus-h:eps=0.02 "
                              "(add ,skip_backward=1 to skip stale gradients too; default: none)")
     parser.add_argument("--clip", type=float, default=0.0,

@@ -45,3 +45,16 @@ def test_info_runs_without_mpiexec() -> None:
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert "mpi_library" in result.stdout and "cuda-aware" in result.stdout
+
+
+@pytest.mark.parametrize("flag,value,sentence", [
+    ("--sample", "foo", "argument --sample: unknown sampling policy 'foo'"),
+    ("--stale", "sancus-h:eps=-1", "argument --stale: sancus rule needs kind e/a/h and eps >= 0"),
+])
+def test_a_bad_policy_flag_is_said_once_before_anything_is_read(flag: str, value: str, sentence: str) -> None:
+    """The data directory does not exist: the flag must be refused first, by rank 0 alone, with no traceback."""
+    result = run_mpi(2, [SPARSE_DIST, "train", "--data", "/no/such/dataset", flag, value], timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count(sentence) == 1, result.stderr
+    assert "accepted:" in result.stderr
+    assert "Traceback" not in result.stderr and "no/such/dataset" not in result.stderr
