@@ -26,7 +26,6 @@ clear error on every rank, never a crash inside an exchange.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
@@ -35,6 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from runners.results import print_report
 from runners.synthetic import GRAPH_KINDS, synthetic_rows
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.dcsr import DistCSR
@@ -242,9 +242,6 @@ def report(result: dict[str, Any]) -> str:
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     result = run(comm, args)
-    if comm.rank == 0:
-        print(report(result), flush=True)
-        if args.json:
-            print(json.dumps(result), flush=True)
+    print_report(comm.rank, report(result) if comm.rank == 0 else "", result, args.json)
     ok = all(summary["bytes_match"] for summary in result["plans"].values())
     return 0 if ok else 3

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import shutil
 import statistics
 import sys
@@ -52,6 +51,7 @@ import torch
 from algorithms.model import MODEL_KINDS
 from algorithms.train import LocalGraph, TrainConfig, Trainer
 from runners.datasets import planted_classes
+from runners.results import print_report
 from runners.shards import load_local_graph, write_shards
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
@@ -428,8 +428,5 @@ def report(result: dict[str, Any]) -> str:
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     result = run(comm, args)
-    if comm.rank == 0:
-        print(report(result), flush=True)
-        if args.json:
-            print(json.dumps(result), flush=True)
+    print_report(comm.rank, report(result) if comm.rank == 0 else "", result, args.json)
     return 0

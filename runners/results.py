@@ -43,6 +43,15 @@ class ResultsWriter:
             self._handle = None
 
 
+def print_report(rank: int, text: str, result: dict[str, Any], as_json: bool) -> None:
+    """Rank 0 prints a benchmark's table, then (``--json``) the whole result as the last line."""
+    if rank != 0:
+        return
+    print(text, flush=True)
+    if as_json:
+        print(json.dumps(result), flush=True)
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """min / mean / max of one figure over ranks."""
     array = np.asarray(values, dtype=np.float64)
