@@ -145,6 +145,7 @@ class ExchangePlan(ABC):
         self.group = matrix.group
         self.n_rows = matrix.lshape[0]
         self._transposed: dict[object, torch.Tensor] = {}
+        self.local_block: torch.Tensor | None = None  # the diagonal block A_gg as a CSR (set by the plans)
 
     def _csr(self, matrix: sp.csr_matrix) -> torch.Tensor:
         return torch_csr(matrix, self.dtype, self.device)
@@ -157,17 +158,15 @@ class ExchangePlan(ABC):
         the largest block is stored. Directed graphs get the transposed copy (exact either way).
         """
         if key not in self._transposed:
-            local = getattr(self, "local_block", None)
-            if key == "local" and local is not None and is_symmetric(matrix):
-                self._transposed[key] = local
+            if key == "local" and self.local_block is not None and is_symmetric(matrix):
+                self._transposed[key] = self.local_block
             else:
                 self._transposed[key] = self._csr(sp.csr_matrix(matrix.T))
         return self._transposed[key]
 
     def transpose_bytes(self) -> int:
         """Bytes of the transposed blocks this rank stores (a symmetric local block reuses its forward CSR)."""
-        local = getattr(self, "local_block", None)
-        return sum(csr_bytes(t) for t in self._transposed.values() if t is not local)
+        return sum(csr_bytes(t) for t in self._transposed.values() if t is not self.local_block)
 
     def _output(self, rows: int, width: int) -> "_Output":
         return _Output(torch.empty(rows, width, dtype=self.dtype, device=self.device))
