@@ -41,8 +41,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from runners import (bench_network, bench_policies, bench_spmm, bench_train, demo, model_cmd, plot_cmd,
-                         prepare_cmd, sweep_cmd, train_cmd)
+    from runners import demo_cmd, perf_model_cmd, plot_cmd, prepare_cmd, sweep_cmd, train_cmd
+    from runners.bench import network as bench_network
+    from runners.bench import policy_savings as bench_policies
+    from runners.bench import spmm as bench_spmm
+    from runners.bench import train as bench_train
 
     parser = _Parser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="library log level (default: WARNING)")
@@ -51,14 +54,14 @@ def _parser() -> argparse.ArgumentParser:
                              "demand a library that reports it (on: else a clear error before any exchange), "
                              "stage through host memory (off), or hand them over unchecked (force)")
     commands = parser.add_subparsers(dest="command", required=True)
-    _command(commands, "demo", "distributed SpMM on a built-in graph vs scipy", demo)
+    _command(commands, "demo", "distributed SpMM on a built-in graph vs scipy", demo_cmd)
     _command(commands, "prepare", "write a dataset as shards (single process)", prepare_cmd)
     _command(commands, "train", "distributed full-graph training from shards", train_cmd)
     _command(commands, "sweep", "run a scaling study (TOML) with mpiexec or srun; collect a CSV", sweep_cmd,
              mpi=False)
     _command(commands, "plot", "PNG figures of one or more studies", plot_cmd, mpi=False)
     _command(commands, "model", "alpha-beta performance model: compare with a study, or predict large P",
-             model_cmd, mpi=False)
+             perf_model_cmd, mpi=False)
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     _command(bench_kinds, "spmm", "distributed SpMM vs single-process torch SpMM", bench_spmm)
@@ -142,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_without_mpi(args: argparse.Namespace) -> int:
     """Single-process tools: a user error is one line on stderr and exit status 2."""
-    from runners.collect import ResultsError
-    from runners.study import StudyError
+    from runners.study.collect import ResultsError
+    from runners.study.spec import StudyError
 
     try:
         return args.func(None, args)

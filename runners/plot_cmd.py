@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from runners.collect import ResultsError, read_csv  # noqa: E402
+from runners.study.collect import ResultsError, read_csv  # noqa: E402
 
 PARTS = (("t_local_spmm", "local SpMM"), ("t_dense", "dense"), ("t_exchange", "exchange"),
          ("t_allreduce", "allreduce"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from runners.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
-from runners.partition import PARTITIONERS
-from runners.stream_synthetic import write_streamed_synthetic
-from runners.shards import write_shards
+from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
+from runners.data.partition import PARTITIONERS
+from runners.data.stream_synthetic import write_streamed_synthetic
+from runners.data.shards import write_shards
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ end). Synthetic datasets are prepared once per size under ``OUTPUT/data``.
 Output, under the study's ``output`` directory:
 
 * ``runs/RUN.jsonl`` and ``runs/RUN.log``: each run's results and its output;
-* ``results.csv``: one row per finished run (:mod:`runners.collect`), rewritten after each run;
+* ``results.csv``: one row per finished run (:mod:`runners.study.collect`), rewritten after each run;
 * ``runs.jsonl``: every record of every run, tagged with ``run``, written when the sweep ends
   (``--collect-only`` rebuilds both from the finished runs).
 
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runners.collect import is_complete, read_records, summarise_run, write_csv, write_raw
-from runners.shards import read_meta
-from runners.study import Run, Study, StudyError, load_study
+from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
+from runners.data.shards import read_meta
+from runners.study.spec import Run, Study, StudyError, load_study
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import sampler_spec, staleness_spec
 from algorithms.train import TrainConfig, Trainer
 from runners.results import ResultsWriter, environment, peak_memory_bytes, spread
-from runners.shards import load_local_graph
+from runners.data.shards import load_local_graph
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import huge_page_state

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from runners.datasets import BUILTIN_PLANETOID, GraphData, load_planetoid
-from runners.shards import write_shards
+from runners.data.datasets import BUILTIN_PLANETOID, GraphData, load_planetoid
+from runners.data.shards import write_shards
 
 
 def random_directed(n: int = 200, classes: int = 4, seed: int = 0) -> GraphData:

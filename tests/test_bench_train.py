@@ -114,7 +114,7 @@ def _awkward_graph(n: int = 40, seed: int = 3) -> sp.csr_matrix:
 
 def test_peer_gcn_adjacency_equals_the_trainers_normalisation(comm) -> None:
     from algorithms.normalize import gcn_normalize
-    from runners.pyg_peer import gcn_adjacency
+    from runners.bench.pyg_peer import gcn_adjacency
     from sparse_dist.layout import RowLayout
 
     raw = _awkward_graph()
@@ -131,9 +131,9 @@ def test_peer_gcn_adjacency_equals_the_trainers_normalisation(comm) -> None:
 def test_peer_without_dropout_trains_like_the_trainer(comm, tmp_path, model: str) -> None:
     """Same initial weights, Â, features and optimiser: without dropout the losses agree epoch by epoch."""
     from algorithms.train import TrainConfig, Trainer
-    from runners.datasets import planted_classes
-    from runners.pyg_peer import PygPeer
-    from runners.shards import load_local_graph, write_shards
+    from runners.data.datasets import planted_classes
+    from runners.bench.pyg_peer import PygPeer
+    from runners.data.shards import load_local_graph, write_shards
 
     write_shards(planted_classes(nodes=1500, classes=5, degree=4, features=20, seed=1), tmp_path / "d", 1)
     graph = load_local_graph(comm, tmp_path / "d", 1, 1)

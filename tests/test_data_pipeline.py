@@ -9,9 +9,9 @@ import scipy.sparse as sp
 from datasets_for_tests import cora
 from mpirun import BIN, run_mpi
 
-from runners.datasets import DatasetError, load_edge_list, planted_classes
-from runners.partition import partition, partition_statistics, relabel
-from runners.shards import write_shards
+from runners.data.datasets import DatasetError, load_edge_list, planted_classes
+from runners.data.partition import partition, partition_statistics, relabel
+from runners.data.shards import write_shards
 
 SPARSE_DIST = str(BIN / "sparse-dist")
 
@@ -112,9 +112,9 @@ def test_merged_metis_parts_train_like_unmerged(tmp_path: Path) -> None:
 
 
 def test_streamed_synthetic_is_a_valid_undirected_graph_with_exact_statistics(tmp_path: Path) -> None:
-    from runners.partition import partition_statistics
-    from runners.shards import read_meta
-    from runners.stream_synthetic import write_streamed_synthetic
+    from runners.data.partition import partition_statistics
+    from runners.data.shards import read_meta
+    from runners.data.stream_synthetic import write_streamed_synthetic
 
     nodes = 70_000  # crosses a generator chunk border
     for graph in ("clustered", "rmat"):
@@ -138,7 +138,7 @@ def test_streamed_synthetic_is_a_valid_undirected_graph_with_exact_statistics(tm
 
 
 def test_streamed_shards_train(tmp_path: Path) -> None:
-    from runners.stream_synthetic import write_streamed_synthetic
+    from runners.data.stream_synthetic import write_streamed_synthetic
 
     write_streamed_synthetic(tmp_path / "s", nodes=5000, degree=4, parts=2, features=16, progress=False)
     result = run_mpi(2, [SPARSE_DIST, "train", "--data", str(tmp_path / "s"), "--epochs", "3"], timeout=180)

@@ -7,8 +7,8 @@ import pytest
 from mpirun import BIN, run_mpi
 from ogb_layout import write_tiny_arxiv
 
-from runners.datasets import DatasetError, load_ogb
-from runners.shards import read_meta, write_shards
+from runners.data.datasets import DatasetError, load_ogb
+from runners.data.shards import read_meta, write_shards
 
 SPARSE_DIST = str(BIN / "sparse-dist")
 

@@ -10,10 +10,10 @@ import pytest
 import scipy.sparse as sp
 from datasets_for_tests import random_directed, write
 
-from runners.model_cmd import calibrate
-from runners.perf_model import (Network, ModelShape, Policy, Rates, allreduce_time, alltoallv_time, bcast_time,
+from runners.perf_model_cmd import calibrate
+from runners.perf.cost_model import (Network, ModelShape, Policy, Rates, allreduce_time, alltoallv_time, bcast_time,
                                 predict_epoch, workload_analytic, workload_from_shards)
-from runners.shards import part_file, read_meta
+from runners.data.shards import part_file, read_meta
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import predict_spmm_bytes
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runners.collect import broadcast_fraction, summarise_run
-from runners.study import StudyError, load_study
+from runners.study.collect import broadcast_fraction, summarise_run
+from runners.study.spec import StudyError, load_study
 from runners.sweep_cmd import launcher_for, train_flags
 
 GOOD = """
@@ -146,7 +146,7 @@ def test_the_single_process_tools_never_start_mpi() -> None:
     import subprocess
     import sys
 
-    probe = ("import runners.cli, runners.sweep_cmd, runners.model_cmd, runners.plot_cmd, runners.study\n"
+    probe = ("import runners.cli, runners.sweep_cmd, runners.perf_model_cmd, runners.plot_cmd, runners.study.spec\n"
              "from mpi4py import MPI\n"
              "print(MPI.Is_initialized())")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

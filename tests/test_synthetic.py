@@ -1,7 +1,7 @@
 import numpy as np
 import scipy.sparse as sp
 
-from runners.synthetic import CHUNK_ROWS, synthetic_rows
+from runners.data.synthetic import CHUNK_ROWS, synthetic_rows
 
 N = CHUNK_ROWS * 2 + 1234  # crosses chunk borders
 

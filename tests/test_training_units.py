@@ -11,8 +11,8 @@ import torch
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from algorithms.dropout import GlobalRowDropout, KeepRule, keep_mask
 from algorithms.normalize import add_remaining_self_loops, mean_normalize
-from runners.datasets import DatasetError, load_planetoid, planted_classes
-from runners.shards import ShardError, read_meta, write_shards
+from runners.data.datasets import DatasetError, load_planetoid, planted_classes
+from runners.data.shards import ShardError, read_meta, write_shards
 from datasets_for_tests import random_directed
 
 

@@ -21,7 +21,7 @@ class _HideTorchGeometric(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _HideTorchGeometric())
 
-from runners import bench_train  # noqa: E402
+from runners.bench import train as bench_train  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 
 parser = argparse.ArgumentParser()

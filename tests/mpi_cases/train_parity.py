@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from reference_gcn import Reference  # noqa: E402
 
 from algorithms.train import TrainConfig, Trainer  # noqa: E402
-from runners.shards import load_local_graph, read_meta  # noqa: E402
+from runners.data.shards import load_local_graph, read_meta  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.plans import PLAN_NAMES  # noqa: E402
 

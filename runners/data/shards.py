@@ -6,7 +6,7 @@ A dataset directory holds:
   ``feature_dim``, ``num_classes``, ``multilabel``, ``partitioner``,
   ``num_parts``, ``row_offsets`` (``num_parts + 1``), ``permutation_file``,
   ``files`` (file name -> SHA-256), ``partition_stats``
-  (:func:`runners.partition.partition_statistics`);
+  (:func:`runners.data.partition.partition_statistics`);
 * ``permutation.npy``: new node id -> original node id;
 * ``part-NNNNN.npz`` per part: ``indptr``, ``indices`` (GLOBAL new ids),
   ``data`` (edge weights), ``features``, ``labels``, ``train``, ``val``,
@@ -30,8 +30,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from algorithms.train import LocalGraph
-from runners.datasets import GraphData
-from runners.partition import BoundaryAccumulator, partition, relabel
+from runners.data.datasets import GraphData
+from runners.data.partition import BoundaryAccumulator, partition, relabel
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import RowLayout
 

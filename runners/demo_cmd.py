@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 import torch
 
-from runners.synthetic import synthetic_rows
+from runners.data.synthetic import synthetic_rows
 from sparse_dist.comm import Communicator
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.layout import Grid, RowLayout

@@ -3,7 +3,7 @@
 ``prepare synthetic --stream`` never holds the whole graph:
 
 1. Edges are generated in chunks (clustered communities as in
-   :mod:`runners.synthetic`, or R-MAT with skewed degrees) and each edge is
+   :mod:`runners.data.synthetic`, or R-MAT with skewed degrees) and each edge is
    appended, in both directions (the graph is undirected), to the bucket
    file of the part that owns its row. Memory: one chunk.
 2. Each part's bucket is read back, sorted into CSR (duplicates collapse to
@@ -15,7 +15,7 @@ Parts are contiguous blocks of node ids (communities are contiguous, so this
 is a good partition for the clustered graph); METIS needs the whole graph in
 memory and is not offered here. Labels: class ``community % classes`` with
 ``label_noise`` random relabels; features: bag-of-words drawn ``signal``
-from the node's own class words (as :func:`runners.datasets.planted_classes`).
+from the node's own class words (as :func:`runners.data.datasets.planted_classes`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runners.partition import BoundaryAccumulator
-from runners.shards import FORMAT_VERSION, finish_dataset, part_file, sha256_file
-from runners.synthetic import CHUNK_ROWS
+from runners.data.partition import BoundaryAccumulator
+from runners.data.shards import FORMAT_VERSION, finish_dataset, part_file, sha256_file
+from runners.data.synthetic import CHUNK_ROWS
 
 def _progress(label: str, done: int, total: int, started: float) -> None:
     """One self-overwriting progress line on stderr (the command's, not the library's)."""

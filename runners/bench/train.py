@@ -2,13 +2,13 @@
 
 Data: a prepared directory (``--data``), or ``--synthetic NODES``: rank 0
 makes the planted-class graph exactly as ``sparse-dist prepare synthetic``
-does (:func:`runners.datasets.planted_classes`, then
-:func:`runners.shards.write_shards` with ``P`` block parts) into a
+does (:func:`runners.data.datasets.planted_classes`, then
+:func:`runners.data.shards.write_shards` with ``P`` block parts) into a
 temporary directory under ``--scratch`` (which every rank must see), every
 rank loads its part, and rank 0 removes the directory at the end.
 
 First, when ``torch_geometric`` imports, rank 0 loads all parts and trains
-the same model on the whole graph with PyG (:mod:`runners.pyg_peer`) on the
+the same model on the whole graph with PyG (:mod:`runners.bench.pyg_peer`) on the
 same device, with the threads of all ranks, while the other ranks sleep in
 a non-spinning barrier. Then every rank trains with
 :class:`algorithms.train.Trainer`.
@@ -50,9 +50,9 @@ import torch
 
 from algorithms.model import MODEL_KINDS
 from algorithms.train import LocalGraph, TrainConfig, Trainer
-from runners.datasets import planted_classes
+from runners.data.datasets import planted_classes
 from runners.results import print_report
-from runners.shards import load_local_graph, write_shards
+from runners.data.shards import load_local_graph, write_shards
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
 from sparse_dist.hostmem import huge_page_state
@@ -277,7 +277,7 @@ def run_peer(comm: Communicator, args: argparse.Namespace, data_dir: str, device
         if error is not None:
             outcome = {"skipped": error}
         else:
-            from runners.pyg_peer import PygPeer
+            from runners.bench.pyg_peer import PygPeer
 
             assert whole is not None
             torch.set_num_threads(threads * comm.size)

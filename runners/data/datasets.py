@@ -1,7 +1,7 @@
 """Whole-graph datasets as ``prepare`` reads them: Planetoid files and a planted-class generator.
 
 A :class:`GraphData` is held by the single ``prepare`` process only; training
-ranks read shards (:mod:`runners.shards`).
+ranks read shards (:mod:`runners.data.shards`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from runners.synthetic import synthetic_rows
+from runners.data.synthetic import synthetic_rows
 
 BUILTIN_PLANETOID = Path(__file__).resolve().parent / "builtin_data" / "planetoid"
 PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph")

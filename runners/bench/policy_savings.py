@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from algorithms.train import TrainConfig, Trainer
-from runners.shards import load_local_graph
+from runners.data.shards import load_local_graph
 from sparse_dist.comm import Communicator, default_threads_per_rank
 
 TIME_KEYS = ("total", "local_spmm", "exchange", "allreduce", "dense")

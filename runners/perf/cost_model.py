@@ -54,8 +54,8 @@ from pathlib import Path
 import numpy as np
 
 from algorithms.policies import parse_sampler, parse_staleness
-from runners.partition import BoundaryAccumulator
-from runners.shards import part_file, read_meta
+from runners.data.partition import BoundaryAccumulator
+from runners.data.shards import part_file, read_meta
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import predict_spmm_bytes
 

@@ -7,7 +7,7 @@
   and writes ``model.csv`` beside ``results.csv``.
 * ``sparse-dist model predict --graph ogbn-papers100M --ranks 64,256,1024``:
   the same model for a graph and P this machine cannot run, from the
-  partition model of :mod:`runners.perf_model` and rates calibrated on a
+  partition model of :mod:`runners.perf.cost_model` and rates calibrated on a
   study (``--calibrate-from RESULTS_DIR``).
 
 Every assumption (network figures, placement, cores per rank, partition
@@ -23,10 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runners.collect import ResultsError, read_csv, write_csv_rows
-from runners.perf_model import (NETWORKS, ModelShape, Network, Policy, Prediction, Rates, Workload, cores_per_rank,
+from runners.study.collect import ResultsError, read_csv, write_csv_rows
+from runners.perf.cost_model import (NETWORKS, ModelShape, Network, Policy, Prediction, Rates, Workload, cores_per_rank,
                                 predict_epoch, workload_analytic, workload_from_shards)
-from runners.shards import read_meta
+from runners.data.shards import read_meta
 
 # Public figures of OGB graphs (symmetrised nonzeros = twice the undirected edges).
 GRAPHS: dict[str, dict[str, int]] = {
@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _network_arguments(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--network", choices=sorted(NETWORKS), default=default,
-                        help=f"alpha-beta preset (default: {default}); see runners/perf_model.py")
+                        help=f"alpha-beta preset (default: {default}); see runners/perf/cost_model.py")
     parser.add_argument("--alpha", type=float, help="override alpha (s) on and off node")
     parser.add_argument("--beta-gbs", type=float, help="override bandwidth (GB/s) on and off node")
     parser.add_argument("--ranks-per-node", type=int, help="override ranks per node")

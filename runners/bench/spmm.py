@@ -1,7 +1,7 @@
 """``sparse-dist bench spmm``: distributed SpMM against a single-process torch SpMM.
 
 Every rank generates only its own rows of a synthetic graph
-(:mod:`runners.synthetic`), builds the distributed CSR, and times forward
+(:mod:`runners.data.synthetic`), builds the distributed CSR, and times forward
 (``A H``) and transpose (``A^T dT``) for each requested plan: local multiply
 seconds, exchange seconds (inside MPI), wall seconds, and bytes counted next
 to the analytic prediction. Then rank 0 alone regenerates the whole matrix
@@ -35,7 +35,7 @@ import scipy.sparse as sp
 import torch
 
 from runners.results import print_report
-from runners.synthetic import GRAPH_KINDS, synthetic_rows
+from runners.data.synthetic import GRAPH_KINDS, synthetic_rows
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize

@@ -1,0 +1,1 @@
+"""``sparse-dist bench``: SpMM, training (against PyG), the network, and the policies' savings."""
