@@ -1,0 +1,194 @@
+"""Graph layers as modules, and the registry that names them.
+
+A layer is compute only (the PyTorch Geometric manner): given this rank's
+rows ``h`` (``n_g x F_in``), the distributed SpMM and the exchange context,
+it returns this rank's rows of ``H'`` (``n_g x F_out``). Activation and
+dropout belong to the model (:class:`algorithms.model.GraphModel`). Each
+layer class declares what the rest of the code needs to know about it:
+
+* ``kind``: its name (``--model`` on the command line);
+* :meth:`GraphLayer.normalize_adjacency`: the adjacency its SpMM multiplies by;
+* its constructor: its parameters and how they are drawn from the shared
+  ``torch.Generator``.
+
+So nothing switches on the name string, and a new layer type is one class
+plus :func:`register_layer`, touching no other layer.
+
+Layer math (DESIGN section 5):
+
+* GCN: ``H' = Â H W + b``.
+* SAGE-mean: ``H' = H W_self + (Ā H) W_neigh + b``.
+
+Both propagate with :func:`propagate`: when the layer shrinks the width
+(``F_out < F_in``) it computes ``A (H W)`` so the exchange carries ``F_out``
+columns, else ``(A H) W``.
+
+Initial weights: Glorot-uniform, :func:`glorot`, drawn in a fixed order
+(GCN: ``W``; SAGE: ``W_self`` then ``W_neigh``); biases zero. Parameters
+are registered in the order :meth:`GraphModel.layer_parameters` reports
+them (GCN ``[W, b]``; SAGE ``[W_self, W_neigh, b]``).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar
+
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from algorithms.normalize import gcn_normalize, mean_normalize
+from sparse_dist.comm import Communicator
+from sparse_dist.layout import RowLayout
+
+from sparse_dist.exchange import ExchangeContext
+
+SpMM = Callable[[torch.Tensor, ExchangeContext], torch.Tensor]
+"""``spmm(h, context)``: this rank's rows of ``A h`` (autograd-aware, collective)."""
+
+__all__ = ["ExchangeContext", "GCNLayer", "GraphLayer", "LAYER_TYPES", "SAGELayer", "SpMM", "glorot",
+           "layer_type", "propagate", "register_layer"]
+
+
+def glorot(generator: torch.Generator, fan_in: int, fan_out: int) -> torch.Tensor:
+    """Glorot-uniform ``fan_in x fan_out`` float64 matrix: ``(U[0,1) * 2 - 1) * sqrt(6 / (fan_in + fan_out))``."""
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return (torch.rand(fan_in, fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+
+
+def propagate(spmm: SpMM, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              context: ExchangeContext) -> torch.Tensor:
+    """``A h W (+ b)``, exchanging the narrower of ``h`` and ``h W``.
+
+    The bias rides on an op that writes a fresh tensor anyway (``addmm``, or in
+    place on the SpMM's own output). Collective (the SpMM is).
+    """
+    if weight.shape[1] < weight.shape[0]:
+        out = spmm(h @ weight, context)
+        return out if bias is None else out.add_(bias)
+    aggregated = spmm(h, context)
+    return aggregated @ weight if bias is None else torch.addmm(bias, aggregated, weight)
+
+
+def _scaled(weight: torch.Tensor, scale: float) -> torch.Tensor:
+    return weight * scale if scale != 1.0 else weight
+
+
+class GraphLayer(nn.Module, ABC):
+    """One graph layer: ``n_g x fan_in`` rows in, ``n_g x fan_out`` rows out.
+
+    Subclasses set ``kind``, implement :meth:`normalize_adjacency` and
+    :meth:`forward`, and create their parameters in ``__init__`` from
+    ``generator`` (the model passes one generator through every layer in
+    order, so the draw order is the layer order, then the order inside the
+    layer). Register parameters in the order the optimiser should see them.
+    """
+
+    kind: ClassVar[str]
+    weight_matrices: ClassVar[int] = 1  # fan_in x fan_out products per row (performance model: work, parameters)
+
+    def __init__(self, fan_in: int, fan_out: int) -> None:
+        super().__init__()
+        self.fan_in, self.fan_out = fan_in, fan_out
+
+    @classmethod
+    @abstractmethod
+    def normalize_adjacency(cls, comm: Communicator, layout: RowLayout, rows: sp.csr_matrix,
+                            group: int) -> sp.csr_matrix:
+        """This row group's normalised adjacency rows (global column ids), float64 CSR.
+
+        ``rows`` are row group ``group``'s raw adjacency rows under ``layout``.
+        May be collective over ``comm`` (see the subclass): every rank of
+        ``comm`` must call it.
+        """
+
+    @abstractmethod
+    def forward(self, h: torch.Tensor, spmm: SpMM, context: ExchangeContext,
+                weight_scale: float = 1.0) -> torch.Tensor:
+        """This rank's rows of ``H'`` (``n_g x fan_out``) from its rows ``h`` (``n_g x fan_in``).
+
+        ``weight_scale``: the inverted-dropout scale, folded into the weights
+        (``dropout(h) W = (h m)(s W)``) so the caller passes ``h`` masked but
+        unscaled. Collective: ``spmm`` is, so every rank calls it in the same order.
+        """
+
+    def extra_repr(self) -> str:
+        return f"{self.fan_in}, {self.fan_out}"
+
+
+LAYER_TYPES: dict[str, type[GraphLayer]] = {}
+"""Layer classes by ``kind``; fill with :func:`register_layer`."""
+
+
+def register_layer(cls: type[GraphLayer]) -> type[GraphLayer]:
+    """Make ``cls`` buildable as ``GraphModel(cls.kind, ...)``; usable as a class decorator."""
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"layer class {cls.__name__} needs a non-empty string 'kind', found {kind!r}")
+    known = LAYER_TYPES.get(kind)
+    if known is not None and known is not cls:
+        raise ValueError(f"layer kind {kind!r} is already registered to {known.__name__}, "
+                         f"cannot register {cls.__name__}")
+    LAYER_TYPES[kind] = cls
+    return cls
+
+
+def layer_type(kind: str) -> type[GraphLayer]:
+    """The layer class registered as ``kind``; ``ValueError`` naming the known kinds otherwise."""
+    try:
+        return LAYER_TYPES[kind]
+    except KeyError:
+        raise ValueError(f"unknown model {kind!r}; expected one of {tuple(LAYER_TYPES)}") from None
+
+
+@register_layer
+class GCNLayer(GraphLayer):
+    """GCN (Kipf & Welling): ``H' = Â H W + b``; parameters ``[weight, bias]``."""
+
+    kind = "gcn"
+
+    def __init__(self, fan_in: int, fan_out: int, *, generator: torch.Generator,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(fan_in, fan_out)
+        self.weight = nn.Parameter(glorot(generator, fan_in, fan_out).to(dtype))
+        self.bias = nn.Parameter(torch.zeros(fan_out, dtype=dtype))
+
+    @classmethod
+    def normalize_adjacency(cls, comm: Communicator, layout: RowLayout, rows: sp.csr_matrix,
+                            group: int) -> sp.csr_matrix:
+        """``Â = D^-1/2 (A + I) D^-1/2`` rows. Collective over ``comm`` (fetches neighbours' degrees)."""
+        return gcn_normalize(comm, layout, rows, group)
+
+    def forward(self, h: torch.Tensor, spmm: SpMM, context: ExchangeContext,
+                weight_scale: float = 1.0) -> torch.Tensor:
+        return propagate(spmm, h, _scaled(self.weight, weight_scale), self.bias, context)
+
+
+@register_layer
+class SAGELayer(GraphLayer):
+    """GraphSAGE-mean: ``H' = H W_self + (Ā H) W_neigh + b``; parameters ``[weight, neighbour_weight, bias]``."""
+
+    kind = "sage"
+    weight_matrices = 2
+
+    def __init__(self, fan_in: int, fan_out: int, *, generator: torch.Generator,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(fan_in, fan_out)
+        self.weight = nn.Parameter(glorot(generator, fan_in, fan_out).to(dtype))
+        self.neighbour_weight = nn.Parameter(glorot(generator, fan_in, fan_out).to(dtype))
+        self.bias = nn.Parameter(torch.zeros(fan_out, dtype=dtype))
+
+    @classmethod
+    def normalize_adjacency(cls, comm: Communicator, layout: RowLayout, rows: sp.csr_matrix,
+                            group: int) -> sp.csr_matrix:
+        """``D^-1 A`` rows. Purely local: ``comm``, ``layout`` and ``group`` are unused (not collective)."""
+        return mean_normalize(rows)
+
+    def forward(self, h: torch.Tensor, spmm: SpMM, context: ExchangeContext,
+                weight_scale: float = 1.0) -> torch.Tensor:
+        weight = _scaled(self.weight, weight_scale)
+        neighbour = _scaled(self.neighbour_weight, weight_scale)
+        return torch.addmm(self.bias, h, weight).add_(propagate(spmm, h, neighbour, None, context))

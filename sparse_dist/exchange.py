@@ -1,0 +1,389 @@
+"""What an exchange carries (DESIGN section 4): the strategy object a plan holds, and the policy protocols.
+
+A plan (:mod:`sparse_dist.plans`) knows how bytes move (broadcasts, an
+alltoallv). Its :class:`ExchangeStrategy` decides, for each training call,
+what every owner's message carries:
+
+* :class:`ExactStrategy` - every owner sends the plan's whole message.
+* :class:`SampledStrategy` - a :class:`BoundarySampler` keeps some boundary
+  rows per epoch; kept columns are scaled by ``1/p``. The answer is a pure
+  function of ``(epoch, stream, global row id)``, so owner and receiver
+  compute the same sample without talking (``stream`` is the receiver's
+  group for receiver-side sampling, the owner's for owner-side sampling).
+* :class:`CachedStrategy` - a :class:`StalenessRule` marks owners ACTIVE
+  (send; receivers refresh their cache) or STALE (skip; receivers reuse
+  the cached block), around an exact or sampled strategy. Its state
+  (versions, cached blocks, the decisions log, checkpoints) lives in a
+  :class:`HistoryCache`.
+
+Evaluation is always exact: a plan uses its strategy only while training
+(``ExchangeContext.training``). A strategy declares what it needs from a
+plan (``samples``, ``caches``); a plan declares what it can carry, and
+refuses the rest in one sentence (:meth:`sparse_dist.plans.ExchangePlan.refusal`).
+Later strategies (pipelined, compressed) plug in through the same methods.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from sparse_dist.comm import Communicator
+
+if TYPE_CHECKING:
+    from sparse_dist.plans import BroadcastView
+
+
+@dataclass(frozen=True)
+class ExchangeContext:
+    """Where an SpMM call sits in training: the epoch, the layer, and whether it trains."""
+
+    epoch: int
+    layer: int
+    training: bool
+
+
+@dataclass
+class StalenessView:
+    """What a staleness rule may look at, for one layer, on one rank.
+
+    ``versions[j]``: epoch of owner ``j``'s last broadcast in this layer (-1: never),
+    the same on every rank. ``cached_versions[j]``: version of this rank's
+    cached block from ``j`` (-1: none cached). ``own_gap``: relative change
+    ``||X - X_cached|| / ||X_cached||`` (Frobenius) of the rows this rank would
+    broadcast as an owner, or None if it owns no broadcast in this column.
+    """
+
+    epoch: int
+    layer: int
+    owner: int
+    owners: list[int]
+    versions: np.ndarray
+    cached_versions: np.ndarray
+    own_gap: float | None
+
+
+class BoundarySampler(Protocol):
+    name: str
+    p: float
+    side: str  # "receiver" or "owner"
+
+    def keep(self, epoch: int, stream: int, global_rows: np.ndarray) -> np.ndarray:
+        """Boolean mask over ``global_rows``: kept in this epoch's sample."""
+
+
+class StalenessRule(Protocol):
+    name: str
+    needs_gap: bool
+    skip_backward: bool
+
+    def decide(self, view: StalenessView, comm: Communicator) -> np.ndarray:
+        """Boolean ACTIVE mask over all ``G`` owners (collective over ``comm``)."""
+
+
+@dataclass
+class Message:
+    """One owner's part of one layer's forward on this rank; the layer's transpose mirrors it exactly.
+
+    ``count`` rows travel (the same on every rank of the column). On a receiver ``block`` is
+    ``A_gj`` with columns numbered as message rows (already scaled), ``block_torch`` its CSR; on
+    the owner ``owner_rows`` are its local row ids in the message (None: all rows). A STALE
+    message moves nothing: ``values`` are the receiver's cached rows.
+    """
+
+    count: int
+    fresh: bool = True
+    block: sp.csr_matrix | None = None
+    block_torch: torch.Tensor | None = None
+    owner_rows: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+class ExchangeStrategy:
+    """Exact exchange: every owner sends the plan's whole message. The base of the other strategies."""
+
+    samples: ClassVar[bool] = False  # needs a plan that can send a sampled subset of rows
+    caches: ClassVar[bool] = False   # needs a plan whose receivers all get the same block (broadcasts)
+    skip_backward: bool = False
+
+    def __init__(self) -> None:
+        self._used: dict[int, dict[int, Message]] = {}
+        self.plan: Any = None
+
+    def bind(self, plan: Any) -> None:
+        """Called once by the plan that holds this strategy (a strategy serves one plan)."""
+        self.plan = plan
+
+    # ----------------------------------------------------------- sampling
+    def keep(self, epoch: int, stream: int, global_rows: np.ndarray) -> np.ndarray | None:
+        """Which of ``global_rows`` travel in ``epoch`` (None: all of them, unscaled)."""
+        return None
+
+    @property
+    def scale(self) -> float:
+        """Factor of kept columns (``1/p``)."""
+        return 1.0
+
+    @property
+    def side(self) -> str:
+        """Whose group is the sampling stream of a pair: ``"receiver"`` or ``"owner"``."""
+        return "owner"
+
+    # ------------------------------------------------- broadcast messages
+    def fresh_message(self, plan: BroadcastView, epoch: int, owner: int) -> Message:
+        """What ``owner`` sends when it sends."""
+        return plan.exact_message(owner)
+
+    def forward_messages(self, plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> dict[int, Message]:
+        """Every exchanged owner's message of this forward (collective where a rule must agree)."""
+        return {j: self.fresh_message(plan, context.epoch, j) for j in plan.owners}
+
+    def received(self, context: ExchangeContext, owner: int, message: Message, rows: torch.Tensor) -> None:
+        """Hook: ``rows`` of a fresh ``message`` arrived from ``owner`` (its own rows on the owner)."""
+
+    def finish_forward(self, context: ExchangeContext, messages: dict[int, Message]) -> None:
+        """Remember what this layer's forward used, for its transpose."""
+        self._used[context.layer] = messages
+
+    def used(self, context: ExchangeContext) -> dict[int, Message]:
+        return self._used[context.layer]
+
+    def sends_gradient(self, message: Message) -> bool:
+        """Whether the gradient of ``message``'s rows goes back to its owner."""
+        return True
+
+    # -------------------------------------------------------------- state
+    def decisions(self, epoch: int) -> list[dict[str, Any]]:
+        """Which owners sent, per layer, in ``epoch`` (empty where every owner always sends)."""
+        return []
+
+    def cache_bytes(self) -> int:
+        """Bytes of historical blocks held on this rank."""
+        return 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Per-rank state to checkpoint (empty for stateless strategies)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"the {type(self).__name__} keeps no state, but the checkpoint has some")
+
+
+class ExactStrategy(ExchangeStrategy):
+    """Every owner sends everything its plan sends."""
+
+
+class SampledStrategy(ExchangeStrategy):
+    """BNS-GCN boundary sampling: the sampler's kept rows travel, their columns scaled by ``1/p``."""
+
+    samples = True
+
+    def __init__(self, sampler: BoundarySampler) -> None:
+        super().__init__()
+        self.sampler = sampler
+        self._epoch: int | None = None
+        self._kept: dict[int, np.ndarray] = {}
+
+    def keep(self, epoch: int, stream: int, global_rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self.sampler.keep(epoch, stream, global_rows), dtype=bool)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / self.sampler.p if self.sampler.p > 0 else 0.0  # p = 0 keeps none: never used
+
+    @property
+    def side(self) -> str:
+        return self.sampler.side
+
+    def fresh_message(self, plan: BroadcastView, epoch: int, owner: int) -> Message:
+        """Owner-side sample of ``B_owner`` (stream = owner), the same on every rank of the column."""
+        if self._epoch != epoch:
+            self._epoch, self._kept = epoch, {}
+        if owner not in self._kept:
+            self._kept[owner] = self.keep(epoch, owner, plan.boundary_rows(owner))
+        return plan.sampled_message(owner, self._kept[owner], self.scale)
+
+
+@dataclass
+class CachedBlock:
+    """A receiver's historical block from one owner in one layer (never aliased to a receive buffer)."""
+
+    block: sp.csr_matrix
+    block_torch: torch.Tensor
+    values: torch.Tensor
+    version: int
+
+
+class HistoryCache:
+    """SANCUS state on one rank: versions, cached blocks, what it last sent, and the decisions log.
+
+    ``versions[layer][j]``: epoch of owner ``j``'s last broadcast (-1: never), the same on every
+    rank. The decisions log keeps the latest ``log_limit`` layer decisions (bounded; read through
+    :meth:`decisions`).
+    """
+
+    def __init__(self, log_limit: int = 64) -> None:
+        self.versions: dict[int, np.ndarray] = {}
+        self.message_counts: dict[tuple[int, int], int] = {}
+        self.blocks: dict[tuple[int, int], CachedBlock] = {}
+        self.sent_rows: dict[int, torch.Tensor | None] = {}
+        self.sent_reference: dict[int, torch.Tensor] = {}
+        self._log: deque[dict[str, Any]] = deque(maxlen=log_limit)
+
+    def versions_of(self, layer: int, groups: int) -> np.ndarray:
+        return self.versions.setdefault(layer, np.full(groups, -1, dtype=np.int64))
+
+    def cached_versions(self, layer: int, owners: list[int], groups: int) -> np.ndarray:
+        cached = np.full(groups, -1, dtype=np.int64)
+        for j in owners:
+            entry = self.blocks.get((layer, j))
+            if entry is not None:
+                cached[j] = entry.version
+        return cached
+
+    def gap(self, layer: int, current: torch.Tensor) -> float:
+        """Relative Frobenius change of this owner's rows since its last broadcast (inf: never sent)."""
+        reference = self.sent_reference.get(layer)
+        if reference is None:
+            return float("inf")
+        return float(torch.linalg.norm(current - reference) / max(float(torch.linalg.norm(reference)), 1e-30))
+
+    def stale_message(self, layer: int, owner: int, is_owner: bool) -> Message:
+        entry = self.blocks.get((layer, owner))
+        return Message(self.message_counts[(layer, owner)], False,
+                       entry.block if entry else None, entry.block_torch if entry else None,
+                       self.sent_rows.get(layer) if is_owner else None, entry.values if entry else None)
+
+    def sent(self, layer: int, owner: int, epoch: int, count: int) -> None:
+        self.versions[layer][owner] = epoch
+        self.message_counts[(layer, owner)] = count
+
+    def store(self, layer: int, owner: int, message: Message, values: torch.Tensor, epoch: int) -> None:
+        """Keep a fresh block (``values`` is a fresh receive buffer, so it never aliases a later one)."""
+        assert message.block is not None and message.block_torch is not None
+        self.blocks[(layer, owner)] = CachedBlock(message.block, message.block_torch, values.detach(), epoch)
+
+    def log(self, epoch: int, layer: int, owners: list[int], active: np.ndarray) -> None:
+        self._log.append({"epoch": epoch, "layer": layer, "owners": len(owners),
+                          "active": [int(j) for j in owners if active[j]]})
+
+    def decisions(self, epoch: int) -> list[dict[str, Any]]:
+        return [{k: v for k, v in d.items() if k != "epoch"} for d in self._log if d["epoch"] == epoch]
+
+    def nbytes(self) -> int:
+        total = sum(e.values.numel() * e.values.element_size() + e.block.data.nbytes + e.block.indices.nbytes
+                    + e.block.indptr.nbytes for e in self.blocks.values())
+        return int(total + sum(r.numel() * r.element_size() for r in self.sent_reference.values()))
+
+    def state_dict(self) -> dict[str, Any]:
+        def tensor(array: np.ndarray) -> torch.Tensor:  # checkpoints hold tensors, never pickled arrays
+            return torch.from_numpy(np.array(array, copy=True))
+
+        return {
+            "versions": {layer: tensor(v) for layer, v in self.versions.items()},
+            "message_counts": dict(self.message_counts),
+            "cache": {key: {"indptr": tensor(e.block.indptr), "indices": tensor(e.block.indices),
+                            "data": tensor(e.block.data), "shape": list(e.block.shape), "values": e.values.cpu(),
+                            "version": e.version}
+                      for key, e in self.blocks.items()},
+            "sent_rows": {layer: None if rows is None else rows.cpu() for layer, rows in self.sent_rows.items()},
+            "sent_reference": {layer: ref.cpu() for layer, ref in self.sent_reference.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any], plan: BroadcastView) -> None:
+        device = plan.device
+        self.versions = {int(k): v.numpy().copy() for k, v in state["versions"].items()}
+        self.message_counts = {tuple(k): int(v) for k, v in state["message_counts"].items()}
+        self.blocks = {}
+        for key, e in state["cache"].items():
+            block = sp.csr_matrix((e["data"].numpy(), e["indices"].numpy(), e["indptr"].numpy()),
+                                  shape=tuple(e["shape"]))
+            self.blocks[tuple(key)] = CachedBlock(block, plan.csr(block), e["values"].to(device), int(e["version"]))
+        self.sent_rows = {int(k): None if v is None else v.to(device) for k, v in state["sent_rows"].items()}
+        self.sent_reference = {int(k): v.to(device) for k, v in state["sent_reference"].items()}
+
+
+class CachedStrategy(ExchangeStrategy):
+    """SANCUS skip-broadcast around an exact or sampled strategy: STALE owners send nothing.
+
+    Collective: :meth:`forward_messages` may allgather one flag vector per layer (rules a and h);
+    every rank of the replica column calls it for every layer, in the same order.
+    """
+
+    caches = True
+
+    def __init__(self, rule: StalenessRule, inner: ExchangeStrategy) -> None:
+        super().__init__()
+        self.rule = rule
+        self.inner = inner
+        self.samples = inner.samples  # type: ignore[misc]
+        self.skip_backward = bool(rule.skip_backward)
+        self.history = HistoryCache()
+
+    def keep(self, epoch: int, stream: int, global_rows: np.ndarray) -> np.ndarray | None:
+        return self.inner.keep(epoch, stream, global_rows)
+
+    @property
+    def scale(self) -> float:
+        return self.inner.scale
+
+    def _active(self, plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> np.ndarray:
+        history, owners = self.history, plan.owners
+        versions = history.versions_of(context.layer, plan.groups)
+        gap = None
+        if self.rule.needs_gap and plan.group in owners:
+            gap = history.gap(context.layer, plan.broadcastable(h.detach()))
+        view = StalenessView(context.epoch, context.layer, plan.group, owners, versions.copy(),
+                             history.cached_versions(context.layer, owners, plan.groups), gap)
+        active = np.asarray(self.rule.decide(view, plan.col_comm), dtype=bool).copy()
+        return active | (versions < 0)  # nothing cached yet: the owner must send
+
+    def forward_messages(self, plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> dict[int, Message]:
+        layer, epoch, history = context.layer, context.epoch, self.history
+        active = self._active(plan, context, h)
+        messages: dict[int, Message] = {}
+        for j in plan.owners:
+            if active[j]:
+                messages[j] = self.inner.fresh_message(plan, epoch, j)
+                history.sent(layer, j, epoch, messages[j].count)
+            else:
+                messages[j] = history.stale_message(layer, j, is_owner=j == plan.group)
+        own = messages.get(plan.group)
+        if own is not None and own.fresh:
+            history.sent_rows[layer] = own.owner_rows
+            if self.rule.needs_gap:
+                history.sent_reference[layer] = plan.broadcastable(h.detach()).clone()
+        history.log(epoch, layer, plan.owners, active)
+        return messages
+
+    def received(self, context: ExchangeContext, owner: int, message: Message, rows: torch.Tensor) -> None:
+        if message.block is not None:
+            self.history.store(context.layer, owner, message, rows, context.epoch)
+
+    def sends_gradient(self, message: Message) -> bool:
+        return message.fresh or not self.skip_backward
+
+    def decisions(self, epoch: int) -> list[dict[str, Any]]:
+        return self.history.decisions(epoch)
+
+    def cache_bytes(self) -> int:
+        return self.history.nbytes()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.history.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.load_state_dict(state, self.plan)
+
+
+def make_strategy(sampler: BoundarySampler | None = None, staleness: StalenessRule | None = None) -> ExchangeStrategy:
+    """The strategy of a run's policies; a sampler with ``p = 1`` is the exact path."""
+    inner: ExchangeStrategy = (SampledStrategy(sampler) if sampler is not None and sampler.p < 1.0
+                               else ExactStrategy())
+    return CachedStrategy(staleness, inner) if staleness is not None else inner
