@@ -2,9 +2,11 @@
 
 Chosen by name with parameters, e.g. ``--sample bns:p=0.1`` or
 ``--sample bns:p=0.1,side=owner`` and ``--stale sancus-h:eps=0.02``. They
-implement the protocols of :mod:`sparse_dist.policy`; a third party adds
-one with :func:`register_sampler` / :func:`register_staleness` without
-touching the SpMM.
+implement the protocols of :mod:`sparse_dist.exchange`; a third party adds
+one with :func:`register_sampler` / :func:`register_staleness` (name,
+builder, typed parameters, accepted form) without touching the SpMM. All
+policy text, on the command line and in study files, goes through one
+parser, :meth:`AxisSpec.parse` (joined forms through :meth:`PolicySpec.parse`).
 
 Sampling (BNS-GCN): a boundary row is kept in epoch ``e`` when a 64-bit
 hash (splitmix64 chain of seed, epoch, stream, global row id) falls below
@@ -38,15 +40,14 @@ always ACTIVE:
 from __future__ import annotations
 
 import argparse
-
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
 from sparse_dist.comm import Communicator
-from sparse_dist.policy import BoundarySampler, StalenessRule, StalenessView
+from sparse_dist.exchange import BoundarySampler, StalenessRule, StalenessView
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -59,19 +60,6 @@ def splitmix64(values: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return z ^ (z >> np.uint64(31))
-
-
-def _parse_params(text: str, allowed: dict[str, type], spec: str) -> dict[str, object]:
-    params: dict[str, object] = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or key not in allowed:
-            raise ValueError(f"policy {spec!r}: unknown parameter {item!r}; expected {sorted(allowed)} as key=value")
-        try:
-            params[key] = allowed[key](value)
-        except ValueError:
-            raise ValueError(f"policy {spec!r}: {key}={value!r} is not a {allowed[key].__name__}") from None
-    return params
 
 
 @dataclass(frozen=True)
@@ -109,8 +97,10 @@ class SancusRule:
     skip_backward: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in ("e", "a", "h") or self.eps < 0:
-            raise ValueError(f"sancus rule needs kind e/a/h and eps >= 0, got {self.kind!r}, {self.eps}")
+        if self.kind not in ("e", "a", "h"):
+            raise ValueError(f"sancus rule kind must be e, a or h, got {self.kind!r}")
+        if not self.eps >= 0:
+            raise ValueError(f"sancus-{self.kind}: eps must be >= 0, got {self.eps}")
 
     @property
     def name(self) -> str:
@@ -120,7 +110,17 @@ class SancusRule:
     def needs_gap(self) -> bool:
         return self.kind == "h"
 
+    @property
+    def agreement(self) -> bool:
+        """Whether deciding costs one allgather of flags per layer (rules a and h)."""
+        return self.kind != "e"
+
+    def scheduled_share(self) -> float | None:
+        """Share of forward blocks sent when it follows a fixed schedule (e, and a with our plans), else None."""
+        return 1.0 / (self.eps + 1.0) if self.kind != "h" else None
+
     def decide(self, view: StalenessView, comm: Communicator) -> np.ndarray:
+        """ACTIVE owners; collective over ``comm`` (rules a and h allgather flags; e is deterministic)."""
         never = view.versions < 0
         if self.kind == "e":
             return never | (view.epoch - view.versions > self.eps)
@@ -134,93 +134,210 @@ class SancusRule:
         return never | agreed
 
 
-_SAMPLERS: dict[str, Callable[..., BoundarySampler]] = {}
-_STALENESS: dict[str, Callable[..., StalenessRule]] = {}
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """One registered policy name: its axis, its parameters (name -> type) and how to build it."""
+
+    name: str
+    axis: str                                  # "sample" or "stale"
+    params: dict[str, Callable[[str], Any]]
+    build: Callable[..., Any]                  # build(seed=..., **params) for samplers, build(**params) for rules
+    form: str                                  # the accepted form, for error messages
+
+    def parse_params(self, text: str, spec: str) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for item in filter(None, (piece.strip() for piece in text.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or key not in self.params:
+                raise ValueError(f"policy {spec!r}: unknown parameter {item!r}; expected {self.form}")
+            try:
+                values[key] = self.params[key](value)
+            except ValueError:
+                raise ValueError(f"policy {spec!r}: {key}={value!r} is not a {self.params[key].__name__}") from None
+        return values
 
 
-def register_sampler(name: str, factory: Callable[..., BoundarySampler]) -> None:
-    """Make ``--sample NAME:key=value,...`` build ``factory(seed=..., **params)``."""
-    _SAMPLERS[name] = factory
+_KINDS: dict[str, dict[str, PolicyKind]] = {"sample": {}, "stale": {}}
+_AXIS_WORD = {"sample": "sampling", "stale": "staleness"}
 
 
-def register_staleness(name: str, factory: Callable[..., StalenessRule]) -> None:
-    """Make ``--stale NAME:key=value,...`` build ``factory(**params)``."""
-    _STALENESS[name] = factory
+def register_sampler(name: str, build: Callable[..., BoundarySampler], params: dict[str, Callable[[str], Any]],
+                     form: str) -> None:
+    """Make ``--sample NAME:key=value,...`` build ``build(seed=RUN_SEED, **typed_params)``.
+
+    ``params`` maps each accepted key to its type (a callable from the text); ``form`` is the accepted
+    form shown in errors, e.g. ``"bns:p=P[,side=receiver|owner]"``.
+    """
+    _KINDS["sample"][name] = PolicyKind(name, "sample", params, build, form)
 
 
-register_sampler("bns", lambda seed, **kw: BnsSampler(
-    seed=seed, **_parse_params(kw.pop("_text"), {"p": float, "side": str}, kw.pop("_spec"))))
+def register_staleness(name: str, build: Callable[..., StalenessRule], params: dict[str, Callable[[str], Any]],
+                       form: str) -> None:
+    """Make ``--stale NAME:key=value,...`` build ``build(**typed_params)`` (see :func:`register_sampler`)."""
+    _KINDS["stale"][name] = PolicyKind(name, "stale", params, build, form)
+
+
+def _flag(value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ValueError(value)
+    return value == "1"
+
+
+_flag.__name__ = "0 or 1"
+register_sampler("bns", lambda seed, **params: BnsSampler(seed=seed, **params), {"p": float, "side": str},
+                 "bns:p=P[,side=receiver|owner] with 0 <= P <= 1")
 for _kind in ("e", "a", "h"):
-    register_staleness(f"sancus-{_kind}", lambda _k=_kind, **kw: SancusRule(
-        _k, **{key: (bool(int(v)) if key == "skip_backward" else v) for key, v in _parse_params(
-            kw.pop("_text"), {"eps": float, "skip_backward": int}, kw.pop("_spec")).items()}))
+    register_staleness(f"sancus-{_kind}", lambda _k=_kind, **params: SancusRule(_k, **params),
+                       {"eps": float, "skip_backward": _flag}, f"sancus-{_kind}:eps=E[,skip_backward=0|1] with E >= 0")
 
 
-def _split(spec: str) -> tuple[str, str]:
-    name, _, params = spec.partition(":")
-    return name.strip(), params.strip()
+@dataclass(frozen=True)
+class AxisSpec:
+    """One axis of a run's policy parsed once from its text: ``'none'`` (exact) or ``NAME:key=value,...``.
+
+    The built object (sampler or staleness rule) is made here, so a bad spec fails at parse time with
+    the text and the accepted forms; :meth:`build` makes a fresh one with the run's seed.
+    """
+
+    axis: str
+    text: str = "none"
+    kind: PolicyKind | None = field(default=None, compare=False, repr=False)
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def parse(cls, axis: str, text: str) -> "AxisSpec":
+        spec = text.strip()
+        name, _, params = spec.partition(":")
+        name = name.strip()
+        if name in ("", "none"):
+            return cls(axis)
+        known = _KINDS[axis]
+        if name not in known:
+            raise ValueError(f"unknown {_AXIS_WORD[axis]} policy {name!r}; known: {sorted(known)} or 'none'")
+        kind = known[name]
+        values = kind.parse_params(params, spec)
+        parsed = cls(axis, spec, kind, tuple(sorted(values.items())))
+        parsed.build(seed=0)  # the policy's own range checks (e.g. p in [0, 1]) run now, not later
+        return parsed
+
+    @property
+    def is_none(self) -> bool:
+        return self.kind is None
+
+    @property
+    def name(self) -> str:
+        return "none" if self.kind is None else self.kind.name
+
+    def build(self, seed: int = 0) -> Any:
+        """The sampler (given the run's seed) or staleness rule; None for ``'none'``."""
+        if self.kind is None:
+            return None
+        if self.axis == "sample":
+            return self.kind.build(seed=seed, **dict(self.params))
+        return self.kind.build(**dict(self.params))
+
+    def accepted(self) -> str:
+        return " or ".join(["'none'"] + [kind.form for kind in _KINDS[self.axis].values()])
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A run's whole policy: a sampling axis and a staleness axis.
+
+    Its text is ``'exact'``, one axis, or both joined by ``+`` (``'bns:p=0.1+sancus-e:eps=1'``):
+    the form studies and ``sparse-dist model`` use; ``train`` takes the two axes as ``--sample`` and
+    ``--stale``. Both parse through :meth:`AxisSpec.parse`, the one parser of policy text.
+    """
+
+    sample: AxisSpec = field(default_factory=lambda: AxisSpec("sample"))
+    stale: AxisSpec = field(default_factory=lambda: AxisSpec("stale"))
+
+    @classmethod
+    def parse(cls, text: str) -> "PolicySpec":
+        spec = text.strip()
+        if spec in ("exact", "none", ""):
+            return cls()
+        sample, stale = AxisSpec("sample"), AxisSpec("stale")
+        for piece in (part.strip() for part in spec.split("+")):
+            name = piece.partition(":")[0].strip()
+            if name in _KINDS["sample"] and sample.is_none:
+                sample = AxisSpec.parse("sample", piece)
+            elif name in _KINDS["stale"] and stale.is_none:
+                stale = AxisSpec.parse("stale", piece)
+            else:
+                raise ValueError(f"policy {spec!r}: {piece!r} is not a sampling policy {sorted(_KINDS['sample'])} "
+                                 f"or staleness policy {sorted(_KINDS['stale'])}, or repeats one kind")
+        return cls(sample, stale)
+
+    @classmethod
+    def parse_list(cls, text: str) -> list["PolicySpec"]:
+        """Policies separated by ``;`` or ``,``; a ``key=value`` piece without a name belongs to the
+        policy before it (``exact,sancus-e:eps=1,skip_backward=1`` is two policies)."""
+        pieces: list[str] = []
+        for piece in (part.strip() for part in text.replace(";", ",").split(",")):
+            if "=" in piece and ":" not in piece and pieces:
+                pieces[-1] += "," + piece
+            elif piece:
+                pieces.append(piece)
+        return [cls.parse(piece) for piece in pieces]
+
+    @property
+    def is_exact(self) -> bool:
+        return self.sample.is_none and self.stale.is_none
+
+    @property
+    def samples(self) -> bool:
+        """Whether it needs a plan that can send a sampled subset (see ``ExchangePlan.refusal``)."""
+        return not self.sample.is_none
+
+    @property
+    def caches(self) -> bool:
+        """Whether it needs a plan whose receivers can cache whole blocks."""
+        return not self.stale.is_none
+
+    @property
+    def text(self) -> str:
+        return "+".join(str(axis) for axis in (self.sample, self.stale) if not axis.is_none) or "exact"
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def parse_sampler(spec: str, seed: int = 0) -> BoundarySampler | None:
     """``'none'`` or ``NAME:params`` -> a sampler (None for exact)."""
-    name, params = _split(spec)
-    if name in ("", "none"):
-        return None
-    if name not in _SAMPLERS:
-        raise ValueError(f"unknown sampling policy {name!r}; known: {sorted(_SAMPLERS)} or 'none'")
-    return _SAMPLERS[name](seed, _text=params, _spec=spec)
+    return AxisSpec.parse("sample", spec).build(seed)
 
 
 def parse_staleness(spec: str) -> StalenessRule | None:
     """``'none'`` or ``NAME:params`` -> a staleness rule (None for exact)."""
-    name, params = _split(spec)
-    if name in ("", "none"):
-        return None
-    if name not in _STALENESS:
-        raise ValueError(f"unknown staleness policy {name!r}; known: {sorted(_STALENESS)} or 'none'")
-    return _STALENESS[name](_text=params, _spec=spec)
+    return AxisSpec.parse("stale", spec).build()
 
 
-def sampler_spec(text: str) -> str:
-    """An argparse ``type=`` for ``--sample``: the spec itself once :func:`parse_sampler` accepts it.
+def _argparse_type(axis: str) -> Callable[[str], AxisSpec]:
+    def parse(text: str) -> AxisSpec:
+        try:
+            return AxisSpec.parse(axis, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (accepted: {AxisSpec(axis).accepted()})") from None
 
-    Checked while the command line is parsed, so a typo stops the job before any data is read or
-    any collective starts.
-    """
+    parse.__name__ = f"{_AXIS_WORD[axis]} policy"
+    return parse
+
+
+# argparse ``type=`` of --sample and --stale: checked while the command line is parsed, so a typo stops
+# the job before any data is read or any collective starts.
+sampling_arg = _argparse_type("sample")
+staleness_arg = _argparse_type("stale")
+
+
+def policy_list_arg(text: str) -> list[PolicySpec]:
+    """argparse ``type=`` of a list of joined policies (``sparse-dist model predict --policies``)."""
     try:
-        parse_sampler(text)
+        return PolicySpec.parse_list(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (accepted: 'none' or bns:p=P[,side=receiver|owner])") from None
-    return text
-
-
-def staleness_spec(text: str) -> str:
-    """An argparse ``type=`` for ``--stale`` (see :func:`sampler_spec`)."""
-    try:
-        parse_staleness(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{exc} (accepted: 'none' or sancus-e|sancus-a|sancus-h:eps=E[,skip_backward=1] with E >= 0)") from None
-    return text
-
-
-def split_policy(spec: str) -> tuple[str, str]:
-    """``'exact'``, one policy, or ``'bns:p=0.1+sancus-e:eps=1'`` -> ``(sample, stale)`` specs (validated).
-
-    Used by studies, which name a run's policy in one string.
-    """
-    sample, stale = "none", "none"
-    if spec.strip() in ("exact", "none", ""):
-        return sample, stale
-    for piece in spec.split("+"):
-        name, _ = _split(piece.strip())
-        if name in _SAMPLERS and sample == "none":
-            sample = piece.strip()
-            parse_sampler(sample)
-        elif name in _STALENESS and stale == "none":
-            stale = piece.strip()
-            parse_staleness(stale)
-        else:
-            raise ValueError(f"policy {spec!r}: {piece.strip()!r} is not a sampling policy {sorted(_SAMPLERS)} "
-                             f"or staleness policy {sorted(_STALENESS)}, or repeats one kind")
-    return sample, stale
+        raise argparse.ArgumentTypeError(f"{exc} (accepted: 'exact', {AxisSpec('sample').accepted()}, "
+                                         f"{AxisSpec('stale').accepted()}, or one of each joined by '+')") from None

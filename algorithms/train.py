@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,11 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.model import GraphModel
-from algorithms.normalize import gcn_normalize, mean_normalize
-from algorithms.policies import parse_sampler, parse_staleness
+from algorithms.layers import layer_type
+from algorithms.policies import AxisSpec
 from sparse_dist.comm import Communicator
-from sparse_dist.dcsr import DistCSR
-from sparse_dist.layout import RowLayout
+from sparse_dist.dcsr import DistCSR, split_grid
+from sparse_dist.exchange import make_strategy
+from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.spmm import DistSpMM
 
 SPLITS = ("train", "val", "test")
@@ -54,15 +55,26 @@ class TrainConfig:
     replication: int = 1
     feature_norm: str = "row"  # "row": divide each feature row by its sum; "none"
     dtype: str = "float32"
-    sample: str = "none"  # boundary sampling policy, e.g. "bns:p=0.1"
-    stale: str = "none"   # staleness policy, e.g. "sancus-h:eps=0.02"
+    sample: AxisSpec = AxisSpec("sample")  # boundary sampling policy, e.g. "bns:p=0.1" (text is parsed here)
+    stale: AxisSpec = AxisSpec("stale")    # staleness policy, e.g. "sancus-h:eps=0.02"
     clip: float = 0.0     # global gradient-norm bound; 0 = off (local threshold clip / sqrt(G), as SANCUS)
+
+    def __post_init__(self) -> None:
+        for axis in ("sample", "stale"):
+            value = getattr(self, axis)
+            if not isinstance(value, AxisSpec):
+                object.__setattr__(self, axis, AxisSpec.parse(axis, str(value)))
+
+    def record(self) -> dict[str, Any]:
+        """Every field as plain JSON values (policies as their text)."""
+        fields = {key: getattr(self, key) for key in self.__dataclass_fields__}
+        return {key: str(value) if isinstance(value, AxisSpec) else value for key, value in fields.items()}
 
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with (plan and c change no math)."""
         keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
                 "feature_norm", "dtype", "sample", "stale", "clip")
-        return {key: value for key, value in asdict(self).items() if key in keep}
+        return {key: value for key, value in self.record().items() if key in keep}
 
 
 @dataclass
@@ -87,7 +99,11 @@ def row_normalize_features(features: np.ndarray) -> np.ndarray:
 
 
 class Trainer:
-    """Owns the distributed operator, the model and the optimiser of one run."""
+    """Owns the distributed operator, the model and the optimiser of one run.
+
+    Collective: construction (communicator splits, normalisation, ``DistCSR``), :meth:`train_epoch`,
+    :meth:`evaluate` and :meth:`predictions`, every rank in the same order.
+    """
 
     def __init__(self, comm: Communicator, graph: LocalGraph, config: TrainConfig,
                  device: str | torch.device = "cpu") -> None:
@@ -99,13 +115,14 @@ class Trainer:
         replication = config.replication
         self.group = comm.rank // replication
         self.first_row = graph.layout.offsets[self.group]
-        self.column_comm = comm.split(comm.rank % replication, self.group)
-        normalized = (gcn_normalize(self.column_comm, graph.layout, graph.rows, self.group)
-                      if config.model == "gcn" else mean_normalize(graph.rows))
-        self.matrix = DistCSR(comm, graph.layout, normalized, replication=replication, name=graph.name)
-        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device,
-                             sampler=parse_sampler(config.sample, seed=config.seed),
-                             staleness=parse_staleness(config.stale))
+        grid_comms = split_grid(comm, Grid(comm.size, replication))
+        self.column_comm = grid_comms[1]  # the G ranks holding distinct rows: losses, counts, gradients
+        normalized = layer_type(config.model).normalize_adjacency(self.column_comm, graph.layout, graph.rows,
+                                                                  self.group)  # collective for GCN
+        self.matrix = DistCSR(comm, graph.layout, normalized, replication=replication, name=graph.name,
+                              grid_comms=grid_comms)
+        strategy = make_strategy(config.sample.build(seed=config.seed), config.stale.build())
+        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy)
 
         features = graph.features.astype(np.float64)
         if config.feature_norm == "row":
@@ -150,9 +167,9 @@ class Trainer:
         return list(self.model.parameters())
 
     def train_epoch(self) -> dict[str, Any]:
-        """One full-graph step; returns the global loss and this rank's time breakdown."""
+        """One full-graph step; returns the global loss and this rank's time breakdown (collective)."""
         stats_before = self.comm.stats.snapshot()
-        self.spmm.timer.reset()
+        self.spmm.reset_compute()
         start = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
@@ -176,17 +193,15 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the epoch's wall time includes its kernels
         wall = time.perf_counter() - start
-        decisions = getattr(self.spmm.plan, "decisions", [])
-        broadcasts = [{"layer": d["layer"], "owners": d["owners"], "active": d["active"]}
-                      for d in decisions if d["epoch"] == self.epoch]
+        broadcasts = self.spmm.strategy.decisions(self.epoch)
         self.epoch += 1
         return {"epoch": self.epoch, "loss": float(flat[-1]), **self._breakdown(stats_before, wall),
-                "broadcasts": broadcasts, "cache_bytes": self.spmm.plan.cache_bytes()}
+                "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes()}
 
     def _breakdown(self, before: dict[str, dict[str, float]], wall: float) -> dict[str, Any]:
         after = self.comm.stats.snapshot()
         delta = {phase: {key: after[phase][key] - before[phase][key] for key in after[phase]} for phase in after}
-        computed = self.spmm.timer.seconds
+        computed = self.spmm.compute_seconds()
         parts = {key: computed.get(key, 0.0) for key in ("local_spmm", "masks", "dropout", "optimizer")}
         parts["exchange"] = delta["forward"]["seconds"] + delta["backward"]["seconds"]
         parts["allreduce"] = delta["grad_allreduce"]["seconds"]
@@ -198,7 +213,7 @@ class Trainer:
     # ----------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Exact forward (no dropout); accuracy (micro-F1 for multi-label) per split, global."""
+        """Exact forward (no dropout); accuracy (micro-F1 for multi-label) per split, global (collective)."""
         self.model.eval()
         logits = self.model(self.features, self.spmm, first_row=self.first_row, epoch=self.epoch, training=False)
         if self.graph.multilabel:
@@ -243,13 +258,21 @@ class Trainer:
         self.epoch = int(state["epoch"])
         torch.set_rng_state(state["torch_rng"])
 
+    @property
+    def has_policy_state(self) -> bool:
+        """Whether this run keeps per-rank exchange state (caches) that a checkpoint must save.
+
+        Decided by the configuration alone, so it is the same on every rank.
+        """
+        return self.spmm.strategy.caches
+
     def policy_state(self) -> dict[str, Any]:
         """This rank's policy state (caches and versions); per rank, unlike :meth:`state`."""
         return {"rank": self.comm.rank, "world_size": self.comm.size, "epoch": self.epoch,
-                "plan": self.spmm.plan.policy_state()}
+                "strategy": self.spmm.strategy.state_dict()}
 
     def load_policy_state(self, state: dict[str, Any]) -> None:
-        self.spmm.plan.load_policy_state(state["plan"])
+        self.spmm.strategy.load_state_dict(state["strategy"])
 
     def policy_mismatch(self, state: dict[str, Any]) -> str | None:
         expected = (self.comm.rank, self.comm.size, self.epoch)

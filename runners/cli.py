@@ -3,6 +3,15 @@
 Launch under MPI: ``mpiexec -n P sparse-dist demo`` or ``srun --mpi=pmi2
 sparse-dist ...``. Any exception on any rank ends the whole job with a
 non-zero status and that rank's message (:func:`sparse_dist.comm.run_or_abort`).
+
+User errors (:func:`user_errors`: bad input or a path that cannot be used,
+each named in the message) are one line ``sparse-dist CMD: error: ...`` said
+once per job with exit status 2 and no traceback (``--debug`` adds it);
+anything else is an internal error and shows its traceback. A bad flag is
+refused while the command line is parsed, before MPI starts; a subcommand
+module may offer ``check_arguments(args) -> str | None`` for flag
+combinations argparse cannot express. SIGTERM raises ``SystemExit(143)`` so
+that cleanup (``finally``, context managers) runs as it does for SIGINT.
 """
 
 from __future__ import annotations
@@ -10,8 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 from sparse_dist import log
 from sparse_dist.hostmem import prefer_huge_pages
@@ -49,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="library log level (default: WARNING)")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of user errors too (bad input, unusable paths); internal "
+                             "errors always show theirs")
     parser.add_argument("--gpu-aware", choices=("auto", "on", "off", "force"), default="auto",
                         help="CUDA buffers: hand them to MPI if the library reports CUDA support (auto), "
                              "demand a library that reports it (on: else a clear error before any exchange), "
@@ -73,16 +86,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_CHECKS: dict[object, tuple[Callable[[argparse.Namespace], str | None], argparse.ArgumentParser]] = {}
+"""A subcommand's ``main`` -> its ``check_arguments`` and its parser (which says the error)."""
+
+
 def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object,
              mpi: bool = True) -> None:
     """A subcommand whose module offers ``add_arguments(parser)`` and ``main(comm, args)``.
 
     ``mpi=False``: a single-process tool (sweep, plot, model) that never initialises MPI, so the
     ``mpiexec`` jobs it launches do not inherit a singleton MPI's environment; ``comm`` is None.
+    A module's ``EPILOG`` (preformatted text) ends its ``--help``; its ``check_arguments(args)`` returns
+    a flag problem (or None) to refuse before MPI starts (kept in :data:`_CHECKS`, not in the namespace,
+    which the benchmarks write into their JSON).
     """
-    parser = subparsers.add_parser(name, help=summary)
+    epilog = getattr(module, "EPILOG", None)
+    parser = subparsers.add_parser(name, help=summary, description=summary, epilog=epilog,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter if epilog
+                                   else argparse.HelpFormatter)
     module.add_arguments(parser)  # type: ignore[attr-defined]
     parser.set_defaults(func=module.main, mpi=mpi)  # type: ignore[attr-defined]
+    check = getattr(module, "check_arguments", None)
+    if check is not None:
+        _CHECKS[module.main] = (check, parser)  # type: ignore[attr-defined]
 
 
 def _info(comm: object, args: argparse.Namespace) -> int:
@@ -120,11 +146,34 @@ def _info(comm: object, args: argparse.Namespace) -> int:
     return 0
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean bad input, not a bug: their message names the file, field or flag and
+    what was expected, so the user sees that one line and no traceback."""
+    from algorithms.checkpoint import CheckpointError
+    from runners.data.datasets import DatasetError
+    from runners.data.shards import ShardError
+    from runners.study.collect import ResultsError
+    from runners.study.spec import StudyError
+    from runners.train_cmd import PathError
+    from sparse_dist.comm import GpuAwareError
+
+    return (DatasetError, ShardError, CheckpointError, PathError, GpuAwareError, StudyError, ResultsError)
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     prefer_huge_pages()  # before anything imports torch (see sparse_dist.hostmem)
     args = _parser().parse_args(argv)
+    check, command_parser = _CHECKS.get(getattr(args, "func", None), (None, None))
+    problem = check(args) if check is not None else None
+    if problem:
+        command_parser.error(problem)
     log.configure(args.log_level)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     if not getattr(args, "mpi", True):
         return _run_without_mpi(args)
     from sparse_dist.comm import GpuAwareError, run_or_abort, world, world_rank
@@ -140,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return args.func(comm, args)
 
-    return run_or_abort(body)
+    return run_or_abort(body, user_errors=user_errors(), debug=args.debug, prog=f"sparse-dist {args.command}")
 
 
 def _run_without_mpi(args: argparse.Namespace) -> int:
@@ -151,6 +200,8 @@ def _run_without_mpi(args: argparse.Namespace) -> int:
     try:
         return args.func(None, args)
     except (StudyError, ResultsError, FileNotFoundError) as exc:
+        if args.debug:
+            raise
         print(f"sparse-dist {args.command}: {exc}", file=sys.stderr)
         return 2
 

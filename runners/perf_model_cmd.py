@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from runners.study.collect import ResultsError, read_csv, write_csv_rows
-from runners.perf.cost_model import (NETWORKS, ModelShape, Network, Policy, Prediction, Rates, Workload, cores_per_rank,
+from algorithms.model import MODEL_KINDS
+from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
+from sparse_dist.cost import NETWORKS, Network
+from sparse_dist.plans import PointToPointPlan, plan_class
+from runners.perf.cost_model import (ModelShape, ExpectedTraffic, Prediction, Rates, Workload, cores_per_rank,
                                 predict_epoch, workload_analytic, workload_from_shards)
 from runners.data.shards import read_meta
 
@@ -52,11 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     predict.add_argument("--classes", type=int)
     predict.add_argument("--hidden", type=int, default=128)
     predict.add_argument("--layers", type=int, default=3)
-    predict.add_argument("--model", choices=("gcn", "sage"), default="gcn")
+    predict.add_argument("--model", choices=MODEL_KINDS, default="gcn")
     predict.add_argument("--ranks", default="64,256,1024", help="comma-separated P")
     predict.add_argument("--plans", default="dense-bcast,sparse-bcast,p2p")
-    predict.add_argument("--policies", default="exact,bns:p=0.1,sancus-h:eps=0.05",
-                         help="policies separated by ',' (or ';'); a policy's own parameters may use ',' too")
+    predict.add_argument("--policies", default="exact,bns:p=0.1,sancus-h:eps=0.05", type=policy_list_arg,
+                         help="policies separated by ',' (or ';'); a policy's own parameters may use ',' too; "
+                              "a run's two axes joined by '+' (bns:p=0.1+sancus-e:eps=1)")
     predict.add_argument("--active", type=float, default=None,
                          help="share of forward broadcasts a data-dependent staleness rule sends "
                               "(default: measured in --calibrate-from's runs)")
@@ -105,7 +110,7 @@ def _shape(row: dict[str, Any], meta: dict[str, Any]) -> ModelShape:
     return ModelShape(tuple(dims), kind=str(row["model"]), itemsize=ITEMSIZE[str(row["dtype"])])
 
 
-def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Network, policy: Policy) -> Rates:
+def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Network, policy: ExpectedTraffic) -> Rates:
     """Per-core rates that reproduce one measured run's local SpMM and dense time."""
     cores = cores_per_rank(net, int(row["world_size"]), int(row["threads_per_rank"] or 1))
     unit = Rates(spmm=1.0, dense=1.0)
@@ -117,13 +122,20 @@ def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Netwo
                  source=f"{row['run']} ({cores:g} core(s) a rank)")
 
 
-def _policy_for(row: dict[str, Any], active: float | None = None) -> Policy:
+def _row_policy(row: dict[str, Any]) -> PolicySpec:
+    """A study row's policy, parsed by the one policy parser."""
+    return PolicySpec(AxisSpec.parse("sample", str(row["sample"] or "none")),
+                      AxisSpec.parse("stale", str(row["stale"] or "none")))
+
+
+def _policy_for(row: dict[str, Any], active: float | None = None) -> ExpectedTraffic:
     measured = row.get("broadcast_fraction")
-    if active is None and row["stale"] not in (None, "none"):
+    policy = _row_policy(row)
+    if active is None and policy.caches:
         # one row group exchanges nothing, so the share does not matter there
         single = int(row["world_size"]) == int(row["replication"])
         active = 1.0 if single or measured in (None, "") else float(measured)
-    return Policy.from_specs(str(row["sample"]), str(row["stale"]), active)
+    return ExpectedTraffic.of(policy, active)
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -200,14 +212,14 @@ def predict(args: argparse.Namespace) -> int:
     threads = args.threads or max(net.cores_per_node // net.ranks_per_node, 1)
     study = Path(args.calibrate_from)
     rows = read_csv(study / "results.csv")
-    calibration = [r for r in rows if r["plan"] == "p2p" and r["policy"] == "exact"]
+    calibration = [r for r in rows if r["plan"] == PointToPointPlan.name and PolicySpec.parse(r["policy"]).is_exact]
     if not calibration:
         raise ResultsError(f"{study}: no exact p2p run to calibrate the compute rates on")
     base = min(calibration, key=lambda r: (r["world_size"], -float(r["nodes"] or 0)))
     here = replace(NETWORKS["shm"], cores_per_node=os.cpu_count() or 1)
     base_dir = _data_dir(study, base)
     rates = calibrate(base, workload_from_shards(base_dir, int(base["world_size"]) // int(base["replication"])),
-                      _shape(base, read_meta(base_dir)), here, Policy())
+                      _shape(base, read_meta(base_dir)), here, ExpectedTraffic())
     shape = ModelShape(tuple([sizes["features"]] + [args.hidden] * (args.layers - 1) + [sizes["classes"]]),
                        kind=args.model)
     name = args.graph or "graph"
@@ -219,29 +231,24 @@ def predict(args: argparse.Namespace) -> int:
     print(f"compute rates per core measured on this machine from {rates.source}: SpMM "
           f"{rates.spmm / 1e6:.0f} M nnz*col/s, dense {rates.dense / 1e9:.2f} G row*F_in*F_out/s "
           f"(scaled linearly to {threads} core(s): optimistic)")
-    policies = [p for p in args.policies.replace(";", ",").split(",") if p]
-    policies = _rejoin(policies)
+    policies: list[PolicySpec] = args.policies
     measured_active = _measured_active(rows)
     header = f"{'P':>5} {'plan':<13}{'policy':<20}{'GB recv/rank':>13}{'GB total':>10}" \
              f"{'compute s':>10}{'exchange s':>11}{'allreduce s':>12}{'epoch s':>9}"
     print(header)
-    from algorithms.policies import split_policy
-    from sparse_dist.plans import unsupported_policy
-
     for ranks in [int(x) for x in args.ranks.split(",")]:
         work = workload_analytic(name, sizes["nodes"], sizes["nnz"], ranks, args.cut, args.neighbour_parts)
         for plan in args.plans.split(","):
             for policy_spec in policies:
-                sample, stale = split_policy(policy_spec)
-                if unsupported_policy(plan, sampling=sample != "none", staleness=stale != "none"):
+                if plan_class(plan).refusal(samples=policy_spec.samples, caches=policy_spec.caches):
                     continue
-                active = args.active if args.active is not None else measured_active.get(stale.partition(":")[0])
+                active = args.active if args.active is not None else measured_active.get(policy_spec.stale.name)
                 try:
-                    policy = Policy.from_specs(sample, stale, active)
+                    policy = ExpectedTraffic.of(policy_spec, active)
                 except ValueError as exc:
                     raise ResultsError(f"{exc} (the calibration study has no measured run of it)") from None
                 result: Prediction = predict_epoch(work, shape, plan, policy, rates, net, 1, threads)
-                print(f"{ranks:>5} {plan:<13}{policy_spec:<20}{result.exchange_bytes_max_recv / 1e9:>13.3f}"
+                print(f"{ranks:>5} {plan:<13}{policy_spec.text:<20}{result.exchange_bytes_max_recv / 1e9:>13.3f}"
                       f"{result.exchange_bytes_total / 1e9:>10.1f}"
                       f"{result.compute_spmm + result.compute_dense:>10.3f}{result.exchange:>11.3f}"
                       f"{result.allreduce:>12.5f}{result.epoch:>9.3f}")
@@ -255,24 +262,14 @@ def _measured_active(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Mean share of forward blocks sent, per staleness rule name, over a study's multi-group runs."""
     shares: dict[str, list[float]] = {}
     for row in rows:
-        if row["stale"] not in (None, "none") and row["broadcast_fraction"] not in (None, "") \
+        stale = _row_policy(row).stale
+        if not stale.is_none and row["broadcast_fraction"] not in (None, "") \
                 and int(row["world_size"]) > int(row["replication"]):
-            shares.setdefault(str(row["stale"]).partition(":")[0], []).append(float(row["broadcast_fraction"]))
+            shares.setdefault(stale.name, []).append(float(row["broadcast_fraction"]))
     for name, values in sorted(shares.items()):
         print(f"{name}: sends {statistics.fmean(values):.3f} of forward blocks (mean of {len(values)} measured "
               f"run(s) of the calibration study; --active overrides)")
     return {name: statistics.fmean(values) for name, values in shares.items()}
-
-
-def _rejoin(pieces: list[str]) -> list[str]:
-    """Undo splitting on ',' inside a policy's own parameters (``sancus-e:eps=1,skip_backward=1``)."""
-    policies: list[str] = []
-    for piece in pieces:
-        if "=" in piece and ":" not in piece and policies:
-            policies[-1] += "," + piece
-        else:
-            policies.append(piece)
-    return policies
 
 
 def main(comm: object, args: argparse.Namespace) -> int:

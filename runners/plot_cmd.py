@@ -31,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from algorithms.policies import AxisSpec  # noqa: E402
 from runners.study.collect import ResultsError, read_csv  # noqa: E402
 
 PARTS = (("t_local_spmm", "local SpMM"), ("t_dense", "dense"), ("t_exchange", "exchange"),
@@ -211,8 +212,8 @@ def plot_accuracy(rows: list[dict[str, Any]], epochs: dict[str, list[dict[str, A
 
 def plot_sancus(rows: list[dict[str, Any]], epochs: dict[str, list[dict[str, Any]]], path: Path, dpi: int) -> bool:
     largest = max(int(r["world_size"]) for r in rows)
-    chosen = [r for r in rows if int(r["world_size"]) == largest and r["stale"] not in (None, "none")
-              and epochs.get(r["run"])]
+    chosen = [r for r in rows if int(r["world_size"]) == largest
+              and not AxisSpec.parse("stale", r["stale"] or "none").is_none and epochs.get(r["run"])]
     if not chosen:
         return False
     fig, axes = plt.subplots(len(chosen), 1, figsize=(9, 1.2 + 1.6 * len(chosen)), squeeze=False)

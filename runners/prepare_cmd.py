@@ -4,11 +4,43 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
 from runners.data.partition import PARTITIONERS
 from runners.data.stream_synthetic import write_streamed_synthetic
-from runners.data.shards import write_shards
+from runners.data.shards import ShardError, write_shards
+
+EPILOG = """\
+edge-list input (prepare edgelist --edges E --node-features X.npy --labels Y [options]):
+  --edges E          one edge per line: "src dst", two integer node ids separated by
+                     spaces or tabs; "#" starts a comment, blank lines are skipped
+                     (or an E x 2 integer array as .npy, or a single-array .npz).
+                     Node ids are 0-based rows of the features file, 0 <= id < N.
+                     Edge "u v" means node u aggregates from node v (row u, column v
+                     of the adjacency). The graph is kept DIRECTED as given; pass
+                     --symmetrize to add every reverse edge. Duplicate edges
+                     collapse to one edge of weight 1; self-loops are dropped (GCN
+                     adds its own).
+  --node-features X  .npy (or single-array .npz), N x F numbers, all finite; row i
+                     holds node i. Not row-normalised (train --feature-norm auto).
+  --labels Y         class ids, one per node: .npy/.npz of N integers, or text with
+                     one id per line ("#" comments). Without --num-classes, C is the
+                     number of distinct ids and they must be exactly 0..C-1; with
+                     --num-classes C they must lie in 0..C-1. Multi-label: an N x C
+                     array of 0/1 (.npy/.npz, or text with C columns).
+  --masks M.npz      boolean arrays "train", "val", "test" of length N; without it a
+                     seeded uniform random split by --split train,val,test fractions
+                     (default 0.1,0.1,0.8; a node may be in no split).
+
+example:
+  $ cat edges.txt
+  # src dst
+  0 1
+  1 2
+  $ sparse-dist prepare edgelist --edges edges.txt --node-features x.npy \\
+        --labels labels.txt --symmetrize --parts 2 --out data/mygraph
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classes", type=int, default=8, help="synthetic: number of classes")
     parser.add_argument("--degree", type=int, default=10, help="synthetic: out-edges per node before symmetrising")
     parser.add_argument("--features", type=int, default=128, help="synthetic: feature width")
-    parser.add_argument("--edges", help="edgelist: 'src dst' pairs (text, .npy or .npz)")
+    parser.add_argument("--edges", help="edgelist: 'src dst' pairs (text, .npy or .npz; format below)")
     parser.add_argument("--node-features", help="edgelist: features .npy (nodes x width)")
-    parser.add_argument("--labels", help="edgelist: labels .npy (class ids, or nodes x classes of 0/1)")
+    parser.add_argument("--labels", help="edgelist: class ids (.npy or text, one per node), or nodes x classes of 0/1")
+    parser.add_argument("--num-classes", type=int, default=None,
+                        help="edgelist: number of classes C, ids 0..C-1 (default: the number of distinct ids, "
+                             "which must then be 0..C-1)")
     parser.add_argument("--masks", help="edgelist: .npz with boolean train/val/test (default: random split)")
     parser.add_argument("--split", default="0.1,0.1,0.8", help="edgelist: train,val,test fractions")
     parser.add_argument("--symmetrize", action="store_true", help="edgelist: add every reverse edge")
@@ -44,14 +79,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
 
 
+def _split(text: str) -> tuple[float, ...] | None:
+    try:
+        split = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return split if len(split) == 3 and min(split) >= 0 and sum(split) <= 1 + 1e-9 else None
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """Flag combinations argparse cannot check (refused before MPI starts)."""
+    if args.parts < 1:
+        return f"--parts must be at least 1, got {args.parts}"
+    if args.source == "synthetic" and args.stream and args.partitioner != "block":
+        return "prepare synthetic --stream writes contiguous blocks; use --partitioner block"
+    if args.source == "ogb" and (not args.name or not args.root):
+        return "prepare ogb needs --name (e.g. ogbn-arxiv) and --root DIR"
+    if args.source == "edgelist":
+        missing = [flag for flag, value in (("--edges", args.edges), ("--node-features", args.node_features),
+                                            ("--labels", args.labels)) if not value]
+        if missing:
+            return f"prepare edgelist needs {', '.join(missing)}"
+        if _split(args.split) is None:
+            return (f"--split {args.split}: expected three non-negative fractions train,val,test summing to "
+                    f"at most 1, e.g. 0.1,0.1,0.8")
+        if args.num_classes is not None and args.num_classes < 1:
+            return f"--num-classes must be at least 1, got {args.num_classes}"
+    return None
+
+
 def main(comm: object, args: argparse.Namespace) -> int:
     rank = getattr(comm, "rank", 0)
     if rank != 0:
         return 0  # prepare is a single-process step; extra ranks have nothing to do
     start = time.perf_counter()
+    if Path(args.out).exists() and not args.overwrite:  # before any input is read
+        raise ShardError(f"--out {args.out} already exists; pass --overwrite to replace it")
     if args.source == "synthetic" and args.stream:
-        if args.partitioner != "block":
-            raise SystemExit("prepare synthetic --stream writes contiguous blocks; use --partitioner block")
         meta = write_streamed_synthetic(args.out, nodes=args.nodes, degree=args.degree, parts=args.parts,
                                         graph=args.graph, classes=args.classes, features=args.features,
                                         seed=args.seed, overwrite=args.overwrite)
@@ -60,17 +124,11 @@ def main(comm: object, args: argparse.Namespace) -> int:
     if args.source == "planetoid":
         data = load_planetoid(args.root or BUILTIN_PLANETOID, args.name or "cora")
     elif args.source == "ogb":
-        if not args.name or not args.root:
-            raise SystemExit("prepare ogb needs --name (e.g. ogbn-arxiv) and --root DIR")
         data = load_ogb(args.name, args.root, symmetrize=not args.directed, allow_download=args.download)
     elif args.source == "edgelist":
-        missing = [flag for flag, value in (("--edges", args.edges), ("--node-features", args.node_features),
-                                            ("--labels", args.labels)) if not value]
-        if missing:
-            raise SystemExit(f"prepare edgelist needs {', '.join(missing)}")
-        split = tuple(float(x) for x in args.split.split(","))
         data = load_edge_list(args.edges, args.node_features, args.labels, masks=args.masks,
-                              split=split, symmetrize=args.symmetrize, seed=args.seed, name=args.name)
+                              split=_split(args.split), symmetrize=args.symmetrize, seed=args.seed, name=args.name,
+                              num_classes=args.num_classes)
     else:
         data = planted_classes(nodes=args.nodes, classes=args.classes, degree=args.degree,
                                features=args.features, seed=args.seed)

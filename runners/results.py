@@ -1,4 +1,4 @@
-"""Results files: JSON lines written by rank 0 under a temporary name, renamed when complete."""
+"""Results files: JSON lines kept by rank 0 and written under a temporary name, renamed when complete."""
 
 from __future__ import annotations
 
@@ -19,28 +19,55 @@ def temporary_beside(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def output_path_problem(path: str | Path, flag: str, what: str, example: str) -> str | None:
+    """Why ``path`` cannot become the file ``what`` (named by ``flag``; a typical name ``example``) by a rename
+    beside it; None if it can.
+
+    Missing directories on the way are fine (the writers create them); the nearest existing one must be
+    a writable directory, and ``path`` itself must not be a directory.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return f"{flag} {path}: is a directory; expected the path of {what}, e.g. {path / example}"
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{flag} {path}: {ancestor} is not a directory; expected the path of {what} in a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return (f"{flag} {path}: directory {ancestor} is not writable; expected the path of {what} "
+                f"in a writable directory")
+    return None
+
+
 class ResultsWriter:
-    """Appends JSON lines to ``.path.tmp-PID`` and renames it to ``path`` on :meth:`close`."""
+    """Keeps JSON lines in memory and writes them on :meth:`close`: to ``.path.tmp-PID``, renamed to ``path``.
+
+    Nothing is on disk before :meth:`close`, so a run that fails, is interrupted or is killed (even by
+    ``kill -9`` or another rank's ``MPI_Abort``) leaves no partial file; a failed write removes its
+    temporary file. A results file is a few kilobytes per epoch.
+    """
 
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None
-        self._temporary = None
-        self._handle = None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._temporary = temporary_beside(self.path)
-            self._handle = open(self._temporary, "w")
+        self._lines: list[str] | None = [] if self.path is not None else None
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._handle is not None:
-            self._handle.write(json.dumps(record) + "\n")
-            self._handle.flush()
+        if self._lines is not None:
+            self._lines.append(json.dumps(record) + "\n")
 
     def close(self) -> None:
-        if self._handle is not None and self.path is not None and self._temporary is not None:
-            self._handle.close()
-            os.replace(self._temporary, self.path)
-            self._handle = None
+        if self._lines is None or self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = temporary_beside(self.path)
+        try:
+            with open(temporary, "w") as handle:
+                handle.writelines(self._lines)
+            os.replace(temporary, self.path)
+        finally:
+            temporary.unlink(missing_ok=True)
+        self._lines = None
 
 
 def print_report(rank: int, text: str, result: dict[str, Any], as_json: bool) -> None:

@@ -16,7 +16,7 @@ dense matmuls, activations, loss).
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,10 +24,10 @@ import torch
 
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from algorithms.model import MODEL_KINDS
-from algorithms.policies import sampler_spec, staleness_spec
+from algorithms.policies import sampling_arg, staleness_arg
 from algorithms.train import TrainConfig, Trainer
-from runners.results import ResultsWriter, environment, peak_memory_bytes, spread
-from runners.data.shards import load_local_graph
+from runners.results import ResultsWriter, environment, output_path_problem, peak_memory_bytes, spread
+from runners.data.shards import ShardError, load_local_graph, read_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import huge_page_state
@@ -51,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
     parser.add_argument("--replication", type=int, default=1, help="1.5D replication factor c (divides P)")
-    parser.add_argument("--sample", default="none", type=sampler_spec,
+    parser.add_argument("--sample", default="none", type=sampling_arg,
                         help="boundary sampling policy, e.g. bns:p=0.1 or bns:p=0.1,side=owner (default: none)")
-    parser.add_argument("--stale", default="none", type=staleness_spec,
+    parser.add_argument("--stale", default="none", type=staleness_arg,
                         help="staleness policy: sancus-e:eps=1, sancus-a:eps=1, sancus-h:eps=0.02 "
                              "(add ,skip_backward=1 to skip stale gradients too; default: none)")
     parser.add_argument("--clip", type=float, default=0.0,
@@ -69,6 +69,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", default=None, help="checkpoint file path")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="write the checkpoint every k epochs")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+
+
+class PathError(ValueError):
+    """A ``--data``, ``--out`` or ``--checkpoint`` path that cannot be used; the message names each flag, its
+    path and what was expected."""
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """Flag combinations argparse cannot check (refused before MPI starts)."""
+    if args.resume and not args.checkpoint:
+        return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
+    return None
+
+
+def _path_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the paths of this run, found without reading any shard."""
+    problems = []
+    try:
+        read_meta(args.data)
+    except ShardError as exc:
+        problems.append(f"--data {exc}")
+    if args.out is not None:
+        problems.append(output_path_problem(args.out, "--out", "a results file (JSON lines)", "results.jsonl"))
+    if args.checkpoint is not None:
+        checkpoint = Path(args.checkpoint)
+        if args.resume and not checkpoint.is_file():
+            problems.append(f"--checkpoint {checkpoint}: no such file to --resume from; expected a checkpoint "
+                            f"written by --checkpoint-every")
+        elif args.checkpoint_every:
+            problems.append(output_path_problem(checkpoint, "--checkpoint", "a checkpoint file", "run.ckpt"))
+    return [problem for problem in problems if problem]
+
+
+def check_paths(comm: Communicator, args: argparse.Namespace) -> None:
+    """Refuse unusable ``--data``/``--out``/``--checkpoint`` paths before any data is read (collective).
+
+    Rank 0 looks (it writes the results file and the checkpoint; every rank then reads the shards and
+    the checkpoint itself, and refuses collectively what it cannot read); every rank raises the same
+    :class:`PathError`, marked ``every_rank`` so that it is said once.
+    """
+    problems = comm.allgather_object(_path_problems(args) if comm.rank == 0 else None)[0]
+    if problems:
+        error = PathError("; ".join(problems))
+        error.every_rank = True  # type: ignore[attr-defined]
+        raise error
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
@@ -94,14 +139,18 @@ def _load_agreed(comm: Communicator, path: str | None, mismatch) -> dict[str, An
         error = mismatch(state)
     except CheckpointError as exc:
         error = str(exc)
-    comm.raise_if_any(error, CheckpointError)
+    try:
+        comm.raise_if_any(error, CheckpointError)
+    except CheckpointError as exc:
+        exc.every_rank = True  # type: ignore[attr-defined]  # raised identically on every rank: said once
+        raise
     assert state is not None
     return state
 
 
 def _resume(comm: Communicator, trainer: Trainer, path: str | None) -> None:
     trainer.load_state(_load_agreed(comm, path, trainer.mismatch))
-    if trainer.config.stale != "none":
+    if trainer.has_policy_state:
         assert path is not None
         trainer.load_policy_state(_load_agreed(comm, policy_file(path, comm.rank), trainer.policy_mismatch))
 
@@ -138,6 +187,7 @@ def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
+    check_paths(comm, args)  # first: before the collectives below and before any shard is read
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     device = rank_device(comm, args.device)  # before any data is read
@@ -149,7 +199,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     trainer = Trainer(comm, graph, config, device)
     leader = comm.rank == 0
     writer = ResultsWriter(args.out if leader else None)
-    writer.write({"type": "config", **asdict(config), "data": args.data, "world_size": comm.size,
+    writer.write({"type": "config", **config.record(), "data": args.data, "world_size": comm.size,
                   "device": args.device, "gpu_aware": comm.gpu_aware})
     writer.write({"type": "environment", "huge_pages": huge_page_state(),
                   **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node())})
@@ -177,7 +227,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         if args.checkpoint and args.checkpoint_every and (epoch % args.checkpoint_every == 0 or last):
             if leader:
                 save_checkpoint(args.checkpoint, trainer.state())
-            if config.stale != "none":
+            if trainer.has_policy_state:
                 save_checkpoint(policy_file(args.checkpoint, comm.rank), trainer.policy_state())
     ogb_metric = _ogb_metric(comm, trainer, graph.extra["meta"]) if "ogb_name" in graph.extra["meta"] else None
     if ogb_metric is not None:

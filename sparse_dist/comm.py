@@ -814,13 +814,30 @@ def world_rank() -> int:
     return _initialised().Get_rank()
 
 
-def run_or_abort(main: Callable[[], int]) -> int:
+def run_or_abort(main: Callable[[], int], *, user_errors: tuple[type[BaseException], ...] = (),
+                 debug: bool = False, prog: str = "error") -> int:
     """Run ``main``; if it raises on any rank, end the whole job non-zero.
 
-    The failing rank writes its traceback, prefixed with its rank, to stderr
-    and calls ``MPI_Abort`` on the world communicator, so ranks waiting in a
-    collective are killed instead of hanging (the semantics of
-    ``python -m mpi4py``). A non-zero ``SystemExit`` counts as a failure too.
+    Internal errors: the failing rank writes its traceback, prefixed with its
+    rank, to stderr and calls ``MPI_Abort`` on the world communicator, so
+    ranks waiting in a collective are killed instead of hanging (the
+    semantics of ``python -m mpi4py``). A non-zero ``SystemExit`` (also what
+    the command's SIGTERM handler raises) counts as a failure too.
+
+    User errors (instances of ``user_errors``: bad input, named by the
+    message) are one line ``PROG: error: MESSAGE`` and exit status 2, with
+    no traceback unless ``debug``:
+
+    * raised on every rank at the same point (collective validation marks
+      the exception with a true ``every_rank`` attribute): rank 0 alone
+      writes the line and every rank returns 2; no abort is needed, since no
+      rank is left inside a collective;
+    * otherwise (possibly this rank alone): this rank writes the line, the
+      others write nothing, and the job is aborted with status 2.
+
+    Before ``MPI_Abort`` the aborting rank unlinks the MPICH shared-memory
+    segments it has mapped (``/dev/shm/mpich_shm_*``), which MPICH removes
+    only in ``MPI_Finalize`` and an aborted job would leave behind.
     """
     try:
         return main()
@@ -828,27 +845,78 @@ def run_or_abort(main: Callable[[], int]) -> int:
         if exc.code in (None, 0):
             raise
         _abort_with(f"exit status {exc.code}", exc.code if isinstance(exc.code, int) else 1)
+    except user_errors as exc:
+        return _report_user_error(exc, prog, debug)
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
-        rank = _initialised().Get_rank()
-        details = "".join(traceback.format_exception(exc))
-        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in details.rstrip().splitlines()))
+        _write_traceback(exc)
         _abort_with(f"{type(exc).__name__}: {exc}", 1)
     return 1
 
 
 ABORT_GRACE_SECONDS = 0.5
+USER_ERROR_STATUS = 2
+_MPICH_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
 
 
-def _abort_with(reason: str, code: int) -> None:
+def _write_traceback(exc: BaseException) -> None:
     rank = _initialised().Get_rank()
-    sys.stderr.write(f"[rank {rank}] error: {reason}; aborting all ranks\n")
+    details = "".join(traceback.format_exception(exc))
+    sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in details.rstrip().splitlines()))
+
+
+def _report_user_error(exc: BaseException, prog: str, debug: bool) -> int:
+    """One line for a user error (see :func:`run_or_abort`); aborts unless every rank raised it."""
+    world_comm = _initialised()
+    rank, size = world_comm.Get_rank(), world_comm.Get_size()
+    if getattr(exc, "every_rank", False):
+        if rank == 0:
+            if debug:
+                _write_traceback(exc)
+            sys.stderr.write(f"{prog}: error: {exc}\n")
+            sys.stderr.flush()
+        return USER_ERROR_STATUS
+    if debug:
+        _write_traceback(exc)
+    where = f" (rank {rank} of {size}; ending the job)" if size > 1 else ""
+    sys.stderr.write(f"{prog}: error: {exc}{where}\n")
+    _abort_with(None, USER_ERROR_STATUS)
+    return USER_ERROR_STATUS
+
+
+def _abort_with(reason: str | None, code: int) -> None:
+    """Write ``reason`` (if any), then end the job: ``MPI_Abort`` when there are other ranks."""
+    rank = _initialised().Get_rank()
+    if reason is not None:
+        sys.stderr.write(f"[rank {rank}] error: {reason}; aborting all ranks\n")
     sys.stderr.flush()
     if MPI.COMM_WORLD.Get_size() > 1:
+        _unlink_mpich_segments()
         # Let the launcher forward this message before MPI_Abort tears the job down (without the pause an
         # abort from every rank at once sometimes lost all output).
         time.sleep(ABORT_GRACE_SECONDS)
         MPI.COMM_WORLD.Abort(code)
     raise SystemExit(code)
+
+
+def _unlink_mpich_segments() -> None:
+    """Unlink the MPICH shared-memory files this process maps; the mappings stay valid until exit.
+
+    Only this job's processes map them, and the job is about to be aborted, so nothing attaches to them again.
+    Segments on other nodes (mapped only by ranks there) are not reached.
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            fields = [line.rstrip("\n").split(maxsplit=5) for line in maps]
+    except OSError:
+        return
+    paths = {f[5] for f in fields if len(f) == 6 and f[5].startswith(_MPICH_SEGMENT_PREFIX)
+             and not f[5].endswith("(deleted)")}
+    for path in sorted(paths):
+        try:
+            os.unlink(path)
+            _log.debug("removed MPICH shared-memory segment %s before aborting", path)
+        except OSError:
+            pass
 
 
 def ranks_on_this_node() -> int:

@@ -37,6 +37,13 @@ from sparse_dist.predict import predict_spmm_bytes
 _log = get_logger(__name__)
 
 
+def split_grid(comm: Communicator, grid: Grid) -> tuple[Communicator, Communicator]:
+    """``(row_comm, col_comm)``: the ``c`` replicas of this rank's row group, and the ``G`` ranks of its
+    replica column. Collective over ``comm`` (two splits, every rank in the same order)."""
+    group, replica = grid.group_of(comm.rank), grid.replica_of(comm.rank)
+    return comm.split(group, replica), comm.split(replica, group)
+
+
 class DistCSR:
     """A square sparse matrix distributed by block rows over a (1D or 1.5D) grid.
 
@@ -49,10 +56,13 @@ class DistCSR:
             global column ids); the ``c`` replicas of a group pass equal rows.
         replication: the 1.5D replication factor ``c`` (1 = 1D).
         name: used in error messages.
+        grid_comms: ``split_grid(comm, Grid(comm.size, replication))`` made earlier by the caller
+            (e.g. to normalise the rows over the replica column first); split here when None.
     """
 
     def __init__(self, comm: Communicator, layout: RowLayout, local_rows: sp.spmatrix, *,
-                 replication: int = 1, name: str = "matrix") -> None:
+                 replication: int = 1, name: str = "matrix",
+                 grid_comms: tuple[Communicator, Communicator] | None = None) -> None:
         self.comm = comm
         self.grid = Grid(comm.size, replication)
         self.layout = layout
@@ -70,8 +80,7 @@ class DistCSR:
         local.sort_indices()
 
         # Sub-communicators: the c replicas of one row group, and the G ranks of one replica column.
-        self.row_comm = comm.split(self.group, self.replica)
-        self.col_comm = comm.split(self.replica, self.group)
+        self.row_comm, self.col_comm = grid_comms if grid_comms is not None else split_grid(comm, self.grid)
         comm.raise_if_any(self._replica_mismatch(local), ValueError)
 
         self.lshape = local.shape
@@ -84,6 +93,9 @@ class DistCSR:
         counts_row = self._split_blocks(local)
         self.boundary_counts = self.col_comm.allgather_array(counts_row)
         self._exchange_boundary_ids()
+        _log.info("%s: %d x %d, %d nonzeros over %d ranks (c=%d); row group %d needs %d remote rows",
+                  name, n_total, n_total, self.gnnz, comm.size, replication, self.group,
+                  int(self.boundary_counts[self.group].sum() - self.boundary_counts[self.group, self.group]))
 
     # ------------------------------------------------------------- validation
     def _layout_error(self) -> str | None:
@@ -103,6 +115,7 @@ class DistCSR:
         return None
 
     def _replica_mismatch(self, local: sp.csr_matrix) -> str | None:
+        """Why the ``c`` replicas of this row group hold different rows, or None (collective over ``row_comm``)."""
         digest = zlib.crc32(local.indptr.tobytes(), zlib.crc32(local.indices.tobytes(), zlib.crc32(local.data.tobytes())))
         digests = self.row_comm.allgather_array(np.array([digest, local.nnz], dtype=np.int64))
         if np.any(digests != digests[0]):
@@ -143,7 +156,10 @@ class DistCSR:
         return counts
 
     def _exchange_boundary_ids(self) -> None:
-        """Tell each owner which of its rows every receiver needs (p2p send lists, B_j)."""
+        """Tell each owner which of its rows every receiver needs (p2p send lists, B_j).
+
+        Collective over ``col_comm``: one alltoallv of ids and one allgather of ``|B_j|``.
+        """
         groups = self.grid.groups
         share = set(self.grid.column_share(self.replica))
         me = self.group

@@ -15,6 +15,7 @@ import numpy as np
 
 from sparse_dist.comm import _ring_allreduce_bytes
 from sparse_dist.layout import Grid, RowLayout
+from sparse_dist.plans import plan_class
 
 SENT, RECV = 0, 1
 
@@ -35,21 +36,12 @@ def predict_spmm_bytes(grid: Grid, layout: RowLayout, boundary_counts: np.ndarra
     owners = np.arange(groups)
     replica = owners % c                                  # grid.replica_for_block(j)
     owner_rank = owners * c + replica                     # grid.rank_of(j, replica)
-    if plan in ("dense-bcast", "sparse-bcast"):
-        rows = layout.counts() if plan == "dense-bcast" else np.asarray(union_sizes)
-        # receiver i gets every owner j != i whose block its replica column (j % c) handles
-        moved = np.zeros((groups, groups), dtype=kind)
-        moved[:, :] = rows[None, :] * row_bytes
-    elif plan == "p2p":
-        moved = counts.astype(kind) * row_bytes           # moved[i, j]: rows of H_j rank i needs
-    else:
-        raise ValueError(f"unknown exchange plan {plan!r}")
+    # moved[i, j]: bytes of H_j that receiver group i gets (from the replica column of j, j % c)
+    moved = np.array(plan_class(plan).moved_rows(layout.counts(), counts, np.asarray(union_sizes)), dtype=kind)
+    moved *= row_bytes
     np.fill_diagonal(moved, 0)
     column = np.zeros((grid.world_size, 2), dtype=kind)
-    if plan == "p2p":
-        np.add.at(column[:, SENT], owner_rank, moved.sum(axis=0))
-    else:
-        np.add.at(column[:, SENT], owner_rank, np.asarray(rows, dtype=kind) * row_bytes * (groups - 1))
+    np.add.at(column[:, SENT], owner_rank, moved.sum(axis=0))  # a broadcast counts once per receiver
     receivers = owners[:, None] * c + replica[None, :]    # rank_of(i, replica of j)
     np.add.at(column[:, RECV], receivers.ravel(), moved.ravel())
     forward = column.copy()

@@ -22,8 +22,8 @@ import torch
 
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.dcsr import DistCSR
+from sparse_dist.exchange import BoundarySampler, ExchangeContext, ExchangeStrategy, StalenessRule, make_strategy
 from sparse_dist.plans import ExchangePlan, make_plan
-from sparse_dist.policy import BoundarySampler, ExchangeContext, StalenessRule
 
 
 class DistSpMM:
@@ -31,14 +31,18 @@ class DistSpMM:
 
     def __init__(self, matrix: DistCSR, plan: str = "p2p", *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", sampler: BoundarySampler | None = None,
-                 staleness: StalenessRule | None = None) -> None:
+                 staleness: StalenessRule | None = None, strategy: ExchangeStrategy | None = None) -> None:
+        """``strategy`` decides what training exchanges carry; by default the one ``sampler`` and
+        ``staleness`` make (:func:`~sparse_dist.exchange.make_strategy`; exact when both are None)."""
         self.matrix = matrix
         self.dtype = dtype
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timer = ComputeTimer()
-        self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer, sampler, staleness)
+        if strategy is None:
+            strategy = make_strategy(sampler, staleness)
+        self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer, strategy)
         self._replicated = matrix.grid.replication > 1
         self._owner_replica = matrix.grid.replica_for_block(matrix.group)
 
@@ -69,6 +73,18 @@ class DistSpMM:
         if self._replicated:
             self.matrix.row_comm.bcast_(out, root=self._owner_replica, phase=phase)
         return out
+
+    @property
+    def strategy(self) -> ExchangeStrategy:
+        """What this operator's training exchanges carry (and the per-rank state that needs)."""
+        return self.plan.strategy
+
+    def compute_seconds(self) -> dict[str, float]:
+        """Seconds of local compute booked since the last :meth:`reset_compute` (local SpMM, and what callers book)."""
+        return self.timer.seconds
+
+    def reset_compute(self) -> None:
+        self.timer.reset()
 
     def __call__(self, h: torch.Tensor, context: ExchangeContext | None = None) -> torch.Tensor:
         """Autograd-aware ``A @ H``: its backward is :meth:`transpose` with the same context."""

@@ -11,8 +11,9 @@ import scipy.sparse as sp
 from datasets_for_tests import random_directed, write
 
 from runners.perf_model_cmd import calibrate
-from runners.perf.cost_model import (Network, ModelShape, Policy, Rates, allreduce_time, alltoallv_time, bcast_time,
-                                predict_epoch, workload_analytic, workload_from_shards)
+from runners.perf.cost_model import (ExpectedTraffic, ModelShape, Rates, predict_epoch, workload_analytic,
+                                     workload_from_shards)
+from sparse_dist.cost import Network, allreduce_time, alltoallv_time, bcast_time
 from runners.data.shards import part_file, read_meta
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import predict_spmm_bytes
@@ -99,27 +100,27 @@ def test_predicted_bytes_follow_the_exact_byte_model_and_the_policies(tmp_path: 
     rates = Rates(spmm=1e9, dense=1e9)
     layout = RowLayout.from_counts(work.rows.tolist())
     for plan in ("dense-bcast", "sparse-bcast", "p2p"):
-        exact = predict_epoch(work, shape, plan, Policy(), rates, FLAT)
+        exact = predict_epoch(work, shape, plan, ExpectedTraffic(), rates, FLAT)
         sent = sum(int(predict_spmm_bytes(Grid(4), layout, work.boundary, work.union, plan, w, 4)[d][:, 0].sum())
                    for w, d in ((12, "forward"), (4, "forward"), (4, "backward")))
         assert exact.exchange_bytes_total == sent
         if plan != "dense-bcast":
-            sampled = predict_epoch(work, shape, plan, Policy(sample_p=0.25), rates, FLAT)
+            sampled = predict_epoch(work, shape, plan, ExpectedTraffic(sample_p=0.25), rates, FLAT)
             assert sampled.exchange_bytes_total == pytest.approx(0.25 * sent)
         if plan != "p2p":
-            stale = predict_epoch(work, shape, plan, Policy(active=0.5), rates, FLAT)
+            stale = predict_epoch(work, shape, plan, ExpectedTraffic(active=0.5), rates, FLAT)
             forward = sum(int(predict_spmm_bytes(Grid(4), layout, work.boundary, work.union, plan, w, 4)
                               ["forward"][:, 0].sum()) for w in (12, 4))
             assert stale.exchange_bytes_total == pytest.approx(sent - 0.5 * forward)
-    assert Policy.from_specs("none", "sancus-e:eps=3").active == 0.25
-    assert Policy.from_specs("bns:p=0.2,side=owner", "none").sample_p == 0.2
+    assert ExpectedTraffic.from_specs("none", "sancus-e:eps=3").active == 0.25
+    assert ExpectedTraffic.from_specs("bns:p=0.2,side=owner", "none").sample_p == 0.2
     # skipping stale gradients too: the backward bytes shrink by the same share as the forward ones
-    skipping = predict_epoch(work, shape, "sparse-bcast", Policy.from_specs("none", "sancus-e:eps=1,skip_backward=1"),
+    skipping = predict_epoch(work, shape, "sparse-bcast", ExpectedTraffic.from_specs("none", "sancus-e:eps=1,skip_backward=1"),
                              rates, FLAT)
-    exact = predict_epoch(work, shape, "sparse-bcast", Policy(), rates, FLAT)
+    exact = predict_epoch(work, shape, "sparse-bcast", ExpectedTraffic(), rates, FLAT)
     assert skipping.exchange_bytes_total == pytest.approx(0.5 * exact.exchange_bytes_total)
     with pytest.raises(ValueError, match="data-dependent"):
-        Policy.from_specs("none", "sancus-h:eps=0.1")
+        ExpectedTraffic.from_specs("none", "sancus-h:eps=0.1")
 
 
 def test_calibration_reproduces_the_calibration_run(tmp_path: Path) -> None:
@@ -128,8 +129,8 @@ def test_calibration_reproduces_the_calibration_run(tmp_path: Path) -> None:
     shape = ModelShape((12, 16, 4))
     row = {"run": "r", "world_size": 2, "replication": 1, "threads_per_rank": 1, "plan": "p2p",
            "t_local_spmm": 0.03, "t_dense": 0.2}
-    rates = calibrate(row, work, shape, FLAT, Policy())
-    again = predict_epoch(work, shape, "p2p", Policy(), rates, FLAT)
+    rates = calibrate(row, work, shape, FLAT, ExpectedTraffic())
+    again = predict_epoch(work, shape, "p2p", ExpectedTraffic(), rates, FLAT)
     assert again.compute_spmm == pytest.approx(0.03) and again.compute_dense == pytest.approx(0.2)
     # half the rows and nonzeros per rank at twice the ranks: compute halves (no overlap, same rates)
     assert math.isclose(rates.spmm * 0.03, float(np.max(work.nnz_local + work.nnz_remote)) * (12 + 2 * 4))

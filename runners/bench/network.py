@@ -5,7 +5,7 @@ the runs you want to model). Each sample times a chain of broadcasts whose
 root alternates between ranks 0 and 1, so each one waits for the one before
 (no pipelining), and divides by the chain's length; median of
 ``--repeats`` samples, slowest rank. The model's broadcast formula
-(:func:`runners.perf.cost_model.bcast_time`) is fitted: ``alpha`` from the
+(:func:`sparse_dist.cost.bcast_time`) is fitted: ``alpha`` from the
 small messages, ``beta`` by least squares on the large ones. Prints the
 table, the fit, and the flags to hand ``sparse-dist model``.
 """
@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from runners.perf.cost_model import BCAST_SHORT
+from sparse_dist.cost import BCAST_SHORT
 from sparse_dist.comm import Communicator
 
 SIZES = [8 * 4 ** k for k in range(13)]  # 8 B .. 128 MiB

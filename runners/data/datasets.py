@@ -193,18 +193,52 @@ def _load_array(path: Path, what: str) -> np.ndarray:
         raise DatasetError(f"{path}: cannot read {what} ({exc})") from None
 
 
+def check_class_ids(y: np.ndarray, path: Path, num_classes: int | None) -> int:
+    """The number of classes of 1-D class ids ``y`` read from ``path``; refuses ids that do not fit.
+
+    With ``num_classes`` C the ids must lie in ``0..C-1`` (a class may be absent). Without it C is the
+    number of distinct ids, which must then be exactly ``0..C-1``: ids 0, 1, 2, 3, 99 are refused
+    rather than taken as 100 classes, 95 of them empty.
+    """
+    if not np.issubdtype(y.dtype, np.integer):
+        raise DatasetError(f"{path}: class labels must be integers, got {y.dtype}")
+    negative = np.flatnonzero(y < 0)
+    if negative.size:
+        node = int(negative[0])
+        raise DatasetError(f"{path}: node {node} has class id {int(y[node])}; class ids must be 0 or more "
+                           f"({negative.size} negative id(s))")
+    if num_classes is not None:
+        if num_classes < 1:
+            raise DatasetError(f"--num-classes must be at least 1, got {num_classes}")
+        limit, why = num_classes, f"--num-classes {num_classes} means classes 0..{num_classes - 1}"
+    else:
+        limit = int(np.unique(y).size) if y.size else 1
+        why = f"the file's {limit} distinct id(s) imply classes 0..{limit - 1}"
+    outside = np.flatnonzero(y >= limit)
+    if outside.size:
+        node, value = int(outside[0]), int(y[outside[0]])
+        hint = (f"; pass --num-classes {int(y.max()) + 1} if {value} is meant" if num_classes is None
+                else f"; pass --num-classes {int(y.max()) + 1} or more")
+        raise DatasetError(f"{path}: node {node} has class id {value}, but {why} "
+                           f"({outside.size} node(s) outside){hint}")
+    return limit
+
+
 def load_edge_list(edges: str | Path, features: str | Path, labels: str | Path, *,
                    masks: str | Path | None = None, split: tuple[float, float, float] = (0.1, 0.1, 0.8),
-                   symmetrize: bool = False, seed: int = 0, name: str | None = None) -> GraphData:
-    """A user's graph: edges ``src dst`` (text, ``.npy`` or single-array ``.npz``), features and labels ``.npy``.
+                   symmetrize: bool = False, seed: int = 0, name: str | None = None,
+                   num_classes: int | None = None) -> GraphData:
+    """A user's graph: edges ``src dst`` (text, ``.npy`` or single-array ``.npz``), features and labels.
 
     Edge ``(u, v)`` means node ``u`` aggregates from ``v`` (row ``u``, column
     ``v`` of ``A``). Decisions: duplicate edges collapse to one edge of weight
     1; self-loops are dropped (GCN adds its own); ``symmetrize`` adds every
     reverse edge. ``masks`` is an ``.npz`` with boolean ``train``, ``val``,
     ``test`` arrays; without it a seeded uniform split by ``split``
-    fractions is drawn. Labels are class ids (1-D) or a 0/1 matrix
-    (multi-label).
+    fractions is drawn. Labels (``.npy``, ``.npz`` or text) are class ids,
+    one per node (a text file: one id per line), or a nodes x classes 0/1
+    matrix (multi-label; ``.npy``/``.npz``, or text with several columns);
+    class ids are checked by :func:`check_class_ids` against ``num_classes``.
     """
     edges, features, labels = Path(edges), Path(features), Path(labels)
     x = _load_array(features, "features")
@@ -220,18 +254,21 @@ def load_edge_list(edges: str | Path, features: str | Path, labels: str | Path, 
         raise DatasetError(f"{edges}: node ids must lie in [0, {n}) (the rows of {features.name}), "
                            f"found [{pairs.min()}, {pairs.max()}]")
     y = _load_array(labels, "labels")
+    if labels.suffix not in (".npy", ".npz") and y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]  # a text file of one class id per line
     if y.shape[0] != n or y.ndim not in (1, 2):
         raise DatasetError(f"{labels}: expected {n} labels (one per feature row), got shape {y.shape}")
     multilabel = y.ndim == 2
     if multilabel:
         if not np.isin(y, (0, 1)).all():
             raise DatasetError(f"{labels}: a 2-D label array must hold only 0 and 1 (multi-label)")
+        if num_classes is not None and num_classes != y.shape[1]:
+            raise DatasetError(f"{labels}: a multi-label array of {y.shape[1]} columns, but --num-classes "
+                               f"{num_classes}; expected one column per class")
         num_classes = y.shape[1]
         y = y.astype(np.float32)
     else:
-        if not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
-            raise DatasetError(f"{labels}: class labels must be non-negative integers")
-        num_classes = int(y.max()) + 1 if y.size else 1
+        num_classes = check_class_ids(y, labels, num_classes)
         y = y.astype(np.int64)
     src, dst = pairs[:, 0], pairs[:, 1]
     if symmetrize:
@@ -240,6 +277,8 @@ def load_edge_list(edges: str | Path, features: str | Path, labels: str | Path, 
     adjacency = sp.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (src[keep], dst[keep])), shape=(n, n))
     adjacency.data[:] = 1.0  # duplicates were summed: collapse to weight 1
     if masks is not None:
+        if not Path(masks).is_file():
+            raise DatasetError(f"{masks}: masks file not found; expected an .npz with boolean train, val, test")
         with np.load(Path(masks), allow_pickle=False) as archive:
             missing = [k for k in ("train", "val", "test") if k not in archive.files]
             if missing:

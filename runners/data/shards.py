@@ -13,18 +13,21 @@ A dataset directory holds:
   ``test`` for the part's rows only.
 
 ``write_shards`` writes into a temporary directory next to the target and
-renames it into place, so a crash never leaves a half-written dataset.
+renames it into place, so a crash never leaves a half-written dataset; an
+exception (also SIGINT, or SIGTERM through the command's handler) removes the
+temporary directory (:func:`removed_on_failure`).
 A run on ``G`` row groups merges ``num_parts / G`` adjacent parts per group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -57,6 +60,18 @@ def part_file(index: int) -> str:
     return f"part-{index:05d}.npz"
 
 
+@contextlib.contextmanager
+def removed_on_failure(temporary: Path) -> Iterator[Path]:
+    """Create the directory ``temporary`` (afresh); remove it if the body raises anything, then re-raise."""
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    try:
+        yield temporary
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
 def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: str = "block", seed: int = 0,
                  overwrite: bool = False) -> dict[str, Any]:
     """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict."""
@@ -69,34 +84,33 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
     new_id[order] = np.arange(order.size)
     source = sp.csr_matrix(data.adjacency)
 
-    temporary = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    files: dict[str, str] = {}
-    np.save(temporary / "permutation.npy", order)
-    files["permutation.npy"] = sha256_file(temporary / "permutation.npy")
-    statistics = BoundaryAccumulator(offsets)
-    for index in range(parts):
-        # One part's rows at a time, relabelled on the fly: never a second copy of the whole graph.
-        lo, hi = offsets[index], offsets[index + 1]
-        nodes = order[lo:hi]
-        rows = source[nodes]
-        rows = sp.csr_matrix((rows.data, new_id[rows.indices], rows.indptr), shape=rows.shape)
-        rows.sort_indices()
-        name = part_file(index)
-        np.savez(temporary / name, indptr=rows.indptr.astype(np.int64), indices=rows.indices.astype(np.int64),
-                 data=rows.data.astype(np.float32), features=data.features[nodes].astype(np.float32),
-                 labels=data.labels[nodes], train=data.masks["train"][nodes], val=data.masks["val"][nodes],
-                 test=data.masks["test"][nodes])
-        files[name] = sha256_file(temporary / name)
-        statistics.add_part(index, rows.indices.astype(np.int64), int(data.masks["train"][nodes].sum()))
-    stats = statistics.summary()
-    meta = {"format_version": FORMAT_VERSION, "name": data.name, "num_nodes": int(data.num_nodes),
-            "num_edges": int(sum(stats["edges"])), "feature_dim": int(data.features.shape[1]),
-            "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel), "partitioner": partitioner,
-            "partition_seed": seed, "num_parts": parts, "row_offsets": offsets.tolist(),
-            "permutation_file": "permutation.npy", "files": files, "partition_stats": stats, **data.meta_extra}
-    return finish_dataset(temporary, out_dir, meta)
+    with removed_on_failure(out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")) as temporary:
+        files: dict[str, str] = {}
+        np.save(temporary / "permutation.npy", order)
+        files["permutation.npy"] = sha256_file(temporary / "permutation.npy")
+        statistics = BoundaryAccumulator(offsets)
+        for index in range(parts):
+            # One part's rows at a time, relabelled on the fly: never a second copy of the whole graph.
+            lo, hi = offsets[index], offsets[index + 1]
+            nodes = order[lo:hi]
+            rows = source[nodes]
+            rows = sp.csr_matrix((rows.data, new_id[rows.indices], rows.indptr), shape=rows.shape)
+            rows.sort_indices()
+            name = part_file(index)
+            np.savez(temporary / name, indptr=rows.indptr.astype(np.int64), indices=rows.indices.astype(np.int64),
+                     data=rows.data.astype(np.float32), features=data.features[nodes].astype(np.float32),
+                     labels=data.labels[nodes], train=data.masks["train"][nodes], val=data.masks["val"][nodes],
+                     test=data.masks["test"][nodes])
+            files[name] = sha256_file(temporary / name)
+            statistics.add_part(index, rows.indices.astype(np.int64), int(data.masks["train"][nodes].sum()))
+        stats = statistics.summary()
+        meta = {"format_version": FORMAT_VERSION, "name": data.name, "num_nodes": int(data.num_nodes),
+                "num_edges": int(sum(stats["edges"])), "feature_dim": int(data.features.shape[1]),
+                "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel),
+                "partitioner": partitioner, "partition_seed": seed, "num_parts": parts,
+                "row_offsets": offsets.tolist(), "permutation_file": "permutation.npy", "files": files,
+                "partition_stats": stats, **data.meta_extra}
+        return finish_dataset(temporary, out_dir, meta)
 
 
 def finish_dataset(temporary: Path, out_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +124,9 @@ def finish_dataset(temporary: Path, out_dir: Path, meta: dict[str, Any]) -> dict
 
 def read_meta(data_dir: str | Path) -> dict[str, Any]:
     """``meta.json`` of a dataset directory, checked for every field the readers use."""
+    if not Path(data_dir).is_dir():
+        raise ShardError(f"{data_dir}: no such dataset directory; expected a directory made by "
+                         f"`sparse-dist prepare ... --out {data_dir}`")
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise ShardError(f"{data_dir}: not a prepared dataset (no meta.json); run `sparse-dist prepare` first")
@@ -160,6 +177,16 @@ def _read_part(data_dir: Path, meta: dict[str, Any], index: int) -> dict[str, np
     return arrays
 
 
+def _raise_if_any(comm: Communicator, error: str | None) -> None:
+    """``comm.raise_if_any(error, ShardError)``, the error marked ``every_rank`` (said once; see
+    :func:`sparse_dist.comm.run_or_abort`)."""
+    try:
+        comm.raise_if_any(error, ShardError)
+    except ShardError as exc:
+        exc.every_rank = True  # type: ignore[attr-defined]
+        raise
+
+
 def load_local_graph(comm: Communicator, data_dir: str | Path, groups: int, replication: int) -> LocalGraph:
     """This rank's row group, merged from its adjacent parts (collective validation).
 
@@ -176,7 +203,7 @@ def load_local_graph(comm: Communicator, data_dir: str | Path, groups: int, repl
                              f"(P={comm.size}, c={replication}); use a P/c that divides the number of parts")
     except ShardError as exc:
         error = str(exc)
-    comm.raise_if_any(error, ShardError)
+    _raise_if_any(comm, error)
     assert meta is not None
     per_group = meta["num_parts"] // groups
     group = comm.rank // replication
@@ -185,7 +212,7 @@ def load_local_graph(comm: Communicator, data_dir: str | Path, groups: int, repl
         pieces = [_read_part(data_dir, meta, index) for index in range(group * per_group, (group + 1) * per_group)]
     except ShardError as exc:
         error = str(exc)
-    comm.raise_if_any(error, ShardError)
+    _raise_if_any(comm, error)
     offsets = meta["row_offsets"][::per_group]
     n_nodes = meta["num_nodes"]
     blocks = [sp.csr_matrix((p["data"], p["indices"], p["indptr"]), shape=(p["indptr"].size - 1, n_nodes))

@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from runners.data.partition import BoundaryAccumulator
-from runners.data.shards import FORMAT_VERSION, finish_dataset, part_file, sha256_file
+from runners.data.shards import FORMAT_VERSION, ShardError, finish_dataset, part_file, removed_on_failure, sha256_file
 from runners.data.synthetic import CHUNK_ROWS
+
 
 def _progress(label: str, done: int, total: int, started: float) -> None:
     """One self-overwriting progress line on stderr (the command's, not the library's)."""
@@ -101,69 +102,68 @@ def write_streamed_synthetic(out_dir: str | Path, *, nodes: int, degree: int, pa
     """Generate and shard an undirected synthetic graph with bounded memory; returns meta."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists; pass --overwrite to replace it")
+        raise ShardError(f"{out_dir} already exists; pass --overwrite to replace it")
     if graph not in ("clustered", "rmat"):
         raise ValueError(f"streamed synthetic graph must be 'clustered' or 'rmat', got {graph!r}")
     offsets = np.concatenate(([0], np.cumsum([nodes // parts + (1 if i < nodes % parts else 0)
                                               for i in range(parts)]))).astype(np.int64)
     id_type = np.int32 if nodes < 2**31 else np.int64
-    temporary = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(temporary, ignore_errors=True)
-    (temporary / "buckets").mkdir(parents=True)
-    buckets = [open(temporary / "buckets" / f"{p}.bin", "wb") for p in range(parts)]
-    chunks = (nodes + CHUNK_ROWS - 1) // CHUNK_ROWS
-    started = time.perf_counter()
-    try:
-        for chunk in range(chunks):
-            first, stop = chunk * CHUNK_ROWS, min((chunk + 1) * CHUNK_ROWS, nodes)
-            if graph == "clustered":
-                src, dst = _edges_clustered(chunk, first, stop, nodes, degree, community, mixing, seed)
-            else:
-                src, dst = _edges_rmat(chunk, (stop - first) * degree, nodes, seed)
-            both_rows = np.concatenate([src, dst])
-            both_cols = np.concatenate([dst, src])
-            owner = np.searchsorted(offsets[1:], both_rows, side="right")
-            order = np.argsort(owner, kind="stable")
-            bounds = np.searchsorted(owner[order], np.arange(parts + 1))
-            for p in range(parts):
-                picked = order[bounds[p]:bounds[p + 1]]
-                if picked.size:
-                    np.stack([both_rows[picked], both_cols[picked]], axis=1).astype(id_type).tofile(buckets[p])
-            if progress:
-                _progress("generating edges (chunks)", chunk + 1, chunks, started)
-    finally:
-        for handle in buckets:
-            handle.close()
+    with removed_on_failure(out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")) as temporary:
+        (temporary / "buckets").mkdir()
+        buckets = [open(temporary / "buckets" / f"{p}.bin", "wb") for p in range(parts)]
+        chunks = (nodes + CHUNK_ROWS - 1) // CHUNK_ROWS
+        started = time.perf_counter()
+        try:
+            for chunk in range(chunks):
+                first, stop = chunk * CHUNK_ROWS, min((chunk + 1) * CHUNK_ROWS, nodes)
+                if graph == "clustered":
+                    src, dst = _edges_clustered(chunk, first, stop, nodes, degree, community, mixing, seed)
+                else:
+                    src, dst = _edges_rmat(chunk, (stop - first) * degree, nodes, seed)
+                both_rows = np.concatenate([src, dst])
+                both_cols = np.concatenate([dst, src])
+                owner = np.searchsorted(offsets[1:], both_rows, side="right")
+                order = np.argsort(owner, kind="stable")
+                bounds = np.searchsorted(owner[order], np.arange(parts + 1))
+                for p in range(parts):
+                    picked = order[bounds[p]:bounds[p + 1]]
+                    if picked.size:
+                        np.stack([both_rows[picked], both_cols[picked]], axis=1).astype(id_type).tofile(buckets[p])
+                if progress:
+                    _progress("generating edges (chunks)", chunk + 1, chunks, started)
+        finally:
+            for handle in buckets:
+                handle.close()
 
-    files: dict[str, str] = {}
-    statistics = BoundaryAccumulator(offsets)
-    started = time.perf_counter()
-    for p in range(parts):
-        lo, hi = int(offsets[p]), int(offsets[p + 1])
-        pairs = np.fromfile(temporary / "buckets" / f"{p}.bin", dtype=id_type).reshape(-1, 2).astype(np.int64)
-        (temporary / "buckets" / f"{p}.bin").unlink()
-        keys = np.unique((pairs[:, 0] - lo) * nodes + pairs[:, 1])  # sorted by row, then column; deduplicated
-        del pairs
-        rows, cols = keys // nodes, keys % nodes
-        keep = rows + lo != cols
-        rows, cols = rows[keep], cols[keep]
-        indptr = np.searchsorted(rows, np.arange(hi - lo + 1))
-        node_data = _node_data(lo, hi, classes, features, community, label_noise, words, signal, split, seed)
-        name = part_file(p)
-        np.savez(temporary / name, indptr=indptr.astype(np.int64), indices=cols.astype(np.int64),
-                 data=np.ones(cols.size, dtype=np.float32), **node_data)
-        files[name] = sha256_file(temporary / name)
-        statistics.add_part(p, cols, int(node_data["train"].sum()))
-        if progress:
-            _progress("writing parts", p + 1, parts, started)
-    shutil.rmtree(temporary / "buckets")
-    np.save(temporary / "permutation.npy", np.arange(nodes, dtype=np.int64))
-    files["permutation.npy"] = sha256_file(temporary / "permutation.npy")
-    stats = statistics.summary()
-    meta = {"format_version": FORMAT_VERSION, "name": f"synthetic-{graph}-{nodes}", "num_nodes": nodes,
-            "num_edges": int(sum(stats["edges"])), "feature_dim": features, "num_classes": classes,
-            "multilabel": False, "partitioner": "block", "partition_seed": seed, "num_parts": parts,
-            "row_offsets": offsets.tolist(), "permutation_file": "permutation.npy", "files": files,
-            "feature_norm": "row",
-            "partition_stats": stats}
-    return finish_dataset(temporary, out_dir, meta)
+        files: dict[str, str] = {}
+        statistics = BoundaryAccumulator(offsets)
+        started = time.perf_counter()
+        for p in range(parts):
+            lo, hi = int(offsets[p]), int(offsets[p + 1])
+            pairs = np.fromfile(temporary / "buckets" / f"{p}.bin", dtype=id_type).reshape(-1, 2).astype(np.int64)
+            (temporary / "buckets" / f"{p}.bin").unlink()
+            keys = np.unique((pairs[:, 0] - lo) * nodes + pairs[:, 1])  # sorted by row, then column; deduplicated
+            del pairs
+            rows, cols = keys // nodes, keys % nodes
+            keep = rows + lo != cols
+            rows, cols = rows[keep], cols[keep]
+            indptr = np.searchsorted(rows, np.arange(hi - lo + 1))
+            node_data = _node_data(lo, hi, classes, features, community, label_noise, words, signal, split, seed)
+            name = part_file(p)
+            np.savez(temporary / name, indptr=indptr.astype(np.int64), indices=cols.astype(np.int64),
+                     data=np.ones(cols.size, dtype=np.float32), **node_data)
+            files[name] = sha256_file(temporary / name)
+            statistics.add_part(p, cols, int(node_data["train"].sum()))
+            if progress:
+                _progress("writing parts", p + 1, parts, started)
+        shutil.rmtree(temporary / "buckets")
+        np.save(temporary / "permutation.npy", np.arange(nodes, dtype=np.int64))
+        files["permutation.npy"] = sha256_file(temporary / "permutation.npy")
+        stats = statistics.summary()
+        meta = {"format_version": FORMAT_VERSION, "name": f"synthetic-{graph}-{nodes}", "num_nodes": nodes,
+                "num_edges": int(sum(stats["edges"])), "feature_dim": features, "num_classes": classes,
+                "multilabel": False, "partitioner": "block", "partition_seed": seed, "num_parts": parts,
+                "row_offsets": offsets.tolist(), "permutation_file": "permutation.npy", "files": files,
+                "feature_norm": "row",
+                "partition_stats": stats}
+        return finish_dataset(temporary, out_dir, meta)

@@ -47,66 +47,19 @@ data-dependent rules take it from a measured run or an assumption).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from algorithms.policies import parse_sampler, parse_staleness
+from algorithms.layers import layer_type
+from algorithms.policies import AxisSpec, PolicySpec
 from runners.data.partition import BoundaryAccumulator
 from runners.data.shards import part_file, read_meta
 from sparse_dist.layout import Grid, RowLayout
+from sparse_dist.cost import Network, allreduce_time, bcast_time, log2_steps
+from sparse_dist.plans import plan_class
 from sparse_dist.predict import predict_spmm_bytes
-
-BCAST_SHORT = 12288   # MPICH: binomial broadcast below this many bytes
-ALLREDUCE_SHORT = 2048  # MPICH: recursive doubling below this many bytes
-
-
-@dataclass(frozen=True)
-class Network:
-    """Alpha-beta figures of one machine kind (seconds, seconds per byte)."""
-
-    name: str
-    alpha_intra: float
-    beta_intra: float
-    alpha_inter: float
-    beta_inter: float
-    ranks_per_node: int = 1
-    nics_per_node: int = 1
-    cores_per_node: int = 1
-    note: str = ""
-
-    def link(self, group_size: int) -> tuple[float, float]:
-        """(alpha, beta) of a collective over ``group_size`` consecutive ranks placed ``ranks_per_node`` a node.
-
-        Off-node traffic of all ranks on a node shares its NICs: the share of a rank's bytes that
-        leaves the node, ``(g - q)/(g - 1)``, runs at ``beta_inter * q / nics``.
-        """
-        q = min(self.ranks_per_node, group_size)
-        if group_size <= self.ranks_per_node:
-            return self.alpha_intra, self.beta_intra
-        off_node = (group_size - q) / (group_size - 1)
-        return self.alpha_inter, max(self.beta_intra, self.beta_inter * q / self.nics_per_node * off_node)
-
-
-# Documented defaults. shm: this 2-core machine (MPICH shared memory), from `sparse-dist bench network`.
-# The rest are typical published figures, assumed and not measured here.
-NETWORKS: dict[str, Network] = {
-    "shm": Network("shm", 5.4e-6, 1 / 6.6e9, 5.4e-6, 1 / 6.6e9, ranks_per_node=1_000_000, cores_per_node=2,
-                   note="one node, MPICH shared memory: alpha 5.4 us, 6.6 GB/s measured on the 2-core "
-                        "development machine by `mpiexec -n 2 sparse-dist bench network`"),
-    "ib-hdr": Network("ib-hdr", 0.5e-6, 1 / 20e9, 1.5e-6, 1 / 23e9, ranks_per_node=2, nics_per_node=1,
-                      cores_per_node=64,
-                      note="CPU nodes, 2 sockets x 32 cores, one HDR InfiniBand NIC (200 Gb/s, ~23 GB/s)"),
-    "ib-ndr": Network("ib-ndr", 0.5e-6, 1 / 20e9, 1.2e-6, 1 / 46e9, ranks_per_node=2, nics_per_node=1,
-                      cores_per_node=64,
-                      note="CPU nodes, 2 sockets x 32 cores, one NDR InfiniBand NIC (400 Gb/s, ~46 GB/s)"),
-    "nvlink-hdr": Network("nvlink-hdr", 2.0e-6, 1 / 150e9, 2.5e-6, 1 / 23e9, ranks_per_node=4, nics_per_node=4,
-                          cores_per_node=64,
-                          note="GPU nodes, 4 GPUs on NVLink (~150 GB/s a GPU), one HDR NIC per GPU"),
-}
-
 
 @dataclass(frozen=True)
 class Rates:
@@ -136,18 +89,18 @@ class ModelShape:
 
     @property
     def dense_work_per_row(self) -> int:
-        factor = 2 if self.kind == "sage" else 1
+        factor = layer_type(self.kind).weight_matrices
         return factor * sum(a * b for a, b in zip(self.dims[:-1], self.dims[1:]))
 
     @property
     def parameters(self) -> int:
-        factor = 2 if self.kind == "sage" else 1
+        factor = layer_type(self.kind).weight_matrices
         return sum(factor * a * b + b for a, b in zip(self.dims[:-1], self.dims[1:]))
 
 
 @dataclass(frozen=True)
-class Policy:
-    """Expected effect of a communication policy on one epoch."""
+class ExpectedTraffic:
+    """What a communication policy is expected to do to one epoch's exchanges."""
 
     sample_p: float = 1.0
     active: float = 1.0
@@ -155,19 +108,24 @@ class Policy:
     skip_backward: bool = False  # stale blocks' gradients are dropped too
 
     @staticmethod
-    def from_specs(sample: str, stale: str, active: float | None = None) -> "Policy":
-        """From ``--sample`` / ``--stale`` specs, parsed by :mod:`algorithms.policies` itself."""
-        sampler = parse_sampler(sample)
+    def of(policy: PolicySpec, active: float | None = None) -> "ExpectedTraffic":
+        """From a parsed policy; ``active`` overrides (and, for a data-dependent rule, supplies) the share
+        of forward blocks sent."""
+        sampler = policy.sample.build()
         p = float(sampler.p) if sampler is not None else 1.0
-        rule = parse_staleness(stale)
+        rule = policy.stale.build()
         if rule is None:
-            return Policy(p)
-        kind = getattr(rule, "kind", None)
+            return ExpectedTraffic(p)
         if active is None:
-            if kind not in ("e", "a"):  # e and a follow a fixed schedule with our plans (all receivers agree)
-                raise ValueError(f"{stale}: the share of active broadcasts is data-dependent; give it (--active)")
-            active = 1.0 / (float(rule.eps) + 1.0)
-        return Policy(p, active, agreement=kind in ("a", "h"), skip_backward=bool(getattr(rule, "skip_backward", 0)))
+            active = rule.scheduled_share()
+            if active is None:
+                raise ValueError(f"{policy.stale}: the share of active broadcasts is data-dependent; give it (--active)")
+        return ExpectedTraffic(p, active, agreement=rule.agreement, skip_backward=bool(rule.skip_backward))
+
+    @staticmethod
+    def from_specs(sample: str, stale: str, active: float | None = None) -> "ExpectedTraffic":
+        """From ``--sample`` / ``--stale`` texts (parsed by :class:`algorithms.policies.AxisSpec`)."""
+        return ExpectedTraffic.of(PolicySpec(AxisSpec.parse("sample", sample), AxisSpec.parse("stale", stale)), active)
 
 
 @dataclass
@@ -244,37 +202,6 @@ def workload_analytic(name: str, nodes: int, nnz: int, groups: int, cut: float |
     return Workload(name, rows, local, remote, boundary, union, exact=False, notes=notes)
 
 
-def _log2(g: int) -> int:
-    return math.ceil(math.log2(g)) if g > 1 else 0
-
-
-def _collective(size: float, group: int, net: Network, short: int, long_steps: int) -> float:
-    """MPICH's two regimes: a tree of ``ceil(log2 g)`` steps below ``short`` bytes, else ``long_steps``
-    latencies plus ``2 (g-1)/g`` of the message per rank (scatter / reduce-scatter + ring allgather)."""
-    if group <= 1 or size <= 0:
-        return 0.0
-    alpha, beta = net.link(group)
-    if size < short:
-        return _log2(group) * (alpha + size * beta)
-    return long_steps * alpha + 2.0 * (group - 1) / group * size * beta
-
-
-def bcast_time(size: float, group: int, net: Network) -> float:
-    return _collective(size, group, net, BCAST_SHORT, _log2(group) + group - 1)
-
-
-def allreduce_time(size: float, group: int, net: Network) -> float:
-    return _collective(size, group, net, ALLREDUCE_SHORT, 2 * _log2(group))
-
-
-def alltoallv_time(sent: np.ndarray, received: np.ndarray, peers: np.ndarray, group: int, net: Network) -> float:
-    """Slowest rank: alpha per peer plus beta times the larger of its bytes sent and received."""
-    if group <= 1:
-        return 0.0
-    alpha, beta = net.link(group)
-    return float(np.max(peers * alpha + np.maximum(sent, received) * beta))
-
-
 @dataclass
 class Prediction:
     """Predicted figures of one epoch: seconds, and exchange bytes (all ranks' sent; the busiest rank's
@@ -301,7 +228,7 @@ def cores_per_rank(net: Network, ranks: int, threads: int) -> float:
     return min(float(threads), net.cores_per_node / min(net.ranks_per_node, ranks))
 
 
-def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Policy, rates: Rates, net: Network,
+def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: ExpectedTraffic, rates: Rates, net: Network,
                   replication: int = 1, threads: int = 1) -> Prediction:
     """One epoch of ``plan`` with ``policy`` on ``work.groups * replication`` ranks."""
     groups, c = work.groups, replication
@@ -339,9 +266,9 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Policy, 
             total_bytes += float(per_rank[:, 0].sum())
             max_rank += per_rank.sum(axis=1)
             received += per_rank[:, 1]
-            exchange += _exchange_time(work, grid, layout, plan, width * s, fraction, net, direction)
+            exchange += _exchange_time(work, grid, plan, width * s, fraction, net, direction)
         if policy.agreement:
-            exchange += _log2(groups) * net.link(groups)[0]
+            exchange += log2_steps(groups) * net.link(groups)[0]
     grad_bytes = (shape.parameters + 1) * s
     allreduce = allreduce_time(grad_bytes, groups, net)
     if ranks <= net.ranks_per_node:
@@ -361,25 +288,12 @@ def _replication_bytes(grid: Grid, layout: RowLayout, width: int, itemsize: int,
     return predict_spmm_bytes(grid, layout, zeros, no_union, "p2p", width, itemsize)[direction].astype(float)
 
 
-def _exchange_time(work: Workload, grid: Grid, layout: RowLayout, plan: str, row_bytes: int, fraction: float,
-                   net: Network, direction: str) -> float:
-    groups, c = grid.groups, grid.replication
-    seconds = 0.0
-    if plan in ("dense-bcast", "sparse-bcast"):
-        # Owners take turns; a replica column handles the owners j with j % c == its replica.
-        rows = work.rows if plan == "dense-bcast" else work.union
-        per_column = [0.0] * c
-        for j in range(groups):
-            per_column[grid.replica_for_block(j)] += bcast_time(float(rows[j]) * row_bytes * fraction, groups, net)
-        seconds += max(per_column)
-    elif plan == "p2p":
-        sent = work.boundary.sum(axis=0) * row_bytes * fraction        # owner j sends sum_i |B_ij|
-        received = work.boundary.sum(axis=1) * row_bytes * fraction    # receiver i
-        peers = np.maximum((work.boundary > 0).sum(axis=0), (work.boundary > 0).sum(axis=1))
-        seconds += alltoallv_time(sent, received, peers, groups, net)
-    else:
-        raise ValueError(f"unknown exchange plan {plan!r}")
-    if c > 1:
+def _exchange_time(work: Workload, grid: Grid, plan: str, row_bytes: int, fraction: float, net: Network,
+                   direction: str) -> float:
+    """One exchange: the plan's own alpha-beta cost, plus the 1.5D completion across the ``c`` replicas."""
+    seconds = plan_class(plan).exchange_seconds(work.rows, work.boundary, work.union, grid, row_bytes * fraction, net)
+    if grid.replication > 1:
         widest = float(np.max(work.rows)) * row_bytes
+        c = grid.replication
         seconds += allreduce_time(widest, c, net) if direction == "forward" else bcast_time(widest, c, net)
     return seconds

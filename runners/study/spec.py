@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from algorithms.policies import split_policy
-from sparse_dist.plans import PLAN_NAMES, unsupported_policy
+from algorithms.policies import PolicySpec
+from sparse_dist.plans import PLAN_NAMES, plan_class
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "seeds", "epochs",
               "warmup", "timeout", "launcher", "launcher_args"}
@@ -121,7 +121,7 @@ class Study:
     ranks: list[int]
     replication: list[int]
     plans: list[str]
-    policies: list[str]
+    policies: list[PolicySpec]  # parsed once, by the parser `train --sample/--stale` uses
     seeds: list[int]
     epochs: int
     warmup: int
@@ -144,14 +144,13 @@ class Study:
                         continue
                     for plan in self.plans:
                         for policy in self.policies:
-                            sample, stale = split_policy(policy)
-                            problem = unsupported_policy(plan, sampling=sample != "none", staleness=stale != "none")
+                            problem = plan_class(plan).refusal(samples=policy.samples, caches=policy.caches)
                             if problem:
                                 if ranks == self.ranks[0] and c == self.replication[0]:
                                     skipped.append(f"{plan} + {policy}: {problem}")
                                 continue
-                            runs.extend(Run(dataset, nodes, ranks, c, plan, policy, sample, stale, seed)
-                                        for seed in self.seeds)
+                            runs.extend(Run(dataset, nodes, ranks, c, plan, policy.text, str(policy.sample),
+                                            str(policy.stale), seed) for seed in self.seeds)
         return runs, skipped
 
     def parts_for(self, dataset: DatasetSpec) -> int:
@@ -262,10 +261,10 @@ def load_study(path: str | Path) -> Study:
     for plan in plans:
         if plan not in PLAN_NAMES:
             raise StudyError(f"{path}: study.plans: unknown plan {plan!r}; expected some of {PLAN_NAMES}")
-    policies = _str_list(f"{path}: study.policies", study.get("policies", ["exact"]))
-    for policy in policies:
+    policies = []
+    for policy in _str_list(f"{path}: study.policies", study.get("policies", ["exact"])):
         try:
-            split_policy(policy)
+            policies.append(PolicySpec.parse(policy))
         except ValueError as exc:
             raise StudyError(f"{path}: study.policies: {exc}") from None
     launcher = study.get("launcher", "auto")
