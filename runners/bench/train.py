@@ -145,13 +145,15 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.reset = True
             return
-        self.before = _status_bytes("VmRSS")
         try:
             with open("/proc/self/clear_refs", "w") as handle:
                 handle.write("5")  # Linux >= 4.0: VmHWM := current RSS
             self.reset = True
         except OSError as exc:
             self.note = f"peak RSS not reset ({exc.strerror or exc}): it is the peak since process start"
+        # Read after the reset: RSS may shrink between a read and the reset, and the peak starts from the
+        # RSS at the reset, so "before" is never above it.
+        self.before = _status_bytes("VmRSS")
 
     def stop(self) -> dict[str, Any]:
         """``kind``, ``before`` and ``peak`` in bytes, whether the peak was reset, and a note if not."""
