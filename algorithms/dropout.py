@@ -132,6 +132,66 @@ def keep_mask(seed: int, epoch: int, layer: int, first_row: int, n_rows: int, wi
     return mask.view(n_rows, width)
 
 
+def keep_mask_rows(seed: int, epoch: int, layer: int, global_rows: np.ndarray, width: int, p: float,
+                   device: str | torch.device = "cpu", *, lanes_per_chunk: int | None = None,
+                   generator: str = "auto") -> torch.Tensor:
+    """Boolean ``len(global_rows) x width`` mask of the given global rows (any order, repeats allowed).
+
+    Row ``k`` of the result equals row ``global_rows[k] - first`` of :func:`keep_mask` over any range
+    holding it: the rule is the same, only the rows differ. Used by receivers, which mask rows owned
+    by other ranks (a static input's halo rows, received boundary rows) without asking their owners.
+    """
+    if generator not in ("auto", "device"):
+        raise ValueError(f"generator must be 'auto' or 'device', got {generator!r}")
+    rule = KeepRule.of(p)
+    device = torch.device(device)
+    rows = np.asarray(global_rows, dtype=np.int64).reshape(-1)
+    if p == 0.0 or rows.size == 0 or width == 0:
+        return torch.ones(rows.size, width, dtype=torch.bool, device=device)
+    if rows.min() < 0:
+        raise ValueError(f"global rows must be >= 0, got {int(rows.min())}")
+    host_rule = device.type == "cpu" and generator == "auto"
+    if lanes_per_chunk is None:
+        lanes_per_chunk = LANES_PER_CHUNK if host_rule else DEVICE_LANES_PER_CHUNK
+    per_chunk = rows_per_chunk(width, lanes_per_chunk)
+    chunks = rows // per_chunk
+    order = np.argsort(chunks, kind="stable")
+    bounds = np.flatnonzero(np.diff(chunks[order])) + 1
+    groups = np.split(order, bounds)
+    mask = torch.empty(rows.size, width, dtype=torch.bool, device=device)
+    if host_rule:
+        bound = np.int16(rule.signed_bound) if rule.signed_bound < _LANE_SPAN // 2 else None
+        out = mask.numpy()
+
+        def fill(positions: np.ndarray) -> None:
+            chunk = int(chunks[positions[0]])
+            local = rows[positions] - chunk * per_chunk
+            span = int(local.max()) + 1
+            raw = np.random.SFC64(chunk_seed(seed, epoch, layer, chunk)).random_raw(-(-span * width // LANES_PER_WORD))
+            lanes = raw.view(np.int16)[:span * width].reshape(span, width)
+            out[positions] = True if bound is None else lanes[local] < bound
+
+        if len(groups) == 1:
+            fill(groups[0])
+        else:
+            for future in [_pool().submit(fill, positions) for positions in groups]:
+                future.result()
+        return mask
+    chunk_words = -(-per_chunk * width // LANES_PER_WORD)
+    words = torch.empty(chunk_words, dtype=torch.int64, device=device)
+    lanes = words.view(torch.int16)[:per_chunk * width].view(per_chunk, width)
+    torch_generator = torch.Generator(device=device)
+    for positions in groups:
+        chunk = int(chunks[positions[0]])
+        state = chunk_seed(seed, epoch, layer, chunk).generate_state(1, dtype=np.uint64)[0]
+        torch_generator.manual_seed(int(state))
+        words.random_(-(1 << 63), None, generator=torch_generator)
+        local = torch.from_numpy(rows[positions] - chunk * per_chunk).to(device)
+        target = torch.from_numpy(positions).to(device)
+        mask.index_copy_(0, target, lanes.index_select(0, local) < rule.signed_bound)
+    return mask
+
+
 def _span_lengths(spans: list[tuple[int, int, int]], chunk_lanes: int, total: int) -> list[int]:
     """Lanes each span contributes to the output."""
     return [min(chunk_lanes - start, total - out_start) for _, start, out_start in spans]
@@ -241,18 +301,60 @@ class GlobalRowDropout:
     def scale(self) -> float:
         return self.rule.scale
 
-    def mask(self, layer: int, like: torch.Tensor) -> torch.Tensor:
-        """Boolean keep mask of layer ``layer``'s input, shaped and placed like ``like`` (booked as ``masks``)."""
-        with _timed(self.timer, like.device, "masks"):
-            return keep_mask(self.seed, self.epoch, layer, self.first_row, like.shape[0], like.shape[1],
-                             self.rule.p, like.device)
+    def mask(self, layer: int, like: torch.Tensor, extra_rows: np.ndarray | None = None) -> torch.Tensor:
+        """Boolean keep mask of layer ``layer``'s input, shaped and placed like ``like`` (booked as ``masks``).
 
-    def drop(self, h: torch.Tensor, layer: int) -> torch.Tensor:
-        """``h * mask`` (unscaled) of layer ``layer``'s input."""
-        mask = self.mask(layer, h)
+        ``like`` holds this rank's rows, followed by the global rows ``extra_rows`` when given (a
+        static input's halo rows, whose masks the receiver draws itself).
+        """
+        extra = 0 if extra_rows is None else len(extra_rows)
+        with _timed(self.timer, like.device, "masks"):
+            own = keep_mask(self.seed, self.epoch, layer, self.first_row, like.shape[0] - extra, like.shape[1],
+                            self.rule.p, like.device)
+            if not extra:
+                return own
+            return torch.cat([own, keep_mask_rows(self.seed, self.epoch, layer, extra_rows, like.shape[1],
+                                                  self.rule.p, like.device)])
+
+    def rows_mask(self, layer: int, global_rows: np.ndarray | range, like: torch.Tensor) -> torch.Tensor:
+        """Boolean keep mask of layer ``layer``'s input rows ``global_rows`` (any owner's), ``len x like.shape[1]``."""
+        with _timed(self.timer, like.device, "masks"):
+            if isinstance(global_rows, range):
+                return keep_mask(self.seed, self.epoch, layer, global_rows.start, len(global_rows), like.shape[1],
+                                 self.rule.p, like.device)
+            return keep_mask_rows(self.seed, self.epoch, layer, global_rows, like.shape[1], self.rule.p, like.device)
+
+    def drop(self, h: torch.Tensor, layer: int, extra_rows: np.ndarray | None = None) -> torch.Tensor:
+        """``h * mask`` (unscaled) of layer ``layer``'s input (own rows, then ``extra_rows`` if given)."""
+        mask = self.mask(layer, h, extra_rows)
         with _timed(self.timer, h.device):
             return _Masked.apply(h, mask, self.timer)
+
+    def masks(self, layer: int) -> "LayerMasks":
+        """Layer ``layer``'s masks for receiver-side dropout (handed to the SpMM in the exchange context)."""
+        return LayerMasks(self, layer)
 
     def relu_drop(self, z: torch.Tensor, layer: int) -> torch.Tensor:
         """``relu(z) * mask`` (unscaled): ReLU of one layer fused with the dropout of the next's input."""
         return _ReluMasked.apply(z, self.mask(layer, z), self.timer)
+
+
+class LayerMasks:
+    """One layer's receiver-side dropout masks (:class:`sparse_dist.exchange.RowMasks`).
+
+    The input travels pre-dropout; the SpMM masks this rank's rows (:meth:`own`, made once per
+    forward and kept for the backward) and every row it received (:meth:`of_rows`), from the same
+    global-row rule, so the product equals the owner-side one.
+    """
+
+    def __init__(self, dropout: GlobalRowDropout, layer: int) -> None:
+        self.dropout, self.layer = dropout, layer
+        self._own: torch.Tensor | None = None
+
+    def own(self, like: torch.Tensor) -> torch.Tensor:
+        if self._own is None or self._own.shape != like.shape or self._own.device != like.device:
+            self._own = self.dropout.mask(self.layer, like)
+        return self._own
+
+    def of_rows(self, global_rows: np.ndarray | range, like: torch.Tensor) -> torch.Tensor:
+        return self.dropout.rows_mask(self.layer, global_rows, like)

@@ -63,10 +63,12 @@ def propagate(spmm: SpMM, h: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
               context: ExchangeContext) -> torch.Tensor:
     """``A h W (+ b)``, exchanging the narrower of ``h`` and ``h W``.
 
-    The bias rides on an op that writes a fresh tensor anyway (``addmm``, or in
+    Under receiver-side dropout (``context.dropout``) the exchange must carry ``h`` itself (the
+    receivers mask its rows before anything multiplies them), so it aggregates first whatever
+    the widths. The bias rides on an op that writes a fresh tensor anyway (``addmm``, or in
     place on the SpMM's own output). Collective (the SpMM is).
     """
-    if weight.shape[1] < weight.shape[0]:
+    if weight.shape[1] < weight.shape[0] and context.dropout is None:
         out = spmm(h @ weight, context)
         return out if bias is None else out.add_(bias)
     aggregated = spmm(h, context)
@@ -112,7 +114,11 @@ class GraphLayer(nn.Module, ABC):
 
         ``weight_scale``: the inverted-dropout scale, folded into the weights
         (``dropout(h) W = (h m)(s W)``) so the caller passes ``h`` masked but
-        unscaled. Collective: ``spmm`` is, so every rank calls it in the same order.
+        unscaled. Two input forms the context announces: ``context.halo_rows`` extra
+        halo rows after the own rows (``spmm`` is then local), and ``context.dropout``
+        (``h`` is pre-dropout; ``spmm`` masks what it multiplies). A term that uses
+        the layer's own rows directly takes them from ``context.self_rows(h)``.
+        Collective: ``spmm`` is, so every rank calls it in the same order.
         """
 
     def extra_repr(self) -> str:
@@ -191,4 +197,4 @@ class SAGELayer(GraphLayer):
                 weight_scale: float = 1.0) -> torch.Tensor:
         weight = _scaled(self.weight, weight_scale)
         neighbour = _scaled(self.neighbour_weight, weight_scale)
-        return torch.addmm(self.bias, h, weight).add_(propagate(spmm, h, neighbour, None, context))
+        return torch.addmm(self.bias, context.self_rows(h), weight).add_(propagate(spmm, h, neighbour, None, context))

@@ -23,6 +23,7 @@ from torch import nn
 from algorithms.dropout import GlobalRowDropout
 from algorithms.layers import LAYER_TYPES, ExchangeContext, SpMM, glorot, layer_type
 from sparse_dist.accounting import ComputeTimer
+from sparse_dist.halo import StaticHalo
 
 MODEL_KINDS: tuple[str, ...] = tuple(LAYER_TYPES)
 """The built-in layer kinds (for ``choices=``); layers registered later are in ``LAYER_TYPES``."""
@@ -74,21 +75,32 @@ class GraphModel(nn.Module):
         return [layer.bias for layer in self.layers]
 
     def forward(self, x: torch.Tensor, spmm: SpMM, *, first_row: int, epoch: int, training: bool,
-                timer: ComputeTimer | None = None) -> torch.Tensor:
-        """This rank's output rows (``n_g x F_L``) from its input rows ``x`` (``n_g x F_0``).
+                timer: ComputeTimer | None = None, halo: StaticHalo | None = None,
+                receiver_dropout: bool = False) -> torch.Tensor:
+        """This rank's output rows (``n_g x F_L``) from its input rows ``x``.
 
-        ``first_row``: global id of this rank's first row (dropout masks are per
-        global row). ``timer`` books the dropout work (masks and their passes).
-        Collective: every layer calls the SpMM.
+        ``x``: this rank's ``n_g x F_0`` input rows, or, with ``halo``, ``halo.values`` (its rows then its
+        halo rows): layer 0 then multiplies locally (:meth:`StaticHalo.multiply`, the receiver drawing
+        the halo rows' masks) and exchanges nothing. ``receiver_dropout``: every exchanging layer sends
+        its input pre-dropout and the SpMM masks what it multiplies (so cached or stale rows stay
+        meaningful under dropout); the product is the same. ``first_row``: global id of this rank's
+        first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
+        passes). Collective: every exchanging layer calls the SpMM.
         """
         dropout = (GlobalRowDropout(self.dropout, self.seed, epoch, first_row, timer)
                    if training and self.dropout > 0 else None)
         scale = dropout.scale if dropout is not None else 1.0
-        h = dropout.drop(x, 0) if dropout is not None else x
-        last = self.num_layers - 1
+        receiver = dropout is not None and receiver_dropout
+        h = x
         for index, layer in enumerate(self.layers):
-            h = layer(h, spmm, ExchangeContext(epoch=epoch, layer=index, training=training), scale)
-            if index < last:
-                h = dropout.relu_drop(h, index + 1) if dropout is not None else torch.relu(h)
+            local = index == 0 and halo is not None
+            if index > 0:
+                h = dropout.relu_drop(h, index) if dropout is not None and not receiver else torch.relu(h)
+            elif dropout is not None and (local or not receiver):
+                h = dropout.drop(h, 0, halo.halo_ids if local else None)
+            context = ExchangeContext(epoch=epoch, layer=index, training=training,
+                                      halo_rows=halo.count if local else 0,
+                                      dropout=dropout.masks(index) if receiver and not local else None)
+            h = layer(h, halo.multiply if local else spmm, context, scale)
         return h
 

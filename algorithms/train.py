@@ -28,9 +28,11 @@ import torch.nn.functional as F
 from algorithms.model import GraphModel
 from algorithms.layers import layer_type
 from algorithms.policies import AxisSpec
+from algorithms.static_input import HaloBudgetError, choose_input_exchange, evaluations, receiver_side
 from sparse_dist.comm import Communicator
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.exchange import make_strategy
+from sparse_dist.halo import StaticHalo
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.spmm import DistSpMM
 
@@ -58,6 +60,9 @@ class TrainConfig:
     sample: AxisSpec = AxisSpec("sample")  # boundary sampling policy, e.g. "bns:p=0.1" (text is parsed here)
     stale: AxisSpec = AxisSpec("stale")    # staleness policy, e.g. "sancus-h:eps=0.02"
     clip: float = 0.0     # global gradient-norm bound; 0 = off (local threshold clip / sqrt(G), as SANCUS)
+    input_exchange: str = "auto"   # layer 0: "once" (X's boundary rows kept by receivers), "per-epoch", "auto"
+    dropout_side: str = "auto"     # "owner", "receiver" (exchanges carry pre-dropout rows), "auto"
+    halo_budget: int | None = None  # bytes of halo rows a rank may keep under "once" (None: unlimited)
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -73,7 +78,7 @@ class TrainConfig:
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with (plan and c change no math)."""
         keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
-                "feature_norm", "dtype", "sample", "stale", "clip")
+                "feature_norm", "dtype", "sample", "stale", "clip", "dropout_side")
         return {key: value for key, value in self.record().items() if key in keep}
 
 
@@ -92,6 +97,18 @@ class LocalGraph:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def bytes_by_phase(counters: dict[str, dict[str, float]]) -> dict[str, dict[str, int]]:
+    """Bytes per phase (``sent``, ``recv``) from :meth:`CommStats.snapshot` counters (or their difference)."""
+    return {phase: {"sent": int(d["bytes_sent"]), "recv": int(d["bytes_recv"])} for phase, d in counters.items()}
+
+
+def _moved_since(comm: Communicator, before: dict[str, dict[str, float]]) -> dict[str, dict[str, int]]:
+    """Bytes per phase this rank moved since the counters read ``before``."""
+    after = comm.stats.snapshot()
+    return bytes_by_phase({phase: {key: after[phase][key] - before[phase][key] for key in after[phase]}
+                           for phase in after})
+
+
 def row_normalize_features(features: np.ndarray) -> np.ndarray:
     """Divide each row by its sum (rows summing to 0 stay 0), as Kipf & Welling do."""
     sums = features.sum(axis=1, keepdims=True)
@@ -100,6 +117,10 @@ def row_normalize_features(features: np.ndarray) -> np.ndarray:
 
 class Trainer:
     """Owns the distributed operator, the model and the optimiser of one run.
+
+    Layer 0's input: with ``input_exchange`` resolved to ``once`` (:mod:`algorithms.static_input`) the
+    trainer fetches its halo rows of ``X`` at construction (:class:`~sparse_dist.halo.StaticHalo`) and
+    layer 0 never exchanges again; ``receiver_dropout`` makes exchanges carry pre-dropout rows.
 
     Collective: construction (communicator splits, normalisation, ``DistCSR``), :meth:`train_epoch`,
     :meth:`evaluate` and :meth:`predictions`, every rank in the same order.
@@ -110,6 +131,7 @@ class Trainer:
         self.comm = comm
         self.config = config
         self.device = torch.device(device)
+        built_from = comm.stats.snapshot()
         self.dtype = {"float32": torch.float32, "float64": torch.float64}[config.dtype]
         self.graph = graph
         replication = config.replication
@@ -121,15 +143,18 @@ class Trainer:
                                                                   self.group)  # collective for GCN
         self.matrix = DistCSR(comm, graph.layout, normalized, replication=replication, name=graph.name,
                               grid_comms=grid_comms)
-        strategy = make_strategy(config.sample.build(seed=config.seed), config.stale.build())
-        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy)
+        sampler = config.sample.build(seed=config.seed)
+        strategy = make_strategy(sampler, config.stale.build())
+        self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale)
+        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy,
+                             row_masks=self.receiver_dropout)
 
         features = graph.features.astype(np.float64)
         if config.feature_norm == "row":
             features = row_normalize_features(features)
         elif config.feature_norm != "none":
             raise ValueError(f"feature_norm must be 'row' or 'none', got {config.feature_norm!r}")
-        self.features = torch.from_numpy(features).to(self.dtype).to(self.device)
+        features_tensor = torch.from_numpy(features).to(self.dtype).to(self.device)
         self.labels = torch.from_numpy(graph.labels).to(self.device)
         if graph.multilabel:
             self.labels = self.labels.to(self.dtype)
@@ -142,6 +167,21 @@ class Trainer:
             raise ValueError(f"{graph.name}: the training split is empty")
 
         dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
+        try:
+            self.input_exchange = choose_input_exchange(
+                config.input_exchange, grid=self.matrix.grid, layout=graph.layout,
+                boundary_counts=self.matrix.boundary_counts, union_sizes=self.matrix.union_sizes, plan=config.plan,
+                f_in=dims[0], f_out=dims[1], itemsize=features_tensor.element_size(), epochs=config.epochs,
+                evaluations=evaluations(config.epochs, config.eval_every),
+                sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
+                budget=config.halo_budget)
+        except HaloBudgetError as exc:
+            exc.every_rank = True  # type: ignore[attr-defined]  # decided from global metadata: said once
+            raise
+        self.halo = (StaticHalo(self.spmm.plan, graph.layout, normalized, features_tensor, self.matrix.boundary_counts)
+                     if self.input_exchange.mode == "once" else None)  # collective over the replica column
+        self.features = self.halo.own_values if self.halo is not None else features_tensor
+        self._input = self.halo.values if self.halo is not None else features_tensor
         self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed,
                                 dtype=self.dtype).to(self.device)
         first = self.model.layer_parameters(0)
@@ -154,6 +194,18 @@ class Trainer:
             raise ValueError(f"weight_decay_scope must be 'first' or 'all', got {config.weight_decay_scope!r}")
         self.optimizer = torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)
         self.epoch = 0
+        self.setup_bytes = _moved_since(comm, built_from)  # what building this trainer moved: set-up and halo
+        self.eval_bytes: dict[str, dict[str, int]] = {}
+
+    def forward(self, training: bool) -> torch.Tensor:
+        """This rank's logits for the current epoch (collective)."""
+        return self.model(self._input, self.spmm, first_row=self.first_row, epoch=self.epoch, training=training,
+                          timer=self.spmm.timer if training else None, halo=self.halo,
+                          receiver_dropout=self.receiver_dropout)
+
+    def memory(self) -> dict[str, int]:
+        """What this rank keeps for its layer-0 halo (zeros without one)."""
+        return self.halo.memory() if self.halo is not None else {"halo_rows": 0, "halo_bytes": 0, "matrix_bytes": 0}
 
     # ----------------------------------------------------------------- loss
     def _local_loss_sum(self, logits: torch.Tensor) -> torch.Tensor:
@@ -173,8 +225,7 @@ class Trainer:
         start = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.model(self.features, self.spmm, first_row=self.first_row, epoch=self.epoch, training=True,
-                            timer=self.spmm.timer)
+        logits = self.forward(training=True)
         loss = self._local_loss_sum(logits) / self.global_counts["train"]
         loss.backward()
         params = self.parameters()
@@ -207,15 +258,24 @@ class Trainer:
         parts["allreduce"] = delta["grad_allreduce"]["seconds"]
         return {
             "time": {"total": wall, **parts, "dense": max(wall - sum(parts.values()), 0.0)},
-            "bytes": {phase: {"sent": int(d["bytes_sent"]), "recv": int(d["bytes_recv"])} for phase, d in delta.items()},
+            "bytes": bytes_by_phase(delta),
         }
 
     # ----------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Exact forward (no dropout); accuracy (micro-F1 for multi-label) per split, global (collective)."""
+        """Exact forward (no dropout); accuracy (micro-F1 for multi-label) per split, global (collective).
+
+        The bytes it moved (its forward exchanges, and the count gathers) are left in :attr:`eval_bytes`.
+        """
+        before = self.comm.stats.snapshot()
+        metrics = self._evaluate()
+        self.eval_bytes = _moved_since(self.comm, before)
+        return metrics
+
+    def _evaluate(self) -> dict[str, float]:
         self.model.eval()
-        logits = self.model(self.features, self.spmm, first_row=self.first_row, epoch=self.epoch, training=False)
+        logits = self.forward(training=False)
         if self.graph.multilabel:
             predicted = logits > 0
             truth = self.labels > 0.5
@@ -239,7 +299,7 @@ class Trainer:
     def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """This rank's (global row ids, predicted classes or 0/1 matrix) of ``split`` from an exact forward."""
         self.model.eval()
-        logits = self.model(self.features, self.spmm, first_row=self.first_row, epoch=self.epoch, training=False)
+        logits = self.forward(training=False)
         mask = self.masks[split]
         rows = torch.nonzero(mask).flatten() + self.first_row
         predicted = (logits[mask] > 0).to(torch.int64) if self.graph.multilabel else logits[mask].argmax(dim=1)

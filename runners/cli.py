@@ -154,10 +154,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from runners.data.shards import ShardError
     from runners.study.collect import ResultsError
     from runners.study.spec import StudyError
+    from algorithms.static_input import HaloBudgetError
     from runners.train_cmd import PathError
     from sparse_dist.comm import GpuAwareError
 
-    return (DatasetError, ShardError, CheckpointError, PathError, GpuAwareError, StudyError, ResultsError)
+    return (DatasetError, ShardError, CheckpointError, PathError, GpuAwareError, StudyError, ResultsError,
+            HaloBudgetError)
 
 
 def _raise_on_sigterm(signum: int, frame: object) -> NoReturn:

@@ -107,7 +107,9 @@ ITEMSIZE = {"float32": 4, "float64": 8}
 def _shape(row: dict[str, Any], meta: dict[str, Any]) -> ModelShape:
     """The layer widths, model kind and element size a run trained with (from its study row)."""
     dims = [meta["feature_dim"]] + [int(row["hidden"])] * (int(row["layers"]) - 1) + [meta["num_classes"]]
-    return ModelShape(tuple(dims), kind=str(row["model"]), itemsize=ITEMSIZE[str(row["dtype"])])
+    return ModelShape(tuple(dims), kind=str(row["model"]), itemsize=ITEMSIZE[str(row["dtype"])],
+                      input_once=str(row.get("input_exchange") or "per-epoch") == "once",
+                      receiver_dropout=str(row.get("receiver_dropout") or "False") == "True")
 
 
 def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Network, policy: ExpectedTraffic) -> Rates:

@@ -2,9 +2,13 @@
 
 Each rank loads only its own part(s), trains, evaluates every
 ``--eval-every`` epochs, and rank 0 prints progress and writes the results
-file (JSON lines: ``config``, ``environment``, one ``epoch`` record per epoch
-with loss, metrics, time breakdown and bytes per phase as min/mean/max over
-ranks, then ``final`` with peak memory per rank and the final metrics).
+file (JSON lines: ``config``, ``environment``, ``setup`` (how layer 0 gets its
+input and why, the halo each rank keeps, and the bytes moved before the first
+epoch: set-up metadata under ``other``, the one-time halo under ``halo``), one
+``epoch`` record per epoch with loss, metrics, time breakdown and training bytes
+per phase as min/mean/max over ranks (plus ``eval_bytes`` where it evaluated),
+then ``final`` with peak memory per rank, the final metrics and ``bytes_total``:
+every byte of the run per phase, set-up and evaluation included).
 
 Time breakdown per epoch: ``local_spmm`` (local sparse multiplies),
 ``exchange`` (seconds inside MPI for the SpMM exchanges), ``allreduce``
@@ -25,7 +29,8 @@ import torch
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import sampling_arg, staleness_arg
-from algorithms.train import TrainConfig, Trainer
+from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
+from algorithms.train import TrainConfig, Trainer, bytes_by_phase
 from runners.results import ResultsWriter, environment, output_path_problem, peak_memory_bytes, spread
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
@@ -56,6 +61,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stale", default="none", type=staleness_arg,
                         help="staleness policy: sancus-e:eps=1, sancus-a:eps=1, sancus-h:eps=0.02 "
                              "(add ,skip_backward=1 to skip stale gradients too; default: none)")
+    parser.add_argument("--input-exchange", choices=INPUT_EXCHANGES, default="auto",
+                        help="layer 0: once = fetch X's boundary rows once and keep them (no layer-0 exchange "
+                             "after that, forward or backward); per-epoch = exchange dropout(X)W every epoch; "
+                             "auto (default) = whichever the byte model says moves fewer bytes over the run")
+    parser.add_argument("--dropout-side", choices=DROPOUT_SIDES, default="auto",
+                        help="receiver = exchanges carry pre-dropout rows and receivers apply the global-row "
+                             "masks (cached/stale blocks stay meaningful under dropout); owner = they carry "
+                             "masked rows; auto (default) = receiver exactly when a staleness policy is on")
+    parser.add_argument("--halo-budget", type=halo_budget_arg, default=None, metavar="SIZE",
+                        help="most bytes of X halo rows one rank may keep, e.g. 512M or 4G (default: unlimited); "
+                             "auto falls back to per-epoch above it, once is refused")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="gradient-norm bound; each row group clips locally to clip/sqrt(G) (default: off)")
     parser.add_argument("--feature-norm", choices=("auto", "row", "none"), default="auto",
@@ -121,7 +137,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
                        weight_decay=args.weight_decay, weight_decay_scope=args.weight_decay_scope,
                        epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
                        replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
-                       sample=args.sample, stale=args.stale, clip=args.clip)
+                       sample=args.sample, stale=args.stale, clip=args.clip, input_exchange=args.input_exchange,
+                       dropout_side=args.dropout_side, halo_budget=args.halo_budget)
 
 
 def policy_file(path: str, rank: int) -> str:
@@ -179,11 +196,25 @@ def _ogb_metric(comm: Communicator, trainer: Trainer, meta: dict[str, Any]) -> d
     return {f"test_ogb_{key}": float(value) for key, value in result.items()}
 
 
+def _traffic_spread(per_rank: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Bytes per phase and direction as min/mean/max over ranks."""
+    return {phase: {direction: spread([g[phase][direction] for g in per_rank]) for direction in ("sent", "recv")}
+            for phase in per_rank[0]}
+
+
 def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
     times = {key: spread([g["time"][key] for g in gathered]) for key in gathered[0]["time"]}
-    traffic = {phase: {direction: spread([g["bytes"][phase][direction] for g in gathered])
-                       for direction in ("sent", "recv")} for phase in gathered[0]["bytes"]}
-    return {"time": times, "bytes": traffic}
+    return {"time": times, "bytes": _traffic_spread([g["bytes"] for g in gathered])}
+
+
+def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
+    """How layer 0 gets its input, what each rank keeps for it, and the bytes before the first epoch (collective)."""
+    gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes})
+    memory = {key: spread([g["memory"][key] for g in gathered]) for key in gathered[0]["memory"]}
+    return {"type": "setup", "input_exchange": trainer.input_exchange.record(),
+            "receiver_dropout": trainer.receiver_dropout, "halo": memory,
+            "halo_bytes_per_rank": [g["memory"]["halo_bytes"] for g in gathered],
+            "bytes": _traffic_spread([g["bytes"] for g in gathered])}
 
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
@@ -203,6 +234,13 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                   "device": args.device, "gpu_aware": comm.gpu_aware})
     writer.write({"type": "environment", "huge_pages": huge_page_state(),
                   **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node())})
+    setup = _setup_record(comm, trainer)
+    writer.write(setup)
+    if leader:
+        print(trainer.input_exchange.describe(), flush=True)
+        if trainer.receiver_dropout:
+            print("dropout: receiver side (exchanges carry pre-dropout rows; each rank masks what it multiplies)",
+                  flush=True)
     if args.resume:
         _resume(comm, trainer, args.checkpoint)
         if leader:
@@ -212,13 +250,16 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         record = trainer.train_epoch()
         epoch = record["epoch"]
         last = epoch == config.epochs
-        if epoch % config.eval_every == 0 or last:
+        evaluated = epoch % config.eval_every == 0 or last
+        if evaluated:
             metrics = trainer.evaluate()
         gathered = comm.allgather_object({"time": record["time"], "bytes": record["bytes"],
-                                          "cache_bytes": record["cache_bytes"]})
+                                          "cache_bytes": record["cache_bytes"],
+                                          "eval_bytes": trainer.eval_bytes if evaluated else None})
         if leader:
+            evaluation = {"eval_bytes": _traffic_spread([g["eval_bytes"] for g in gathered])} if evaluated else {}
             writer.write({"type": "epoch", "epoch": epoch, "loss": record["loss"], **metrics,
-                          **_summarise(gathered), "broadcasts": record["broadcasts"],
+                          **_summarise(gathered), **evaluation, "broadcasts": record["broadcasts"],
                           "cache_bytes": spread([g["cache_bytes"] for g in gathered])})
             if epoch % args.print_every == 0 or last or epoch == 1:
                 shown = " ".join(f"{key} {value:.4f}" for key, value in metrics.items())
@@ -232,9 +273,11 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     ogb_metric = _ogb_metric(comm, trainer, graph.extra["meta"]) if "ogb_name" in graph.extra["meta"] else None
     if ogb_metric is not None:
         metrics.update(ogb_metric)
+    totals = comm.allgather_object(bytes_by_phase(comm.stats.snapshot()))  # the whole run, per phase
     peaks = comm.allgather_object(peak_memory_bytes(trainer.device))
     if leader:
-        writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks})
+        writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
+                      "bytes_total": _traffic_spread(totals)})
         writer.close()
         final = metrics.get("test_acc", metrics.get("test_f1"))
         label = "test accuracy" if "test_acc" in metrics else "test micro-F1"

@@ -5,8 +5,9 @@ exchange in :mod:`sparse_dist.comm` adds the bytes this rank sent and
 received and the seconds it spent blocked in MPI, under one phase name.
 
 Phases: ``forward`` (forward exchange of the SpMM), ``backward`` (its
-transpose), ``grad_allreduce`` (weight gradients), ``other`` (set-up and
-metadata).
+transpose), ``grad_allreduce`` (weight gradients), ``halo`` (the one-time
+exchange of a static input's boundary rows, :mod:`sparse_dist.halo`),
+``other`` (set-up and metadata).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-PHASES: tuple[str, ...] = ("forward", "backward", "grad_allreduce", "other")
+PHASES: tuple[str, ...] = ("forward", "backward", "grad_allreduce", "halo", "other")
 
 
 @dataclass

@@ -39,13 +39,42 @@ if TYPE_CHECKING:
     from sparse_dist.plans import BroadcastView
 
 
+class RowMasks(Protocol):
+    """Dropout keep masks of one layer's input, decided per GLOBAL row, so any rank can make any row's.
+
+    Receiver-side dropout: an exchange carries pre-dropout rows and every rank masks what it
+    multiplies (its own rows and the rows it received) itself. The inverted-dropout scale is not
+    applied here (the layers fold it into their weights).
+    """
+
+    def own(self, like: torch.Tensor) -> torch.Tensor:
+        """Boolean keep mask of this rank's own rows, shaped like ``like`` (``n_g x F``)."""
+
+    def of_rows(self, global_rows: np.ndarray | range, like: torch.Tensor) -> torch.Tensor:
+        """Boolean keep mask of ``global_rows`` (``len(global_rows) x like.shape[1]``), on ``like``'s device."""
+
+
 @dataclass(frozen=True)
 class ExchangeContext:
-    """Where an SpMM call sits in training: the epoch, the layer, and whether it trains."""
+    """Where an SpMM call sits in training, and what its input rows are.
+
+    ``halo_rows``: the layer input holds, after this rank's own rows, this many halo rows (a static
+    input's boundary rows kept by the receiver, :mod:`sparse_dist.halo`); its SpMM is then local.
+    ``dropout``: the input is pre-dropout and the SpMM applies these masks to every row it
+    multiplies (receiver-side dropout); None when the input arrives already masked (or in evaluation).
+    """
 
     epoch: int
     layer: int
     training: bool
+    halo_rows: int = 0
+    dropout: RowMasks | None = None
+
+    def self_rows(self, h: torch.Tensor) -> torch.Tensor:
+        """This rank's own rows of the layer input ``h`` as a self term uses them: halo rows cut off,
+        receiver-side masks applied (autograd-aware)."""
+        own = h if self.halo_rows == 0 else h[: h.shape[0] - self.halo_rows]
+        return own if self.dropout is None else own * self.dropout.own(own)
 
 
 @dataclass
@@ -91,9 +120,11 @@ class Message:
     """One owner's part of one layer's forward on this rank; the layer's transpose mirrors it exactly.
 
     ``count`` rows travel (the same on every rank of the column). On a receiver ``block`` is
-    ``A_gj`` with columns numbered as message rows (already scaled), ``block_torch`` its CSR; on
+    ``A_gj`` with columns numbered as message rows (already scaled), ``block_torch`` its CSR, and
+    ``global_rows`` the message rows' global ids (known where receivers mask rows themselves); on
     the owner ``owner_rows`` are its local row ids in the message (None: all rows). A STALE
-    message moves nothing: ``values`` are the receiver's cached rows.
+    message moves nothing: ``values`` are the receiver's cached (pre-dropout, under receiver-side
+    dropout) rows.
     """
 
     count: int
@@ -102,6 +133,7 @@ class Message:
     block_torch: torch.Tensor | None = None
     owner_rows: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    global_rows: np.ndarray | range | None = None
 
 
 class ExchangeStrategy:
@@ -218,6 +250,20 @@ class CachedBlock:
     block_torch: torch.Tensor
     values: torch.Tensor
     version: int
+    global_rows: np.ndarray | range | None = None
+
+
+def _rows_state(rows: np.ndarray | range | None) -> Any:
+    """Global row ids as checkpoint data: a tensor, a ``[start, stop]`` list for a range, or None."""
+    if rows is None or isinstance(rows, range):
+        return None if rows is None else [rows.start, rows.stop]
+    return torch.from_numpy(np.array(rows, dtype=np.int64, copy=True))
+
+
+def _rows_from_state(state: Any) -> np.ndarray | range | None:
+    if state is None or isinstance(state, torch.Tensor):
+        return None if state is None else state.numpy().copy()
+    return range(int(state[0]), int(state[1]))
 
 
 class HistoryCache:
@@ -258,7 +304,8 @@ class HistoryCache:
         entry = self.blocks.get((layer, owner))
         return Message(self.message_counts[(layer, owner)], False,
                        entry.block if entry else None, entry.block_torch if entry else None,
-                       self.sent_rows.get(layer) if is_owner else None, entry.values if entry else None)
+                       self.sent_rows.get(layer) if is_owner else None, entry.values if entry else None,
+                       entry.global_rows if entry else None)
 
     def sent(self, layer: int, owner: int, epoch: int, count: int) -> None:
         self.versions[layer][owner] = epoch
@@ -267,7 +314,8 @@ class HistoryCache:
     def store(self, layer: int, owner: int, message: Message, values: torch.Tensor, epoch: int) -> None:
         """Keep a fresh block (``values`` is a fresh receive buffer, so it never aliases a later one)."""
         assert message.block is not None and message.block_torch is not None
-        self.blocks[(layer, owner)] = CachedBlock(message.block, message.block_torch, values.detach(), epoch)
+        self.blocks[(layer, owner)] = CachedBlock(message.block, message.block_torch, values.detach(), epoch,
+                                                  message.global_rows)
 
     def log(self, epoch: int, layer: int, owners: list[int], active: np.ndarray) -> None:
         self._log.append({"epoch": epoch, "layer": layer, "owners": len(owners),
@@ -290,7 +338,7 @@ class HistoryCache:
             "message_counts": dict(self.message_counts),
             "cache": {key: {"indptr": tensor(e.block.indptr), "indices": tensor(e.block.indices),
                             "data": tensor(e.block.data), "shape": list(e.block.shape), "values": e.values.cpu(),
-                            "version": e.version}
+                            "version": e.version, "global_rows": _rows_state(e.global_rows)}
                       for key, e in self.blocks.items()},
             "sent_rows": {layer: None if rows is None else rows.cpu() for layer, rows in self.sent_rows.items()},
             "sent_reference": {layer: ref.cpu() for layer, ref in self.sent_reference.items()},
@@ -304,7 +352,8 @@ class HistoryCache:
         for key, e in state["cache"].items():
             block = sp.csr_matrix((e["data"].numpy(), e["indices"].numpy(), e["indptr"].numpy()),
                                   shape=tuple(e["shape"]))
-            self.blocks[tuple(key)] = CachedBlock(block, plan.csr(block), e["values"].to(device), int(e["version"]))
+            self.blocks[tuple(key)] = CachedBlock(block, plan.csr(block), e["values"].to(device), int(e["version"]),
+                                                  _rows_from_state(e.get("global_rows")))
         self.sent_rows = {int(k): None if v is None else v.to(device) for k, v in state["sent_rows"].items()}
         self.sent_reference = {int(k): v.to(device) for k, v in state["sent_reference"].items()}
 

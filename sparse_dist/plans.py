@@ -142,6 +142,9 @@ class ExchangePlan(ABC):
     """One way of moving ``H`` rows between ranks; owns the blocks in the form it needs.
 
     ``strategy`` decides what each training exchange carries; evaluation always uses the exact one.
+    ``row_masks``: training calls may carry receiver-side dropout masks (``ExchangeContext.dropout``),
+    so every received message must know its rows' global ids (the sparse broadcast then shares each
+    owner's ``B_j`` ids once at set-up, collective over the replica column).
     """
 
     name: ClassVar[str]
@@ -151,7 +154,7 @@ class ExchangePlan(ABC):
     no_history_reason: ClassVar[str] = ""
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
-                 strategy: ExchangeStrategy | None = None) -> None:
+                 strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:
         strategy = strategy if strategy is not None else ExactStrategy()
         problem = self.refusal(samples=strategy.samples, caches=strategy.caches)
         if problem:
@@ -162,6 +165,7 @@ class ExchangePlan(ABC):
         self.dtype = dtype
         self.device = device
         self.timer = timer
+        self.row_masks = row_masks
         self.col_comm = matrix.col_comm
         self.group = matrix.group
         self.groups = matrix.grid.groups
@@ -218,8 +222,16 @@ class ExchangePlan(ABC):
                 self._transposed[key] = self.csr(sp.csr_matrix(matrix.T))
         return self._transposed[key]
 
-    def _local_transpose(self) -> torch.Tensor:
+    def local_transpose(self) -> torch.Tensor:
+        """``A_gg^T`` as CSR (built on first use; the forward block itself when ``A_gg`` is symmetric)."""
         return self._transpose_of("local", self.matrix.blocks[self.group])
+
+    def local_product(self, parts: list[tuple[torch.Tensor, torch.Tensor]], rows: int, width: int) -> torch.Tensor:
+        """``sum_k a_k @ x_k`` over ``parts`` (CSR ``rows x n_k`` times dense ``n_k x width``), booked as local SpMM."""
+        out = self._output(rows, width)
+        for a, x in parts:
+            self._multiply_into(out, a, x)
+        return out.tensor()
 
     def transpose_bytes(self) -> int:
         """Bytes of the transposed blocks this rank stores (a symmetric local block reuses its forward CSR)."""
@@ -242,6 +254,30 @@ class ExchangePlan(ABC):
 
     def _rows(self, count: int, width: int) -> torch.Tensor:
         return torch.empty(count, width, dtype=self.dtype, device=self.device)
+
+    def _local_input(self, h: torch.Tensor, context: ExchangeContext | None) -> torch.Tensor:
+        """What this rank multiplies its own block by: ``h``, masked under receiver-side dropout."""
+        if context is None or context.dropout is None:
+            return h
+        mask = context.dropout.own(h)
+        with self.timer.measure("dropout", self.device):
+            return h * mask
+
+    def _received_input(self, rows: torch.Tensor, global_rows: np.ndarray | range | None,
+                        context: ExchangeContext | None) -> torch.Tensor:
+        """Received (or cached) rows as multiplied: masked by the receiver under receiver-side dropout.
+
+        A new tensor: the receive buffer stays pre-dropout, so a cache that keeps it means something
+        in the next epoch.
+        """
+        if context is None or context.dropout is None or rows.shape[0] == 0:
+            return rows
+        if global_rows is None:
+            raise RuntimeError(f"the {self.name} plan was built without row_masks=True, so it cannot apply "
+                               f"receiver-side dropout (it does not know the received rows' global ids)")
+        mask = context.dropout.of_rows(global_rows, rows)
+        with self.timer.measure("dropout", self.device):
+            return rows * mask
 
     @abstractmethod
     def forward(self, h: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
@@ -286,15 +322,15 @@ class _BroadcastPlan(ExchangePlan):
     carries_history = True
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
-                 strategy: ExchangeStrategy | None = None) -> None:
-        super().__init__(matrix, dtype, device, timer, strategy)
+                 strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:
+        super().__init__(matrix, dtype, device, timer, strategy, row_masks=row_masks)
         self.remote_blocks: dict[int, sp.csr_matrix] = {j: self._remote_form(j, block)
                                                         for j, block in matrix.blocks.items() if j != self.group}
         self.remote_torch = {j: self.csr(block) for j, block in self.remote_blocks.items()}
         owner_rows = self._owner_rows()
         self.send_index = torch.from_numpy(owner_rows).to(device) if owner_rows is not None else None
         self.owners = [j for j in matrix.column_share if self._message_rows(j) > 0]
-        self.boundary_of = self._share_boundaries() if self.strategy.samples else {}
+        self.boundary_of = self._share_boundaries() if self.strategy.samples or self._needs_boundaries() else {}
 
     @abstractmethod
     def _remote_form(self, j: int, block: sp.csr_matrix) -> sp.csr_matrix:
@@ -307,6 +343,14 @@ class _BroadcastPlan(ExchangePlan):
     @abstractmethod
     def _message_rows(self, j: int) -> int:
         """Rows in owner ``j``'s exact broadcast (the same on every rank)."""
+
+    @abstractmethod
+    def _message_global_rows(self, j: int) -> np.ndarray | range | None:
+        """Global ids of owner ``j``'s exact broadcast rows (None where this rank does not know them)."""
+
+    def _needs_boundaries(self) -> bool:
+        """Whether receivers must learn every owner's ``B_j`` ids at set-up (beyond sampling's need)."""
+        return False
 
     @classmethod
     def exchange_seconds(cls, rows: np.ndarray, boundary_counts: np.ndarray, union_sizes: np.ndarray, grid: Grid,
@@ -321,13 +365,15 @@ class _BroadcastPlan(ExchangePlan):
     # -------------------------------------------------- what strategies ask
     def exact_message(self, owner: int) -> Message:
         return Message(self._message_rows(owner), True, self.remote_blocks.get(owner), self.remote_torch.get(owner),
-                       self.send_index if owner == self.group else None)
+                       self.send_index if owner == self.group else None,
+                       global_rows=self._message_global_rows(owner) if owner != self.group else None)
 
     def sampled_message(self, owner: int, kept: np.ndarray, scale: float) -> Message:
         """Owner ``owner`` sends the rows of ``B_owner`` where ``kept``; receivers scale their columns."""
         owner_rows = torch.from_numpy(self.boundary_of[owner][kept]).to(self.device) if owner == self.group else None
         block = keep_columns(self.remote_blocks[owner], kept, scale) if owner in self.remote_blocks else None
-        return Message(int(kept.sum()), True, block, self.csr(block) if block is not None else None, owner_rows)
+        return Message(int(kept.sum()), True, block, self.csr(block) if block is not None else None, owner_rows,
+                       global_rows=self.boundary_rows(owner)[kept] if owner != self.group else None)
 
     def boundary_rows(self, owner: int) -> np.ndarray:
         """Global ids of ``B_owner`` (the candidates of owner-side sampling)."""
@@ -359,8 +405,9 @@ class _BroadcastPlan(ExchangePlan):
                     else {j: self.exact_message(j) for j in self.owners})
         width = h.shape[1]
         out = self._output(self.n_rows, width)
+        local_h = self._local_input(h, context) if self.local_block is not None else h
         if self.local_block is not None and self.group not in messages:
-            self._multiply_into(out, self.local_block, h)
+            self._multiply_into(out, self.local_block, local_h)
 
         def post(j: int) -> tuple[Pending | None, torch.Tensor | None]:
             message = messages[j]
@@ -378,10 +425,11 @@ class _BroadcastPlan(ExchangePlan):
             message = messages[j]
             if j == self.group:
                 if self.local_block is not None:
-                    self._multiply_into(out, self.local_block, h)
+                    self._multiply_into(out, self.local_block, local_h)
                 return
             if message.block_torch is not None and rows is not None:
-                self._multiply_into(out, message.block_torch, rows)  # type: ignore[arg-type]
+                self._multiply_into(out, message.block_torch,
+                                    self._received_input(rows, message.global_rows, context))  # type: ignore[arg-type]
             if message.fresh and context is not None:
                 strategy.received(context, j, message, rows)  # type: ignore[arg-type]
 
@@ -396,7 +444,7 @@ class _BroadcastPlan(ExchangePlan):
         width = dt.shape[1]
         out = self._output(self.n_rows, width)
         if self.local_block is not None:
-            self._multiply_into(out, self._local_transpose(), dt)
+            self._multiply_into(out, self.local_transpose(), dt)
         previous: tuple[Pending, torch.Tensor | None, torch.Tensor | None] | None = None
         for j, message in messages.items():
             if message.count == 0 or not strategy.sends_gradient(message):
@@ -452,6 +500,10 @@ class DenseBroadcastPlan(_BroadcastPlan):
     def _message_rows(self, j: int) -> int:
         return self.matrix.layout.count(j)
 
+    def _message_global_rows(self, j: int) -> range:
+        start = int(self.matrix.layout.offsets[j])
+        return range(start, start + self.matrix.layout.count(j))
+
 
 class SparseBroadcastPlan(_BroadcastPlan):
     """Sparsity-aware broadcast: owner ``j`` broadcasts rows ``B_j`` only."""
@@ -471,6 +523,12 @@ class SparseBroadcastPlan(_BroadcastPlan):
     def _message_rows(self, j: int) -> int:
         return int(self.matrix.union_sizes[j])
 
+    def _needs_boundaries(self) -> bool:
+        return self.row_masks
+
+    def _message_global_rows(self, j: int) -> np.ndarray | None:
+        return self.boundary_rows(j) if j in self.boundary_of else None
+
 
 @dataclass
 class _PairExchange:
@@ -484,6 +542,7 @@ class _PairExchange:
     remote_matrix: sp.csr_matrix
     traffic: bool                      # False: no rank of the column moves a row (skip the collective)
     key: object = "remote"             # cache key of the remote block's transpose
+    recv_global: np.ndarray | None = None  # global ids of the receive buffer's rows (receiver-side dropout)
 
 
 class PointToPointPlan(ExchangePlan):
@@ -500,8 +559,8 @@ class PointToPointPlan(ExchangePlan):
                          "use dense-bcast or sparse-bcast")
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
-                 strategy: ExchangeStrategy | None = None) -> None:
-        super().__init__(matrix, dtype, device, timer, strategy)
+                 strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:
+        super().__init__(matrix, dtype, device, timer, strategy, row_masks=row_masks)
         groups = self.groups
         recv_rows = [int(matrix.recv_ids[j].size) if j in matrix.recv_ids else 0 for j in range(groups)]
         send_rows = [int(matrix.send_ids[i].size) if i in matrix.send_ids else 0 for i in range(groups)]
@@ -516,12 +575,19 @@ class PointToPointPlan(ExchangePlan):
         share = matrix.column_share
         traffic = bool(sum(int(matrix.boundary_counts[i, j]) for j in share for i in range(groups) if i != j) > 0)
         self.exact_pairs = _PairExchange(send_index, send_rows, recv_rows, self.csr(remote_matrix), remote_matrix,
-                                         traffic)
+                                         traffic, recv_global=self._global_ids(
+                                             [matrix.recv_ids.get(j, np.empty(0, np.int64)) for j in range(groups)]))
         self._sampled: _PairExchange | None = None
 
     @classmethod
     def moved_rows(cls, rows: np.ndarray, boundary_counts: np.ndarray, union_sizes: np.ndarray) -> np.ndarray:
         return np.asarray(boundary_counts)
+
+    def _global_ids(self, local_ids: list[np.ndarray]) -> np.ndarray:
+        """Global ids of a receive buffer made of owner ``j``'s rows ``local_ids[j]``, in owner order."""
+        offsets = self.matrix.layout.offsets
+        return np.concatenate([ids.astype(np.int64) + offsets[j] for j, ids in enumerate(local_ids)]
+                              + [np.empty(0, np.int64)])
 
     @classmethod
     def exchange_seconds(cls, rows: np.ndarray, boundary_counts: np.ndarray, union_sizes: np.ndarray, grid: Grid,
@@ -551,18 +617,20 @@ class PointToPointPlan(ExchangePlan):
             kept = strategy.keep(epoch, i if receiver_side else me, ids + offsets[me])
             send_kept.append(ids[kept])
             send_rows.append(int(kept.sum()))
-        recv_keep, recv_rows = [], []
+        recv_keep, recv_rows, recv_kept_ids = [], [], []
         for j in range(self.groups):
             ids = matrix.recv_ids.get(j, np.empty(0, np.int64))
             kept = strategy.keep(epoch, me if receiver_side else j, ids + offsets[j])
             recv_keep.append(kept)
             recv_rows.append(int(kept.sum()))
+            recv_kept_ids.append(ids[kept])
         remote = keep_columns(self.exact_pairs.remote_matrix, np.concatenate(recv_keep), strategy.scale)
         send_index = torch.from_numpy(np.concatenate(send_kept).astype(np.int64)).to(self.device)
         traffic = self.exact_pairs.traffic and strategy.scale > 0
         # Keep only this epoch's sampled transpose.
         self._transposed = {k: v for k, v in self._transposed.items() if not isinstance(k, tuple)}
-        return _PairExchange(send_index, send_rows, recv_rows, self.csr(remote), remote, traffic, ("sampled", epoch))
+        return _PairExchange(send_index, send_rows, recv_rows, self.csr(remote), remote, traffic, ("sampled", epoch),
+                             self._global_ids(recv_kept_ids))
 
     def forward(self, h: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
         pairs = self._pairs(context)
@@ -574,10 +642,10 @@ class PointToPointPlan(ExchangePlan):
             recv = self._rows(sum(pairs.recv_rows), width)
             pending = self.col_comm.ialltoallv(send, pairs.send_rows, recv, pairs.recv_rows, phase=phase)
         if self.local_block is not None:
-            self._multiply_into(out, self.local_block, h)
+            self._multiply_into(out, self.local_block, self._local_input(h, context))
         if pending is not None:
             pending.wait()
-            self._multiply_into(out, pairs.remote_block, recv)
+            self._multiply_into(out, pairs.remote_block, self._received_input(recv, pairs.recv_global, context))
         return out.tensor()
 
     def transpose(self, dt: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
@@ -590,7 +658,7 @@ class PointToPointPlan(ExchangePlan):
             back = self._rows(sum(pairs.send_rows), width)
             pending = self.col_comm.ialltoallv(pieces, pairs.recv_rows, back, pairs.send_rows, phase=phase)
         if self.local_block is not None:
-            self._multiply_into(out, self._local_transpose(), dt)
+            self._multiply_into(out, self.local_transpose(), dt)
         if pending is not None:
             pending.wait()
             out.tensor().index_add_(0, pairs.send_index, back)
@@ -611,6 +679,7 @@ def plan_class(name: str) -> type[ExchangePlan]:
 
 
 def make_plan(name: str, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
-              strategy: ExchangeStrategy | None = None) -> ExchangePlan:
-    """The exchange plan called ``name`` carrying ``strategy`` (exact when None)."""
-    return plan_class(name)(matrix, dtype, device, timer, strategy)
+              strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> ExchangePlan:
+    """The exchange plan called ``name`` carrying ``strategy`` (exact when None); ``row_masks``: see
+    :class:`ExchangePlan`."""
+    return plan_class(name)(matrix, dtype, device, timer, strategy, row_masks=row_masks)

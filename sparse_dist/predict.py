@@ -57,3 +57,20 @@ def predict_spmm_bytes(grid: Grid, layout: RowLayout, boundary_counts: np.ndarra
             else:
                 backward[rank, RECV] += n_g * row_bytes
     return {"forward": forward, "backward": backward}
+
+
+def predict_halo_bytes(grid: Grid, boundary_counts: np.ndarray, width: int, itemsize: int) -> np.ndarray:
+    """Bytes each world rank sends and receives in the one-time halo exchange (:mod:`sparse_dist.halo`).
+
+    Shape ``(P, 2)`` (sent, received). Every replica column moves its row groups' whole halos: rank
+    ``(g, r)`` sends ``sum_{i != g} |B_ig|`` rows and receives ``sum_{j != g} |B_gj|`` rows of ``width``.
+    """
+    counts = np.array(boundary_counts, copy=True)
+    np.fill_diagonal(counts, 0)
+    row_bytes = width * itemsize
+    out = np.zeros((grid.world_size, 2), dtype=np.result_type(counts.dtype, np.int64))
+    for rank in range(grid.world_size):
+        g = grid.group_of(rank)
+        out[rank, SENT] = counts[:, g].sum() * row_bytes
+        out[rank, RECV] = counts[g].sum() * row_bytes
+    return out

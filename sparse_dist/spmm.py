@@ -31,9 +31,11 @@ class DistSpMM:
 
     def __init__(self, matrix: DistCSR, plan: str = "p2p", *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", sampler: BoundarySampler | None = None,
-                 staleness: StalenessRule | None = None, strategy: ExchangeStrategy | None = None) -> None:
+                 staleness: StalenessRule | None = None, strategy: ExchangeStrategy | None = None,
+                 row_masks: bool = False) -> None:
         """``strategy`` decides what training exchanges carry; by default the one ``sampler`` and
-        ``staleness`` make (:func:`~sparse_dist.exchange.make_strategy`; exact when both are None)."""
+        ``staleness`` make (:func:`~sparse_dist.exchange.make_strategy`; exact when both are None).
+        ``row_masks``: training calls may carry receiver-side dropout (``ExchangeContext.dropout``)."""
         self.matrix = matrix
         self.dtype = dtype
         self.device = torch.device(device)
@@ -42,7 +44,8 @@ class DistSpMM:
         self.timer = ComputeTimer()
         if strategy is None:
             strategy = make_strategy(sampler, staleness)
-        self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer, strategy)
+        self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer, strategy,
+                                            row_masks=row_masks)
         self._replicated = matrix.grid.replication > 1
         self._owner_replica = matrix.grid.replica_for_block(matrix.group)
 
@@ -59,7 +62,9 @@ class DistSpMM:
         """``T_g = sum_j A_gj H_j`` for this rank's rows (collective).
 
         With a training ``context`` the plan consults its policies (sampling,
-        staleness); without one, or when evaluating, the product is exact.
+        staleness); without one, or when evaluating, the product is exact. A context with
+        ``dropout`` makes it ``A (M * H)``: ``H`` travels pre-dropout and every rank masks the rows it
+        multiplies (receiver-side dropout).
         """
         out = self.plan.forward(self._check(h, "H"), phase, context)
         if self._replicated:
@@ -68,10 +73,19 @@ class DistSpMM:
 
     def transpose(self, dt: torch.Tensor, phase: str = "backward",
                   context: ExchangeContext | None = None) -> torch.Tensor:
-        """``dH_g = sum_i A_ig^T dT_i`` for this rank's rows (collective); mirrors the forward of ``context``."""
+        """``dH_g = sum_i A_ig^T dT_i`` for this rank's rows (collective); mirrors the forward of ``context``.
+
+        Under receiver-side dropout the owner masks the summed gradient of its rows once
+        (``M_g * sum_i A_ig^T dT_i``: every receiver's mask of a row is the same), so the pieces travel
+        unmasked.
+        """
         out = self.plan.transpose(self._check(dt, "dT"), phase, context)
         if self._replicated:
             self.matrix.row_comm.bcast_(out, root=self._owner_replica, phase=phase)
+        if context is not None and context.dropout is not None:
+            mask = context.dropout.own(out)
+            with self.timer.measure("dropout", self.device):
+                out.mul_(mask)
         return out
 
     @property

@@ -69,9 +69,21 @@ def test_results_file_has_breakdown_bytes_and_memory(shards, tmp_path: Path) -> 
     import json
 
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["type"] for r in records] == ["config", "environment", "epoch", "epoch", "epoch", "final"]
+    assert [r["type"] for r in records] == ["config", "environment", "setup", "epoch", "epoch", "epoch", "final"]
     assert "MPICH" in records[1]["mpi_library"]
-    epoch = records[2]
+    setup, epoch, final = records[2], records[3], records[-1]
+    # 12 features -> 16 hidden: layer 0 would exchange X's 12 columns in 3 training and 3 evaluation forwards,
+    # six times what fetching the halo once costs, so auto fetches it once.
+    assert setup["input_exchange"]["mode"] == "once" and setup["input_exchange"]["requested"] == "auto"
+    assert setup["input_exchange"]["per_epoch_run_bytes"] == 6 * setup["input_exchange"]["once_bytes"] > 0
+    assert setup["bytes"]["halo"]["recv"]["min"] > 0 and setup["bytes"]["other"]["sent"]["min"] > 0
+    assert setup["halo"]["halo_bytes"]["max"] == max(setup["halo_bytes_per_rank"]) > 0
+    assert all("eval_bytes" in r for r in records[3:6])  # --eval-every 1
+    evaluated = sum(r["eval_bytes"]["forward"]["sent"]["mean"] for r in records[3:6])
+    trained = sum(r["bytes"][phase]["sent"]["mean"] for r in records[3:6] for phase in ("forward", "backward"))
+    assert evaluated > 0
+    assert final["bytes_total"]["forward"]["sent"]["mean"] + final["bytes_total"]["backward"]["sent"]["mean"] == \
+        pytest.approx(trained + evaluated)  # the run's total holds training and evaluation exchanges
     assert set(epoch["time"]) == {"total", "local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer",
                                   "dense"}
     assert min(epoch["time"][key]["max"] for key in ("masks", "dropout", "optimizer")) > 0  # dropout 0.5 by default

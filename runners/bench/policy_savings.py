@@ -9,10 +9,17 @@ rank), and the final test accuracy:
 * SANCUS (Table 5): ``dense-bcast`` (CAGNET) vs ``sancus-e`` (eps 1),
   ``sancus-a`` (eps 1) and ``sancus-h`` (eps ``--sancus-h-eps``), with
   gradients exchanged every epoch, plus ``sancus-e`` (eps 1) skipping the
-  gradients of stale blocks too (``-bwd``).
+  gradients of stale blocks too (``-bwd``);
+* what never changes is sent once: ``p2p`` and ``dense-bcast`` with layer 0
+  exchanging ``dropout(X) W`` every epoch and owner-side dropout (``X/epoch``,
+  the path before the halo), against the default (``--input-exchange auto``).
 
-Ratios are taken within this one run: bytes and epoch time relative to exact
-``p2p`` and to ``dense-bcast``.
+Every configuration runs with the train command's defaults otherwise (so
+layer 0 reads its halo where the byte model says so, and the SANCUS rows use
+receiver-side dropout). Bytes are what all ranks received: forward and
+backward exchanges of every epoch plus the one-time halo (``halo MB`` shows
+that part). Ratios are taken within this one run: bytes and epoch time
+relative to exact ``p2p`` and to ``dense-bcast``. ``--only`` runs a subset.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sancus-h-eps", type=float, default=0.05, help="variation-gap threshold of sancus-h")
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated configuration names to run (default: all); exact p2p and "
+                             "dense-bcast, the ratios' bases, always run")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
@@ -53,7 +63,25 @@ def configurations(h_eps: float) -> list[tuple[str, dict[str, str]]]:
         ("sancus-a1", {"plan": "dense-bcast", "stale": "sancus-a:eps=1"}),
         (f"sancus-h{h_eps:g}", {"plan": "dense-bcast", "stale": f"sancus-h:eps={h_eps}"}),
         ("sancus-e1 -bwd", {"plan": "dense-bcast", "stale": "sancus-e:eps=1,skip_backward=1"}),
+        ("p2p X/epoch", {"plan": "p2p", **CLASSIC}),
+        ("dense X/epoch", {"plan": "dense-bcast", **CLASSIC}),
     ]
+
+
+CLASSIC = {"input_exchange": "per-epoch", "dropout_side": "owner"}
+"""Layer 0 exchanging dropout(X) W every epoch, owner-side dropout: the path before the halo."""
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    names = [name for name, _ in configurations(args.sancus_h_eps)]
+    unknown = [name for name in _selected(args) if name not in names]
+    return f"--only: unknown configuration(s) {unknown}; expected names from {names}" if unknown else None
+
+
+def _selected(args: argparse.Namespace) -> list[str]:
+    if args.only is None:
+        return [name for name, _ in configurations(args.sancus_h_eps)]
+    return [name.strip() for name in args.only.split(",") if name.strip()]
 
 
 def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
@@ -62,28 +90,33 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
     trainer = Trainer(comm, graph, config)
     records = [trainer.train_epoch() for _ in range(args.epochs)]
     metrics = trainer.evaluate()
-    moved = sum(r["bytes"][phase]["recv"] for r in records for phase in ("forward", "backward"))
+    halo = trainer.setup_bytes["halo"]["recv"]
+    moved = halo + sum(r["bytes"][phase]["recv"] for r in records for phase in ("forward", "backward"))
     broadcasts = sum(len(b["active"]) for r in records for b in r["broadcasts"])
-    gathered = comm.allgather_object({"moved": moved, "times": [r["time"] for r in records[1:] or records],
+    gathered = comm.allgather_object({"moved": moved, "halo": halo, "times": [r["time"] for r in records[1:] or records],
                                       "cache": records[-1]["cache_bytes"]})
     times = {key: statistics.median(max(g["times"][k][key] for g in gathered) for k in range(len(gathered[0]["times"])))
              for key in TIME_KEYS}
-    return {"bytes": int(sum(g["moved"] for g in gathered)), "time": times, "test_acc": metrics["test_acc"],
+    return {"bytes": int(sum(g["moved"] for g in gathered)), "halo_bytes": int(sum(g["halo"] for g in gathered)),
+            "input_exchange": trainer.input_exchange.mode, "receiver_dropout": trainer.receiver_dropout,
+            "time": times, "test_acc": metrics["test_acc"],
             "active_broadcasts": broadcasts, "cache_bytes_max": max(g["cache"] for g in gathered), **settings}
 
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or default_threads_per_rank())
-    results = {name: _run_one(comm, args, settings) for name, settings in configurations(args.sancus_h_eps)}
+    chosen = set(_selected(args)) | {"exact p2p", "dense-bcast"}
+    results = {name: _run_one(comm, args, settings) for name, settings in configurations(args.sancus_h_eps)
+               if name in chosen}
     if comm.rank == 0:
         exact, dense = results["exact p2p"], results["dense-bcast"]
         print(f"policies on {args.data}: P={comm.size}, {args.epochs} epochs, GCN hidden {args.hidden}, "
               f"dropout {args.dropout}, seed {args.seed}")
-        print(f"{'config':<14}{'exchange MB':>12}{'/p2p':>7}{'/dense':>8}{'epoch_s':>9}{'local':>8}{'exch':>8}"
-              f"{'allred':>8}{'dense':>8}{'t/p2p':>7}{'t/dense':>8}{'test_acc':>9}")
+        print(f"{'config':<15}{'exchange MB':>12}{'halo MB':>9}{'/p2p':>7}{'/dense':>8}{'epoch_s':>9}{'local':>8}"
+              f"{'exch':>8}{'allred':>8}{'dense':>8}{'t/p2p':>7}{'t/dense':>8}{'test_acc':>9}")
         for name, r in results.items():
             t = r["time"]
-            print(f"{name:<14}{r['bytes'] / 1e6:>12.2f}{r['bytes'] / max(exact['bytes'], 1):>7.3f}"
+            print(f"{name:<15}{r['bytes'] / 1e6:>12.2f}{r['halo_bytes'] / 1e6:>9.2f}{r['bytes'] / max(exact['bytes'], 1):>7.3f}"
                   f"{r['bytes'] / max(dense['bytes'], 1):>8.3f}{t['total']:>9.4f}{t['local_spmm']:>8.4f}"
                   f"{t['exchange']:>8.4f}{t['allreduce']:>8.4f}{t['dense']:>8.4f}"
                   f"{t['total'] / exact['time']['total']:>7.2f}{t['total'] / dense['time']['total']:>8.2f}"

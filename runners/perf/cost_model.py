@@ -72,20 +72,40 @@ class Rates:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What a training epoch computes: layer widths, model kind, element size."""
+    """What a training epoch computes: layer widths, model kind, element size, and how layers exchange.
+
+    ``input_once``: layer 0 reads X's halo kept since the start and exchanges nothing
+    (:mod:`algorithms.static_input`); ``receiver_dropout``: exchanges carry pre-dropout rows, so every
+    exchanging layer aggregates first (width ``F_in``).
+    """
 
     dims: tuple[int, ...]
     kind: str = "gcn"
     itemsize: int = 4
+    input_once: bool = False
+    receiver_dropout: bool = False
 
     @property
     def exchanges(self) -> list[tuple[int, bool]]:
-        """Per layer: (width exchanged, whether the transpose runs too), as :mod:`algorithms.model` orders them."""
+        """Per exchanging layer: (width exchanged, whether the transpose runs too), as :mod:`algorithms.model`
+        orders them. Layer 0's transpose runs only where it multiplies by ``W`` first (``X`` needs no gradient)."""
         out = []
         for layer, (f_in, f_out) in enumerate(zip(self.dims[:-1], self.dims[1:])):
-            width = min(f_in, f_out)
-            out.append((width, layer > 0 or f_out < f_in))
+            if layer == 0 and self.input_once:
+                continue
+            transform_first = f_out < f_in and not self.receiver_dropout
+            out.append((f_out if transform_first else f_in, layer > 0 or transform_first))
         return out
+
+    @property
+    def spmm_passes(self) -> int:
+        """Columns the local SpMMs of one epoch multiply (forward, and transposes), over all layers: a layer
+        that exchanges nothing (layer 0 from its halo) multiplies its local and halo columns all the same."""
+        whole = ModelShape(self.dims, self.kind, self.itemsize, False, self.receiver_dropout).exchanges
+        if self.input_once and whole:
+            f_in, f_out = self.dims[0], self.dims[1]
+            whole[0] = (min(f_in, f_out), f_out < f_in)
+        return sum(width * (2 if backward else 1) for width, backward in whole)
 
     @property
     def dense_work_per_row(self) -> int:
@@ -241,7 +261,7 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Expected
 
     # Compute: every rank of a row group multiplies its share of the row group's blocks.
     nnz = work.nnz_local + (policy.sample_p if sampled else 1.0) * work.nnz_remote
-    passes = sum(width * (2 if backward else 1) for width, backward in shape.exchanges)
+    passes = shape.spmm_passes
     spmm = float(np.max(nnz)) * passes / c / (rates.spmm * cores)
     dense = float(np.max(work.rows)) * shape.dense_work_per_row / (rates.dense * cores)
 

@@ -27,7 +27,7 @@ from runners.results import ResultsWriter, temporary_beside
 DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
-    "stale", "seed", "model", "hidden", "layers", "dtype", "epochs", "warmup", "epoch_time", "epoch_time_std",
+    "stale", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
     "t_dropout", "t_optimizer", "exchange_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "peak_rss_max",
@@ -70,6 +70,7 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
     config = next(r for r in records if r["type"] == "config")
     environment = next((r for r in records if r["type"] == "environment"), {})
     final = next(r for r in records if r["type"] == "final")
+    setup = next((r for r in records if r["type"] == "setup"), {})  # absent in files older than it
     epochs = [r for r in records if r["type"] == "epoch"]
     timed = epochs[warmup:] or epochs
     world = int(config["world_size"])
@@ -78,6 +79,8 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
         "world_size": world, "replication": config["replication"], "plan": config["plan"],
         "sample": config["sample"], "stale": config["stale"], "seed": config["seed"], "model": config["model"],
         "hidden": config["hidden"], "layers": config["layers"], "dtype": config["dtype"], "data": config["data"],
+        "input_exchange": setup.get("input_exchange", {}).get("mode", "per-epoch"),
+        "receiver_dropout": bool(setup.get("receiver_dropout", False)),
         "epochs": len(epochs), "warmup": warmup,
         "epoch_time": _mean(totals), "epoch_time_std": statistics.pstdev(totals) if len(totals) > 1 else 0.0,
         "epoch_time_mean_rank": _mean([e["time"]["total"]["mean"] for e in timed]),

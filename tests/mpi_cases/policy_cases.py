@@ -16,10 +16,14 @@ Checks, on this launch's P:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from case_report import finish  # noqa: E402
 
 from algorithms.policies import BnsSampler, SancusRule
 from sparse_dist.comm import run_or_abort, world
@@ -122,12 +126,7 @@ def main() -> int:
     failures: list[str] = []
     check_sampling(comm, failures)
     check_staleness(comm, failures)
-    for failure in failures:
-        sys.stderr.write(f"[rank {comm.rank}] FAIL {failure}\n")
-    ok = comm.all_true(not failures)
-    if comm.rank == 0:
-        print(f"policy cases P={comm.size}: {'all passed' if ok else 'FAILURES'}")
-    return 0 if ok else 1
+    return finish(comm, failures, f"policy cases P={comm.size}")
 
 
 if __name__ == "__main__":

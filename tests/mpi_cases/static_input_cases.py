@@ -1,0 +1,195 @@
+"""Layer 0 from a halo fetched once, and receiver-side dropout, under mpiexec.
+
+On a random directed graph laid out over this launch's row groups (with
+P = 3 one row group is EMPTY, the others uneven), for every plan:
+
+* exactness: 3 training losses, the first step's weight gradients and the
+  evaluation logits equal the independent single-process reference
+  (tests/reference_gcn.py) for input modes (once, receiver), (once, owner)
+  and (per-epoch, receiver);
+* bytes: the one-time halo exchange counts exactly what
+  ``predict_halo_bytes`` says on every rank; each training epoch's forward
+  and backward bytes, and each evaluation's forward bytes, equal the exact
+  byte model of the layers that still exchange (``ModelShape.exchanges``);
+  layer 0 moves nothing after the halo;
+* sampling: with BNS (p = 0.5, p2p and sparse-bcast) receiver-side dropout
+  gives the same losses as owner-side dropout (same sample, same masks);
+* SANCUS under dropout 0.5 (dense-bcast, sancus-h:eps=0.5, a wider graph):
+  with receiver-side dropout owners skip broadcasts, with owner-side
+  dropout the fresh masks make every owner broadcast every epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from case_report import finish  # noqa: E402
+from reference_gcn import Reference  # noqa: E402
+
+from algorithms.train import LocalGraph, TrainConfig, Trainer  # noqa: E402
+from runners.perf.cost_model import ModelShape  # noqa: E402
+from sparse_dist.comm import run_or_abort, world  # noqa: E402
+from sparse_dist.layout import Grid, RowLayout  # noqa: E402
+from sparse_dist.plans import PLAN_NAMES  # noqa: E402
+from sparse_dist.predict import predict_halo_bytes, predict_spmm_bytes  # noqa: E402
+
+N, F, C, EPOCHS = 23, 6, 3, 3
+RTOL, ATOL = 1e-4, 2e-5
+COUNTS = {1: [23], 2: [11, 12], 3: [9, 0, 14]}
+
+
+def graph_data(nodes: int = N, width: int = F, density: float = 0.15) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(4)
+    adjacency = sp.random(nodes, nodes, density=density, format="csr", random_state=rng)
+    adjacency.data[:] = 1.0
+    return {"adjacency": adjacency, "features": rng.random((nodes, width)).astype(np.float32),
+            "labels": rng.integers(0, C, nodes), "train": rng.random(nodes) < 0.6}
+
+
+def local_graph(data: dict, layout: RowLayout, group: int) -> LocalGraph:
+    lo, hi = layout.row_range(group)
+    masks = {"train": data["train"][lo:hi], "val": ~data["train"][lo:hi], "test": ~data["train"][lo:hi]}
+    return LocalGraph(layout, sp.csr_matrix(data["adjacency"][lo:hi]), data["features"][lo:hi],
+                      data["labels"][lo:hi], masks, C, False, name="static-input")
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool(torch.allclose(got.detach().double(), want.detach().double(), rtol=RTOL, atol=ATOL))
+
+
+def traffic(comm) -> dict[str, tuple[int, int]]:
+    return {phase: (int(c["bytes_sent"]), int(c["bytes_recv"])) for phase, c in comm.stats.snapshot().items()}
+
+
+def expected_epoch(trainer: Trainer, shape: ModelShape, training: bool) -> dict[str, np.ndarray]:
+    """Exact forward/backward bytes per world rank of one epoch (or one evaluation) from the byte model."""
+    matrix = trainer.matrix
+    total = {"forward": np.zeros((trainer.comm.size, 2), np.int64), "backward": np.zeros((trainer.comm.size, 2), np.int64)}
+    for width, backward in shape.exchanges:
+        volume = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
+                                    trainer.config.plan, width, shape.itemsize)
+        total["forward"] += volume["forward"]
+        if backward and training:
+            total["backward"] += volume["backward"]
+    return total
+
+
+def check_modes(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    group = comm.rank // replication
+    lo, hi = layout.row_range(group)
+    modes = (("once", "receiver"), ("once", "owner"), ("per-epoch", "receiver"))
+    for plan in PLAN_NAMES:
+        for input_exchange, side in modes:
+            label = f"{plan} input={input_exchange} side={side} P={comm.size} c={replication}"
+            before = traffic(comm)
+            trainer = Trainer(comm, local_graph(data, layout, group),
+                              TrainConfig(plan=plan, replication=replication, epochs=EPOCHS,
+                                          input_exchange=input_exchange, dropout_side=side))
+            after_setup = traffic(comm)
+            halo = after_setup["halo"][0] - before["halo"][0], after_setup["halo"][1] - before["halo"][1]
+            want_halo = (tuple(int(x) for x in predict_halo_bytes(trainer.matrix.grid, trainer.matrix.boundary_counts,
+                                                                  F, 4)[comm.rank])
+                         if input_exchange == "once" else (0, 0))
+            if halo != want_halo:
+                failures.append(f"{label}: halo bytes (sent, recv) {halo} != predicted {want_halo}")
+            reference = Reference(data["adjacency"].toarray(), data["features"], data["labels"], data["train"], C, "gcn")
+            dims = (F, 16, C)
+            shape = ModelShape(dims, input_once=input_exchange == "once", receiver_dropout=side == "receiver")
+            eval_shape = ModelShape(dims, input_once=input_exchange == "once")
+            for epoch in range(EPOCHS):
+                record = trainer.train_epoch()
+                want = reference.step()
+                if abs(record["loss"] - want) > ATOL + RTOL * abs(want):
+                    failures.append(f"{label}: epoch {epoch + 1} loss {record['loss']:.7f} != reference {want:.7f}")
+                if epoch == 0:
+                    for layer, params in enumerate(reference.params):
+                        if not close(trainer.model.weights[layer].grad, params[0].grad):
+                            failures.append(f"{label}: gradient of W{layer} differs from the reference")
+                predicted = expected_epoch(trainer, shape, training=True)
+                for phase in ("forward", "backward"):
+                    got = (record["bytes"][phase]["sent"], record["bytes"][phase]["recv"])
+                    want_bytes = tuple(int(x) for x in predicted[phase][comm.rank])
+                    if got != want_bytes:
+                        failures.append(f"{label}: epoch {epoch + 1} {phase} bytes {got} != predicted {want_bytes}")
+            trainer.evaluate()
+            got = (trainer.eval_bytes["forward"]["sent"], trainer.eval_bytes["forward"]["recv"])
+            want_eval = tuple(int(x) for x in expected_epoch(trainer, eval_shape, training=False)["forward"][comm.rank])
+            if got != want_eval:
+                failures.append(f"{label}: evaluation forward bytes {got} != predicted {want_eval}")
+            with torch.no_grad():
+                logits = trainer.forward(training=False)
+                want_logits = reference.forward(training=False)[lo:hi]
+            if not close(logits, want_logits):
+                failures.append(f"{label}: evaluation logits differ by {(logits - want_logits).abs().max():.2e}")
+
+
+def check_sampled(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    group = comm.rank // replication
+    for plan in ("p2p", "sparse-bcast"):
+        losses = {}
+        for side in ("owner", "receiver"):
+            trainer = Trainer(comm, local_graph(data, layout, group),
+                              TrainConfig(plan=plan, replication=replication, epochs=EPOCHS, sample="bns:p=0.5,side=owner",
+                                          input_exchange="per-epoch", dropout_side=side))
+            losses[side] = [trainer.train_epoch()["loss"] for _ in range(EPOCHS)]
+        if not np.allclose(losses["owner"], losses["receiver"], rtol=RTOL, atol=ATOL):
+            failures.append(f"{plan} bns:p=0.5 P={comm.size}: receiver-side losses {losses['receiver']} != "
+                            f"owner-side {losses['owner']}")
+
+
+def check_sancus(comm, replication: int, failures: list[str]) -> None:
+    """On a wider, denser graph (200 nodes, 64 features, degree about 10), where layer 0's own input
+    dropout moves ``H_1`` little from one epoch to the next but a fresh mask on ``H_1`` moves it a lot."""
+    groups = comm.size // replication
+    if groups < 2:
+        return
+    data = graph_data(200, 64, 0.05)
+    layout = RowLayout.balanced(200, groups)
+    group = comm.rank // replication
+    sent = {}
+    for side in ("owner", "receiver"):
+        trainer = Trainer(comm, local_graph(data, layout, group),
+                          TrainConfig(plan="dense-bcast", replication=replication, epochs=8, hidden=16,
+                                      stale="sancus-h:eps=0.5", input_exchange="once", dropout_side=side))
+        active = owners = 0
+        for _ in range(8):
+            record = trainer.train_epoch()
+            if not np.isfinite(record["loss"]):
+                failures.append(f"sancus-h side={side}: loss {record['loss']}")
+            for decision in record["broadcasts"]:
+                active += len(decision["active"])
+                owners += decision["owners"]
+        sent[side] = (active, owners)
+    owner_active, owner_total = sent["owner"]
+    receiver_active, receiver_total = sent["receiver"]
+    if owner_total == 0 or owner_active != owner_total:
+        failures.append(f"sancus-h, owner-side dropout: expected every owner to broadcast, got {sent['owner']}")
+    if receiver_total == 0 or receiver_active >= receiver_total:
+        failures.append(f"sancus-h, receiver-side dropout: expected skipped broadcasts, got {sent['receiver']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--replication", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    comm = world(gpu_aware="off")
+    grid = Grid(comm.size, args.replication)
+    layout = RowLayout.from_counts(COUNTS[grid.groups])
+    data = graph_data()
+    failures: list[str] = []
+    check_modes(comm, data, layout, args.replication, failures)
+    check_sampled(comm, data, layout, args.replication, failures)
+    check_sancus(comm, args.replication, failures)
+    return finish(comm, failures, f"static input P={comm.size} c={args.replication}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_or_abort(main))
