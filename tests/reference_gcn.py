@@ -83,12 +83,16 @@ class Reference:
                 keep, scale = dropout_keep(self.seed, self.epoch, index, h.shape[0], h.shape[1], self.dropout)
                 h = h * keep.float() * scale
             if self.model == "gcn":
-                h = self.a @ h @ layer[0] + layer[1]
+                h = self._propagate(h, layer[0]) + layer[1]
             else:
-                h = h @ layer[0] + self.a @ h @ layer[1] + layer[2]
+                h = h @ layer[0] + self._propagate(h, layer[1]) + layer[2]
             if index < len(self.params) - 1:
                 h = torch.relu(h)
         return h
+
+    def _propagate(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``A h W``, multiplied in the cheaper order (the dense ``A`` is N x N): same value to rounding."""
+        return self.a @ (h @ weight) if weight.shape[1] < weight.shape[0] else (self.a @ h) @ weight
 
     def step(self) -> float:
         self.optimizer.zero_grad()
