@@ -11,6 +11,10 @@ Layer 0's input ``X`` is static. Two ways to feed its SpMM:
 
 ``auto`` takes the one the byte model says moves fewer bytes over the whole run
 (:func:`choose_input_exchange`), unless the halo does not fit ``--halo-budget``.
+Bytes are not the whole cost: ``once`` makes every rank compute layer 0 for its
+halo rows too (the owner did it once for all receivers before), so where bytes
+are cheap (one shared-memory node) and ``X`` is wide, ``per-epoch`` can be the
+faster one; the start-up line says how many more rows layer 0 computes.
 
 Receiver-side dropout (``--dropout-side``): exchanges carry pre-dropout rows and
 every rank masks what it multiplies, so a cached (SANCUS) or stale (pipelined)
@@ -99,11 +103,13 @@ class InputExchange:
     halo_bytes: list[int]      # per row group: what each of its ranks keeps
     budget: int | None
     reason: str
+    extra_rows: float = 0.0    # the largest halo over its group's own rows: layer 0's added local work
 
     def describe(self) -> str:
         """One line for the start of a run."""
         keeps = (f"; each rank keeps up to {max(self.halo_rows, default=0)} halo rows "
-                 f"({_megabytes(max(self.halo_bytes, default=0))})") if self.mode == "once" else ""
+                 f"({_megabytes(max(self.halo_bytes, default=0))}) and computes layer 0 on up to "
+                 f"{self.extra_rows:.0%} more rows") if self.mode == "once" else ""
         return (f"layer-0 input: {self.mode} ({self.reason}): X's boundary rows once = "
                 f"{_megabytes(self.once_bytes)}, layer 0 every epoch = {_megabytes(self.per_epoch_run_bytes)} "
                 f"over the run{keeps}")
@@ -111,7 +117,8 @@ class InputExchange:
     def record(self) -> dict[str, Any]:
         return {"mode": self.mode, "requested": self.requested, "once_bytes": self.once_bytes,
                 "per_epoch_run_bytes": self.per_epoch_run_bytes, "halo_rows": self.halo_rows,
-                "halo_bytes": self.halo_bytes, "budget": self.budget, "reason": self.reason}
+                "halo_bytes": self.halo_bytes, "budget": self.budget, "reason": self.reason,
+                "extra_rows": self.extra_rows}
 
 
 def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boundary_counts: np.ndarray,
@@ -154,4 +161,5 @@ def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boun
         mode, reason = "once", "auto: fewer bytes"
     else:
         mode, reason = "per-epoch", "auto: fewer bytes"
-    return InputExchange(mode, requested, once, per_epoch, halo_rows, halo_bytes, budget, reason)
+    extra = max((rows / max(own, 1) for rows, own in zip(halo_rows, layout.counts())), default=0.0)
+    return InputExchange(mode, requested, once, per_epoch, halo_rows, halo_bytes, budget, reason, float(extra))
