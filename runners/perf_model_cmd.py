@@ -27,6 +27,8 @@ from runners.study.collect import ResultsError, read_csv, write_csv_rows
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
 from sparse_dist.cost import NETWORKS, Network
+from sparse_dist.layout import Grid
+from sparse_dist.predict import predict_halo_bytes
 from sparse_dist.plans import PointToPointPlan, plan_class
 from runners.perf.cost_model import (ModelShape, ExpectedTraffic, Prediction, Rates, Workload, cores_per_rank,
                                 predict_epoch, workload_analytic, workload_from_shards)
@@ -69,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="edge-cut fraction of the partition (default: random partition, (P-1)/P)")
     predict.add_argument("--neighbour-parts", type=int, default=None,
                          help="parts the cut edges of one part spread over (default: all others)")
+    predict.add_argument("--input-exchange", choices=("per-epoch", "once"), default="per-epoch",
+                         help="layer 0: exchange dropout(X)W every epoch (default), or read X's halo fetched once "
+                              "(the epoch figures then leave layer 0 out; the one-time halo is printed per P)")
     predict.add_argument("--calibrate-from", required=True,
                          help="a study's output directory; its P=1 exact p2p run gives the per-core rates")
     predict.add_argument("--threads", type=int, default=None, help="cores per rank (default: the network's "
@@ -223,7 +228,7 @@ def predict(args: argparse.Namespace) -> int:
     rates = calibrate(base, workload_from_shards(base_dir, int(base["world_size"]) // int(base["replication"])),
                       _shape(base, read_meta(base_dir)), here, ExpectedTraffic())
     shape = ModelShape(tuple([sizes["features"]] + [args.hidden] * (args.layers - 1) + [sizes["classes"]]),
-                       kind=args.model)
+                       kind=args.model, input_once=args.input_exchange == "once")
     name = args.graph or "graph"
     print(f"graph {name}: {sizes['nodes']:,} nodes, {sizes['nnz']:,} nonzeros, {sizes['features']} features, "
           f"{sizes['classes']} classes; {args.model.upper()} {args.layers} layers, hidden {args.hidden}, float32")
@@ -240,6 +245,10 @@ def predict(args: argparse.Namespace) -> int:
     print(header)
     for ranks in [int(x) for x in args.ranks.split(",")]:
         work = workload_analytic(name, sizes["nodes"], sizes["nnz"], ranks, args.cut, args.neighbour_parts)
+        if shape.input_once:
+            halo = predict_halo_bytes(Grid(ranks, 1), work.boundary, shape.dims[0], shape.itemsize)
+            print(f"{ranks:>5} halo of X fetched once: {halo[:, 0].sum() / 1e9:.1f} GB sent by all ranks, "
+                  f"{halo[:, 1].max() / 1e9:.3f} GB kept by the largest halo")
         for plan in args.plans.split(","):
             for policy_spec in policies:
                 if plan_class(plan).refusal(samples=policy_spec.samples, caches=policy_spec.caches):

@@ -98,6 +98,24 @@ def test_model_predicts_the_exact_bytes_of_every_exact_run(study: Path) -> None:
     assert "within 25%" in result.stdout
 
 
+def test_model_predicts_layer_0_from_a_halo_fetched_once(study: Path) -> None:
+    def totals(mode: str) -> tuple[dict[str, float], str]:
+        result = subprocess.run([SPARSE_DIST, "model", "predict", "--nodes", "100000", "--nnz", "1000000",
+                                 "--features", "256", "--classes", "8", "--hidden", "32", "--ranks", "4,16",
+                                 "--plans", "p2p", "--policies", "exact", "--input-exchange", mode,
+                                 "--calibrate-from", str(study.parent / "out")],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        rows = [line.split() for line in result.stdout.splitlines() if line.split()[1:3] == ["p2p", "exact"]]
+        return {row[0]: float(row[4]) for row in rows}, result.stdout
+
+    every, _ = totals("per-epoch")
+    once, text = totals("once")
+    assert set(every) == set(once) == {"4", "16"}
+    assert all(once[p] < every[p] for p in every)  # layer 0 (256 -> 32 columns) no longer exchanges
+    assert text.count("halo of X fetched once") == 2
+
+
 def test_plot_writes_every_figure(study: Path, tmp_path: Path) -> None:
     result = subprocess.run([SPARSE_DIST, "plot", str(study.parent / "out"), "--out", str(tmp_path), "--dpi", "50"],
                             capture_output=True, text=True, timeout=120)
