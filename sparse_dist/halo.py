@@ -27,7 +27,6 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.comm import Communicator
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.layout import RowLayout
 from sparse_dist.plans import ExchangePlan, csr_bytes
