@@ -76,7 +76,8 @@ class GraphModel(nn.Module):
 
     def forward(self, x: torch.Tensor, spmm: SpMM, *, first_row: int, epoch: int, training: bool,
                 timer: ComputeTimer | None = None, halo: StaticHalo | None = None,
-                receiver_dropout: bool = False) -> torch.Tensor:
+                receiver_dropout: bool = False, exact_exchange: bool = False,
+                trace: list[torch.Tensor] | None = None) -> torch.Tensor:
         """This rank's output rows (``n_g x F_L``) from its input rows ``x``.
 
         ``x``: this rank's ``n_g x F_0`` input rows, or, with ``halo``, ``halo.values`` (its rows then its
@@ -85,7 +86,9 @@ class GraphModel(nn.Module):
         its input pre-dropout and the SpMM masks what it multiplies (so cached or stale rows stay
         meaningful under dropout); the product is the same. ``first_row``: global id of this rank's
         first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
-        passes). Collective: every exchanging layer calls the SpMM.
+        passes). ``exact_exchange``: exchange exactly although training (same masks; the audit's forward).
+        ``trace``: each layer's output rows (before its activation) are appended to it, detached.
+        Collective: every exchanging layer calls the SpMM.
         """
         dropout = (GlobalRowDropout(self.dropout, self.seed, epoch, first_row, timer)
                    if training and self.dropout > 0 else None)
@@ -100,7 +103,10 @@ class GraphModel(nn.Module):
                 h = dropout.drop(h, 0, halo.halo_ids if local else None)
             context = ExchangeContext(epoch=epoch, layer=index, training=training,
                                       halo_rows=halo.count if local else 0,
-                                      dropout=dropout.masks(index) if receiver and not local else None)
+                                      dropout=dropout.masks(index) if receiver and not local else None,
+                                      exact=exact_exchange)
             h = layer(h, halo.multiply if local else spmm, context, scale)
+            if trace is not None:
+                trace.append(h.detach())
         return h
 

@@ -63,6 +63,7 @@ class TrainConfig:
     input_exchange: str = "auto"   # layer 0: "once" (X's boundary rows kept by receivers), "per-epoch", "auto"
     dropout_side: str = "auto"     # "owner", "receiver" (exchanges carry pre-dropout rows), "auto"
     halo_budget: int | None = None  # bytes of halo rows a rank may keep under "once" (None: unlimited)
+    audit_every: int = 0           # every k epochs, one exact forward beside the policy's (0: never)
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -197,11 +198,43 @@ class Trainer:
         self.setup_bytes = _moved_since(comm, built_from)  # what building this trainer moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}
 
-    def forward(self, training: bool) -> torch.Tensor:
-        """This rank's logits for the current epoch (collective)."""
+    def forward(self, training: bool, *, exact_exchange: bool = False,
+                trace: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """This rank's logits for the current epoch (collective); see :meth:`GraphModel.forward`."""
         return self.model(self._input, self.spmm, first_row=self.first_row, epoch=self.epoch, training=training,
                           timer=self.spmm.timer if training else None, halo=self.halo,
-                          receiver_dropout=self.receiver_dropout)
+                          receiver_dropout=self.receiver_dropout, exact_exchange=exact_exchange, trace=trace)
+
+    # ---------------------------------------------------------------- audit
+    def _audit_due(self) -> bool:
+        every = self.config.audit_every
+        return every > 0 and (self.epoch + 1) % every == 0
+
+    def _audit_begin(self) -> dict[str, Any]:
+        """The audit's exact forward: this epoch's weights and dropout masks, every exchange exact.
+
+        Runs before the timed step (its compute is cleared with the step's timers), so neither its
+        time nor its bytes count as training. Collective.
+        """
+        before, start = self.comm.stats.snapshot(), time.perf_counter()
+        exact: list[torch.Tensor] = []
+        with torch.no_grad():
+            self.forward(training=True, exact_exchange=True, trace=exact)
+        return {"exact": exact, "seconds": time.perf_counter() - start, "bytes": _moved_since(self.comm, before)}
+
+    def _audit_end(self, audit: dict[str, Any], used: list[torch.Tensor]) -> dict[str, Any]:
+        """Per layer, ``||H_policy - H_exact||_F / ||H_exact||_F`` over all rows (one allreduce; collective)."""
+        before, start = self.comm.stats.snapshot(), time.perf_counter()
+        sums = torch.stack([torch.stack([(mine.double() - exact.double()).square().sum(), exact.double().square().sum()])
+                            for mine, exact in zip(used, audit["exact"])]).reshape(-1).contiguous()
+        self.column_comm.allreduce_(sums, "other")
+        totals = sums.view(-1, 2).cpu().numpy()
+        errors = [float(np.sqrt(gap / size)) if size > 0 else (0.0 if gap == 0 else float("inf"))
+                  for gap, size in totals]
+        moved = _moved_since(self.comm, before)
+        traffic = {phase: {key: audit["bytes"][phase][key] + moved[phase][key] for key in moved[phase]}
+                   for phase in moved}
+        return {"layer_error": errors, "seconds": audit["seconds"] + time.perf_counter() - start, "bytes": traffic}
 
     def memory(self) -> dict[str, int]:
         """What this rank keeps for its layer-0 halo (zeros without one)."""
@@ -219,13 +252,20 @@ class Trainer:
         return list(self.model.parameters())
 
     def train_epoch(self) -> dict[str, Any]:
-        """One full-graph step; returns the global loss and this rank's time breakdown (collective)."""
+        """One full-graph step; returns the global loss and this rank's time breakdown (collective).
+
+        Every ``audit_every`` epochs the record also holds ``audit``: per layer, the relative error of
+        the layer outputs this step computed under its policy against an exact forward with the same
+        weights and masks, and that forward's own seconds and bytes (kept out of the step's figures).
+        """
+        audit = self._audit_begin() if self._audit_due() else None
         stats_before = self.comm.stats.snapshot()
         self.spmm.reset_compute()
         start = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.forward(training=True)
+        used: list[torch.Tensor] | None = [] if audit is not None else None
+        logits = self.forward(training=True, trace=used)
         loss = self._local_loss_sum(logits) / self.global_counts["train"]
         loss.backward()
         params = self.parameters()
@@ -246,8 +286,12 @@ class Trainer:
         wall = time.perf_counter() - start
         broadcasts = self.spmm.strategy.decisions(self.epoch)
         self.epoch += 1
-        return {"epoch": self.epoch, "loss": float(flat[-1]), **self._breakdown(stats_before, wall),
-                "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes()}
+        record = {"epoch": self.epoch, "loss": float(flat[-1]), **self._breakdown(stats_before, wall),
+                  "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes()}
+        if audit is not None:
+            assert used is not None
+            record["audit"] = self._audit_end(audit, used)
+        return record
 
     def _breakdown(self, before: dict[str, dict[str, float]], wall: float) -> dict[str, Any]:
         after = self.comm.stats.snapshot()

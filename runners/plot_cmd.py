@@ -14,7 +14,11 @@ from ``sparse-dist sweep``). Figures, written to ``--out`` (default
   largest P;
 * ``sancus-broadcasts.png``: for each staleness run at the largest P, which
   owner broadcast (dark) or was reused from the cache (light) in each epoch
-  and layer (SANCUS Fig. 24).
+  and layer (SANCUS Fig. 24);
+* ``audit.png`` (runs trained with ``--audit-every``): per layer, the
+  relative error of the layer's output under the run's policy against an
+  exact forward with the same weights and masks, over epochs, one panel per
+  layer and one line per configuration, at the largest P.
 """
 
 from __future__ import annotations
@@ -240,6 +244,35 @@ def plot_sancus(rows: list[dict[str, Any]], epochs: dict[str, list[dict[str, Any
     return True
 
 
+def plot_audit(rows: list[dict[str, Any]], epochs: dict[str, list[dict[str, Any]]], path: Path, dpi: int) -> bool:
+    """The audit's per-layer relative errors over epochs; False (nothing written) where no run has audits."""
+    largest = max(int(r["world_size"]) for r in rows)
+    seed = min(int(r["seed"]) for r in rows)
+    audited = {r["run"]: [e for e in epochs.get(r["run"], []) if "audit" in e] for r in rows
+               if int(r["world_size"]) == largest and int(r["seed"]) == seed}
+    chosen = [r for r in rows if audited.get(r["run"])]
+    if not chosen:
+        return False
+    layers = max(len(e["audit"]["layer_error"]) for r in chosen for e in audited[r["run"]])
+    fig, axes = plt.subplots(1, layers, figsize=(4.2 * layers, 3.8), squeeze=False)
+    for layer, ax in enumerate(axes[0]):
+        for row in chosen:
+            points = [(e["epoch"], e["audit"]["layer_error"][layer]) for e in audited[row["run"]]
+                      if layer < len(e["audit"]["layer_error"])]
+            # exact runs (and exchange-free layers) audit to zero: drawn at the axis floor, not dropped
+            ax.plot([p[0] for p in points], [max(p[1], 1e-9) for p in points], marker="o", ms=3, lw=1.2,
+                    ls=_style(row), label=label(row))
+        ax.set_yscale("log")
+        ax.set_xlabel("epoch")
+        ax.set_title(f"layer {layer} output", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_ylabel("relative error vs exact forward")
+    axes[0, -1].legend(fontsize=7)
+    fig.suptitle(f"audit, P={largest} ({chosen[0]['dataset']}); 1e-9 = exact", fontsize=10)
+    _save(fig, path, dpi)
+    return True
+
+
 def _save(fig: plt.Figure, path: Path, dpi: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.stem}.tmp.png")
@@ -275,6 +308,8 @@ def main(comm: object, args: argparse.Namespace) -> int:
         written.append(out / "accuracy.png")
     if plot_sancus(strong_or_all, epochs, out / "sancus-broadcasts.png", args.dpi):
         written.append(out / "sancus-broadcasts.png")
+    if plot_audit(strong_or_all, epochs, out / "audit.png", args.dpi):
+        written.append(out / "audit.png")
     for path in written:
         print(path)
     return 0

@@ -6,7 +6,10 @@ file (JSON lines: ``config``, ``environment``, ``setup`` (how layer 0 gets its
 input and why, the halo each rank keeps, and the bytes moved before the first
 epoch: set-up metadata under ``other``, the one-time halo under ``halo``), one
 ``epoch`` record per epoch with loss, metrics, time breakdown and training bytes
-per phase as min/mean/max over ranks (plus ``eval_bytes`` where it evaluated),
+per phase as min/mean/max over ranks (plus ``eval_bytes`` where it evaluated,
+and ``audit`` every ``--audit-every`` epochs: per layer the relative error of
+the policy's layer outputs against an exact forward, and that forward's
+seconds and bytes, which the epoch's figures leave out),
 then ``final`` with peak memory per rank, the final metrics and ``bytes_total``:
 every byte of the run per phase, set-up and evaluation included).
 
@@ -72,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--halo-budget", type=halo_budget_arg, default=None, metavar="SIZE",
                         help="most bytes of X halo rows one rank may keep, e.g. 512M or 4G (default: unlimited); "
                              "auto falls back to per-epoch above it, once is refused")
+    parser.add_argument("--audit-every", type=int, default=0, metavar="K",
+                        help="every K epochs, one extra exact forward beside the policy's (same weights and "
+                             "masks; its time and bytes recorded apart from training) and the relative error "
+                             "of each layer's output under the policy against it (default 0: never)")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="gradient-norm bound; each row group clips locally to clip/sqrt(G) (default: off)")
     parser.add_argument("--feature-norm", choices=("auto", "row", "none"), default="auto",
@@ -96,6 +103,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     """Flag combinations argparse cannot check (refused before MPI starts)."""
     if args.resume and not args.checkpoint:
         return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
+    if args.audit_every < 0:
+        return f"--audit-every must be >= 0 (0: no audit), got {args.audit_every}"
     return None
 
 
@@ -138,7 +147,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
                        epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
                        replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
                        sample=args.sample, stale=args.stale, clip=args.clip, input_exchange=args.input_exchange,
-                       dropout_side=args.dropout_side, halo_budget=args.halo_budget)
+                       dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every)
 
 
 def policy_file(path: str, rank: int) -> str:
@@ -255,9 +264,14 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
             metrics = trainer.evaluate()
         gathered = comm.allgather_object({"time": record["time"], "bytes": record["bytes"],
                                           "cache_bytes": record["cache_bytes"],
-                                          "eval_bytes": trainer.eval_bytes if evaluated else None})
+                                          "eval_bytes": trainer.eval_bytes if evaluated else None,
+                                          "audit": record.get("audit")})
         if leader:
             evaluation = {"eval_bytes": _traffic_spread([g["eval_bytes"] for g in gathered])} if evaluated else {}
+            if record.get("audit") is not None:  # the errors are global (the same on every rank)
+                evaluation["audit"] = {"layer_error": record["audit"]["layer_error"],
+                                       "seconds": spread([g["audit"]["seconds"] for g in gathered]),
+                                       "bytes": _traffic_spread([g["audit"]["bytes"] for g in gathered])}
             writer.write({"type": "epoch", "epoch": epoch, "loss": record["loss"], **metrics,
                           **_summarise(gathered), **evaluation, "broadcasts": record["broadcasts"],
                           "cache_bytes": spread([g["cache_bytes"] for g in gathered])})

@@ -62,6 +62,8 @@ class ExchangeContext:
     input's boundary rows kept by the receiver, :mod:`sparse_dist.halo`); its SpMM is then local.
     ``dropout``: the input is pre-dropout and the SpMM applies these masks to every row it
     multiplies (receiver-side dropout); None when the input arrives already masked (or in evaluation).
+    ``exact``: a training-time forward that exchanges exactly whatever the policy (the audit's forward);
+    the policy's state is not touched.
     """
 
     epoch: int
@@ -69,6 +71,7 @@ class ExchangeContext:
     training: bool
     halo_rows: int = 0
     dropout: RowMasks | None = None
+    exact: bool = False
 
     def self_rows(self, h: torch.Tensor) -> torch.Tensor:
         """This rank's own rows of the layer input ``h`` as a self term uses them: halo rows cut off,

@@ -201,7 +201,7 @@ class ExchangePlan(ABC):
         """Alpha-beta time of one exchange over the replica columns (the slowest column), MPICH algorithms."""
 
     def _strategy_for(self, context: ExchangeContext | None) -> ExchangeStrategy:
-        return self.strategy if context is not None and context.training else self.exact
+        return self.strategy if context is not None and context.training and not context.exact else self.exact
 
     # ------------------------------------------------------------ blocks
     def csr(self, matrix: sp.csr_matrix) -> torch.Tensor:

@@ -25,6 +25,7 @@ timeout = {timeout}
 [train]
 hidden = 8
 threads = 1
+audit_every = 2
 
 [[dataset]]
 name = "directed"
@@ -120,7 +121,7 @@ def test_plot_writes_every_figure(study: Path, tmp_path: Path) -> None:
     result = subprocess.run([SPARSE_DIST, "plot", str(study.parent / "out"), "--out", str(tmp_path), "--dpi", "50"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    names = {"scaling-strong.png", "breakdown.png", "bytes.png", "accuracy.png", "sancus-broadcasts.png"}
+    names = {"scaling-strong.png", "breakdown.png", "bytes.png", "accuracy.png", "sancus-broadcasts.png", "audit.png"}
     assert {Path(line).name for line in result.stdout.split()} == names
     for name in names:
         header = (tmp_path / name).read_bytes()[:24]
