@@ -169,7 +169,17 @@ def keep_mask_rows(seed: int, epoch: int, layer: int, global_rows: np.ndarray, w
             span = int(local.max()) + 1
             raw = np.random.SFC64(chunk_seed(seed, epoch, layer, chunk)).random_raw(-(-span * width // LANES_PER_WORD))
             lanes = raw.view(np.int16)[:span * width].reshape(span, width)
-            out[positions] = True if bound is None else lanes[local] < bound
+            if bound is None:
+                out[positions] = True
+                return
+            # A leading run of consecutive rows landing in consecutive outputs (a rank's own rows before
+            # its halo) is compared in place; only the rest is gathered.
+            steps = (np.diff(local) == 1) & (np.diff(positions) == 1)
+            run = local.size if steps.all() else int(np.argmin(steps)) + 1
+            first, at = int(local[0]), int(positions[0])
+            np.less(lanes[first:first + run], bound, out=out[at:at + run])
+            if run < local.size:
+                out[positions[run:]] = lanes[local[run:]] < bound
 
         if len(groups) == 1:
             fill(groups[0])
@@ -309,12 +319,14 @@ class GlobalRowDropout:
         """
         extra = 0 if extra_rows is None else len(extra_rows)
         with _timed(self.timer, like.device, "masks"):
-            own = keep_mask(self.seed, self.epoch, layer, self.first_row, like.shape[0] - extra, like.shape[1],
-                            self.rule.p, like.device)
+            own = like.shape[0] - extra
             if not extra:
-                return own
-            return torch.cat([own, keep_mask_rows(self.seed, self.epoch, layer, extra_rows, like.shape[1],
-                                                  self.rule.p, like.device)])
+                return keep_mask(self.seed, self.epoch, layer, self.first_row, own, like.shape[1], self.rule.p,
+                                 like.device)
+            # One call: each chunk's stream is drawn once for the own rows and the extra rows together.
+            rows = np.concatenate([np.arange(self.first_row, self.first_row + own, dtype=np.int64),
+                                   np.asarray(extra_rows, dtype=np.int64)])
+            return keep_mask_rows(self.seed, self.epoch, layer, rows, like.shape[1], self.rule.p, like.device)
 
     def rows_mask(self, layer: int, global_rows: np.ndarray | range, like: torch.Tensor) -> torch.Tensor:
         """Boolean keep mask of layer ``layer``'s input rows ``global_rows`` (any owner's), ``len x like.shape[1]``."""

@@ -103,11 +103,15 @@ def bytes_by_phase(counters: dict[str, dict[str, float]]) -> dict[str, dict[str,
     return {phase: {"sent": int(d["bytes_sent"]), "recv": int(d["bytes_recv"])} for phase, d in counters.items()}
 
 
+def _counters_since(comm: Communicator, before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """This rank's communication counters (bytes, seconds, calls per phase) since they read ``before``."""
+    after = comm.stats.snapshot()
+    return {phase: {key: after[phase][key] - before[phase][key] for key in after[phase]} for phase in after}
+
+
 def _moved_since(comm: Communicator, before: dict[str, dict[str, float]]) -> dict[str, dict[str, int]]:
     """Bytes per phase this rank moved since the counters read ``before``."""
-    after = comm.stats.snapshot()
-    return bytes_by_phase({phase: {key: after[phase][key] - before[phase][key] for key in after[phase]}
-                           for phase in after})
+    return bytes_by_phase(_counters_since(comm, before))
 
 
 def row_normalize_features(features: np.ndarray) -> np.ndarray:
@@ -294,8 +298,7 @@ class Trainer:
         return record
 
     def _breakdown(self, before: dict[str, dict[str, float]], wall: float) -> dict[str, Any]:
-        after = self.comm.stats.snapshot()
-        delta = {phase: {key: after[phase][key] - before[phase][key] for key in after[phase]} for phase in after}
+        delta = _counters_since(self.comm, before)
         computed = self.spmm.compute_seconds()
         parts = {key: computed.get(key, 0.0) for key in ("local_spmm", "masks", "dropout", "optimizer")}
         parts["exchange"] = delta["forward"]["seconds"] + delta["backward"]["seconds"]

@@ -583,8 +583,11 @@ class PointToPointPlan(ExchangePlan):
     def moved_rows(cls, rows: np.ndarray, boundary_counts: np.ndarray, union_sizes: np.ndarray) -> np.ndarray:
         return np.asarray(boundary_counts)
 
-    def _global_ids(self, local_ids: list[np.ndarray]) -> np.ndarray:
-        """Global ids of a receive buffer made of owner ``j``'s rows ``local_ids[j]``, in owner order."""
+    def _global_ids(self, local_ids: list[np.ndarray]) -> np.ndarray | None:
+        """Global ids of a receive buffer made of owner ``j``'s rows ``local_ids[j]``, in owner order
+        (None unless receivers mask rows: nothing else needs them)."""
+        if not self.row_masks:
+            return None
         offsets = self.matrix.layout.offsets
         return np.concatenate([ids.astype(np.int64) + offsets[j] for j, ids in enumerate(local_ids)]
                               + [np.empty(0, np.int64)])

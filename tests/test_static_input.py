@@ -31,6 +31,9 @@ def test_masks_of_scattered_rows_equal_the_rows_of_a_contiguous_mask(generator: 
     rows = np.array([299, 0, 17, 17, 150, 42, 43, 44, 120])  # any order, repeats, several chunks
     got = keep_mask_rows(5, 2, 3, rows, width, 0.4, lanes_per_chunk=lanes, generator=generator)
     assert torch.equal(got, whole[rows])
+    own_then_halo = np.concatenate([np.arange(10, 30), [40, 45, 290, 291]])  # the layout of a halo input
+    assert torch.equal(keep_mask_rows(5, 2, 3, own_then_halo, width, 0.4, lanes_per_chunk=lanes, generator=generator),
+                       whole[own_then_halo])
     assert keep_mask_rows(5, 2, 3, np.empty(0, np.int64), width, 0.4).shape == (0, width)
 
 
