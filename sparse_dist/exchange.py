@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Protocol
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.comm import Communicator
+from sparse_dist.comm import Communicator, Pending
 
 if TYPE_CHECKING:
     from sparse_dist.plans import BroadcastView
@@ -139,11 +139,89 @@ class Message:
     global_rows: np.ndarray | range | None = None
 
 
+@dataclass
+class Part:
+    """One message of a posted exchange (a :class:`Flight`).
+
+    ``owner``: the row group whose rows travel (-1: every owner's rows in one alltoallv). ``message``:
+    what the plan sends (a :class:`Message` for the broadcast plans, the pairs of an alltoallv for
+    ``p2p``). ``start`` posts it and returns its request and its buffer: forward, the receive buffer
+    (the owner's send rows on the owner, a STALE message's cached rows); backward, the owner's summed
+    gradient of its message rows (None on the other ranks, whose pieces only leave). ``rows`` is that
+    buffer, complete once :meth:`wait` returned.
+    """
+
+    owner: int
+    message: Any
+    start: Callable[[], tuple[Pending | None, torch.Tensor | None]] | None = None
+    rows: torch.Tensor | None = None
+    pending: Pending | None = None
+
+    def post(self) -> None:
+        if self.start is not None:
+            self.pending, self.rows = self.start()
+            self.start = None  # drop the closure (and the tensors it holds)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.wait()
+
+    def test(self) -> bool:
+        """Drive the exchange on (never blocks); True once it has completed."""
+        return self.pending is None or self.pending.test()
+
+
+class Flight:
+    """One layer's exchange of one epoch: its parts, posted in order, completed when consumed.
+
+    ``ahead``: how many parts are posted beyond the one being consumed (1: prefetch depth 1, so at
+    most two receive buffers exist at once); None posts every part at once (a pipelined strategy
+    keeps the flight and consumes it epochs later). Posting starts with the construction (the first
+    part, or all). Collective: every rank of the replica column posts the same parts in the same
+    order, so several flights may be outstanding on one communicator.
+    """
+
+    def __init__(self, epoch: int, layer: int, parts: list[Part], ahead: int | None = 1) -> None:
+        self.epoch, self.layer, self.parts, self.ahead = epoch, layer, parts, ahead
+        self._posted = 0
+        self._post_until(len(parts) if ahead is None else 1)
+
+    def _post_until(self, count: int) -> None:
+        while self._posted < min(count, len(self.parts)):
+            self.parts[self._posted].post()
+            self._posted += 1
+
+    def arrivals(self) -> Iterator[Part]:
+        """Each part in order once it has arrived (posting the next ``ahead`` first)."""
+        for k, part in enumerate(self.parts):
+            self._post_until(len(self.parts) if self.ahead is None else k + 1 + self.ahead)
+            part.wait()
+            yield part
+
+    def progress(self) -> bool:
+        """Test every posted part (drives MPI's progress; never blocks); True when all have completed."""
+        return all([part.test() for part in self.parts[: self._posted]]) and self._posted == len(self.parts)
+
+    def complete(self) -> None:
+        """Post what is left and wait for every part (collective, like posting)."""
+        self._post_until(len(self.parts))
+        for part in self.parts:
+            part.wait()
+
+
 class ExchangeStrategy:
-    """Exact exchange: every owner sends the plan's whole message. The base of the other strategies."""
+    """Exact exchange: every owner sends the plan's whole message. The base of the other strategies.
+
+    Per training call the plan asks it, in this order: forward: :meth:`forward_messages` (broadcast
+    plans), :meth:`rows_to_use` with the flight it posted, :meth:`on_rows` per arrived part,
+    :meth:`finish_forward`; transpose: :meth:`used`, :meth:`gradients_to_use` with the flight of
+    gradients it posted, :meth:`on_gradients` per arrived part. A pipelined strategy answers
+    :meth:`rows_to_use` and :meth:`gradients_to_use` with a flight of an earlier epoch.
+    """
 
     samples: ClassVar[bool] = False  # needs a plan that can send a sampled subset of rows
     caches: ClassVar[bool] = False   # needs a plan whose receivers all get the same block (broadcasts)
+    posts_ahead: ClassVar[int | None] = 1  # parts posted beyond the one consumed (None: all at once)
     skip_backward: bool = False
 
     def __init__(self) -> None:
@@ -178,15 +256,32 @@ class ExchangeStrategy:
         """Every exchanged owner's message of this forward (collective where a rule must agree)."""
         return {j: self.fresh_message(plan, context.epoch, j) for j in plan.owners}
 
-    def received(self, context: ExchangeContext, owner: int, message: Message, rows: torch.Tensor) -> None:
-        """Hook: ``rows`` of a fresh ``message`` arrived from ``owner`` (its own rows on the owner)."""
+    # -------------------------------------------------- flights, all plans
+    def rows_to_use(self, context: ExchangeContext, flight: Flight) -> Flight:
+        """The flight whose rows this forward multiplies, given the one it just posted (here: that one)."""
+        return flight
 
-    def finish_forward(self, context: ExchangeContext, messages: dict[int, Message]) -> None:
-        """Remember what this layer's forward used, for its transpose."""
-        self._used[context.layer] = messages
+    def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+        """The rows of an arrived ``part`` as this forward multiplies them (a hook: caches keep them)."""
+        return part.rows
 
-    def used(self, context: ExchangeContext) -> dict[int, Message]:
+    def finish_forward(self, context: ExchangeContext, flight: Flight) -> None:
+        """Remember the flight this layer's forward used, for its transpose."""
+        self._used[context.layer] = flight
+
+    def used(self, context: ExchangeContext) -> Flight:
         return self._used[context.layer]
+
+    def gradients_to_use(self, context: ExchangeContext, flight: Flight) -> Flight:
+        """The flight of gradients this transpose adds, given the one it just posted (here: that one)."""
+        return flight
+
+    def on_gradients(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+        """The owner's summed gradient of an arrived ``part`` as this transpose adds it."""
+        return part.rows
+
+    def progress(self) -> None:
+        """Drive outstanding exchanges kept across calls (none here); local, never blocks."""
 
     def sends_gradient(self, message: Message) -> bool:
         """Whether the gradient of ``message``'s rows goes back to its owner."""
@@ -414,9 +509,11 @@ class CachedStrategy(ExchangeStrategy):
         history.log(epoch, layer, plan.owners, active)
         return messages
 
-    def received(self, context: ExchangeContext, owner: int, message: Message, rows: torch.Tensor) -> None:
-        if message.block is not None:
-            self.history.store(context.layer, owner, message, rows, context.epoch)
+    def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+        message = part.message
+        if part.owner != self.plan.group and message.fresh and message.block is not None:
+            self.history.store(context.layer, part.owner, message, part.rows, context.epoch)
+        return part.rows
 
     def sends_gradient(self, message: Message) -> bool:
         return message.fresh or not self.skip_backward

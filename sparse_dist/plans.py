@@ -45,7 +45,7 @@ import torch
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.comm import Pending
 from sparse_dist.cost import Network, alltoallv_time, bcast_time
-from sparse_dist.exchange import ExactStrategy, ExchangeContext, ExchangeStrategy, Message
+from sparse_dist.exchange import ExactStrategy, ExchangeContext, ExchangeStrategy, Flight, Message, Part
 from sparse_dist.layout import Grid
 
 if TYPE_CHECKING:  # dcsr imports the byte model, which asks the plan classes
@@ -102,21 +102,6 @@ def keep_columns(block: sp.csr_matrix, keep: np.ndarray, scale: float) -> sp.csr
     cumulative = np.concatenate(([0], np.cumsum(kept_entry)))
     return sp.csr_matrix((block.data[kept_entry] * scale, new_position[block.indices[kept_entry]],
                           cumulative[block.indptr]), shape=(block.shape[0], int(keep.sum())))
-
-
-def _run_pipelined(items: list[int], post: Callable[[int], tuple[Pending | None, object]],
-                   consume: Callable[[int, object], None]) -> None:
-    """Post item k+1's exchange before consuming item k (prefetch depth 1)."""
-    if not items:
-        return
-    in_flight = post(items[0])
-    for k, item in enumerate(items):
-        following = post(items[k + 1]) if k + 1 < len(items) else None
-        pending, payload = in_flight
-        if pending is not None:
-            pending.wait()
-        consume(item, payload)
-        in_flight = following  # type: ignore[assignment]
 
 
 class _Output:
@@ -279,19 +264,82 @@ class ExchangePlan(ABC):
         with self.timer.measure("dropout", self.device):
             return rows * mask
 
+    # ------------------------------------------------------------ exchange
     @abstractmethod
+    def _exact_parts(self) -> list[Part]:
+        """The exact exchange's messages as (unposted) parts: what an evaluation forward sends."""
+
+    @abstractmethod
+    def post_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
+                  strategy: ExchangeStrategy) -> Flight:
+        """Post this call's forward exchange of ``h``'s rows (what ``strategy`` says travels) as a flight.
+
+        Collective over ``col_comm`` (the parts are posted in the same order on every rank).
+        """
+
+    @abstractmethod
+    def post_gradients(self, parts: list[Part], piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+                       context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
+        """Post the reverse exchange of forward ``parts``: each receiver's ``piece_of(part)`` (gradients of
+        that part's rows, ``rows x width``) summed at the owner of the rows. Collective over ``col_comm``."""
+
+    @abstractmethod
+    def _multiply_part(self, out: "_Output", part: Part, rows: torch.Tensor | None,
+                       context: ExchangeContext | None) -> None:
+        """``out += A_part rows`` for an arrived forward part (nothing for the owner's own broadcast)."""
+
+    @abstractmethod
+    def _gradient_piece(self, part: Part, dt: torch.Tensor) -> torch.Tensor:
+        """``A_part^T dT``: this rank's gradient of the rows a forward part brought."""
+
+    @abstractmethod
+    def _add_gradient(self, out: "_Output", part: Part, rows: torch.Tensor | None) -> None:
+        """Add an arrived backward part's summed gradient into the owner's rows (nothing elsewhere)."""
+
+    def _flight(self, context: ExchangeContext | None, parts: list[Part], strategy: ExchangeStrategy) -> Flight:
+        epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
+        return Flight(epoch, layer, parts, strategy.posts_ahead)
+
     def forward(self, h: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
         """This rank's partial ``sum_j A_gj H_j`` over its column share (``n_g x F``).
 
+        Posts the exchange, multiplies the local block meanwhile, then each part as it arrives. With a
+        pipelined strategy the parts multiplied are those of an earlier epoch's flight.
         Collective over ``col_comm``: every rank of the replica column calls it with the same context.
         """
+        strategy = self._strategy_for(context)
+        if context is not None:
+            strategy.progress()
+        flight = self.post_rows(h, phase, context, strategy)
+        used = strategy.rows_to_use(context, flight) if context is not None else flight
+        out = self._output(self.n_rows, h.shape[1])
+        if self.local_block is not None:
+            self._multiply_into(out, self.local_block, self._local_input(h, context))
+        for part in used.arrivals():
+            rows = strategy.on_rows(context, part) if context is not None else part.rows
+            self._multiply_part(out, part, rows, context)
+        if context is not None:
+            strategy.finish_forward(context, used)
+        return out.tensor()
 
-    @abstractmethod
     def transpose(self, dt: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
         """This rank's ``dH_g`` summed over the row groups of its replica column (``n_g x F``).
 
-        Collective over ``col_comm``; mirrors the forward of the same context.
+        Collective over ``col_comm``; mirrors the forward of the same context (the same parts).
         """
+        strategy = self._strategy_for(context)
+        if context is not None:
+            strategy.progress()
+        parts = strategy.used(context).parts if context is not None else self._exact_parts()
+        back = self.post_gradients(parts, lambda part: self._gradient_piece(part, dt), dt.shape[1], phase, context,
+                                   strategy)
+        used = strategy.gradients_to_use(context, back) if context is not None else back
+        out = self._output(self.n_rows, dt.shape[1])
+        if self.local_block is not None:
+            self._multiply_into(out, self.local_transpose(), dt)
+        for part in used.arrivals():
+            self._add_gradient(out, part, strategy.on_gradients(context, part) if context is not None else part.rows)
+        return out.tensor()
 
 
 class BroadcastView(Protocol):
@@ -399,84 +447,68 @@ class _BroadcastPlan(ExchangePlan):
         return boundaries
 
     # ------------------------------------------------------------ exchange
-    def forward(self, h: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
-        strategy = self._strategy_for(context)
+    def _exact_parts(self) -> list[Part]:
+        return [Part(j, self.exact_message(j)) for j in self.owners]
+
+    def post_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
+                  strategy: ExchangeStrategy) -> Flight:
         messages = (strategy.forward_messages(self, context, h) if context is not None
                     else {j: self.exact_message(j) for j in self.owners})
         width = h.shape[1]
-        out = self._output(self.n_rows, width)
-        local_h = self._local_input(h, context) if self.local_block is not None else h
-        if self.local_block is not None and self.group not in messages:
-            self._multiply_into(out, self.local_block, local_h)
 
-        def post(j: int) -> tuple[Pending | None, torch.Tensor | None]:
-            message = messages[j]
-            if not message.fresh:
-                return None, message.values
-            if j == self.group:
-                buffer = h if message.owner_rows is None else h.index_select(0, message.owner_rows)
-            else:
-                buffer = self._rows(message.count, width)
-            if message.count == 0:
-                return None, buffer
-            return self.col_comm.ibcast_(buffer, root=j, phase=phase), buffer
-
-        def consume(j: int, rows: object) -> None:
-            message = messages[j]
-            if j == self.group:
-                if self.local_block is not None:
-                    self._multiply_into(out, self.local_block, local_h)
-                return
-            if message.block_torch is not None and rows is not None:
-                self._multiply_into(out, message.block_torch,
-                                    self._received_input(rows, message.global_rows, context))  # type: ignore[arg-type]
-            if message.fresh and context is not None:
-                strategy.received(context, j, message, rows)  # type: ignore[arg-type]
-
-        _run_pipelined(list(messages), post, consume)
-        if context is not None:
-            strategy.finish_forward(context, messages)
-        return out.tensor()
-
-    def transpose(self, dt: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
-        strategy = self._strategy_for(context)
-        messages = strategy.used(context) if context is not None else {j: self.exact_message(j) for j in self.owners}
-        width = dt.shape[1]
-        out = self._output(self.n_rows, width)
-        if self.local_block is not None:
-            self._multiply_into(out, self.local_transpose(), dt)
-        previous: tuple[Pending, torch.Tensor | None, torch.Tensor | None] | None = None
-        for j, message in messages.items():
-            if message.count == 0 or not strategy.sends_gradient(message):
-                continue
-            if j == self.group:
-                # Owner: receive the sum in place into a zeroed message buffer.
-                result = torch.zeros(message.count, width, dtype=self.dtype, device=self.device)
-                current = (self.col_comm.ireduce(None, result, root=j, phase=phase), result, message.owner_rows)
-            else:
-                if message.block is None:
-                    piece = torch.zeros(message.count, width, dtype=self.dtype, device=self.device)
-                elif message.block is self.remote_blocks.get(j):
-                    piece = self._product(self._transpose_of(j, message.block), dt)
+        def starter(j: int, message: Message) -> Callable[[], tuple[Pending | None, torch.Tensor | None]]:
+            def start() -> tuple[Pending | None, torch.Tensor | None]:
+                if not message.fresh:
+                    return None, message.values
+                if j == self.group:
+                    buffer = h if message.owner_rows is None else h.index_select(0, message.owner_rows)
                 else:
-                    piece = self._product(self.csr(sp.csr_matrix(message.block.T)), dt)
-                current = (self.col_comm.ireduce(piece, None, root=j, phase=phase), None, None)
-            if previous is not None:
-                self._finish_reduce(out, *previous)
-            previous = current
-        if previous is not None:
-            self._finish_reduce(out, *previous)
-        return out.tensor()
+                    buffer = self._rows(message.count, width)
+                if message.count == 0:
+                    return None, buffer
+                return self.col_comm.ibcast_(buffer, root=j, phase=phase), buffer
+            return start
 
-    @staticmethod
-    def _finish_reduce(out: _Output, pending: Pending, result: torch.Tensor | None,
-                       rows: torch.Tensor | None) -> None:
-        pending.wait()
-        if result is not None:
-            if rows is None:
-                out.tensor().add_(result)
-            else:
-                out.tensor().index_add_(0, rows, result)
+        return self._flight(context, [Part(j, m, starter(j, m)) for j, m in messages.items()], strategy)
+
+    def _multiply_part(self, out: _Output, part: Part, rows: torch.Tensor | None,
+                       context: ExchangeContext | None) -> None:
+        message = part.message
+        if part.owner != self.group and message.block_torch is not None and rows is not None:
+            self._multiply_into(out, message.block_torch, self._received_input(rows, message.global_rows, context))
+
+    def post_gradients(self, parts: list[Part], piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+                       context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
+        def starter(part: Part) -> Callable[[], tuple[Pending | None, torch.Tensor | None]]:
+            j, count = part.owner, part.message.count
+
+            def start() -> tuple[Pending | None, torch.Tensor | None]:
+                if j == self.group:  # the owner receives the sum in place into a zeroed message buffer
+                    result = torch.zeros(count, width, dtype=self.dtype, device=self.device)
+                    return self.col_comm.ireduce(None, result, root=j, phase=phase), result
+                return self.col_comm.ireduce(piece_of(part), None, root=j, phase=phase), None
+            return start
+
+        sent = [Part(part.owner, part.message, starter(part)) for part in parts
+                if part.message.count > 0 and strategy.sends_gradient(part.message)]
+        return self._flight(context, sent, strategy)
+
+    def _gradient_piece(self, part: Part, dt: torch.Tensor) -> torch.Tensor:
+        message, j = part.message, part.owner
+        if message.block is None:
+            return torch.zeros(message.count, dt.shape[1], dtype=self.dtype, device=self.device)
+        if message.block is self.remote_blocks.get(j):
+            return self._product(self._transpose_of(j, message.block), dt)
+        return self._product(self.csr(sp.csr_matrix(message.block.T)), dt)
+
+    def _add_gradient(self, out: _Output, part: Part, rows: torch.Tensor | None) -> None:
+        if rows is None:
+            return
+        owner_rows = part.message.owner_rows
+        if owner_rows is None:
+            out.tensor().add_(rows)
+        else:
+            out.tensor().index_add_(0, owner_rows, rows)
 
 
 class DenseBroadcastPlan(_BroadcastPlan):
@@ -541,8 +573,9 @@ class _PairExchange:
     remote_block: torch.Tensor
     remote_matrix: sp.csr_matrix
     traffic: bool                      # False: no rank of the column moves a row (skip the collective)
-    key: object = "remote"             # cache key of the remote block's transpose
+    epoch: int | None = None           # the epoch of a sample (None: the exact pairs)
     recv_global: np.ndarray | None = None  # global ids of the receive buffer's rows (receiver-side dropout)
+    transposed: torch.Tensor | None = None  # CSR of remote_matrix.T, built on the first transpose
 
 
 class PointToPointPlan(ExchangePlan):
@@ -607,7 +640,7 @@ class PointToPointPlan(ExchangePlan):
         if not strategy.samples:
             return self.exact_pairs
         assert context is not None
-        if self._sampled is None or self._sampled.key != ("sampled", context.epoch):
+        if self._sampled is None or self._sampled.epoch != context.epoch:
             self._sampled = self._sample(strategy, context.epoch)
         return self._sampled
 
@@ -630,42 +663,58 @@ class PointToPointPlan(ExchangePlan):
         remote = keep_columns(self.exact_pairs.remote_matrix, np.concatenate(recv_keep), strategy.scale)
         send_index = torch.from_numpy(np.concatenate(send_kept).astype(np.int64)).to(self.device)
         traffic = self.exact_pairs.traffic and strategy.scale > 0
-        # Keep only this epoch's sampled transpose.
-        self._transposed = {k: v for k, v in self._transposed.items() if not isinstance(k, tuple)}
-        return _PairExchange(send_index, send_rows, recv_rows, self.csr(remote), remote, traffic, ("sampled", epoch),
+        return _PairExchange(send_index, send_rows, recv_rows, self.csr(remote), remote, traffic, epoch,
                              self._global_ids(recv_kept_ids))
 
-    def forward(self, h: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
-        pairs = self._pairs(context)
-        width = h.shape[1]
-        out = self._output(self.n_rows, width)
-        pending = None
-        if pairs.traffic:
-            send = h.index_select(0, pairs.send_index)
-            recv = self._rows(sum(pairs.recv_rows), width)
-            pending = self.col_comm.ialltoallv(send, pairs.send_rows, recv, pairs.recv_rows, phase=phase)
-        if self.local_block is not None:
-            self._multiply_into(out, self.local_block, self._local_input(h, context))
-        if pending is not None:
-            pending.wait()
-            self._multiply_into(out, pairs.remote_block, self._received_input(recv, pairs.recv_global, context))
-        return out.tensor()
+    def _exact_parts(self) -> list[Part]:
+        return [Part(-1, self.exact_pairs)]
 
-    def transpose(self, dt: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
+    def post_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
+                  strategy: ExchangeStrategy) -> Flight:
         pairs = self._pairs(context)
-        width = dt.shape[1]
-        out = self._output(self.n_rows, width)
-        pending = None
-        if pairs.traffic:
-            pieces = self._product(self._transpose_of(pairs.key, pairs.remote_matrix), dt)
+
+        def start() -> tuple[Pending | None, torch.Tensor | None]:
+            if not pairs.traffic:
+                return None, None
+            recv = self._rows(sum(pairs.recv_rows), h.shape[1])
+            pending = self.col_comm.ialltoallv(h.index_select(0, pairs.send_index), pairs.send_rows, recv,
+                                               pairs.recv_rows, phase=phase)
+            return pending, recv
+
+        return self._flight(context, [Part(-1, pairs, start)], strategy)
+
+    def _multiply_part(self, out: _Output, part: Part, rows: torch.Tensor | None,
+                       context: ExchangeContext | None) -> None:
+        if rows is not None:
+            pairs = part.message
+            self._multiply_into(out, pairs.remote_block, self._received_input(rows, pairs.recv_global, context))
+
+    def post_gradients(self, parts: list[Part], piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+                       context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
+        (part,) = parts
+        pairs = part.message
+
+        def start() -> tuple[Pending | None, torch.Tensor | None]:
+            if not pairs.traffic:
+                return None, None
             back = self._rows(sum(pairs.send_rows), width)
-            pending = self.col_comm.ialltoallv(pieces, pairs.recv_rows, back, pairs.send_rows, phase=phase)
-        if self.local_block is not None:
-            self._multiply_into(out, self.local_transpose(), dt)
-        if pending is not None:
-            pending.wait()
-            out.tensor().index_add_(0, pairs.send_index, back)
-        return out.tensor()
+            return self.col_comm.ialltoallv(piece_of(part), pairs.recv_rows, back, pairs.send_rows, phase=phase), back
+
+        return self._flight(context, [Part(-1, pairs, start)], strategy)
+
+    def _gradient_piece(self, part: Part, dt: torch.Tensor) -> torch.Tensor:
+        pairs = part.message
+        if pairs.transposed is None:
+            pairs.transposed = self.csr(sp.csr_matrix(pairs.remote_matrix.T))
+        return self._product(pairs.transposed, dt)
+
+    def _add_gradient(self, out: _Output, part: Part, rows: torch.Tensor | None) -> None:
+        if rows is not None:
+            out.tensor().index_add_(0, part.message.send_index, rows)
+
+    def transpose_bytes(self) -> int:
+        pairs = [p.transposed for p in (self.exact_pairs, self._sampled) if p is not None and p.transposed is not None]
+        return super().transpose_bytes() + sum(csr_bytes(t) for t in pairs)
 
 
 PLANS: dict[str, type[ExchangePlan]] = {cls.name: cls for cls in (DenseBroadcastPlan, SparseBroadcastPlan,
