@@ -36,7 +36,7 @@ from __future__ import annotations
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Protocol
 
 import numpy as np
 import scipy.sparse as sp
@@ -121,6 +121,16 @@ class _Output:
             self._buffer.zero_()
             self._written = True
         return self._buffer
+
+
+@dataclass
+class Gathered:
+    """One part of a :meth:`ExchangePlan.gather`: the rows that arrived (as this rank multiplies them) and
+    ``block``, this rank's rows of ``A`` with those rows as columns (scipy CSR, ``n_g x rows``)."""
+
+    part: Part
+    rows: torch.Tensor
+    block: sp.csr_matrix
 
 
 class ExchangePlan(ABC):
@@ -296,9 +306,51 @@ class ExchangePlan(ABC):
     def _add_gradient(self, out: "_Output", part: Part, rows: torch.Tensor | None) -> None:
         """Add an arrived backward part's summed gradient into the owner's rows (nothing elsewhere)."""
 
+    @abstractmethod
+    def _part_block(self, part: Part) -> sp.csr_matrix | None:
+        """This rank's block over a forward part's rows (None: it uses none of them, or it sent them)."""
+
+    @abstractmethod
+    def _part_global_rows(self, part: Part) -> np.ndarray | range | None:
+        """Global ids of a forward part's rows, where this rank knows them."""
+
+    @abstractmethod
+    def _part_rows(self, part: Part) -> int:
+        """Rows a forward part carries (the same on every rank of the column)."""
+
     def _flight(self, context: ExchangeContext | None, parts: list[Part], strategy: ExchangeStrategy) -> Flight:
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
         return Flight(epoch, layer, parts, strategy.posts_ahead)
+
+    def _arrived_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
+                      meanwhile: Callable[[], None]) -> Iterator[tuple[Part, torch.Tensor | None]]:
+        """Post the forward exchange of ``h``, run ``meanwhile`` (local work), then yield each part of the flight
+        the strategy says to use, with its rows as they arrive (exhaust it: the last step records the flight)."""
+        strategy = self._strategy_for(context)
+        if context is not None:
+            strategy.progress()
+        flight = self.post_rows(h, phase, context, strategy)
+        used = strategy.rows_to_use(context, flight) if context is not None else flight
+        meanwhile()
+        for part in used.arrivals():
+            yield part, strategy.on_rows(context, part) if context is not None else part.rows
+        if context is not None:
+            strategy.finish_forward(context, used)
+
+    def _arrived_gradients(self, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+                           context: ExchangeContext | None,
+                           meanwhile: Callable[[], None]) -> Iterator[tuple[Part, torch.Tensor | None]]:
+        """Post the reverse exchange of the forward parts of ``context`` (their pieces from ``piece_of``), run
+        ``meanwhile``, then yield each part of the gradient flight to use, with the owner's summed gradient."""
+        strategy = self._strategy_for(context)
+        if context is not None:
+            strategy.progress()
+        parts = strategy.used(context).parts if context is not None else self._exact_parts()
+        back = self.post_gradients(parts, piece_of, width, phase, context, strategy)
+        used = strategy.gradients_to_use(context, back) if context is not None else back
+        meanwhile()
+        for part in used.arrivals():
+            yield part, strategy.on_gradients(context, part) if context is not None else part.rows
 
     def forward(self, h: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
         """This rank's partial ``sum_j A_gj H_j`` over its column share (``n_g x F``).
@@ -307,19 +359,14 @@ class ExchangePlan(ABC):
         pipelined strategy the parts multiplied are those of an earlier epoch's flight.
         Collective over ``col_comm``: every rank of the replica column calls it with the same context.
         """
-        strategy = self._strategy_for(context)
-        if context is not None:
-            strategy.progress()
-        flight = self.post_rows(h, phase, context, strategy)
-        used = strategy.rows_to_use(context, flight) if context is not None else flight
         out = self._output(self.n_rows, h.shape[1])
-        if self.local_block is not None:
-            self._multiply_into(out, self.local_block, self._local_input(h, context))
-        for part in used.arrivals():
-            rows = strategy.on_rows(context, part) if context is not None else part.rows
+
+        def local() -> None:
+            if self.local_block is not None:
+                self._multiply_into(out, self.local_block, self._local_input(h, context))
+
+        for part, rows in self._arrived_rows(h, phase, context, local):
             self._multiply_part(out, part, rows, context)
-        if context is not None:
-            strategy.finish_forward(context, used)
         return out.tensor()
 
     def transpose(self, dt: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> torch.Tensor:
@@ -327,18 +374,54 @@ class ExchangePlan(ABC):
 
         Collective over ``col_comm``; mirrors the forward of the same context (the same parts).
         """
-        strategy = self._strategy_for(context)
-        if context is not None:
-            strategy.progress()
-        parts = strategy.used(context).parts if context is not None else self._exact_parts()
-        back = self.post_gradients(parts, lambda part: self._gradient_piece(part, dt), dt.shape[1], phase, context,
-                                   strategy)
-        used = strategy.gradients_to_use(context, back) if context is not None else back
         out = self._output(self.n_rows, dt.shape[1])
-        if self.local_block is not None:
-            self._multiply_into(out, self.local_transpose(), dt)
-        for part in used.arrivals():
-            self._add_gradient(out, part, strategy.on_gradients(context, part) if context is not None else part.rows)
+
+        def local() -> None:
+            if self.local_block is not None:
+                self._multiply_into(out, self.local_transpose(), dt)
+
+        for part, rows in self._arrived_gradients(lambda part: self._gradient_piece(part, dt), dt.shape[1], phase,
+                                                  context, local):
+            self._add_gradient(out, part, rows)
+        return out.tensor()
+
+    # ------------------------------------------------- rows without a product
+    def gather(self, h: torch.Tensor, phase: str, context: ExchangeContext | None = None) -> list[Gathered]:
+        """The forward exchange without the product: every part this rank uses, with its rows and block.
+
+        For layers whose aggregation is not a fixed ``A H`` (attention): each :class:`Gathered` holds the
+        rows that arrived (``rows x F``; a pipelined strategy's are an earlier epoch's, a cached one's
+        may be cached rows; masked by this rank under receiver-side dropout) and ``block``, this rank's
+        rows of ``A`` over those rows as columns (sampled and scaled where the strategy samples). The
+        owner's own broadcast is left out. Collective over ``col_comm``, like :meth:`forward`; the
+        transpose of the same context is :meth:`scatter`.
+        """
+        out = []
+        for part, rows in self._arrived_rows(h, phase, context, lambda: None):
+            block = self._part_block(part)
+            if rows is not None and block is not None:
+                out.append(Gathered(part, self._received_input(rows, self._part_global_rows(part), context), block))
+        return out
+
+    def scatter(self, gathered: list[Gathered], gradients: list[torch.Tensor], width: int, phase: str,
+                context: ExchangeContext | None = None) -> torch.Tensor:
+        """The reverse of :meth:`gather`: ``gradients[k]`` (the gradient of ``gathered[k].rows``, ``width``
+        columns, the same on every rank) goes back to its owner; returns the sum of what every other rank
+        sent for this rank's own rows (``n_g x width``).
+
+        Collective over ``col_comm``: call it once with the context of the gather.
+        """
+        by_owner = {item.part.owner: grad for item, grad in zip(gathered, gradients)}  # one part per owner
+
+        def piece_of(part: Part) -> torch.Tensor:
+            grad = by_owner.get(part.owner)
+            count = self._part_rows(part)
+            return grad.contiguous() if grad is not None else torch.zeros(count, width, dtype=self.dtype,
+                                                                          device=self.device)
+
+        out = self._output(self.n_rows, width)
+        for part, rows in self._arrived_gradients(piece_of, width, phase, context, lambda: None):
+            self._add_gradient(out, part, rows)
         return out.tensor()
 
 
@@ -476,6 +559,15 @@ class _BroadcastPlan(ExchangePlan):
         message = part.message
         if part.owner != self.group and message.block_torch is not None and rows is not None:
             self._multiply_into(out, message.block_torch, self._received_input(rows, message.global_rows, context))
+
+    def _part_block(self, part: Part) -> sp.csr_matrix | None:
+        return part.message.block if part.owner != self.group else None
+
+    def _part_global_rows(self, part: Part) -> np.ndarray | range | None:
+        return part.message.global_rows
+
+    def _part_rows(self, part: Part) -> int:
+        return part.message.count
 
     def post_gradients(self, parts: list[Part], piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
@@ -701,6 +793,15 @@ class PointToPointPlan(ExchangePlan):
             return self.col_comm.ialltoallv(piece_of(part), pairs.recv_rows, back, pairs.send_rows, phase=phase), back
 
         return self._flight(context, [Part(-1, pairs, start)], strategy)
+
+    def _part_block(self, part: Part) -> sp.csr_matrix | None:
+        return part.message.remote_matrix if part.message.traffic else None
+
+    def _part_global_rows(self, part: Part) -> np.ndarray | range | None:
+        return part.message.recv_global
+
+    def _part_rows(self, part: Part) -> int:
+        return sum(part.message.recv_rows)
 
     def _gradient_piece(self, part: Part, dt: torch.Tensor) -> torch.Tensor:
         pairs = part.message

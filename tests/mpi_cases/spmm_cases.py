@@ -109,6 +109,22 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
             got = (counted[phase]["bytes_sent"], counted[phase]["bytes_recv"])
             if want != got:
                 failures.append(f"{name}: {phase} bytes (sent, recv) counted {got} != predicted {want}")
+        # gather/scatter (attention layers' form of the same exchange): blocks times gathered rows, and the
+        # gradients sent back, give this rank's partial products of the plan's own forward and transpose.
+        partial_t, partial_dh = op.plan.forward(h, "other"), op.plan.transpose(dt, "other")
+        gathered = op.plan.gather(h, "other")
+        own = matrix.blocks.get(matrix.group) if matrix.group in matrix.column_share else None
+        via_t = torch.tensor(own @ h.cpu().numpy() if own is not None else np.zeros(tuple(h.shape)), dtype=dtype)
+        for item in gathered:
+            via_t += torch.tensor(item.block @ item.rows.cpu().numpy(), dtype=dtype)
+        pieces = [torch.tensor(item.block.T @ dt.cpu().numpy(), dtype=dtype, device=device) for item in gathered]
+        via_dh = op.plan.scatter(gathered, pieces, width, "other").cpu()
+        if own is not None:
+            via_dh += torch.tensor(own.T @ dt.cpu().numpy(), dtype=dtype)
+        if not torch.allclose(via_t, partial_t.cpu(), rtol=tol, atol=tol * scale):
+            failures.append(f"{name}: blocks times gathered rows differ from the plan's forward")
+        if not torch.allclose(via_dh, partial_dh.cpu(), rtol=tol, atol=tol * scale):
+            failures.append(f"{name}: scattered gradients differ from the plan's transpose")
         # Autograd: d(sum(T * G))/dH must be A^T G.
         h_leaf = h.clone().requires_grad_(True)
         (op(h_leaf) * dt).sum().backward()
