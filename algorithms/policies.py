@@ -17,6 +17,10 @@ group) suits ``p2p``; ``side=owner`` (stream = owner) is what the broadcast
 plans use. The same sample serves every layer, forward and backward, of
 the epoch.
 
+Pipelined staleness (PipeGCN, PSC-GCN), ``pipe:tau=T[,gamma=G]``
+(:class:`PipeRule`): every exchange is posted when its rows exist and
+consumed ``T`` epochs later, forward rows and backward gradients alike.
+
 Staleness (SANCUS), per layer and owner ``j``; an owner that never sent is
 always ACTIVE:
 
@@ -42,12 +46,13 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
 from sparse_dist.comm import Communicator
-from sparse_dist.exchange import BoundarySampler, StalenessRule, StalenessView
+from sparse_dist.exchange import BoundarySampler, StalenessRule, StalenessView, make_strategy
+from sparse_dist.plans import plan_class
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -95,6 +100,7 @@ class SancusRule:
     kind: str
     eps: float
     skip_backward: bool = False
+    pipelined: ClassVar[bool] = False  # a cached-block rule (CachedStrategy), not a pipelined one
 
     def __post_init__(self) -> None:
         if self.kind not in ("e", "a", "h"):
@@ -133,6 +139,34 @@ class SancusRule:
         agreed = comm.allgather_array(flags.astype(np.int64)).max(axis=0) > 0
         return never | agreed
 
+
+
+@dataclass(frozen=True)
+class PipeRule:
+    """``pipe:tau=T[,gamma=G]`` (PipeGCN, PSC-GCN): epoch ``t`` uses the boundary rows owners sent in epoch
+    ``t - T`` and, in the backward, the boundary gradients receivers sent in epoch ``t - T``; the first ``T``
+    epochs are exact. ``gamma > 0``: receivers (of rows) and owners (of gradients) use an exponential
+    moving average ``s <- gamma s + (1 - gamma) m`` of what arrives, started with the first arrival.
+    Deterministic: no agreement, no rank-local decision (:class:`sparse_dist.exchange.PipelinedStrategy`).
+    """
+
+    tau: int
+    gamma: float = 0.0
+    name: ClassVar[str] = "pipe"
+    needs_gap: ClassVar[bool] = False
+    skip_backward: ClassVar[bool] = False
+    agreement: ClassVar[bool] = False
+    pipelined: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.tau < 0:
+            raise ValueError(f"pipe: tau must be >= 0 epochs, got {self.tau}")
+        if not 0.0 <= self.gamma < 1.0:
+            raise ValueError(f"pipe: gamma must lie in [0, 1), got {self.gamma}")
+
+    def scheduled_share(self) -> float:
+        """Every owner sends every epoch (the exchange is late, not skipped)."""
+        return 1.0
 
 
 @dataclass(frozen=True)
@@ -190,6 +224,8 @@ register_sampler("bns", lambda seed, **params: BnsSampler(seed=seed, **params), 
 for _kind in ("e", "a", "h"):
     register_staleness(f"sancus-{_kind}", lambda _k=_kind, **params: SancusRule(_k, **params),
                        {"eps": float, "skip_backward": _flag}, f"sancus-{_kind}:eps=E[,skip_backward=0|1] with E >= 0")
+register_staleness("pipe", lambda **params: PipeRule(**params), {"tau": int, "gamma": float},
+                   "pipe:tau=T[,gamma=G] with T >= 0 epochs and 0 <= G < 1")
 
 
 @dataclass(frozen=True)
@@ -296,8 +332,12 @@ class PolicySpec:
 
     @property
     def caches(self) -> bool:
-        """Whether it needs a plan whose receivers can cache whole blocks."""
-        return not self.stale.is_none
+        """Whether it needs a plan whose receivers can cache whole blocks (a SANCUS rule; ``pipe`` does not)."""
+        return not self.stale.is_none and not self.stale.build().pipelined
+
+    def refusal(self, plan: str) -> str | None:
+        """Why ``plan`` cannot run this policy, or None (decided from the text alone, before MPI starts)."""
+        return combination_problem(plan, self.sample, self.stale)
 
     @property
     def text(self) -> str:
@@ -305,6 +345,19 @@ class PolicySpec:
 
     def __str__(self) -> str:
         return self.text
+
+
+def combination_problem(plan: str, sample: AxisSpec, stale: AxisSpec) -> str | None:
+    """Why ``plan`` cannot carry this sampling and staleness policy together (one sentence), or None.
+
+    The same check the plan makes when it is built, made from the flags alone so that a run is refused
+    before MPI does any collective work.
+    """
+    try:
+        strategy = make_strategy(sample.build(), stale.build())
+    except ValueError as exc:
+        return str(exc)
+    return plan_class(plan).refusal(samples=strategy.samples, caches=strategy.caches)
 
 
 def parse_sampler(spec: str, seed: int = 0) -> BoundarySampler | None:

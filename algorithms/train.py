@@ -371,7 +371,7 @@ class Trainer:
 
         Decided by the configuration alone, so it is the same on every rank.
         """
-        return self.spmm.strategy.caches
+        return self.spmm.strategy.keeps_state
 
     def policy_state(self) -> dict[str, Any]:
         """This rank's policy state (caches and versions); per rank, unlike :meth:`state`."""

@@ -29,7 +29,7 @@ from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
 from sparse_dist.cost import NETWORKS, Network
 from sparse_dist.layout import Grid
 from sparse_dist.predict import predict_halo_bytes
-from sparse_dist.plans import PointToPointPlan, plan_class
+from sparse_dist.plans import PointToPointPlan
 from runners.perf.cost_model import (ModelShape, ExpectedTraffic, Prediction, Rates, Workload, cores_per_rank,
                                 predict_epoch, workload_analytic, workload_from_shards)
 from runners.data.shards import read_meta
@@ -251,7 +251,7 @@ def predict(args: argparse.Namespace) -> int:
                   f"{halo[:, 1].max() / 1e9:.3f} GB kept by the largest halo")
         for plan in args.plans.split(","):
             for policy_spec in policies:
-                if plan_class(plan).refusal(samples=policy_spec.samples, caches=policy_spec.caches):
+                if policy_spec.refusal(plan):
                     continue
                 active = args.active if args.active is not None else measured_active.get(policy_spec.stale.name)
                 try:

@@ -31,7 +31,7 @@ import torch
 
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from algorithms.model import MODEL_KINDS
-from algorithms.policies import sampling_arg, staleness_arg
+from algorithms.policies import combination_problem, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import TrainConfig, Trainer, bytes_by_phase
 from runners.results import ResultsWriter, environment, output_path_problem, peak_memory_bytes, spread
@@ -63,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="boundary sampling policy, e.g. bns:p=0.1 or bns:p=0.1,side=owner (default: none)")
     parser.add_argument("--stale", default="none", type=staleness_arg,
                         help="staleness policy: sancus-e:eps=1, sancus-a:eps=1, sancus-h:eps=0.02 "
-                             "(add ,skip_backward=1 to skip stale gradients too; default: none)")
+                             "(add ,skip_backward=1 to skip stale gradients too); pipe:tau=1[,gamma=0.95] "
+                             "(boundary rows and gradients tau epochs stale, exchanges hidden behind compute; "
+                             "default: none)")
     parser.add_argument("--input-exchange", choices=INPUT_EXCHANGES, default="auto",
                         help="layer 0: once = fetch X's boundary rows once and keep them (no layer-0 exchange "
                              "after that, forward or backward); per-epoch = exchange dropout(X)W every epoch; "
@@ -105,6 +107,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
     if args.audit_every < 0:
         return f"--audit-every must be >= 0 (0: no audit), got {args.audit_every}"
+    problem = combination_problem(args.plan, args.sample, args.stale)
+    if problem:
+        return f"--plan {args.plan} --sample {args.sample} --stale {args.stale}: {problem}"
     return None
 
 

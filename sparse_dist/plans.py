@@ -288,9 +288,9 @@ class ExchangePlan(ABC):
         """
 
     @abstractmethod
-    def post_gradients(self, parts: list[Part], piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+    def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
-        """Post the reverse exchange of forward ``parts``: each receiver's ``piece_of(part)`` (gradients of
+        """Post the reverse exchange of the ``forward`` flight: each receiver's ``piece_of(part)`` (gradients of
         that part's rows, ``rows x width``) summed at the owner of the rows. Collective over ``col_comm``."""
 
     @abstractmethod
@@ -318,9 +318,24 @@ class ExchangePlan(ABC):
     def _part_rows(self, part: Part) -> int:
         """Rows a forward part carries (the same on every rank of the column)."""
 
-    def _flight(self, context: ExchangeContext | None, parts: list[Part], strategy: ExchangeStrategy) -> Flight:
+    def _flight(self, context: ExchangeContext | None, parts: list[Part], strategy: ExchangeStrategy,
+                source_epoch: int | None = None) -> Flight:
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
-        return Flight(epoch, layer, parts, strategy.posts_ahead)
+        return Flight(epoch, layer, parts, strategy.posts_ahead, source_epoch)
+
+    @abstractmethod
+    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Part]:
+        """The (unposted) forward parts a sampling or exact ``strategy`` sends in ``epoch`` (deterministic)."""
+
+    def parts_of(self, strategy: ExchangeStrategy, epoch: int, *, backward: bool) -> list[Part]:
+        """The parts of ``epoch``'s forward flight (``backward``: of the gradient flight reversing it), unposted,
+        rebuilt from the epoch alone: how a pipelined strategy restores a checkpointed flight."""
+        parts = self._messages_of(strategy, epoch)
+        return self._gradient_parts(parts, strategy) if backward else parts
+
+    def _gradient_parts(self, parts: list[Part], strategy: ExchangeStrategy) -> list[Part]:
+        """The forward parts whose gradients travel back (all; the broadcast plans leave some out)."""
+        return parts
 
     def _arrived_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
                       meanwhile: Callable[[], None]) -> Iterator[tuple[Part, torch.Tensor | None]]:
@@ -345,8 +360,8 @@ class ExchangePlan(ABC):
         strategy = self._strategy_for(context)
         if context is not None:
             strategy.progress()
-        parts = strategy.used(context).parts if context is not None else self._exact_parts()
-        back = self.post_gradients(parts, piece_of, width, phase, context, strategy)
+        forward = strategy.used(context) if context is not None else Flight(-1, -1, self._exact_parts(), None)
+        back = self.post_gradients(forward, piece_of, width, phase, context, strategy)
         used = strategy.gradients_to_use(context, back) if context is not None else back
         meanwhile()
         for part in used.arrivals():
@@ -569,7 +584,7 @@ class _BroadcastPlan(ExchangePlan):
     def _part_rows(self, part: Part) -> int:
         return part.message.count
 
-    def post_gradients(self, parts: list[Part], piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+    def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
         def starter(part: Part) -> Callable[[], tuple[Pending | None, torch.Tensor | None]]:
             j, count = part.owner, part.message.count
@@ -581,9 +596,15 @@ class _BroadcastPlan(ExchangePlan):
                 return self.col_comm.ireduce(piece_of(part), None, root=j, phase=phase), None
             return start
 
-        sent = [Part(part.owner, part.message, starter(part)) for part in parts
-                if part.message.count > 0 and strategy.sends_gradient(part.message)]
-        return self._flight(context, sent, strategy)
+        sent = [Part(part.owner, part.message, starter(part)) for part in self._gradient_parts(forward.parts, strategy)]
+        return self._flight(context, sent, strategy, forward.source_epoch)
+
+    def _gradient_parts(self, parts: list[Part], strategy: ExchangeStrategy) -> list[Part]:
+        """Empty messages and skipped gradients (a cached strategy's ``skip_backward``) post nothing."""
+        return [part for part in parts if part.message.count > 0 and strategy.sends_gradient(part.message)]
+
+    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Part]:
+        return [Part(j, strategy.fresh_message(self, epoch, j)) for j in self.owners]
 
     def _gradient_piece(self, part: Part, dt: torch.Tensor) -> torch.Tensor:
         message, j = part.message, part.owner
@@ -781,9 +802,9 @@ class PointToPointPlan(ExchangePlan):
             pairs = part.message
             self._multiply_into(out, pairs.remote_block, self._received_input(rows, pairs.recv_global, context))
 
-    def post_gradients(self, parts: list[Part], piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+    def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
-        (part,) = parts
+        (part,) = forward.parts
         pairs = part.message
 
         def start() -> tuple[Pending | None, torch.Tensor | None]:
@@ -792,7 +813,10 @@ class PointToPointPlan(ExchangePlan):
             back = self._rows(sum(pairs.send_rows), width)
             return self.col_comm.ialltoallv(piece_of(part), pairs.recv_rows, back, pairs.send_rows, phase=phase), back
 
-        return self._flight(context, [Part(-1, pairs, start)], strategy)
+        return self._flight(context, [Part(-1, pairs, start)], strategy, forward.source_epoch)
+
+    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Part]:
+        return [Part(-1, self._sample(strategy, epoch) if strategy.samples else self.exact_pairs)]
 
     def _part_block(self, part: Part) -> sp.csr_matrix | None:
         return part.message.remote_matrix if part.message.traffic else None

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.policies import PolicySpec
-from sparse_dist.plans import PLAN_NAMES, plan_class
+from sparse_dist.plans import PLAN_NAMES
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "seeds", "epochs",
               "warmup", "timeout", "launcher", "launcher_args"}
@@ -144,7 +144,7 @@ class Study:
                         continue
                     for plan in self.plans:
                         for policy in self.policies:
-                            problem = plan_class(plan).refusal(samples=policy.samples, caches=policy.caches)
+                            problem = policy.refusal(plan)
                             if problem:
                                 if ranks == self.ranks[0] and c == self.replication[0]:
                                     skipped.append(f"{plan} + {policy}: {problem}")

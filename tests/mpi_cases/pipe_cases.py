@@ -1,0 +1,182 @@
+"""Pipelined stale exchange (``pipe:tau=T[,gamma=G]``) under mpiexec.
+
+On the random directed graph of static_input_cases.py laid out over this launch's row groups
+(with P = 3 one row group is EMPTY, the others uneven):
+
+* ``tau = 0`` is bitwise the exact path (every plan; and with BNS sampling, bitwise ``bns`` alone);
+* ``tau = 1, 2`` (with and without ``gamma`` smoothing, owner- and receiver-side dropout, layer 0 exchanged
+  per epoch or read from its halo, GCN and SAGE) equal the single-process simulation of T-stale boundary
+  rows and gradients (tests/reference_pipe.py): 5 losses, the first step's gradients, the final weights;
+* each epoch's forward uses the flight of exactly epoch ``t - tau`` (epoch ``t`` in the first ``tau``):
+  never an older one; and moves exactly the exact path's bytes (the byte model), with sampling the
+  sampled path's bytes;
+* a checkpoint taken with flights outstanding resumes to the uninterrupted run's weights, bitwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from case_report import finish  # noqa: E402
+from reference_pipe import PipelinedReference  # noqa: E402
+from static_input_cases import C, close, expected_epoch, graph_data, local_graph  # noqa: E402
+
+from algorithms.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from algorithms.train import TrainConfig, Trainer  # noqa: E402
+from runners.perf.cost_model import ModelShape  # noqa: E402
+from sparse_dist.comm import run_or_abort, world  # noqa: E402
+from sparse_dist.exchange import ExchangeContext  # noqa: E402
+from sparse_dist.layout import Grid, RowLayout  # noqa: E402
+from sparse_dist.plans import PLAN_NAMES  # noqa: E402
+
+EPOCHS = 5
+RTOL, ATOL = 1e-4, 2e-5
+COUNTS = {1: [23], 2: [11, 12], 3: [9, 0, 14], 4: [5, 7, 0, 11]}  # rows per row group: uneven, one empty
+
+# (plan, model, layers, tau, gamma, input exchange, dropout side)
+SIMULATED = [
+    ("p2p", "gcn", 2, 1, 0.0, "per-epoch", "owner"),
+    ("p2p", "gcn", 3, 2, 0.0, "per-epoch", "owner"),
+    ("p2p", "gcn", 2, 1, 0.0, "once", "receiver"),
+    ("p2p", "gcn", 3, 1, 0.5, "per-epoch", "owner"),
+    ("p2p", "sage", 2, 2, 0.0, "per-epoch", "owner"),
+    ("sparse-bcast", "gcn", 3, 1, 0.0, "per-epoch", "owner"),
+    ("sparse-bcast", "gcn", 2, 2, 0.0, "once", "receiver"),
+    ("dense-bcast", "gcn", 2, 2, 0.0, "per-epoch", "owner"),
+    ("dense-bcast", "gcn", 3, 1, 0.5, "once", "receiver"),
+]
+
+
+def trainer_for(comm, data: dict, layout: RowLayout, replication: int, **config) -> Trainer:
+    return Trainer(comm, local_graph(data, layout, comm.rank // replication),
+                   TrainConfig(replication=replication, epochs=EPOCHS, **config))
+
+
+def check_tau_zero(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    """``tau = 0`` goes through the pipelined strategy (all parts posted at once) and is bitwise the exact path."""
+    runs = [(plan, "none") for plan in PLAN_NAMES] + [("p2p", "bns:p=0.5"), ("sparse-bcast", "bns:p=0.5,side=owner")]
+    for plan, sample in runs:
+        results = []
+        for stale in ("none", "pipe:tau=0"):
+            trainer = trainer_for(comm, data, layout, replication, plan=plan, sample=sample, stale=stale,
+                                  input_exchange="per-epoch")
+            losses = [trainer.train_epoch()["loss"] for _ in range(EPOCHS)]
+            results.append((losses, [p.detach().clone() for p in trainer.parameters()]))
+        (exact_losses, exact_weights), (pipe_losses, pipe_weights) = results
+        if exact_losses != pipe_losses or not all(torch.equal(a, b) for a, b in zip(exact_weights, pipe_weights)):
+            failures.append(f"{plan} sample={sample} P={comm.size}: pipe:tau=0 is not bitwise the same run "
+                            f"(losses {pipe_losses} vs {exact_losses})")
+
+
+def check_simulated(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    grid_groups = layout.owner_of(np.arange(layout.n_rows))
+    lo, hi = layout.row_range(comm.rank // replication)
+    for plan, model, layers, tau, gamma, input_exchange, side in SIMULATED:
+        stale = f"pipe:tau={tau}" + (f",gamma={gamma}" if gamma else "")
+        label = f"{plan} {model} L={layers} {stale} input={input_exchange} side={side} P={comm.size} c={replication}"
+        trainer = trainer_for(comm, data, layout, replication, plan=plan, model=model, layers=layers, stale=stale,
+                              input_exchange=input_exchange, dropout_side=side)
+        reference = PipelinedReference(data["adjacency"].toarray(), data["features"], data["labels"], data["train"], C,
+                                       model, layers=layers, groups=grid_groups, tau=tau, gamma=gamma,
+                                       input_once=input_exchange == "once", receiver=side == "receiver")
+        dims = tuple(trainer.model.dims)
+        shape = ModelShape(dims, kind=model, input_once=input_exchange == "once", receiver_dropout=side == "receiver")
+        strategy = trainer.spmm.strategy
+        for epoch in range(EPOCHS):
+            record = trainer.train_epoch()
+            want = reference.step()
+            if abs(record["loss"] - want) > ATOL + RTOL * abs(want):
+                failures.append(f"{label}: epoch {epoch + 1} loss {record['loss']:.7f} != simulation {want:.7f}")
+            if epoch == 0:
+                mine, theirs = trainer.parameters(), [p for layer in reference.params for p in layer]
+                if not all(close(a.grad, b.grad) for a, b in zip(mine, theirs)):
+                    failures.append(f"{label}: first-step gradients differ from the simulation")
+            oldest = epoch - tau if epoch >= tau else epoch
+            for layer in range(1 if input_exchange == "once" else 0, layers):
+                used = strategy.used(ExchangeContext(epoch, layer, True)).epoch
+                if used != oldest:
+                    failures.append(f"{label}: epoch {epoch} layer {layer} used the rows of epoch {used}, "
+                                    f"expected {oldest}")
+            predicted = expected_epoch(trainer, shape, training=True)
+            for phase in ("forward", "backward"):
+                got = (record["bytes"][phase]["sent"], record["bytes"][phase]["recv"])
+                want_bytes = tuple(int(x) for x in predicted[phase][comm.rank])
+                if got != want_bytes:
+                    failures.append(f"{label}: epoch {epoch + 1} {phase} bytes {got} != exact path's {want_bytes}")
+        if not all(close(a, b) for a, b in zip(trainer.parameters(), [p for l in reference.params for p in l])):
+            failures.append(f"{label}: weights after {EPOCHS} epochs differ from the simulation")
+        kept = tau * sum(1 + backward for _, backward in shape.exchanges)
+        if strategy.outstanding() != kept:
+            failures.append(f"{label}: {strategy.outstanding()} flights kept, expected {kept} ({tau} per exchange)")
+
+
+def check_sampled_bytes(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    """With BNS, a pipelined run's forward in epoch ``t`` sends what the unpipelined sampled run sends (epoch
+    ``t``'s sample), and its backward returns the gradients of the rows it used (epoch ``t - tau``'s sample)."""
+    tau, traffic = 2, {}
+    for stale in ("none", f"pipe:tau={tau}"):
+        trainer = trainer_for(comm, data, layout, replication, plan="p2p", sample="bns:p=0.5", stale=stale,
+                              input_exchange="per-epoch", layers=3)
+        records = [trainer.train_epoch() for _ in range(EPOCHS)]
+        traffic[stale] = [{phase: (r["bytes"][phase]["sent"], r["bytes"][phase]["recv"]) for phase in
+                           ("forward", "backward")} for r in records]
+        if not all(np.isfinite(r["loss"]) for r in records):
+            failures.append(f"bns + {stale}: non-finite loss")
+    alone, piped = traffic["none"], traffic[f"pipe:tau={tau}"]
+    for epoch in range(EPOCHS):
+        source = epoch - tau if epoch >= tau else epoch
+        want = {"forward": alone[epoch]["forward"], "backward": alone[source]["backward"]}
+        if piped[epoch] != want:
+            failures.append(f"bns:p=0.5 + pipe:tau={tau} P={comm.size} epoch {epoch}: bytes {piped[epoch]} != {want}")
+
+
+def check_resume(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    """A checkpoint taken with flights outstanding (and averages under way), written to files and loaded into a
+    new trainer, continues to the same weights, bitwise, as the uninterrupted run."""
+    for plan in ("p2p", "dense-bcast"):
+        config = dict(plan=plan, stale="pipe:tau=2,gamma=0.5", input_exchange="per-epoch", layers=3)
+        whole = trainer_for(comm, data, layout, replication, **config)
+        for _ in range(EPOCHS):
+            whole.train_epoch()
+        first = trainer_for(comm, data, layout, replication, **config)
+        for _ in range(3):
+            first.train_epoch()
+        with tempfile.TemporaryDirectory() as directory:
+            save_checkpoint(Path(directory) / "run.ckpt", first.state())
+            save_checkpoint(Path(directory) / "run.ckpt.rank", first.policy_state())
+            resumed = trainer_for(comm, data, layout, replication, **config)
+            resumed.load_state(load_checkpoint(Path(directory) / "run.ckpt"))
+            resumed.load_policy_state(load_checkpoint(Path(directory) / "run.ckpt.rank"))
+        for _ in range(EPOCHS - 3):
+            resumed.train_epoch()
+        if not all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters())):
+            failures.append(f"{plan} {config['stale']} P={comm.size}: resumed at epoch 3 with flights outstanding, "
+                            f"the weights differ from the uninterrupted run")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--replication", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    comm = world(gpu_aware="off")
+    grid = Grid(comm.size, args.replication)
+    layout = RowLayout.from_counts(COUNTS[grid.groups])
+    data = graph_data()
+    failures: list[str] = []
+    check_tau_zero(comm, data, layout, args.replication, failures)
+    check_simulated(comm, data, layout, args.replication, failures)
+    check_sampled_bytes(comm, data, layout, args.replication, failures)
+    check_resume(comm, data, layout, args.replication, failures)
+    return finish(comm, failures, f"pipelined exchange P={comm.size} c={args.replication}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_or_abort(main))
