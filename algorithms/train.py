@@ -29,7 +29,7 @@ from algorithms.model import GraphModel
 from algorithms.layers import layer_type
 from algorithms.policies import AxisSpec
 from algorithms.static_input import HaloBudgetError, choose_input_exchange, evaluations, receiver_side
-from sparse_dist.comm import Communicator
+from sparse_dist.comm import Communicator, ProgressThread
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.exchange import make_strategy
 from sparse_dist.halo import StaticHalo
@@ -37,6 +37,8 @@ from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.spmm import DistSpMM
 
 SPLITS = ("train", "val", "test")
+PROGRESS_MODES: tuple[str, ...] = ("test", "thread", "none")
+"""How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
 
 
 @dataclass
@@ -64,6 +66,7 @@ class TrainConfig:
     dropout_side: str = "auto"     # "owner", "receiver" (exchanges carry pre-dropout rows), "auto"
     halo_budget: int | None = None  # bytes of halo rows a rank may keep under "once" (None: unlimited)
     audit_every: int = 0           # every k epochs, one exact forward beside the policy's (0: never)
+    progress: str = "test"         # pipelined exchanges: "test" (at every layer), "thread" (and a probe thread), "none"
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -153,6 +156,11 @@ class Trainer:
         self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale)
         self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy,
                              row_masks=self.receiver_dropout)
+        if config.progress not in PROGRESS_MODES:
+            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
+        strategy.tests_progress = config.progress != "none"
+        self.progress_thread = (ProgressThread(comm, lambda: strategy.outstanding() > 0)
+                                if config.progress == "thread" and strategy.posts_ahead is None else None)
 
         features = graph.features.astype(np.float64)
         if config.feature_norm == "row":

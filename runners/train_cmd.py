@@ -33,7 +33,7 @@ from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpo
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import combination_problem, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
-from algorithms.train import TrainConfig, Trainer, bytes_by_phase
+from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
 from runners.results import ResultsWriter, environment, output_path_problem, peak_memory_bytes, spread
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
@@ -81,6 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every K epochs, one extra exact forward beside the policy's (same weights and "
                              "masks; its time and bytes recorded apart from training) and the relative error "
                              "of each layer's output under the policy against it (default 0: never)")
+    parser.add_argument("--progress", choices=PROGRESS_MODES, default="test",
+                        help="how a pipelined (pipe) exchange moves on while the rank computes: test = MPI_Test "
+                             "of the outstanding exchanges at every layer's exchange (default); thread = also a "
+                             "thread probing MPI every 100 us; none = only the MPI library's own progress "
+                             "(e.g. MPICH_ASYNC_PROGRESS=1)")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="gradient-norm bound; each row group clips locally to clip/sqrt(G) (default: off)")
     parser.add_argument("--feature-norm", choices=("auto", "row", "none"), default="auto",
@@ -152,7 +157,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
                        epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
                        replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
                        sample=args.sample, stale=args.stale, clip=args.clip, input_exchange=args.input_exchange,
-                       dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every)
+                       dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every,
+                       progress=args.progress)
 
 
 def policy_file(path: str, rank: int) -> str:

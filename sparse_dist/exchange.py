@@ -288,6 +288,10 @@ class ExchangeStrategy:
     def progress(self) -> None:
         """Drive outstanding exchanges kept across calls (none here); local, never blocks."""
 
+    def outstanding(self) -> int:
+        """Flights kept for later calls (none here)."""
+        return 0
+
     def sends_gradient(self, message: Message) -> bool:
         """Whether the gradient of ``message``'s rows goes back to its owner."""
         return True
@@ -577,6 +581,7 @@ class PipelinedStrategy(ExchangeStrategy):
     """
 
     posts_ahead = None
+    tests_progress = True  # False: leave progress to the MPI library (or a progress thread)
 
     def __init__(self, rule: StalenessRule, inner: ExchangeStrategy) -> None:
         super().__init__()
@@ -645,6 +650,9 @@ class PipelinedStrategy(ExchangeStrategy):
         return self._smoothed(self._gradient_average, context, part)
 
     def progress(self) -> None:
+        """Test every kept flight (``tests_progress``; each layer's forward and transpose call it on entry)."""
+        if not self.tests_progress:
+            return
         for queues in (self._rows, self._gradients):
             for queue in queues.values():
                 for flight in queue:
