@@ -50,22 +50,10 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from algorithms.hashing import row_hash
 from sparse_dist.comm import Communicator
 from sparse_dist.exchange import BoundarySampler, StalenessRule, StalenessView, make_strategy
 from sparse_dist.plans import plan_class
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def splitmix64(values: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser, vectorised over uint64 (wrapping arithmetic)."""
-    z = np.asarray(values, dtype=np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
-
 
 @dataclass(frozen=True)
 class BnsSampler:
@@ -83,10 +71,7 @@ class BnsSampler:
             raise ValueError(f"bns: side must be 'receiver' or 'owner', got {self.side!r}")
 
     def keep(self, epoch: int, stream: int, global_rows: np.ndarray) -> np.ndarray:
-        key = splitmix64(np.array([self.seed], dtype=np.uint64))
-        key = splitmix64(key ^ np.array([epoch], dtype=np.uint64))
-        key = splitmix64(key ^ np.array([stream], dtype=np.uint64))
-        hashed = splitmix64(np.asarray(global_rows, dtype=np.int64).astype(np.uint64) ^ key)
+        hashed = row_hash(self.seed, epoch, stream, global_rows)
         if self.p >= 1.0:
             return np.ones(hashed.shape, dtype=bool)
         threshold = np.uint64(math.ceil(self.p * 2.0**53))
@@ -357,7 +342,8 @@ def combination_problem(plan: str, sample: AxisSpec, stale: AxisSpec) -> str | N
         strategy = make_strategy(sample.build(), stale.build())
     except ValueError as exc:
         return str(exc)
-    return plan_class(plan).refusal(samples=strategy.samples, caches=strategy.caches)
+    return plan_class(plan).refusal(samples=strategy.samples, caches=strategy.caches,
+                                    per_receiver=strategy.per_receiver)
 
 
 def parse_sampler(spec: str, seed: int = 0) -> BoundarySampler | None:
@@ -394,3 +380,6 @@ def policy_list_arg(text: str) -> list[PolicySpec]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{exc} (accepted: 'exact', {AxisSpec('sample').accepted()}, "
                                          f"{AxisSpec('stale').accepted()}, or one of each joined by '+')") from None
+
+
+import algorithms.psc  # noqa: E402,F401  (registers the ``psc`` sampler; it builds on this module)

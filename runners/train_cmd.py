@@ -112,6 +112,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
     if args.audit_every < 0:
         return f"--audit-every must be >= 0 (0: no audit), got {args.audit_every}"
+    if getattr(args.sample.build(), "per_edge", False) and args.replication != 1:
+        return f"--sample {args.sample} samples each receiver's own edges: it needs --replication 1 (1D)"
     problem = combination_problem(args.plan, args.sample, args.stale)
     if problem:
         return f"--plan {args.plan} --sample {args.sample} --stale {args.stale}: {problem}"

@@ -7,6 +7,7 @@ received and the seconds it spent blocked in MPI, under one phase name.
 Phases: ``forward`` (forward exchange of the SpMM), ``backward`` (its
 transpose), ``grad_allreduce`` (weight gradients), ``halo`` (the one-time
 exchange of a static input's boundary rows, :mod:`sparse_dist.halo`),
+``sample`` (what a sampling policy's owners and receivers agree on, e.g. ``psc``'s probabilities),
 ``other`` (set-up and metadata).
 """
 
@@ -19,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-PHASES: tuple[str, ...] = ("forward", "backward", "grad_allreduce", "halo", "other")
+PHASES: tuple[str, ...] = ("forward", "backward", "grad_allreduce", "halo", "sample", "other")
 
 
 @dataclass

@@ -226,6 +226,7 @@ class ExchangeStrategy:
 
     samples: ClassVar[bool] = False  # needs a plan that can send a sampled subset of rows
     caches: ClassVar[bool] = False   # needs a plan whose receivers all get the same block (broadcasts)
+    per_receiver: ClassVar[bool] = False  # needs a plan that sends each receiver its own subset (p2p)
     posts_ahead: ClassVar[int | None] = 1  # parts posted beyond the one consumed (None: all at once)
     skip_backward: bool = False
 
@@ -246,6 +247,24 @@ class ExchangeStrategy:
     def scale(self) -> float:
         """Factor of kept columns (``1/p``)."""
         return 1.0
+
+    def prepare(self, epoch: int) -> None:
+        """Called by the plan before it samples ``epoch`` (on every rank of the column, the same epochs in the
+        same order, so a strategy may agree on something here, collectively)."""
+
+    def sampled_block(self, epoch: int, block: sp.csr_matrix, kept_columns: np.ndarray) -> sp.csr_matrix:
+        """``block`` (rows of ``A`` over the exact receive buffer's rows) restricted to the kept columns,
+        renumbered, kept entries scaled: here every kept column's entries by ``1/p``."""
+        from sparse_dist.plans import keep_columns  # plans imports this module
+
+        return keep_columns(block, kept_columns, self.scale)
+
+    def local_blocks(self, context: ExchangeContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(A_gg, A_gg^T)`` sampled for this call where inner entries are sampled too; None: the plan's own."""
+        return None
+
+    def saw_own_rows(self, context: ExchangeContext, h: torch.Tensor) -> None:
+        """Hook: a training call multiplies this rank's own rows ``h`` (``n_g x F``)."""
 
     @property
     def side(self) -> str:
@@ -591,6 +610,7 @@ class PipelinedStrategy(ExchangeStrategy):
                              f"sampling policy rows arrive in some epochs only, so combine gamma=0 with sampling")
         self.rule, self.inner, self.tau, self.gamma = rule, inner, tau, gamma
         self.samples = inner.samples  # type: ignore[misc]
+        self.per_receiver = inner.per_receiver  # type: ignore[misc]
         self._rows: dict[int, deque[Flight]] = {}
         self._gradients: dict[int, deque[Flight]] = {}
         self._row_average: dict[tuple[int, int], _Average] = {}
@@ -614,6 +634,18 @@ class PipelinedStrategy(ExchangeStrategy):
 
     def fresh_message(self, plan: BroadcastView, epoch: int, owner: int) -> Message:
         return self.inner.fresh_message(plan, epoch, owner)
+
+    def prepare(self, epoch: int) -> None:
+        self.inner.prepare(epoch)
+
+    def sampled_block(self, epoch: int, block: sp.csr_matrix, kept_columns: np.ndarray) -> sp.csr_matrix:
+        return self.inner.sampled_block(epoch, block, kept_columns)
+
+    def local_blocks(self, context: ExchangeContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.inner.local_blocks(context)
+
+    def saw_own_rows(self, context: ExchangeContext, h: torch.Tensor) -> None:
+        self.inner.saw_own_rows(context, h)
 
     # the pipeline
     def _swap(self, queues: dict[int, deque[Flight]], context: ExchangeContext, flight: Flight) -> Flight:
@@ -642,6 +674,7 @@ class PipelinedStrategy(ExchangeStrategy):
         return averages.setdefault((context.layer, part.owner), _Average(self.gamma)).update(part.rows)
 
     def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+        self.inner.on_rows(context, part)
         if part.owner == self.plan.group:
             return part.rows  # the owner's own broadcast: nothing arrives
         return self._smoothed(self._row_average, context, part)
@@ -665,7 +698,7 @@ class PipelinedStrategy(ExchangeStrategy):
     # state
     @property
     def keeps_state(self) -> bool:
-        return self.tau > 0
+        return self.tau > 0 or self.inner.keeps_state
 
     def _received(self, flight: Flight, backward: bool) -> list[Part]:
         """The parts of a kept flight that hold what arrived (forward: not the owner's own send rows)."""
@@ -690,7 +723,7 @@ class PipelinedStrategy(ExchangeStrategy):
         def averages(table: dict[tuple[int, int], _Average]) -> dict[tuple[int, int], torch.Tensor]:
             return {key: a.values.cpu() for key, a in table.items() if a.values is not None}
 
-        return {"tau": self.tau, "gamma": self.gamma,
+        return {"tau": self.tau, "gamma": self.gamma, "inner": self.inner.state_dict(),
                 "rows": {layer: [self._flight_state(f, False) for f in q] for layer, q in sorted(self._rows.items())},
                 "gradients": {layer: [self._flight_state(f, True) for f in q]
                               for layer, q in sorted(self._gradients.items())},
@@ -700,6 +733,7 @@ class PipelinedStrategy(ExchangeStrategy):
         if (state.get("tau"), state.get("gamma")) != (self.tau, self.gamma):
             raise ValueError(f"the checkpoint's pipeline has tau={state.get('tau')}, gamma={state.get('gamma')}; "
                              f"this run has tau={self.tau}, gamma={self.gamma}")
+        self.inner.load_state_dict(state["inner"])  # first: a sampled flight is rebuilt from its epoch's probabilities
         plan, device = self.plan, self.plan.device
 
         def restore(saved: dict[str, Any], layer: int, backward: bool) -> Flight:
@@ -722,9 +756,15 @@ class PipelinedStrategy(ExchangeStrategy):
 
 
 def make_strategy(sampler: BoundarySampler | None = None, staleness: StalenessRule | None = None) -> ExchangeStrategy:
-    """The strategy of a run's policies; a sampler with ``p = 1`` is the exact path."""
-    inner: ExchangeStrategy = (SampledStrategy(sampler) if sampler is not None and sampler.p < 1.0
-                               else ExactStrategy())
+    """The strategy of a run's policies; a row sampler with ``p = 1`` is the exact path; a per-edge sampler
+    (``per_edge``, e.g. ``psc``) gets an :class:`~sparse_dist.importance.ImportanceStrategy`."""
+    inner: ExchangeStrategy
+    if sampler is not None and getattr(sampler, "per_edge", False):
+        from sparse_dist.importance import ImportanceStrategy  # it builds on this module
+
+        inner = ImportanceStrategy(sampler)
+    else:
+        inner = SampledStrategy(sampler) if sampler is not None and sampler.p < 1.0 else ExactStrategy()
     if staleness is None:
         return inner
     return PipelinedStrategy(staleness, inner) if staleness.pipelined else CachedStrategy(staleness, inner)

@@ -145,13 +145,15 @@ class ExchangePlan(ABC):
     name: ClassVar[str]
     carries_samples: ClassVar[bool] = True   # can send a sampled subset of the boundary rows
     carries_history: ClassVar[bool] = False  # every receiver gets the same block, so blocks can be cached
+    carries_per_receiver: ClassVar[bool] = True  # each receiver can get its own subset of an owner's rows
     no_samples_reason: ClassVar[str] = ""
     no_history_reason: ClassVar[str] = ""
+    no_per_receiver_reason: ClassVar[str] = ""
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
                  strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:
         strategy = strategy if strategy is not None else ExactStrategy()
-        problem = self.refusal(samples=strategy.samples, caches=strategy.caches)
+        problem = self.refusal(samples=strategy.samples, caches=strategy.caches, per_receiver=strategy.per_receiver)
         if problem:
             raise ValueError(problem)
         self.strategy = strategy
@@ -172,12 +174,15 @@ class ExchangePlan(ABC):
 
     # --------------------------------------------------------- semantics
     @classmethod
-    def refusal(cls, *, samples: bool, caches: bool) -> str | None:
-        """Why this plan cannot carry a strategy that samples and/or caches, or None when it can."""
+    def refusal(cls, *, samples: bool, caches: bool, per_receiver: bool = False) -> str | None:
+        """Why this plan cannot carry a strategy that samples, caches and/or sends each receiver its own
+        subset, or None when it can."""
         if samples and not cls.carries_samples:
             return cls.no_samples_reason
         if caches and not cls.carries_history:
             return cls.no_history_reason
+        if per_receiver and not cls.carries_per_receiver:
+            return cls.no_per_receiver_reason
         return None
 
     @classmethod
@@ -337,6 +342,16 @@ class ExchangePlan(ABC):
         """The forward parts whose gradients travel back (all; the broadcast plans leave some out)."""
         return parts
 
+    def _own_block(self, context: ExchangeContext | None, *, transposed: bool) -> torch.Tensor | None:
+        """``A_gg`` (or its transpose) as this call multiplies it: the strategy's sampled block of the epoch
+        where it samples inner entries too (``psc``), else the plan's own."""
+        sampled = self._strategy_for(context).local_blocks(context) if context is not None else None
+        if sampled is not None:
+            return sampled[1] if transposed else sampled[0]
+        if self.local_block is None:
+            return None
+        return self.local_transpose() if transposed else self.local_block
+
     def _arrived_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
                       meanwhile: Callable[[], None]) -> Iterator[tuple[Part, torch.Tensor | None]]:
         """Post the forward exchange of ``h``, run ``meanwhile`` (local work), then yield each part of the flight
@@ -344,6 +359,7 @@ class ExchangePlan(ABC):
         strategy = self._strategy_for(context)
         if context is not None:
             strategy.progress()
+            strategy.saw_own_rows(context, h)
         flight = self.post_rows(h, phase, context, strategy)
         used = strategy.rows_to_use(context, flight) if context is not None else flight
         meanwhile()
@@ -377,8 +393,9 @@ class ExchangePlan(ABC):
         out = self._output(self.n_rows, h.shape[1])
 
         def local() -> None:
-            if self.local_block is not None:
-                self._multiply_into(out, self.local_block, self._local_input(h, context))
+            block = self._own_block(context, transposed=False)
+            if block is not None:
+                self._multiply_into(out, block, self._local_input(h, context))
 
         for part, rows in self._arrived_rows(h, phase, context, local):
             self._multiply_part(out, part, rows, context)
@@ -392,8 +409,9 @@ class ExchangePlan(ABC):
         out = self._output(self.n_rows, dt.shape[1])
 
         def local() -> None:
-            if self.local_block is not None:
-                self._multiply_into(out, self.local_transpose(), dt)
+            block = self._own_block(context, transposed=True)
+            if block is not None:
+                self._multiply_into(out, block, dt)
 
         for part, rows in self._arrived_gradients(lambda part: self._gradient_piece(part, dt), dt.shape[1], phase,
                                                   context, local):
@@ -466,6 +484,9 @@ class _BroadcastPlan(ExchangePlan):
     """
 
     carries_history = True
+    carries_per_receiver = False
+    no_per_receiver_reason = ("per-receiver sampling (psc: each receiver's own edge probabilities) needs the p2p "
+                              "plan: a broadcast sends every receiver the same rows")
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
                  strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:
@@ -689,6 +710,7 @@ class _PairExchange:
     epoch: int | None = None           # the epoch of a sample (None: the exact pairs)
     recv_global: np.ndarray | None = None  # global ids of the receive buffer's rows (receiver-side dropout)
     transposed: torch.Tensor | None = None  # CSR of remote_matrix.T, built on the first transpose
+    recv_positions: np.ndarray | None = None  # a sample's received rows as positions of the exact receive buffer
 
 
 class PointToPointPlan(ExchangePlan):
@@ -758,6 +780,7 @@ class PointToPointPlan(ExchangePlan):
         return self._sampled
 
     def _sample(self, strategy: ExchangeStrategy, epoch: int) -> _PairExchange:
+        strategy.prepare(epoch)  # collective where the strategy agrees on new probabilities (the same epochs everywhere)
         matrix, me, offsets = self.matrix, self.group, self.matrix.layout.offsets
         receiver_side = strategy.side == "receiver"
         send_kept, send_rows = [], []
@@ -773,11 +796,12 @@ class PointToPointPlan(ExchangePlan):
             recv_keep.append(kept)
             recv_rows.append(int(kept.sum()))
             recv_kept_ids.append(ids[kept])
-        remote = keep_columns(self.exact_pairs.remote_matrix, np.concatenate(recv_keep), strategy.scale)
+        kept_columns = np.concatenate(recv_keep)
+        remote = strategy.sampled_block(epoch, self.exact_pairs.remote_matrix, kept_columns)
         send_index = torch.from_numpy(np.concatenate(send_kept).astype(np.int64)).to(self.device)
         traffic = self.exact_pairs.traffic and strategy.scale > 0
         return _PairExchange(send_index, send_rows, recv_rows, self.csr(remote), remote, traffic, epoch,
-                             self._global_ids(recv_kept_ids))
+                             self._global_ids(recv_kept_ids), recv_positions=np.flatnonzero(kept_columns))
 
     def _exact_parts(self) -> list[Part]:
         return [Part(-1, self.exact_pairs)]

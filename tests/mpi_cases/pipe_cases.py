@@ -140,8 +140,13 @@ def check_sampled_bytes(comm, data: dict, layout: RowLayout, replication: int, f
 def check_resume(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
     """A checkpoint taken with flights outstanding (and averages under way), written to files and loaded into a
     new trainer, continues to the same weights, bitwise, as the uninterrupted run."""
-    for plan in ("p2p", "dense-bcast"):
-        config = dict(plan=plan, stale="pipe:tau=2,gamma=0.5", input_exchange="per-epoch", layers=3)
+    configs = [dict(plan=plan, stale="pipe:tau=2,gamma=0.5", input_exchange="per-epoch", layers=3)
+               for plan in ("p2p", "dense-bcast")]
+    if replication == 1:  # psc: probabilities agreed at epochs 2 and 4, flights sampled under both
+        configs.append(dict(plan="p2p", sample="psc:budget=0.5,every=2", stale="pipe:tau=2", layers=3,
+                            input_exchange="per-epoch"))
+    for config in configs:
+        plan = config["plan"]
         whole = trainer_for(comm, data, layout, replication, **config)
         for _ in range(EPOCHS):
             whole.train_epoch()
@@ -157,7 +162,7 @@ def check_resume(comm, data: dict, layout: RowLayout, replication: int, failures
         for _ in range(EPOCHS - 3):
             resumed.train_epoch()
         if not all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters())):
-            failures.append(f"{plan} {config['stale']} P={comm.size}: resumed at epoch 3 with flights outstanding, "
+            failures.append(f"{plan} {config} P={comm.size}: resumed at epoch 3 with flights outstanding, "
                             f"the weights differ from the uninterrupted run")
 
 

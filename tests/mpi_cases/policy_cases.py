@@ -10,7 +10,10 @@ Checks, on this launch's P:
 * p = 1 is bitwise the exact path; p = 0 moves no bytes and leaves the
   local (inner) product untouched;
 * staleness: every rank records the same ACTIVE owners for every epoch and
-  layer, also with adversarial eps values; eps = 0 (sancus-e) equals exact.
+  layer, also with adversarial eps values; eps = 0 (sancus-e) equals exact;
+* psc (per-edge importance sampling): unbiased like bns, with the variance of
+  each entry's own p; only rows that a kept entry needs travel; budget = 1 is
+  bitwise the exact path (also with its probabilities recomputed every epoch).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from case_report import finish  # noqa: E402
 
 from algorithms.policies import BnsSampler, SancusRule
+from algorithms.psc import PscSampler
 from sparse_dist.comm import run_or_abort, world
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.layout import RowLayout
@@ -120,12 +124,72 @@ def check_staleness(comm, failures: list[str]) -> None:
                 failures.append(f"{label}: a huge eps still broadcast after epoch 0")
 
 
+def check_psc(comm, failures: list[str]) -> None:
+    """psc: with the probabilities agreed from recorded norms (non-uniform), the mean of K sampled SpMMs is
+    within 6 sigma of the exact product (sigma from each entry's p: Var = sum_j (1/p_ij - 1) a_ij^2 h_j^2,
+    columns independent); forward and transpose use the same sample; only rows some kept entry needs travel;
+    budget = 1 is bitwise the exact path."""
+    a, layout, lo, hi, h, g, matrix = setup(comm)
+    h_local, g_local = torch.tensor(h[lo:hi]), torch.tensor(g[lo:hi])
+    local_a = a[lo:hi]
+    exact = local_a @ h
+    start = 400  # the epoch of the recomputation; its probabilities stay in force for the K epochs after it
+    op = DistSpMM(matrix, "p2p", dtype=torch.float64, sampler=PscSampler(0.4, a_inner=2.0, every=start, seed=3))
+    strategy = op.strategy
+    op.forward(h_local * torch.linspace(0.1, 3.0, hi - lo, dtype=torch.float64)[:, None],
+               context=ExchangeContext(0, 0, True))  # records norms: the new probabilities are not uniform
+    total = np.zeros_like(exact)
+    for epoch in range(start, start + K):
+        context = ExchangeContext(epoch, 0, True)
+        t = op.forward(h_local, context=context)
+        total += t.numpy()
+        pairs = op.plan._pairs(context)
+        needed = np.unique(pairs.remote_matrix.indices).size
+        if needed != pairs.remote_matrix.shape[1]:
+            failures.append(f"psc epoch {epoch}: {pairs.remote_matrix.shape[1]} rows travelled, {needed} needed")
+        if epoch < start + 3:
+            dh = op.transpose(g_local, context=context)
+            sums = torch.tensor([float((t * g_local).sum()), float((h_local * dh).sum())], dtype=torch.float64)
+            comm.allreduce_(sums, "other")
+            if abs(sums[0] - sums[1]) > 1e-9 * (1 + abs(sums[0])):
+                failures.append(f"psc: <A_s H, G> {sums[0]} != <H, A_s^T G> {sums[1]}")
+    version = strategy._in_force(start)
+    if version.start != start or np.allclose(version.remote, version.remote.mean()):
+        failures.append(f"psc: no non-uniform probabilities were agreed at epoch {start}")
+    # p per entry of local_a, in its CSR order: the own block's entries, then the remote block's
+    p_entry = np.ones(local_a.nnz)
+    owner = layout.owner_of(local_a.indices)
+    rows = np.repeat(np.arange(hi - lo), np.diff(local_a.indptr))
+    own = owner == comm.rank
+    p_entry[own] = version.local  # A_gg keeps local_a's order of its own columns
+    remote_p = {}  # (row, global column) -> p
+    remote = op.plan.exact_pairs.remote_matrix
+    remote_rows = np.repeat(np.arange(hi - lo), np.diff(remote.indptr))
+    for r, c, p in zip(remote_rows, strategy._recv_global[remote.indices], version.remote):
+        remote_p[(int(r), int(c))] = p
+    p_entry[~own] = [remote_p[(int(r), int(c))] for r, c in zip(rows[~own], local_a.indices[~own])]
+    variance = np.zeros_like(exact)
+    np.add.at(variance, rows, (local_a.data[:, None] * h[local_a.indices]) ** 2 * (1 / p_entry[:, None] - 1))
+    deviation = np.abs(total / K - exact)
+    sigma = np.sqrt(variance / K)
+    if np.any(deviation > 6 * sigma + 1e-9):
+        failures.append(f"psc: mean of {K} samples is {np.max(deviation / (sigma + 1e-300)):.1f} sigma from exact")
+    full = DistSpMM(matrix, "p2p", dtype=torch.float64, sampler=PscSampler(1.0, every=1))
+    plain = DistSpMM(matrix, "p2p", dtype=torch.float64)
+    for epoch in range(3):
+        context = ExchangeContext(epoch, 0, True)
+        if not torch.equal(full.forward(h_local, context=context), plain.forward(h_local)) or not torch.equal(
+                full.transpose(g_local, context=context), plain.transpose(g_local)):
+            failures.append(f"psc budget=1 epoch {epoch}: not bitwise the exact path")
+
+
 def main() -> int:
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
     failures: list[str] = []
     check_sampling(comm, failures)
     check_staleness(comm, failures)
+    check_psc(comm, failures)
     return finish(comm, failures, f"policy cases P={comm.size}")
 
 

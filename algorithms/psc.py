@@ -1,0 +1,144 @@
+"""PSC-GCN's variance-reduction neighbour sampling (``psc``): per-edge probabilities from the closed form.
+
+Paper: "On Pipelined GCN with Communication-Efficient Sampling and Inclusion-Aware Caching" (PSC-GCN),
+section IV. Row ``i`` keeps neighbour ``j`` with probability ``p_ij`` and scales the kept entry by
+``1 / p_ij``, so ``E[T_i] = sum_j A_ij H_j`` (Eq. 15). The probabilities minimise the rescaled variance of
+every layer's aggregation (Eq. 17)::
+
+    min  sum_j a_j (1/p_ij - 1) ||y_ij||^2    s.t.  sum_j p_ij = B_i = budget * |N_i|,  0 < p_ij <= 1
+
+with ``a_j = a_inner`` for a neighbour on the same rank and ``a_boundary`` for a remote one (inner
+neighbours weighted above boundary ones, so the budget goes to local rows and less crosses the network),
+and ``||y_ij|| = |A_ij| c_j``, ``c_j^2 = sum_l ||m_j^(l)||^2`` over the rows ``m^(l)`` that each exchanging
+layer multiplies (the latest this rank saw: its own rows every epoch, a boundary row whenever it arrived;
+a boundary row never seen counts as the mean of those seen). The KKT solution (Theorem 2) is water-filling:
+with ``v_ij = sqrt(a_j) |A_ij| c_j`` sorted descending, the ``m`` largest get ``p = 1`` and the rest
+``p_ij = (B_i - m) v_ij / sum_{uncapped} v``, ``m`` the smallest count for which that is at most 1
+(:func:`water_fill`). A row's diagonal entry (its self-loop) is always kept and is not part of ``N_i``.
+Probabilities are recomputed every ``every`` epochs; until the first recomputation every edge has ``budget``
+(Algorithm 2's initialisation).
+
+Sampling, with one uniform per column (:meth:`PscSampler.uniforms`): in epoch ``e`` a rank draws
+``u_j = U(seed, e, its row group, j)`` for every column ``j`` it uses and keeps entry ``(i, j)`` iff
+``u_j < p_ij``. Each entry's marginal is exactly ``p_ij`` (so the estimator is unbiased, as with
+independent draws, and each row's variance is the same, since a row holds each column once), and column
+``j`` is needed iff ``u_j < q_j = max_i p_ij``: the owner, told ``q_j`` (rounded up to float32) once per
+recomputation, sends exactly the needed rows with no per-epoch request. ``q_j`` is also the inclusion
+probability of row ``j`` that the feature cache ranks by. The strategy that samples and agrees is
+:class:`sparse_dist.importance.ImportanceStrategy`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from algorithms.hashing import uniforms
+from algorithms.policies import register_sampler
+
+_SALT = 0x505343  # "PSC": its uniforms apart from BNS's hashes of the same rows
+_FLOOR = 1e-3  # an edge's importance is at least this share of its row's mean: every p_ij > 0 (unbiased)
+
+
+def water_fill(indptr: np.ndarray, importance: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """Per-entry ``p`` minimising ``sum v^2 / p`` per row subject to ``sum p = budget[row]``, ``0 < p <= 1``.
+
+    ``indptr``: CSR row pointers of the entries; ``importance``: ``v >= 0`` per entry; ``budget``: ``B`` per
+    row. A row whose budget covers all its entries keeps them all; a row of zero importance spreads its
+    budget evenly. Vectorised over rows (one sort of all entries).
+    """
+    indptr = np.asarray(indptr, dtype=np.int64)
+    counts = np.diff(indptr)
+    rows = np.repeat(np.arange(counts.size), counts)
+    v = np.asarray(importance, dtype=np.float64)
+    p = np.ones(v.size)
+    if v.size == 0:
+        return p
+    mean = np.bincount(rows, weights=v, minlength=counts.size) / np.maximum(counts, 1)
+    v = np.where(mean[rows] > 0, np.maximum(v, _FLOOR * mean[rows]), 1.0)  # zero rows: uniform
+    b = np.minimum(np.asarray(budget, dtype=np.float64), counts)
+    order = np.lexsort((-v, rows))                # by row, then importance descending (rows stay in place)
+    vs = v[order]
+    position = np.arange(v.size) - indptr[rows]
+    before = np.concatenate(([0.0], np.cumsum(vs)))  # before[x] = sum of vs[:x]
+    suffix = before[indptr[1:]][rows] - before[:-1]  # this entry and the smaller ones of its row
+    # with the `position` largest capped at 1, entry `position` is the first uncapped: valid if its p <= 1
+    left = b[rows] - position
+    valid = (left > 0) & (left * vs <= suffix * (1 + 1e-12))
+    first = np.full(counts.size, np.iinfo(np.int64).max)
+    np.minimum.at(first, rows[valid], position[valid])
+    capped = np.minimum(first, counts)            # rows without a valid split keep everything
+    m = capped[rows]
+    at_split = position == m
+    s_m_row = np.zeros(counts.size)
+    s_m_row[rows[at_split]] = suffix[at_split]
+    s_m = s_m_row[rows]
+    share = np.divide((b[rows] - m) * vs, s_m, out=np.ones(v.size), where=s_m > 0)
+    ps = np.where(position < m, 1.0, np.minimum(share, 1.0))
+    p[order] = ps
+    return np.where(counts[rows] <= b[rows], 1.0, p)
+
+
+@dataclass(frozen=True)
+class PscSampler:
+    """``psc:budget=B[,a_inner=AI][,a_boundary=AB][,every=K][,cache=C]`` (see the module docstring).
+
+    ``budget``: the expected share of each row's neighbours kept (``epsilon``); ``cache``: the share of this
+    rank's boundary rows whose first-layer features it keeps (-1: no feature cache; layer 0 then follows
+    ``--input-exchange`` like any sampler's).
+    """
+
+    budget: float
+    a_inner: float = 1.1
+    a_boundary: float = 1.0
+    every: int = 10
+    cache: float = -1.0
+    seed: int = 0
+    name: str = "psc"
+    side: str = "receiver"
+    per_edge: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.budget <= 1.0:
+            raise ValueError(f"psc: budget must lie in (0, 1], got {self.budget}")
+        if not (self.a_inner > 0 and self.a_boundary > 0):
+            raise ValueError(f"psc: a_inner and a_boundary must be > 0, got {self.a_inner} and {self.a_boundary}")
+        if self.every < 1:
+            raise ValueError(f"psc: every must be >= 1 epoch, got {self.every}")
+        if not (self.cache == -1.0 or 0.0 <= self.cache <= 1.0):
+            raise ValueError(f"psc: cache must lie in [0, 1] (a share of the boundary rows), got {self.cache}")
+
+    @property
+    def p(self) -> float:
+        """The expected kept share (what byte models and the exact-path test use)."""
+        return self.budget
+
+    def recomputes(self, epoch: int) -> bool:
+        """Whether probabilities are recomputed at the start of ``epoch`` (never before the first epoch's rows)."""
+        return epoch > 0 and epoch % self.every == 0
+
+    def probabilities(self, indptr: np.ndarray, values: np.ndarray, column_norms: np.ndarray,
+                      inner: np.ndarray, diagonal: np.ndarray) -> np.ndarray:
+        """``p`` per entry of rows given as CSR (``indptr``, ``values`` = ``A_ij``), from each entry's
+        column norm ``c_j``, whether the column is inner, and whether the entry is its row's diagonal."""
+        weight = np.where(inner, math.sqrt(self.a_inner), math.sqrt(self.a_boundary))
+        importance = weight * np.abs(values) * column_norms
+        off = ~diagonal
+        counts = np.diff(indptr)
+        rows = np.repeat(np.arange(counts.size), counts)
+        kept_indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[off], minlength=counts.size))))
+        off_counts = np.diff(kept_indptr)
+        p = np.ones(values.size)
+        p[off] = water_fill(kept_indptr, importance[off], self.budget * off_counts)
+        return p
+
+    def uniforms(self, epoch: int, stream: int, global_columns: np.ndarray) -> np.ndarray:
+        """``u_j``: one ``U[0, 1)`` per column, the same on the owner and the receiver (:mod:`algorithms.hashing`)."""
+        return uniforms(self.seed, epoch, stream, global_columns, salt=_SALT)
+
+
+register_sampler("psc", lambda seed, **params: PscSampler(seed=seed, **params),
+                 {"budget": float, "a_inner": float, "a_boundary": float, "every": int, "cache": float},
+                 "psc:budget=B[,a_inner=1.1,a_boundary=1,every=10,cache=C] with 0 < B <= 1, 0 <= C <= 1")

@@ -1,0 +1,282 @@
+"""Per-edge importance sampling on the ``p2p`` plan (the strategy behind ``psc``; DESIGN section 4).
+
+A per-edge sampler (``per_edge = True``; :class:`algorithms.psc.PscSampler`) gives, for this rank's rows
+of ``A`` (its own block ``A_gg`` and the exact remote block over its receive buffer), a probability per
+entry, recomputed every few epochs from the norms of the rows the layers multiplied. In epoch ``e`` the
+rank draws one uniform per column, ``u_j = U(seed, e, g, j)`` (``g``: this rank's row group, the
+receiver's stream), and keeps entry ``(i, j)`` iff ``u_j < p_ij``, scaled by ``1 / p_ij``: unbiased for
+the probabilities in force. Column ``j`` of a remote block is needed iff ``u_j < q_j = max_i p_ij``; so
+that owners send exactly those rows without a per-epoch request, every recomputation ends with one
+alltoallv (phase ``sample``) in which each receiver tells each owner ``q`` of the rows it may need
+(float32, rounded up). Owners and receivers then evaluate the same ``u_j < q_j``.
+
+Who owns what: the receiver owns the probabilities of its rows' entries (``p_local`` over ``A_gg``'s
+entries, ``p_remote`` over the exact remote block's entries, and ``q`` over its exact receive buffer); the
+owner keeps, per receiver, the ``q`` of its send list. A set of them is a :class:`Probabilities`, in force
+from the epoch it was agreed; the strategy keeps the last few (a pipelined run rebuilds an earlier epoch's
+sample when it resumes) and checkpoints them.
+
+Norms (the sampler's ``c_j``): per exchanging layer, the squared norm of each row this rank multiplied,
+its own rows every epoch and each boundary row whenever it arrived (a pipelined run's stale rows
+included); a boundary row not seen yet counts as the mean of the seen ones (or of the own rows).
+
+Collective: :meth:`ImportanceStrategy.prepare` (called by the plan when it samples a new epoch, the same
+epochs on every rank) runs the alltoallv of a recomputation. Only the ``p2p`` plan at ``c = 1`` carries it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Part
+
+_VERSIONS_KEPT = 4
+
+
+class EdgeSampler(Protocol):
+    """What :class:`ImportanceStrategy` asks a per-edge sampler (see :class:`algorithms.psc.PscSampler`)."""
+
+    name: str
+    budget: float
+    every: int
+    per_edge: bool
+
+    def recomputes(self, epoch: int) -> bool: ...
+
+    def probabilities(self, indptr: np.ndarray, values: np.ndarray, column_norms: np.ndarray,
+                      inner: np.ndarray, diagonal: np.ndarray) -> np.ndarray: ...
+
+    def uniforms(self, epoch: int, stream: int, global_columns: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class Probabilities:
+    """One agreed set of probabilities, in force from epoch ``start`` (see the module docstring)."""
+
+    start: int
+    local: np.ndarray              # p per entry of A_gg (its CSR data order)
+    remote: np.ndarray             # p per entry of the exact remote block
+    q_recv: np.ndarray             # float32 q per row of the exact receive buffer
+    q_send: dict[int, np.ndarray]  # receiver group -> float32 q per row of this owner's send list to it
+
+
+def keep_entries(block: sp.csr_matrix, kept: np.ndarray, probabilities: np.ndarray,
+                 kept_columns: np.ndarray | None = None) -> sp.csr_matrix:
+    """The entries of ``block`` where ``kept``, each divided by its probability; columns renumbered densely
+    over ``kept_columns`` (which must hold every kept entry's column; None: columns unchanged)."""
+    rows = np.repeat(np.arange(block.shape[0]), np.diff(block.indptr))
+    indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[kept], minlength=block.shape[0]))))
+    columns, width = block.indices[kept], block.shape[1]
+    if kept_columns is not None:
+        columns = (np.cumsum(kept_columns) - 1)[columns]
+        width = int(kept_columns.sum())
+    return sp.csr_matrix((block.data[kept] / probabilities[kept], columns, indptr), shape=(block.shape[0], width))
+
+
+class ImportanceStrategy(ExchangeStrategy):
+    """Per-edge sampling with probabilities agreed every few epochs (``psc``); the ``p2p`` plan only."""
+
+    samples = True
+    per_receiver = True
+
+    def __init__(self, sampler: EdgeSampler) -> None:
+        super().__init__()
+        self.sampler = sampler
+        self._versions: deque[Probabilities] = deque(maxlen=_VERSIONS_KEPT)
+        self._own_norms: dict[int, np.ndarray] = {}       # layer -> squared norms of own rows
+        self._boundary_norms: dict[int, np.ndarray] = {}  # layer -> squared norms per exact receive row (nan: unseen)
+        self._local: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self.recomputations = 0
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / self.sampler.budget  # only its sign matters to the plan (> 0: rows travel)
+
+    @property
+    def side(self) -> str:
+        return "receiver"
+
+    @property
+    def keeps_state(self) -> bool:
+        return True
+
+    def bind(self, plan: Any) -> None:
+        super().bind(plan)
+        if plan.name != "p2p" or plan.matrix.grid.replication != 1:
+            raise ValueError(f"{self.sampler.name} samples each receiver's own edges: it needs the p2p plan at "
+                             f"replication 1 (got {plan.name}, c={plan.matrix.grid.replication})")
+        self._ready = False
+
+    def _structures(self) -> None:
+        """This rank's blocks, ids and the first probabilities (``budget`` everywhere), on first use (the plan
+        binds its strategy before it has built its pairs)."""
+        if self._ready:
+            return
+        self._ready = True
+        plan = self.plan
+        matrix, me = plan.matrix, plan.group
+        offsets = np.asarray(matrix.layout.offsets, dtype=np.int64)
+        self._me = me
+        self._own_block = sp.csr_matrix(matrix.blocks.get(me, sp.csr_matrix((plan.n_rows, plan.n_rows))))
+        self._remote = plan.exact_pairs.remote_matrix
+        self._own_columns = offsets[me] + np.arange(plan.n_rows)  # global ids of A_gg's columns
+        self._recv_global = np.concatenate([matrix.recv_ids.get(j, np.empty(0, np.int64)).astype(np.int64) + offsets[j]
+                                            for j in range(plan.groups)] + [np.empty(0, np.int64)])
+        self._recv_rows = list(plan.exact_pairs.recv_rows)
+        self._send_global = {i: matrix.send_ids[i].astype(np.int64) + offsets[me] for i in matrix.send_ids}
+        self._send_rows = list(plan.exact_pairs.send_rows)
+        # One CSR per row over [own entries, remote entries], where the probabilities are solved.
+        own_counts, remote_counts = np.diff(self._own_block.indptr), np.diff(self._remote.indptr)
+        indptr = np.concatenate(([0], np.cumsum(own_counts + remote_counts)))
+        own_rows = np.repeat(np.arange(plan.n_rows), own_counts)
+        remote_rows = np.repeat(np.arange(plan.n_rows), remote_counts)
+        self._own_slot = indptr[own_rows] + (np.arange(own_rows.size) - self._own_block.indptr[own_rows])
+        self._remote_slot = (indptr[remote_rows] + own_counts[remote_rows]
+                             + (np.arange(remote_rows.size) - self._remote.indptr[remote_rows]))
+        self._joint_indptr = indptr
+        values = np.empty(indptr[-1])
+        values[self._own_slot], values[self._remote_slot] = self._own_block.data, self._remote.data
+        self._joint_values = values
+        inner = np.zeros(indptr[-1], dtype=bool)
+        inner[self._own_slot] = True
+        self._joint_inner = inner
+        diagonal = np.zeros(indptr[-1], dtype=bool)
+        diagonal[self._own_slot] = self._own_block.indices == own_rows  # A_gg's diagonal: the row's self-loop
+        self._joint_diagonal = diagonal
+        budget = self.sampler.budget
+        first = np.where(diagonal, 1.0, budget)
+        q = float(_round_up(np.array([budget]))[0])
+        self._versions.append(Probabilities(0, first[self._own_slot], first[self._remote_slot],
+                                            np.full(self._recv_global.size, q, np.float32),
+                                            {i: np.full(ids.size, q, np.float32) for i, ids in self._send_global.items()}))
+
+    # ----------------------------------------------------------- agreement
+    def _in_force(self, epoch: int) -> Probabilities:
+        for version in reversed(self._versions):
+            if version.start <= epoch:
+                return version
+        raise RuntimeError(f"{self.sampler.name}: the probabilities of epoch {epoch} are no longer kept "
+                           f"(the last {_VERSIONS_KEPT} recomputations are)")
+
+    def prepare(self, epoch: int) -> None:
+        """Recompute and agree the probabilities where the sampler says so (collective over the column)."""
+        self._structures()
+        if not self.sampler.recomputes(epoch) or epoch <= self._versions[-1].start:
+            return
+        own = self._norm_sum(self._own_norms, self.plan.n_rows)
+        seen = self._norm_sum(self._boundary_norms, self._recv_global.size)
+        known = seen[np.isfinite(seen)]
+        fill = known.mean() if known.size else (own.mean() if own.size else 1.0)
+        boundary = np.where(np.isfinite(seen), seen, fill)
+        norms = np.empty(self._joint_values.size)
+        norms[self._own_slot] = np.sqrt(own[self._own_block.indices])
+        norms[self._remote_slot] = np.sqrt(boundary[self._remote.indices])
+        p = self.sampler.probabilities(self._joint_indptr, self._joint_values, norms, self._joint_inner,
+                                       self._joint_diagonal)
+        remote = p[self._remote_slot]
+        q = np.zeros(self._recv_global.size)
+        np.maximum.at(q, self._remote.indices, remote)
+        q_recv = _round_up(q)
+        got = torch.empty(sum(self._send_rows), dtype=torch.float32)
+        self.plan.col_comm.alltoallv(torch.from_numpy(q_recv), self._recv_rows, got, self._send_rows, phase="sample")
+        pieces = np.split(got.numpy(), np.cumsum(self._send_rows)[:-1])
+        q_send = {i: pieces[i].copy() for i in self._send_global}
+        self._versions.append(Probabilities(epoch, p[self._own_slot], remote, q_recv, q_send))
+        self.recomputations += 1
+
+    @staticmethod
+    def _norm_sum(table: dict[int, np.ndarray], size: int) -> np.ndarray:
+        """``c^2`` per row: the sum over layers of the latest squared norms (nan where a layer never saw it)."""
+        total = np.zeros(size)
+        for norms in table.values():
+            total = total + norms
+        return total if table else np.full(size, np.nan)
+
+    # ----------------------------------------------------------- sampling
+    def keep(self, epoch: int, stream: int, global_rows: np.ndarray) -> np.ndarray:
+        """Rows that travel in ``epoch``: ``u < q`` of the receiver ``stream`` (owner and receiver alike)."""
+        self._structures()
+        rows = np.asarray(global_rows, dtype=np.int64)
+        if rows.size == 0:
+            return np.zeros(0, dtype=bool)
+        version = self._in_force(epoch)
+        if stream == self._me:
+            ids, q = self._recv_global, version.q_recv
+        else:
+            ids, q = self._send_global[stream], version.q_send[stream]
+        return self.sampler.uniforms(epoch, stream, rows) < q[np.searchsorted(ids, rows)]
+
+    def sampled_block(self, epoch: int, block: sp.csr_matrix, kept_columns: np.ndarray) -> sp.csr_matrix:
+        self._structures()
+        version = self._in_force(epoch)
+        u = self.sampler.uniforms(epoch, self._me, self._recv_global)
+        return keep_entries(block, u[block.indices] < version.remote, version.remote, kept_columns)
+
+    def local_blocks(self, context: ExchangeContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """``A_gg`` of this epoch's sample and its transpose (built once per epoch)."""
+        self._structures()
+        if self._local is None or self._local[0] != context.epoch:
+            version = self._in_force(context.epoch)
+            u = self.sampler.uniforms(context.epoch, self._me, self._own_columns)
+            block = keep_entries(self._own_block, u[self._own_block.indices] < version.local, version.local)
+            self._local = (context.epoch, self.plan.csr(block), self.plan.csr(sp.csr_matrix(block.T)))
+        return self._local[1], self._local[2]
+
+    # -------------------------------------------------------------- norms
+    def saw_own_rows(self, context: ExchangeContext, h: torch.Tensor) -> None:
+        self._own_norms[context.layer] = h.detach().double().square().sum(dim=1).cpu().numpy()
+
+    def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+        self._structures()
+        if part.rows is not None:
+            norms = self._boundary_norms.setdefault(context.layer, np.full(self._recv_global.size, np.nan))
+            positions = part.message.recv_positions
+            values = part.rows.detach().double().square().sum(dim=1).cpu().numpy()
+            norms[slice(None) if positions is None else positions] = values
+        return part.rows
+
+    # -------------------------------------------------------------- state
+    def inclusion(self, epoch: int) -> np.ndarray:
+        """Probability that each row of the exact receive buffer travels in ``epoch`` (its ``q``)."""
+        self._structures()
+        return self._in_force(epoch).q_recv.astype(np.float64)
+
+    def cache_bytes(self) -> int:
+        arrays = [a for v in self._versions for a in (v.local, v.remote, v.q_recv, *v.q_send.values())]
+        arrays += list(self._own_norms.values()) + list(self._boundary_norms.values())
+        return int(sum(a.nbytes for a in arrays))
+
+    def state_dict(self) -> dict[str, Any]:
+        def tensor(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.array(array, copy=True))
+
+        return {"versions": [{"start": v.start, "local": tensor(v.local), "remote": tensor(v.remote),
+                              "q_recv": tensor(v.q_recv), "q_send": {i: tensor(q) for i, q in v.q_send.items()}}
+                             for v in self._versions],
+                "own_norms": {k: tensor(v) for k, v in self._own_norms.items()},
+                "boundary_norms": {k: tensor(v) for k, v in self._boundary_norms.items()},
+                "recomputations": self.recomputations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._structures()
+        self._versions = deque((Probabilities(int(v["start"]), v["local"].numpy(), v["remote"].numpy(),
+                                              v["q_recv"].numpy(), {int(i): q.numpy() for i, q in v["q_send"].items()})
+                                for v in state["versions"]), maxlen=_VERSIONS_KEPT)
+        self._own_norms = {int(k): v.numpy() for k, v in state["own_norms"].items()}
+        self._boundary_norms = {int(k): v.numpy() for k, v in state["boundary_norms"].items()}
+        self.recomputations = int(state["recomputations"])
+        self._local = None
+
+
+def _round_up(values: np.ndarray) -> np.ndarray:
+    """float32 never below the float64 value."""
+    single = np.asarray(values, dtype=np.float64).astype(np.float32)
+    low = single.astype(np.float64) < values
+    single[low] = np.nextafter(single[low], np.float32(np.inf))
+    return single
