@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from algorithms.static_input import HaloBudgetError, choose_input_exchange, eval
 from sparse_dist.comm import Communicator, ProgressThread
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.exchange import make_strategy
-from sparse_dist.halo import StaticHalo
+from sparse_dist.halo import CachedInput, StaticHalo
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.spmm import DistSpMM
 
@@ -180,9 +180,10 @@ class Trainer:
             raise ValueError(f"{graph.name}: the training split is empty")
 
         dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
+        caching = sampler is not None and getattr(sampler, "cache", -1.0) >= 0  # psc's feature cache feeds layer 0
         try:
             self.input_exchange = choose_input_exchange(
-                config.input_exchange, grid=self.matrix.grid, layout=graph.layout,
+                "per-epoch" if caching else config.input_exchange, grid=self.matrix.grid, layout=graph.layout,
                 boundary_counts=self.matrix.boundary_counts, union_sizes=self.matrix.union_sizes, plan=config.plan,
                 f_in=dims[0], f_out=dims[1], itemsize=features_tensor.element_size(), epochs=config.epochs,
                 evaluations=evaluations(config.epochs, config.eval_every),
@@ -193,6 +194,12 @@ class Trainer:
             raise
         self.halo = (StaticHalo(self.spmm.plan, graph.layout, normalized, features_tensor, self.matrix.boundary_counts)
                      if self.input_exchange.mode == "once" else None)  # collective over the replica column
+        self.cached_input = None
+        if caching:
+            self.input_exchange = replace(self.input_exchange, mode="cache", requested=config.input_exchange,
+                                          reason=f"{config.sample}: the share {sampler.cache} of boundary rows of "
+                                                 f"highest inclusion probability kept, the others fetched when sampled")
+            self.cached_input = CachedInput(self.spmm.plan, getattr(strategy, "inner", strategy), features_tensor)
         self.features = self.halo.own_values if self.halo is not None else features_tensor
         self._input = self.halo.values if self.halo is not None else features_tensor
         self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed,
@@ -213,8 +220,12 @@ class Trainer:
     def forward(self, training: bool, *, exact_exchange: bool = False,
                 trace: list[torch.Tensor] | None = None) -> torch.Tensor:
         """This rank's logits for the current epoch (collective); see :meth:`GraphModel.forward`."""
-        return self.model(self._input, self.spmm, first_row=self.first_row, epoch=self.epoch, training=training,
-                          timer=self.spmm.timer if training else None, halo=self.halo,
+        halo, layer_input = self.halo, self._input
+        if self.cached_input is not None and training and not exact_exchange:
+            self.cached_input.load(self.epoch)  # collective: the rows of X this epoch's sample needs
+            halo, layer_input = self.cached_input, self.cached_input.values
+        return self.model(layer_input, self.spmm, first_row=self.first_row, epoch=self.epoch, training=training,
+                          timer=self.spmm.timer if training else None, halo=halo,
                           receiver_dropout=self.receiver_dropout, exact_exchange=exact_exchange, trace=trace)
 
     # ---------------------------------------------------------------- audit
@@ -250,7 +261,8 @@ class Trainer:
 
     def memory(self) -> dict[str, int]:
         """What this rank keeps for its layer-0 halo (zeros without one)."""
-        return self.halo.memory() if self.halo is not None else {"halo_rows": 0, "halo_bytes": 0, "matrix_bytes": 0}
+        keeper = self.halo if self.halo is not None else self.cached_input
+        return keeper.memory() if keeper is not None else {"halo_rows": 0, "halo_bytes": 0, "matrix_bytes": 0}
 
     # ----------------------------------------------------------------- loss
     def _local_loss_sum(self, logits: torch.Tensor) -> torch.Tensor:
@@ -300,6 +312,8 @@ class Trainer:
         self.epoch += 1
         record = {"epoch": self.epoch, "loss": float(flat[-1]), **self._breakdown(stats_before, wall),
                   "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes()}
+        if self.cached_input is not None:  # this rank's boundary rows the epoch's sample needed, and of them cached
+            record["feature_cache"] = {"needed": self.cached_input.needed, "hits": self.cached_input.hits}
         if audit is not None:
             assert used is not None
             record["audit"] = self._audit_end(audit, used)

@@ -112,8 +112,12 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
     if args.audit_every < 0:
         return f"--audit-every must be >= 0 (0: no audit), got {args.audit_every}"
-    if getattr(args.sample.build(), "per_edge", False) and args.replication != 1:
+    sampler = args.sample.build()
+    if getattr(sampler, "per_edge", False) and args.replication != 1:
         return f"--sample {args.sample} samples each receiver's own edges: it needs --replication 1 (1D)"
+    if getattr(sampler, "cache", -1.0) >= 0 and args.input_exchange != "auto":
+        return (f"--sample {args.sample} feeds layer 0 from its feature cache; --input-exchange "
+                f"{args.input_exchange} contradicts it (leave it at auto)")
     problem = combination_problem(args.plan, args.sample, args.stale)
     if problem:
         return f"--plan {args.plan} --sample {args.sample} --stale {args.stale}: {problem}"
@@ -277,6 +281,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
             metrics = trainer.evaluate()
         gathered = comm.allgather_object({"time": record["time"], "bytes": record["bytes"],
                                           "cache_bytes": record["cache_bytes"],
+                                          "feature_cache": record.get("feature_cache"),
                                           "eval_bytes": trainer.eval_bytes if evaluated else None,
                                           "audit": record.get("audit")})
         if leader:
@@ -285,6 +290,9 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                 evaluation["audit"] = {"layer_error": record["audit"]["layer_error"],
                                        "seconds": spread([g["audit"]["seconds"] for g in gathered]),
                                        "bytes": _traffic_spread([g["audit"]["bytes"] for g in gathered])}
+            if record.get("feature_cache") is not None:  # summed over ranks: needed boundary rows and cache hits
+                totals = {key: sum(g["feature_cache"][key] for g in gathered) for key in ("needed", "hits")}
+                evaluation["feature_cache"] = {**totals, "hit_rate": totals["hits"] / max(totals["needed"], 1)}
             writer.write({"type": "epoch", "epoch": epoch, "loss": record["loss"], **metrics,
                           **_summarise(gathered), **evaluation, "broadcasts": record["broadcasts"],
                           "cache_bytes": spread([g["cache_bytes"] for g in gathered])})

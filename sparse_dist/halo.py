@@ -23,6 +23,8 @@ Construction is collective over the replica column: one alltoallv of row ids (ph
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -116,25 +118,139 @@ class StaticHalo:
 
     def multiply(self, h: torch.Tensor, context: ExchangeContext | None = None) -> torch.Tensor:
         """``Â_ext h`` for ``h`` of shape ``(n_g + count) x F`` (own rows, then halo rows); local, no exchange."""
-        if h.dim() != 2 or h.shape[0] != self.own_count + self.count:
-            raise ValueError(f"a halo product needs {self.own_count + self.count} rows (own, then halo), "
-                             f"got shape {tuple(h.shape)}")
-        return _HaloProduct.apply(h.contiguous(), self)
+        return extended_product(h, self.plan, self.own_block, self.halo_block, self._transpose, self.count)
 
 
-class _HaloProduct(torch.autograd.Function):
+def extended_product(h: torch.Tensor, plan: ExchangePlan, own_block: torch.Tensor, far_block: torch.Tensor,
+                     transpose: Callable[[str], torch.Tensor], far_rows: int) -> torch.Tensor:
+    """``[A_own | A_far] h`` for ``h`` = this rank's own rows then ``far_rows`` rows kept or fetched locally:
+    autograd-aware, local (its backward multiplies by ``transpose("own")`` and ``transpose("halo")``)."""
+    own_rows = own_block.shape[0]
+    if h.dim() != 2 or h.shape[0] != own_rows + far_rows:
+        raise ValueError(f"a halo product needs {own_rows + far_rows} rows (own, then halo), "
+                         f"got shape {tuple(h.shape)}")
+    return _ExtendedProduct.apply(h.contiguous(), plan, own_block, far_block, transpose)
+
+
+class _ExtendedProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor,  # type: ignore[override]
-                halo: StaticHalo) -> torch.Tensor:
-        ctx.halo = halo  # type: ignore[attr-defined]
-        n = halo.own_count
-        return halo.plan.local_product([(halo.own_block, h[:n]), (halo.halo_block, h[n:])], n, h.shape[1])
+    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, plan: ExchangePlan,  # type: ignore[override]
+                own_block: torch.Tensor, far_block: torch.Tensor,
+                transpose: Callable[[str], torch.Tensor]) -> torch.Tensor:
+        n = own_block.shape[0]
+        ctx.plan, ctx.transpose, ctx.own_rows = plan, transpose, n  # type: ignore[attr-defined]
+        return plan.local_product([(own_block, h[:n]), (far_block, h[n:])], n, h.shape[1])
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
-                 grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        halo: StaticHalo = ctx.halo  # type: ignore[attr-defined]
+                 grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        plan, transpose = ctx.plan, ctx.transpose  # type: ignore[attr-defined]
         grad = grad.contiguous()
-        own = halo.plan.local_product([(halo._transpose("own"), grad)], halo.own_count, grad.shape[1])
-        far = halo.plan.local_product([(halo._transpose("halo"), grad)], halo.count, grad.shape[1])
-        return torch.cat([own, far]), None
+        far = transpose("halo")
+        own = plan.local_product([(transpose("own"), grad)], ctx.own_rows, grad.shape[1])  # type: ignore[attr-defined]
+        return torch.cat([own, plan.local_product([(far, grad)], far.shape[0], grad.shape[1])]), None, None, None, None
+
+
+class CachedInput:
+    """Layer 0's input under a feature cache (``psc:...,cache=C``): a share of the boundary rows of ``X`` kept,
+    the rest fetched in the epochs that sample them (PSC-GCN's inclusion-aware caching, section V).
+
+    The strategy (:class:`~sparse_dist.importance.ImportanceStrategy`) decides, with its probabilities, which
+    receive rows this rank keeps: the ``C`` share with the highest inclusion probability ``q`` (a row travels
+    in an epoch iff ``u < q``), agreed with their owners at each recomputation; this object holds their
+    values and, when the set changes, fetches the rows that enter it (phase ``halo``). In a training epoch
+    (:meth:`load`, collective over the column): the rows of ``X`` the epoch's sample needs are the kept ones
+    (a hit) and the others, fetched from their owners in one alltoallv (phase ``forward``); layer 0 then
+    multiplies, locally, the epoch's sampled ``A_gg`` and remote block (the same sample as every other layer)
+    by ``[own rows; needed rows]``, each masked by the receiver with its global row's dropout mask. Cached rows
+    are ``X`` itself, which never changes: a hit is never stale. Evaluation and the audit read layer 0
+    through the plan, exactly. After :meth:`load`, ``values``, ``halo_ids`` and ``count`` describe the
+    epoch's input as :class:`StaticHalo`'s do.
+    """
+
+    def __init__(self, plan: ExchangePlan, strategy: Any, own_values: torch.Tensor) -> None:
+        self.plan, self.strategy = plan, strategy
+        self.own_values, self.own_count = own_values, own_values.shape[0]
+        self.recv_global, self.recv_rows, self.send_global, self.send_rows = strategy.receive_rows()
+        self._send_local = {i: ids - int(plan.matrix.layout.offsets[plan.group]) for i, ids in self.send_global.items()}
+        self.cached = np.zeros(self.recv_global.size, dtype=bool)   # receive rows whose X rows are held
+        self.cached_send = {i: np.zeros(ids.size, dtype=bool) for i, ids in self.send_global.items()}
+        self.cached_values = own_values.new_empty(0, own_values.shape[1])
+        self.version_start: int | None = None
+        self.values, self.halo_ids, self.count = own_values, np.empty(0, np.int64), 0
+        self.hits = self.needed = 0
+        self._epoch: int | None = None
+        self._kept = np.zeros(self.recv_global.size, dtype=bool)
+
+    def _alltoallv_rows(self, send: dict[int, np.ndarray], receive: np.ndarray, phase: str) -> torch.Tensor:
+        """Send this owner's rows ``send[i]`` (local ids) to each receiver ``i``; returns the rows of the receive
+        layout where ``receive``, in layout order (collective over the column)."""
+        groups = self.plan.groups
+        send_rows = [int(send[i].size) if i in send else 0 for i in range(groups)]
+        index = np.concatenate([send[i] for i in range(groups) if i in send] + [np.empty(0, np.int64)])
+        starts = np.concatenate(([0], np.cumsum(self.recv_rows)))
+        recv_rows = [int(receive[starts[j]:starts[j + 1]].sum()) for j in range(groups)]
+        out = self.own_values.new_empty(int(receive.sum()), self.own_values.shape[1])
+        rows = self.own_values.index_select(0, torch.from_numpy(index).to(self.own_values.device)).contiguous()
+        self.plan.col_comm.alltoallv(rows, send_rows, out, recv_rows, phase=phase)
+        return out
+
+    def _refill(self, version: Any) -> None:
+        """Make the held rows the agreed cache set of ``version`` (fetching the entering rows; collective)."""
+        wanted, wanted_send = version.cached_recv, version.cached_send
+        entering = wanted & ~self.cached
+        fetched = self._alltoallv_rows({i: self._send_local[i][wanted_send[i] & ~self.cached_send[i]]
+                                        for i in self.send_global}, entering, phase="halo")
+        values = self.own_values.new_empty(int(wanted.sum()), self.own_values.shape[1])
+        position = np.cumsum(wanted) - 1  # receive row -> slot in the new cache
+        stay = wanted & self.cached
+        old_position = np.cumsum(self.cached) - 1
+        values[torch.from_numpy(position[stay])] = self.cached_values[torch.from_numpy(old_position[stay])]
+        values[torch.from_numpy(position[entering])] = fetched
+        self.cached, self.cached_send, self.cached_values = wanted.copy(), dict(wanted_send), values
+        self.version_start = version.start
+
+    def load(self, epoch: int) -> None:
+        """Gather the rows of ``X`` that ``epoch``'s sample needs (collective over the column; once per epoch)."""
+        strategy = self.strategy
+        strategy.prepare(epoch)
+        version = strategy.in_force(epoch)
+        if self.version_start != version.start:
+            self._refill(version)
+        me = self.plan.group
+        kept = strategy.keep(epoch, me, self.recv_global)
+        send = {i: self._send_local[i][strategy.keep(epoch, i, ids) & ~self.cached_send[i]]
+                for i, ids in self.send_global.items()}
+        fetch = kept & ~self.cached
+        fetched = self._alltoallv_rows(send, fetch, phase="forward")
+        needed = self.own_values.new_empty(int(kept.sum()), self.own_values.shape[1])
+        slot = np.cumsum(kept) - 1
+        hit = kept & self.cached
+        needed[torch.from_numpy(slot[fetch])] = fetched
+        needed[torch.from_numpy(slot[hit])] = self.cached_values[torch.from_numpy((np.cumsum(self.cached) - 1)[hit])]
+        self.values = torch.cat([self.own_values, needed])
+        self.halo_ids, self.count = self.recv_global[kept], int(kept.sum())
+        self.hits, self.needed = int(hit.sum()), int(kept.sum())
+        self._epoch, self._kept = epoch, kept
+
+    def multiply(self, h: torch.Tensor, context: ExchangeContext) -> torch.Tensor:
+        """Layer 0's sampled ``[A_gg | A_g,needed] h`` for the epoch :meth:`load` prepared (local)."""
+        if context.epoch != self._epoch:
+            raise RuntimeError(f"the cached input was loaded for epoch {self._epoch}, not {context.epoch}")
+        own, own_transposed = self.strategy.local_blocks(context)
+        far = sp.csr_matrix(self.strategy.sampled_block(context.epoch, self.plan.exact_pairs.remote_matrix,
+                                                        self._kept))
+        blocks = {"own": own_transposed}
+
+        def transpose(which: str) -> torch.Tensor:
+            if which not in blocks:
+                blocks[which] = self.plan.csr(sp.csr_matrix(far.T))
+            return blocks[which]
+
+        return extended_product(h, self.plan, own, self.plan.csr(far), transpose, self.count)
+
+    def memory(self) -> dict[str, int]:
+        """The rows this rank holds for layer 0 besides its own, and their bytes."""
+        row_bytes = self.own_values.shape[1] * self.own_values.element_size()
+        return {"halo_rows": int(self.cached.sum()), "halo_bytes": int(self.cached.sum()) * row_bytes,
+                "matrix_bytes": 0}

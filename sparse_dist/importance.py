@@ -64,6 +64,8 @@ class Probabilities:
     remote: np.ndarray             # p per entry of the exact remote block
     q_recv: np.ndarray             # float32 q per row of the exact receive buffer
     q_send: dict[int, np.ndarray]  # receiver group -> float32 q per row of this owner's send list to it
+    cached_recv: np.ndarray | None = None        # feature cache: which receive rows this rank keeps
+    cached_send: dict[int, np.ndarray] | None = None  # receiver group -> which of its send rows that receiver keeps
 
 
 def keep_entries(block: sp.csr_matrix, kept: np.ndarray, probabilities: np.ndarray,
@@ -149,12 +151,44 @@ class ImportanceStrategy(ExchangeStrategy):
         diagonal = np.zeros(indptr[-1], dtype=bool)
         diagonal[self._own_slot] = self._own_block.indices == own_rows  # A_gg's diagonal: the row's self-loop
         self._joint_diagonal = diagonal
+        self._references = np.bincount(self._remote.indices, minlength=self._recv_global.size)
         budget = self.sampler.budget
         first = np.where(diagonal, 1.0, budget)
         q = float(_round_up(np.array([budget]))[0])
         self._versions.append(Probabilities(0, first[self._own_slot], first[self._remote_slot],
                                             np.full(self._recv_global.size, q, np.float32),
                                             {i: np.full(ids.size, q, np.float32) for i, ids in self._send_global.items()}))
+        self._agreed = not self.caches_features  # the first cache set is agreed at epoch 0's prepare
+
+    @property
+    def caches_features(self) -> bool:
+        """Whether layer 0 keeps a share of its boundary rows' features (``cache >= 0``)."""
+        return getattr(self.sampler, "cache", -1.0) >= 0
+
+    def _cache_set(self, q: np.ndarray) -> np.ndarray:
+        """The ``cache`` share of the receive rows with the highest inclusion probability ``q`` (ties: the rows
+        more of this rank's entries reference, then the lower id)."""
+        count = int(round(self.sampler.cache * q.size))
+        order = np.lexsort((np.arange(q.size), -self._references, -q.astype(np.float64)))
+        chosen = np.zeros(q.size, dtype=bool)
+        chosen[order[:count]] = True
+        return chosen
+
+    def _agree(self, version: Probabilities) -> None:
+        """Tell every owner ``q`` (and, with a feature cache, which rows this rank keeps) of the rows it may
+        need; fills the owner side of ``version``. Collective over the column (one alltoallv, phase ``sample``)."""
+        columns = 2 if self.caches_features else 1
+        mine = np.empty((version.q_recv.size, columns), dtype=np.float32)
+        mine[:, 0] = version.q_recv
+        if self.caches_features:
+            version.cached_recv = self._cache_set(version.q_recv)
+            mine[:, 1] = version.cached_recv
+        got = torch.empty(sum(self._send_rows), columns, dtype=torch.float32)
+        self.plan.col_comm.alltoallv(torch.from_numpy(mine), self._recv_rows, got, self._send_rows, phase="sample")
+        pieces = np.split(got.numpy(), np.cumsum(self._send_rows)[:-1])
+        version.q_send = {i: pieces[i][:, 0].copy() for i in self._send_global}
+        if self.caches_features:
+            version.cached_send = {i: pieces[i][:, 1] > 0 for i in self._send_global}
 
     # ----------------------------------------------------------- agreement
     def _in_force(self, epoch: int) -> Probabilities:
@@ -167,6 +201,9 @@ class ImportanceStrategy(ExchangeStrategy):
     def prepare(self, epoch: int) -> None:
         """Recompute and agree the probabilities where the sampler says so (collective over the column)."""
         self._structures()
+        if not self._agreed:  # the feature cache's first set, from the first (uniform) probabilities
+            self._agree(self._versions[-1])
+            self._agreed = True
         if not self.sampler.recomputes(epoch) or epoch <= self._versions[-1].start:
             return
         own = self._norm_sum(self._own_norms, self.plan.n_rows)
@@ -182,12 +219,9 @@ class ImportanceStrategy(ExchangeStrategy):
         remote = p[self._remote_slot]
         q = np.zeros(self._recv_global.size)
         np.maximum.at(q, self._remote.indices, remote)
-        q_recv = _round_up(q)
-        got = torch.empty(sum(self._send_rows), dtype=torch.float32)
-        self.plan.col_comm.alltoallv(torch.from_numpy(q_recv), self._recv_rows, got, self._send_rows, phase="sample")
-        pieces = np.split(got.numpy(), np.cumsum(self._send_rows)[:-1])
-        q_send = {i: pieces[i].copy() for i in self._send_global}
-        self._versions.append(Probabilities(epoch, p[self._own_slot], remote, q_recv, q_send))
+        version = Probabilities(epoch, p[self._own_slot], remote, _round_up(q), {})
+        self._agree(version)
+        self._versions.append(version)
         self.recomputations += 1
 
     @staticmethod
@@ -228,6 +262,17 @@ class ImportanceStrategy(ExchangeStrategy):
             self._local = (context.epoch, self.plan.csr(block), self.plan.csr(sp.csr_matrix(block.T)))
         return self._local[1], self._local[2]
 
+    def in_force(self, epoch: int) -> Probabilities:
+        """The probabilities (and cache sets) sampling ``epoch`` uses."""
+        self._structures()
+        return self._in_force(epoch)
+
+    def receive_rows(self) -> tuple[np.ndarray, list[int], dict[int, np.ndarray], list[int]]:
+        """Global ids of the exact receive buffer's rows and its rows per owner; this owner's send lists (global
+        ids per receiver) and rows per receiver: the layouts ``q`` and the cache sets are given in."""
+        self._structures()
+        return self._recv_global, self._recv_rows, self._send_global, self._send_rows
+
     # -------------------------------------------------------------- norms
     def saw_own_rows(self, context: ExchangeContext, h: torch.Tensor) -> None:
         self._own_norms[context.layer] = h.detach().double().square().sum(dim=1).cpu().numpy()
@@ -256,18 +301,31 @@ class ImportanceStrategy(ExchangeStrategy):
         def tensor(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.array(array, copy=True))
 
+        def flags(version: Probabilities) -> dict[str, Any]:
+            if version.cached_recv is None or version.cached_send is None:
+                return {}
+            return {"cached_recv": tensor(version.cached_recv),
+                    "cached_send": {i: tensor(c) for i, c in version.cached_send.items()}}
+
         return {"versions": [{"start": v.start, "local": tensor(v.local), "remote": tensor(v.remote),
-                              "q_recv": tensor(v.q_recv), "q_send": {i: tensor(q) for i, q in v.q_send.items()}}
-                             for v in self._versions],
+                              "q_recv": tensor(v.q_recv), "q_send": {i: tensor(q) for i, q in v.q_send.items()},
+                              **flags(v)} for v in self._versions],
+                "agreed": self._agreed,
                 "own_norms": {k: tensor(v) for k, v in self._own_norms.items()},
                 "boundary_norms": {k: tensor(v) for k, v in self._boundary_norms.items()},
                 "recomputations": self.recomputations}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._structures()
-        self._versions = deque((Probabilities(int(v["start"]), v["local"].numpy(), v["remote"].numpy(),
-                                              v["q_recv"].numpy(), {int(i): q.numpy() for i, q in v["q_send"].items()})
-                                for v in state["versions"]), maxlen=_VERSIONS_KEPT)
+        def version(v: dict[str, Any]) -> Probabilities:
+            cached_send = v.get("cached_send")
+            return Probabilities(int(v["start"]), v["local"].numpy(), v["remote"].numpy(), v["q_recv"].numpy(),
+                                 {int(i): q.numpy() for i, q in v["q_send"].items()},
+                                 v["cached_recv"].numpy() if "cached_recv" in v else None,
+                                 {int(i): c.numpy() for i, c in cached_send.items()} if cached_send is not None else None)
+
+        self._versions = deque((version(v) for v in state["versions"]), maxlen=_VERSIONS_KEPT)
+        self._agreed = bool(state["agreed"])
         self._own_norms = {int(k): v.numpy() for k, v in state["own_norms"].items()}
         self._boundary_norms = {int(k): v.numpy() for k, v in state["boundary_norms"].items()}
         self.recomputations = int(state["recomputations"])
