@@ -75,11 +75,3 @@ def test_psc_specs_are_checked() -> None:
         with pytest.raises(ValueError, match=message):
             AxisSpec.parse("sample", bad)
 
-
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_feature_cache_is_exact_and_changes_only_where_rows_come_from(ranks: int) -> None:
-    from mpirun import run_case
-
-    result = run_case(ranks, "psc_cases.py", timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "all checks pass" in result.stdout, result.stdout + result.stderr

@@ -10,7 +10,8 @@ On the random directed graph of static_input_cases.py laid out over this launch'
 * each epoch's forward uses the flight of exactly epoch ``t - tau`` (epoch ``t`` in the first ``tau``):
   never an older one; and moves exactly the exact path's bytes (the byte model), with sampling the
   sampled path's bytes;
-* a checkpoint taken with flights outstanding resumes to the uninterrupted run's weights, bitwise.
+* a checkpoint taken with flights outstanding resumes to the uninterrupted run's weights, bitwise;
+* at c = 1, psc's feature cache (psc_cases.py, which this launch runs too: one launch per rank count).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from case_report import finish  # noqa: E402
 from reference_pipe import PipelinedReference  # noqa: E402
+from psc_cases import check_cache_budgets, check_exact_through_the_cache  # noqa: E402
 from static_input_cases import C, close, expected_epoch, graph_data, local_graph  # noqa: E402
 
 from algorithms.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
@@ -180,6 +182,9 @@ def main() -> int:
     check_simulated(comm, data, layout, args.replication, failures)
     check_sampled_bytes(comm, data, layout, args.replication, failures)
     check_resume(comm, data, layout, args.replication, failures)
+    if args.replication == 1:  # psc samples each receiver's edges: 1D only
+        check_exact_through_the_cache(comm, data, layout, failures)
+        check_cache_budgets(comm, data, layout, failures)
     return finish(comm, failures, f"pipelined exchange P={comm.size} c={args.replication}")
 
 

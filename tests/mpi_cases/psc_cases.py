@@ -1,5 +1,5 @@
-"""psc's feature cache for layer 0 (inclusion-aware caching) under mpiexec, on the random directed graph of
-static_input_cases.py over this launch's row groups (P = 3: one row group EMPTY):
+"""psc's feature cache for layer 0 (inclusion-aware caching), checks run by pipe_cases.py's launches (1D), on
+the random directed graph of static_input_cases.py over the launch's row groups (P = 3: one row group EMPTY):
 
 * with ``budget = 1`` (nothing sampled) and half the boundary rows cached, training equals the independent
   single-process reference (tests/reference_gcn.py): the cached and fetched rows of X, masked by the
@@ -20,15 +20,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from case_report import finish  # noqa: E402
 from reference_gcn import Reference  # noqa: E402
-from static_input_cases import C, close, graph_data, local_graph  # noqa: E402
+from static_input_cases import C, close, local_graph  # noqa: E402
 
 from algorithms.train import TrainConfig, Trainer  # noqa: E402
-from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.layout import RowLayout  # noqa: E402
 
-COUNTS = {1: [23], 2: [11, 12], 3: [9, 0, 14], 4: [5, 7, 0, 11]}
 RTOL, ATOL = 1e-4, 2e-5
 
 
@@ -80,16 +77,3 @@ def check_cache_budgets(comm, data: dict, layout: RowLayout, failures: list[str]
         failures.append(f"psc P={comm.size}: non-finite loss {runs[0.0]}")
 
 
-def main() -> int:
-    torch.set_num_threads(1)
-    comm = world(gpu_aware="off")
-    layout = RowLayout.from_counts(COUNTS[comm.size])
-    data = graph_data()
-    failures: list[str] = []
-    check_exact_through_the_cache(comm, data, layout, failures)
-    check_cache_budgets(comm, data, layout, failures)
-    return finish(comm, failures, f"psc feature cache P={comm.size}")
-
-
-if __name__ == "__main__":
-    sys.exit(run_or_abort(main))
