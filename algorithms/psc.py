@@ -37,6 +37,7 @@ import numpy as np
 
 from algorithms.hashing import uniforms
 from algorithms.policies import register_sampler
+from sparse_dist.importance import EdgeProblem
 
 _SALT = 0x505343  # "PSC": its uniforms apart from BNS's hashes of the same rows
 _FLOOR = 1e-3  # an edge's importance is at least this share of its row's mean: every p_ij > 0 (unbiased)
@@ -119,18 +120,20 @@ class PscSampler:
         """Whether probabilities are recomputed at the start of ``epoch`` (never before the first epoch's rows)."""
         return epoch > 0 and epoch % self.every == 0
 
-    def probabilities(self, indptr: np.ndarray, values: np.ndarray, column_norms: np.ndarray,
-                      inner: np.ndarray, diagonal: np.ndarray) -> np.ndarray:
-        """``p`` per entry of rows given as CSR (``indptr``, ``values`` = ``A_ij``), from each entry's
-        column norm ``c_j``, whether the column is inner, and whether the entry is its row's diagonal."""
-        weight = np.where(inner, math.sqrt(self.a_inner), math.sqrt(self.a_boundary))
-        importance = weight * np.abs(values) * column_norms
+    def probabilities(self, problem: EdgeProblem) -> np.ndarray:
+        """``p`` per entry of this rank's rows (:class:`~sparse_dist.importance.EdgeProblem`): the closed form
+        from each entry's ``|A_ij|`` and column norm ``c_j``; ``budget`` everywhere before any norm is known."""
+        indptr, diagonal = problem.indptr, problem.diagonal
+        if problem.column_norms is None:
+            return np.where(diagonal, 1.0, self.budget)
+        weight = np.where(problem.inner, math.sqrt(self.a_inner), math.sqrt(self.a_boundary))
+        importance = weight * np.abs(problem.values) * problem.column_norms
         off = ~diagonal
         counts = np.diff(indptr)
         rows = np.repeat(np.arange(counts.size), counts)
         kept_indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[off], minlength=counts.size))))
         off_counts = np.diff(kept_indptr)
-        p = np.ones(values.size)
+        p = np.ones(problem.values.size)
         p[off] = water_fill(kept_indptr, importance[off], self.budget * off_counts)
         return p
 

@@ -237,7 +237,8 @@ class CachedInput:
         """Layer 0's sampled ``[A_gg | A_g,needed] h`` for the epoch :meth:`load` prepared (local)."""
         if context.epoch != self._epoch:
             raise RuntimeError(f"the cached input was loaded for epoch {self._epoch}, not {context.epoch}")
-        own, own_transposed = self.strategy.local_blocks(context)
+        sampled = self.strategy.local_blocks(context)
+        own, own_transposed = sampled if sampled is not None else (self.plan.local_block, self.plan.local_transpose())
         far = sp.csr_matrix(self.strategy.sampled_block(context.epoch, self.plan.exact_pairs.remote_matrix,
                                                         self._kept))
         blocks = {"own": own_transposed}

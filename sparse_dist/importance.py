@@ -27,7 +27,7 @@ epochs on every rank) runs the alltoallv of a recomputation. Only the ``p2p`` pl
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -49,10 +49,27 @@ class EdgeSampler(Protocol):
 
     def recomputes(self, epoch: int) -> bool: ...
 
-    def probabilities(self, indptr: np.ndarray, values: np.ndarray, column_norms: np.ndarray,
-                      inner: np.ndarray, diagonal: np.ndarray) -> np.ndarray: ...
+    def probabilities(self, problem: "EdgeProblem") -> np.ndarray:
+        """``p`` per entry of ``problem`` (its ``column_norms`` are None before any row was seen)."""
+
 
     def uniforms(self, epoch: int, stream: int, global_columns: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class EdgeProblem:
+    """This rank's rows of ``A`` as one CSR over [own entries, remote entries] per row, for a sampler.
+
+    ``columns``: per entry, the own column (``0 .. n_g - 1``) or ``n_g +`` the position of the remote column
+    in the exact receive buffer; ``inner``/``diagonal``: whether the column is the rank's own / the row's.
+    """
+
+    indptr: np.ndarray
+    values: np.ndarray
+    columns: np.ndarray
+    inner: np.ndarray
+    diagonal: np.ndarray
+    column_norms: np.ndarray | None = None
 
 
 @dataclass
@@ -95,6 +112,7 @@ class ImportanceStrategy(ExchangeStrategy):
         self._boundary_norms: dict[int, np.ndarray] = {}  # layer -> squared norms per exact receive row (nan: unseen)
         self._local: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self.recomputations = 0
+        self.last_rows: dict[int, torch.Tensor] = {}  # layer -> latest received row per receive row (explainers)
 
     @property
     def scale(self) -> float:
@@ -141,24 +159,33 @@ class ImportanceStrategy(ExchangeStrategy):
         self._own_slot = indptr[own_rows] + (np.arange(own_rows.size) - self._own_block.indptr[own_rows])
         self._remote_slot = (indptr[remote_rows] + own_counts[remote_rows]
                              + (np.arange(remote_rows.size) - self._remote.indptr[remote_rows]))
-        self._joint_indptr = indptr
-        values = np.empty(indptr[-1])
+        values, columns = np.empty(indptr[-1]), np.empty(indptr[-1], dtype=np.int64)
         values[self._own_slot], values[self._remote_slot] = self._own_block.data, self._remote.data
-        self._joint_values = values
+        columns[self._own_slot], columns[self._remote_slot] = self._own_block.indices, plan.n_rows + self._remote.indices
         inner = np.zeros(indptr[-1], dtype=bool)
         inner[self._own_slot] = True
-        self._joint_inner = inner
         diagonal = np.zeros(indptr[-1], dtype=bool)
         diagonal[self._own_slot] = self._own_block.indices == own_rows  # A_gg's diagonal: the row's self-loop
-        self._joint_diagonal = diagonal
+        self._problem = EdgeProblem(indptr, values, columns, inner, diagonal)
         self._references = np.bincount(self._remote.indices, minlength=self._recv_global.size)
-        budget = self.sampler.budget
-        first = np.where(diagonal, 1.0, budget)
-        q = float(_round_up(np.array([budget]))[0])
-        self._versions.append(Probabilities(0, first[self._own_slot], first[self._remote_slot],
-                                            np.full(self._recv_global.size, q, np.float32),
-                                            {i: np.full(ids.size, q, np.float32) for i, ids in self._send_global.items()}))
-        self._agreed = not self.caches_features  # the first cache set is agreed at epoch 0's prepare
+        first = self.sampler.probabilities(self._problem)  # no norms yet: the sampler's starting probabilities
+        version = Probabilities(0, first[self._own_slot], first[self._remote_slot], self._column_q(first), {})
+        owner_side = _round_up(np.full(1, self.sampler.budget))[0] if self._uniform_start(version) else None
+        if owner_side is not None:  # every owner knows a uniform start without being told
+            version.q_send = {i: np.full(ids.size, owner_side, np.float32) for i, ids in self._send_global.items()}
+        self._versions.append(version)
+        self._agreed = owner_side is not None and not self.caches_features  # else agreed at epoch 0's prepare
+
+    def _column_q(self, p: np.ndarray) -> np.ndarray:
+        """``q`` per receive row: the largest ``p`` of its remote entries, as float32 rounded up."""
+        q = np.zeros(self._recv_global.size)
+        np.maximum.at(q, self._remote.indices, p[self._remote_slot])
+        return _round_up(q)
+
+    def _uniform_start(self, version: Probabilities) -> bool:
+        """Whether every receive row starts at ``q`` = the sampler's budget (owners then need no message)."""
+        budget = _round_up(np.full(1, self.sampler.budget))[0]
+        return bool(np.all(version.q_recv == budget))
 
     @property
     def caches_features(self) -> bool:
@@ -211,15 +238,11 @@ class ImportanceStrategy(ExchangeStrategy):
         known = seen[np.isfinite(seen)]
         fill = known.mean() if known.size else (own.mean() if own.size else 1.0)
         boundary = np.where(np.isfinite(seen), seen, fill)
-        norms = np.empty(self._joint_values.size)
+        norms = np.empty(self._problem.values.size)
         norms[self._own_slot] = np.sqrt(own[self._own_block.indices])
         norms[self._remote_slot] = np.sqrt(boundary[self._remote.indices])
-        p = self.sampler.probabilities(self._joint_indptr, self._joint_values, norms, self._joint_inner,
-                                       self._joint_diagonal)
-        remote = p[self._remote_slot]
-        q = np.zeros(self._recv_global.size)
-        np.maximum.at(q, self._remote.indices, remote)
-        version = Probabilities(epoch, p[self._own_slot], remote, _round_up(q), {})
+        p = self.sampler.probabilities(replace(self._problem, column_norms=norms))
+        version = Probabilities(epoch, p[self._own_slot], p[self._remote_slot], self._column_q(p), {})
         self._agree(version)
         self._versions.append(version)
         self.recomputations += 1
@@ -252,9 +275,12 @@ class ImportanceStrategy(ExchangeStrategy):
         u = self.sampler.uniforms(epoch, self._me, self._recv_global)
         return keep_entries(block, u[block.indices] < version.remote, version.remote, kept_columns)
 
-    def local_blocks(self, context: ExchangeContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """``A_gg`` of this epoch's sample and its transpose (built once per epoch)."""
+    def local_blocks(self, context: ExchangeContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``A_gg`` of this epoch's sample and its transpose (built once per epoch); None where every local entry
+        has ``p = 1``."""
         self._structures()
+        if np.all(self._in_force(context.epoch).local == 1.0):
+            return None  # nothing local is sampled (dgs; psc at budget 1): the plan's own block
         if self._local is None or self._local[0] != context.epoch:
             version = self._in_force(context.epoch)
             u = self.sampler.uniforms(context.epoch, self._me, self._own_columns)
@@ -282,8 +308,15 @@ class ImportanceStrategy(ExchangeStrategy):
         if part.rows is not None:
             norms = self._boundary_norms.setdefault(context.layer, np.full(self._recv_global.size, np.nan))
             positions = part.message.recv_positions
+            where = slice(None) if positions is None else torch.from_numpy(positions)
             values = part.rows.detach().double().square().sum(dim=1).cpu().numpy()
             norms[slice(None) if positions is None else positions] = values
+            if getattr(self.sampler, "keeps_rows", False):  # an explainer reads the latest row of every column
+                rows = self.last_rows.get(context.layer)
+                if rows is None or rows.shape[1] != part.rows.shape[1]:
+                    rows = self.last_rows[context.layer] = part.rows.new_zeros(self._recv_global.size,
+                                                                               part.rows.shape[1])
+                rows[where] = part.rows.detach()
         return part.rows
 
     # -------------------------------------------------------------- state

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 
 from algorithms.policies import AxisSpec
 from algorithms.psc import PscSampler, water_fill
-from sparse_dist.importance import keep_entries
+from sparse_dist.importance import EdgeProblem, keep_entries
 
 
 def test_water_filling_meets_the_kkt_conditions() -> None:
@@ -49,7 +49,10 @@ def test_psc_probabilities_favour_inner_neighbours_and_keep_the_diagonal() -> No
     values = np.ones(5)
     inner = np.array([True, True, False, False, True])
     diagonal = np.array([False, False, False, False, True])
-    p = sampler.probabilities(indptr, values, np.ones(5), inner, diagonal)
+    columns = np.array([0, 1, 5, 6, 2])
+    assert np.allclose(sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal)),
+                       [0.5, 0.5, 0.5, 0.5, 1.0])  # before any norm is known: the budget, self-loop kept
+    p = sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal, np.ones(5)))
     assert p[4] == 1.0  # the self-loop
     assert p[:4].sum() == pytest.approx(0.5 * 4)  # the budget counts the neighbours only
     assert p[0] == p[1] > p[2] == p[3]
