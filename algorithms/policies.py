@@ -382,4 +382,5 @@ def policy_list_arg(text: str) -> list[PolicySpec]:
                                          f"{AxisSpec('stale').accepted()}, or one of each joined by '+')") from None
 
 
+import algorithms.dgs  # noqa: E402,F401  (registers the ``dgs`` sampler; it builds on this module)
 import algorithms.psc  # noqa: E402,F401  (registers the ``psc`` sampler; it builds on this module)

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from algorithms.dgs import Explainer, MaskedHalo
 from algorithms.model import GraphModel
 from algorithms.layers import layer_type
 from algorithms.policies import AxisSpec
@@ -213,6 +214,8 @@ class Trainer:
         else:
             raise ValueError(f"weight_decay_scope must be 'first' or 'all', got {config.weight_decay_scope!r}")
         self.optimizer = torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)
+        self.sampler = sampler
+        self.explainer = self._explainer(strategy) if getattr(sampler, "explains", False) else None
         self.epoch = 0
         self.setup_bytes = _moved_since(comm, built_from)  # what building this trainer moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}
@@ -224,9 +227,26 @@ class Trainer:
         if self.cached_input is not None and training and not exact_exchange:
             self.cached_input.load(self.epoch)  # collective: the rows of X this epoch's sample needs
             halo, layer_input = self.cached_input, self.cached_input.values
+        if self.explainer is not None and training and not exact_exchange:  # dgs: this epoch's feature columns
+            scale = self.sampler.feature_scale(self.epoch, layer_input.shape[1])
+            layer_input = layer_input * torch.from_numpy(scale).to(layer_input.dtype).to(layer_input.device)
         return self.model(layer_input, self.spmm, first_row=self.first_row, epoch=self.epoch, training=training,
                           timer=self.spmm.timer if training else None, halo=halo,
                           receiver_dropout=self.receiver_dropout, exact_exchange=exact_exchange, trace=trace)
+
+    def _explainer(self, strategy: Any) -> Explainer:
+        """DGS's explanation over this rank's rows (:mod:`algorithms.dgs`): the model in evaluation mode with its
+        remote rows and input columns masked, layer 0 from the halo where there is one."""
+        importance = getattr(strategy, "inner", strategy)
+        plan = self.spmm.plan
+
+        def forward(features: torch.Tensor, spmm: Any, nodes: torch.Tensor) -> torch.Tensor:
+            halo = MaskedHalo(self.halo, nodes) if self.halo is not None else None
+            return self.model(self._input * features, spmm, first_row=self.first_row, epoch=self.epoch,
+                              training=False, halo=halo)
+
+        return Explainer(self.sampler, forward, plan.local_block, plan.exact_pairs.remote_block,
+                         importance.last_rows, int(sum(plan.exact_pairs.recv_rows)), self.column_comm)
 
     # ---------------------------------------------------------------- audit
     def _audit_due(self) -> bool:
@@ -286,6 +306,10 @@ class Trainer:
         stats_before = self.comm.stats.snapshot()
         self.spmm.reset_compute()
         start = time.perf_counter()
+        explained = None
+        if self.explainer is not None and self.sampler.recomputes(self.epoch):
+            with self.spmm.timer.measure("explain", self.device):  # collective: one allreduce of feature masks
+                explained = self.explainer.explain(self.features.shape[1])
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         used: list[torch.Tensor] | None = [] if audit is not None else None
@@ -312,6 +336,8 @@ class Trainer:
         self.epoch += 1
         record = {"epoch": self.epoch, "loss": float(flat[-1]), **self._breakdown(stats_before, wall),
                   "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes()}
+        if explained is not None:
+            record["explanation"] = explained
         if self.cached_input is not None:  # this rank's boundary rows the epoch's sample needed, and of them cached
             record["feature_cache"] = {"needed": self.cached_input.needed, "hits": self.cached_input.hits}
         if audit is not None:
@@ -322,7 +348,8 @@ class Trainer:
     def _breakdown(self, before: dict[str, dict[str, float]], wall: float) -> dict[str, Any]:
         delta = _counters_since(self.comm, before)
         computed = self.spmm.compute_seconds()
-        parts = {key: computed.get(key, 0.0) for key in ("local_spmm", "masks", "dropout", "optimizer")}
+        booked = ("local_spmm", "masks", "dropout", "optimizer") + (("explain",) if self.explainer is not None else ())
+        parts = {key: computed.get(key, 0.0) for key in booked}
         parts["exchange"] = delta["forward"]["seconds"] + delta["backward"]["seconds"]
         parts["allreduce"] = delta["grad_allreduce"]["seconds"]
         return {

@@ -115,6 +115,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     sampler = args.sample.build()
     if getattr(sampler, "per_edge", False) and args.replication != 1:
         return f"--sample {args.sample} samples each receiver's own edges: it needs --replication 1 (1D)"
+    if getattr(sampler, "explains", False) and args.dropout_side == "receiver":
+        return (f"--sample {args.sample} explains with the rows its layers exchanged, which must be the rows it "
+                f"multiplies when explaining: use --dropout-side owner or auto")
     if getattr(sampler, "cache", -1.0) >= 0 and args.input_exchange != "auto":
         return (f"--sample {args.sample} feeds layer 0 from its feature cache; --input-exchange "
                 f"{args.input_exchange} contradicts it (leave it at auto)")
@@ -290,6 +293,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                 evaluation["audit"] = {"layer_error": record["audit"]["layer_error"],
                                        "seconds": spread([g["audit"]["seconds"] for g in gathered]),
                                        "bytes": _traffic_spread([g["audit"]["bytes"] for g in gathered])}
+            if record.get("explanation") is not None:  # dgs: rank 0's explanation (loss and mask means)
+                evaluation["explanation"] = record["explanation"]
             if record.get("feature_cache") is not None:  # summed over ranks: needed boundary rows and cache hits
                 totals = {key: sum(g["feature_cache"][key] for g in gathered) for key in ("needed", "hits")}
                 evaluation["feature_cache"] = {**totals, "hit_rate": totals["hits"] / max(totals["needed"], 1)}

@@ -69,6 +69,7 @@ class EdgeProblem:
     columns: np.ndarray
     inner: np.ndarray
     diagonal: np.ndarray
+    own_columns: int
     column_norms: np.ndarray | None = None
 
 
@@ -166,7 +167,7 @@ class ImportanceStrategy(ExchangeStrategy):
         inner[self._own_slot] = True
         diagonal = np.zeros(indptr[-1], dtype=bool)
         diagonal[self._own_slot] = self._own_block.indices == own_rows  # A_gg's diagonal: the row's self-loop
-        self._problem = EdgeProblem(indptr, values, columns, inner, diagonal)
+        self._problem = EdgeProblem(indptr, values, columns, inner, diagonal, plan.n_rows)
         self._references = np.bincount(self._remote.indices, minlength=self._recv_global.size)
         first = self.sampler.probabilities(self._problem)  # no norms yet: the sampler's starting probabilities
         version = Probabilities(0, first[self._own_slot], first[self._remote_slot], self._column_q(first), {})

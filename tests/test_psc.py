@@ -50,9 +50,9 @@ def test_psc_probabilities_favour_inner_neighbours_and_keep_the_diagonal() -> No
     inner = np.array([True, True, False, False, True])
     diagonal = np.array([False, False, False, False, True])
     columns = np.array([0, 1, 5, 6, 2])
-    assert np.allclose(sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal)),
+    assert np.allclose(sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal, 3)),
                        [0.5, 0.5, 0.5, 0.5, 1.0])  # before any norm is known: the budget, self-loop kept
-    p = sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal, np.ones(5)))
+    p = sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal, 3, np.ones(5)))
     assert p[4] == 1.0  # the self-loop
     assert p[:4].sum() == pytest.approx(0.5 * 4)  # the budget counts the neighbours only
     assert p[0] == p[1] > p[2] == p[3]

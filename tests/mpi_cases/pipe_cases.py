@@ -11,7 +11,8 @@ On the random directed graph of static_input_cases.py laid out over this launch'
   never an older one; and moves exactly the exact path's bytes (the byte model), with sampling the
   sampled path's bytes;
 * a checkpoint taken with flights outstanding resumes to the uninterrupted run's weights, bitwise;
-* at c = 1, psc's feature cache (psc_cases.py, which this launch runs too: one launch per rank count).
+* at c = 1, psc's feature cache (psc_cases.py, which this launch runs too: one launch per rank count), and
+  dgs: nodes = features = 1 bitwise the exact path, its explanation time booked apart.
 """
 
 from __future__ import annotations
@@ -168,6 +169,26 @@ def check_resume(comm, data: dict, layout: RowLayout, replication: int, failures
                             f"the weights differ from the uninterrupted run")
 
 
+def check_dgs_training(comm, data: dict, layout: RowLayout, failures: list[str]) -> None:
+    """dgs with nodes = features = 1 (explaining every 2 epochs) is bitwise the exact path; with nodes = 0.5 its
+    explanation epochs book ``explain`` time, and its forward exchanges never exceed the exact path's."""
+    runs = {}
+    for sample in ("none", "dgs:nodes=1,features=1,every=2,steps=3", "dgs:nodes=0.5,features=0.5,every=2,steps=3"):
+        trainer = trainer_for(comm, data, layout, 1, plan="p2p", sample=sample, layers=3, input_exchange="once")
+        records = [trainer.train_epoch() for _ in range(EPOCHS)]
+        runs[sample] = ([r["loss"] for r in records], [p.detach().clone() for p in trainer.parameters()], records)
+    (exact_losses, exact_weights, exact_records), (one_losses, one_weights, one_records) = list(runs.values())[:2]
+    if exact_losses != one_losses or not all(torch.equal(a, b) for a, b in zip(exact_weights, one_weights)):
+        failures.append(f"dgs nodes=features=1 P={comm.size}: not bitwise the exact path ({one_losses} vs {exact_losses})")
+    half = runs["dgs:nodes=0.5,features=0.5,every=2,steps=3"][2]
+    explained = [r["time"]["explain"] for r in half if r["epoch"] in (3, 5)]  # epochs 2 and 4 explain
+    if not explained or min(explained) <= 0 or any(r["time"]["explain"] for r in half if r["epoch"] in (1, 2, 4)):
+        failures.append(f"dgs P={comm.size}: explain time {[r['time'].get('explain') for r in half]} not booked "
+                        f"on the explanation epochs only")
+    if any(a["bytes"]["forward"]["recv"] > b["bytes"]["forward"]["recv"] for a, b in zip(half, exact_records)):
+        failures.append(f"dgs nodes=0.5 P={comm.size}: a forward received more than the exact path's")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replication", type=int, default=1)
@@ -185,6 +206,7 @@ def main() -> int:
     if args.replication == 1:  # psc samples each receiver's edges: 1D only
         check_exact_through_the_cache(comm, data, layout, failures)
         check_cache_budgets(comm, data, layout, failures)
+        check_dgs_training(comm, data, layout, failures)
     return finish(comm, failures, f"pipelined exchange P={comm.size} c={args.replication}")
 
 

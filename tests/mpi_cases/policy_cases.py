@@ -13,7 +13,9 @@ Checks, on this launch's P:
   layer, also with adversarial eps values; eps = 0 (sancus-e) equals exact;
 * psc (per-edge importance sampling): unbiased like bns, with the variance of
   each entry's own p; only rows that a kept entry needs travel; budget = 1 is
-  bitwise the exact path (also with its probabilities recomputed every epoch).
+  bitwise the exact path (also with its probabilities recomputed every epoch);
+* dgs (explanation-guided node sampling): unbiased for fixed node probabilities, local
+  rows never sampled, feature column factors average to 1.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from case_report import finish  # noqa: E402
 
 from algorithms.policies import BnsSampler, SancusRule
+from algorithms.dgs import DgsSampler
 from algorithms.psc import PscSampler
 from sparse_dist.comm import run_or_abort, world
 from sparse_dist.dcsr import DistCSR
@@ -183,6 +186,40 @@ def check_psc(comm, failures: list[str]) -> None:
             failures.append(f"psc budget=1 epoch {epoch}: not bitwise the exact path")
 
 
+def check_dgs(comm, failures: list[str]) -> None:
+    """dgs with fixed (non-uniform) node probabilities: the mean of K sampled SpMMs is within 6 sigma of the exact
+    product (Var = sum over remote entries of (1/r_j - 1) a_ij^2 h_j^2), local rows are never sampled, and the
+    feature columns' factors average to 1 (unbiased for X)."""
+    a, layout, lo, hi, h, g, matrix = setup(comm)
+    h_local = torch.tensor(h[lo:hi])
+    local_a = a[lo:hi]
+    exact = local_a @ h
+    sampler = DgsSampler(0.5, features=0.3, every=K + 1, seed=2)
+    op = DistSpMM(matrix, "p2p", dtype=torch.float64, sampler=sampler)
+    receive = np.concatenate([matrix.recv_ids.get(j, np.empty(0, np.int64)) + layout.offsets[j]
+                              for j in range(comm.size)])  # the exact receive buffer's global ids
+    # fixed, non-uniform probabilities before the strategy's first use: they are its starting ones, agreed
+    # with the owners in the first epoch's alltoallv
+    sampler.node_p = np.linspace(1.0, 0.1, receive.size)
+    total = np.zeros_like(exact)
+    for epoch in range(K):
+        total += op.forward(h_local, context=ExchangeContext(epoch, 0, True)).numpy()
+    r = np.ones(local_a.nnz)
+    remote = layout.owner_of(local_a.indices) != comm.rank
+    r[remote] = sampler.node_p[np.searchsorted(receive, local_a.indices[remote])]
+    rows = np.repeat(np.arange(hi - lo), np.diff(local_a.indptr))
+    variance = np.zeros_like(exact)
+    np.add.at(variance, rows, (local_a.data[:, None] * h[local_a.indices]) ** 2 * (1 / r[:, None] - 1))
+    deviation, sigma = np.abs(total / K - exact), np.sqrt(variance / K)
+    if np.any(deviation > 6 * sigma + 1e-9):
+        failures.append(f"dgs: mean of {K} samples is {np.max(deviation / (sigma + 1e-300)):.1f} sigma from exact")
+    if op.strategy.local_blocks(ExchangeContext(0, 0, True)) is not None:
+        failures.append("dgs: local rows were sampled")
+    factors = np.mean([sampler.feature_scale(epoch, 50) for epoch in range(K)], axis=0)
+    if np.any(np.abs(factors - 1) > 6 * np.sqrt((1 / 0.3 - 1) / K)):
+        failures.append(f"dgs: feature column factors average {factors.min():.3f}..{factors.max():.3f}, not 1")
+
+
 def main() -> int:
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
@@ -190,6 +227,7 @@ def main() -> int:
     check_sampling(comm, failures)
     check_staleness(comm, failures)
     check_psc(comm, failures)
+    check_dgs(comm, failures)
     return finish(comm, failures, f"policy cases P={comm.size}")
 
 
