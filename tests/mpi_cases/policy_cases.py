@@ -53,6 +53,16 @@ def setup(comm):
     return a, layout, lo, hi, h, g, DistCSR(comm, layout, a[lo:hi])
 
 
+def check_adjoint(comm, op: DistSpMM, context: ExchangeContext, h_local: torch.Tensor, g_local: torch.Tensor,
+                  t: torch.Tensor, label: str, failures: list[str]) -> None:
+    """The transpose used the forward's sample: ``<A_s H, G> == <H, A_s^T G>`` (collective)."""
+    dh = op.transpose(g_local, context=context)
+    sums = torch.tensor([float((t * g_local).sum()), float((h_local * dh).sum())], dtype=torch.float64)
+    comm.allreduce_(sums, "other")
+    if abs(sums[0] - sums[1]) > 1e-9 * (1 + abs(sums[0])):
+        failures.append(f"{label}: <A_s H, G> {sums[0]} != <H, A_s^T G> {sums[1]}")
+
+
 def check_sampling(comm, failures: list[str]) -> None:
     a, layout, lo, hi, h, g, matrix = setup(comm)
     h_local = torch.tensor(h[lo:hi])
@@ -70,12 +80,8 @@ def check_sampling(comm, failures: list[str]) -> None:
                 context = ExchangeContext(epoch, 0, True)
                 t = op.forward(h_local, context=context)
                 total += t.numpy()
-                if epoch < 3:  # adjoint identity: the transpose used the same sample
-                    dh = op.transpose(g_local, context=context)
-                    sums = torch.tensor([float((t * g_local).sum()), float((h_local * dh).sum())], dtype=torch.float64)
-                    comm.allreduce_(sums, "other")
-                    if abs(sums[0] - sums[1]) > 1e-9 * (1 + abs(sums[0])):
-                        failures.append(f"{label}: <A_s H, G> {sums[0]} != <H, A_s^T G> {sums[1]}")
+                if epoch < 3:
+                    check_adjoint(comm, op, context, h_local, g_local, t, label, failures)
             variance = np.zeros_like(exact)
             np.add.at(variance, rows[remote], (a[lo:hi].data[remote, None] * h[a[lo:hi].indices[remote]]) ** 2
                       * (1 - p) / p)
@@ -151,11 +157,7 @@ def check_psc(comm, failures: list[str]) -> None:
         if needed != pairs.remote_matrix.shape[1]:
             failures.append(f"psc epoch {epoch}: {pairs.remote_matrix.shape[1]} rows travelled, {needed} needed")
         if epoch < start + 3:
-            dh = op.transpose(g_local, context=context)
-            sums = torch.tensor([float((t * g_local).sum()), float((h_local * dh).sum())], dtype=torch.float64)
-            comm.allreduce_(sums, "other")
-            if abs(sums[0] - sums[1]) > 1e-9 * (1 + abs(sums[0])):
-                failures.append(f"psc: <A_s H, G> {sums[0]} != <H, A_s^T G> {sums[1]}")
+            check_adjoint(comm, op, context, h_local, g_local, t, "psc", failures)
     version = strategy._in_force(start)
     if version.start != start or np.allclose(version.remote, version.remote.mean()):
         failures.append(f"psc: no non-uniform probabilities were agreed at epoch {start}")
