@@ -31,6 +31,7 @@ from algorithms.layers import layer_type
 from algorithms.policies import AxisSpec
 from algorithms.static_input import HaloBudgetError, choose_input_exchange, evaluations, receiver_side
 from sparse_dist.comm import Communicator, ProgressThread
+from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.exchange import make_strategy
 from sparse_dist.halo import CachedInput, StaticHalo
@@ -68,6 +69,7 @@ class TrainConfig:
     halo_budget: int | None = None  # bytes of halo rows a rank may keep under "once" (None: unlimited)
     audit_every: int = 0           # every k epochs, one exact forward beside the policy's (0: never)
     progress: str = "test"         # pipelined exchanges: "test" (at every layer), "thread" (and a probe thread), "none"
+    compress: str = "none"         # exchanged rows and gradients: "none", "fp16", "bf16", "int8[:stochastic]", ",feedback"
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -83,7 +85,7 @@ class TrainConfig:
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with (plan and c change no math)."""
         keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
-                "feature_norm", "dtype", "sample", "stale", "clip", "dropout_side")
+                "feature_norm", "dtype", "sample", "stale", "clip", "dropout_side", "compress")
         return {key: value for key, value in self.record().items() if key in keep}
 
 
@@ -155,8 +157,9 @@ class Trainer:
         sampler = config.sample.build(seed=config.seed)
         strategy = make_strategy(sampler, config.stale.build())
         self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale)
+        self.codec = Codec.parse(config.compress, seed=config.seed)
         self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy,
-                             row_masks=self.receiver_dropout)
+                             row_masks=self.receiver_dropout, codec=self.codec)
         if config.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
         strategy.tests_progress = config.progress != "none"
@@ -420,15 +423,18 @@ class Trainer:
 
         Decided by the configuration alone, so it is the same on every rank.
         """
-        return self.spmm.strategy.keeps_state
+        return self.spmm.strategy.keeps_state or (self.codec is not None and self.codec.feedback)
 
     def policy_state(self) -> dict[str, Any]:
         """This rank's policy state (caches and versions); per rank, unlike :meth:`state`."""
         return {"rank": self.comm.rank, "world_size": self.comm.size, "epoch": self.epoch,
-                "strategy": self.spmm.strategy.state_dict()}
+                "strategy": self.spmm.strategy.state_dict(),
+                "codec": self.codec.state_dict() if self.codec is not None else None}
 
     def load_policy_state(self, state: dict[str, Any]) -> None:
         self.spmm.strategy.load_state_dict(state["strategy"])
+        if self.codec is not None and state.get("codec") is not None:
+            self.codec.load_state_dict(state["codec"], self.device)
 
     def policy_mismatch(self, state: dict[str, Any]) -> str | None:
         expected = (self.comm.rank, self.comm.size, self.epoch)

@@ -37,6 +37,7 @@ from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phas
 from runners.results import ResultsWriter, environment, output_path_problem, peak_memory_bytes, spread
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
+from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import huge_page_state
 from sparse_dist.layout import Grid
@@ -81,6 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every K epochs, one extra exact forward beside the policy's (same weights and "
                              "masks; its time and bytes recorded apart from training) and the relative error "
                              "of each layer's output under the policy against it (default 0: never)")
+    parser.add_argument("--compress", default="none", type=str, metavar="FORMAT",
+                        help="compress what training exchanges send, rows and gradients: fp16, bf16, int8 "
+                             "(per-row float32 scale), int8:stochastic (unbiased rounding); add ,feedback for "
+                             "error feedback at the sender (default: none; evaluation stays exact)")
     parser.add_argument("--progress", choices=PROGRESS_MODES, default="test",
                         help="how a pipelined (pipe) exchange moves on while the rank computes: test = MPI_Test "
                              "of the outstanding exchanges at every layer's exchange (default); thread = also a "
@@ -112,6 +117,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
     if args.audit_every < 0:
         return f"--audit-every must be >= 0 (0: no audit), got {args.audit_every}"
+    try:
+        Codec.parse(args.compress)
+    except ValueError as exc:
+        return str(exc)
     sampler = args.sample.build()
     if getattr(sampler, "per_edge", False) and args.replication != 1:
         return f"--sample {args.sample} samples each receiver's own edges: it needs --replication 1 (1D)"
@@ -167,7 +176,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
                        replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
                        sample=args.sample, stale=args.stale, clip=args.clip, input_exchange=args.input_exchange,
                        dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every,
-                       progress=args.progress)
+                       progress=args.progress, compress=args.compress)
 
 
 def policy_file(path: str, rank: int) -> str:

@@ -692,6 +692,33 @@ class Communicator:
 
         return self._post(phase, build, sent, recv)
 
+    def igather_(self, piece: torch.Tensor | None, gathered: torch.Tensor | None, root: int, phase: str) -> Pending:
+        """Post a gather of equal pieces to ``root``: every other rank passes its ``piece``; the root passes
+        ``gathered`` (``size`` pieces, flat along the first dimension) and its own slot is left untouched.
+
+        Counted like the reduce it stands in for (a sum MPI cannot do, e.g. of compressed rows): every
+        other rank sends its piece, the root receives ``size - 1`` pieces.
+        """
+        is_root = self.rank == root
+        probe = gathered if is_root else piece
+        if probe is None:
+            raise ValueError("igather_: the root needs `gathered`, other ranks need `piece`")
+        _mpi_type(probe)
+        nbytes = probe.numel() * probe.element_size()
+        sent, recv = (0, nbytes // self.size * (self.size - 1)) if is_root else (nbytes, 0)
+
+        def build(pending: Pending) -> list[Callable[[], Any]]:
+            if is_root:
+                assert gathered is not None
+                buf, mpi_type = self._buffer(pending, gathered, reads=True, writes_back=True)
+                count = gathered.numel() // self.size
+                return [lambda: self._comm.Igather(MPI.IN_PLACE, [buf, count, mpi_type], root=root)]
+            assert piece is not None
+            buf, mpi_type = self._buffer(pending, piece, reads=True, writes_back=False)
+            return [lambda: self._comm.Igather([buf, mpi_type], None, root=root)]
+
+        return self._post(phase, build, sent, recv)
+
     def ialltoallv(self, send: torch.Tensor, send_rows: Sequence[int], recv: torch.Tensor,
                    recv_rows: Sequence[int], phase: str) -> Pending:
         """Post a personalised exchange of row blocks.

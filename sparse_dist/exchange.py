@@ -138,6 +138,7 @@ class Message:
     owner_rows: torch.Tensor | None = None
     values: torch.Tensor | None = None
     global_rows: np.ndarray | range | None = None
+    positions: np.ndarray | None = None  # a sampled message's rows as rows of the exact message (None: all)
 
 
 @dataclass
@@ -157,6 +158,7 @@ class Part:
     start: Callable[[], tuple[Pending | None, torch.Tensor | None]] | None = None
     rows: torch.Tensor | None = None
     pending: Pending | None = None
+    decode: Callable[[torch.Tensor], torch.Tensor] | None = None  # a compressed buffer's rows, once complete
 
     def post(self) -> None:
         if self.start is not None:
@@ -166,6 +168,8 @@ class Part:
     def wait(self) -> None:
         if self.pending is not None:
             self.pending.wait()
+        if self.decode is not None and self.rows is not None:
+            self.rows, self.decode = self.decode(self.rows), None
 
     def test(self) -> bool:
         """Drive the exchange on (never blocks); True once it has completed."""

@@ -44,6 +44,7 @@ import torch
 
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.comm import Pending
+from sparse_dist.compress import Codec
 from sparse_dist.cost import Network, alltoallv_time, bcast_time
 from sparse_dist.exchange import ExactStrategy, ExchangeContext, ExchangeStrategy, Flight, Message, Part
 from sparse_dist.layout import Grid
@@ -169,6 +170,7 @@ class ExchangePlan(ABC):
         self.n_rows = matrix.lshape[0]
         self._transposed: dict[object, torch.Tensor] = {}
         self.local_block = self.csr(matrix.blocks[self.group]) if self.group in matrix.blocks else None
+        self.codec: Codec | None = None  # compresses training exchanges (set by DistSpMM; sparse_dist.compress)
         self.strategy.bind(self)
         self.exact.bind(self)
 
@@ -202,6 +204,23 @@ class ExchangePlan(ABC):
 
     def _strategy_for(self, context: ExchangeContext | None) -> ExchangeStrategy:
         return self.strategy if context is not None and context.training and not context.exact else self.exact
+
+    def _codec_for(self, context: ExchangeContext | None) -> Codec | None:
+        """The compression of this call: training exchanges only (evaluation and the audit stay exact)."""
+        return self.codec if context is not None and context.training and not context.exact else None
+
+    @staticmethod
+    def _coded(rows: torch.Tensor, codec: Codec | None, key: tuple[int, str, int], total: int,
+               positions: np.ndarray | None, seed_key: tuple[int, ...]) -> torch.Tensor:
+        """What a sender hands MPI for ``rows``: the rows, or their code (with feedback where asked)."""
+        return rows if codec is None else codec.send(rows, key, total, positions, seed_key)
+
+    def _receive_buffer(self, part: Part, count: int, width: int, codec: Codec | None) -> torch.Tensor:
+        """A receive buffer for ``count`` rows; a coded one decodes into rows when the part completes."""
+        if codec is None:
+            return self._rows(count, width)
+        part.decode = lambda payload: codec.decode(payload, width, self.dtype)
+        return codec.empty(count, width, self.device)
 
     # ------------------------------------------------------------ blocks
     def csr(self, matrix: sp.csr_matrix) -> torch.Tensor:
@@ -540,7 +559,8 @@ class _BroadcastPlan(ExchangePlan):
         owner_rows = torch.from_numpy(self.boundary_of[owner][kept]).to(self.device) if owner == self.group else None
         block = keep_columns(self.remote_blocks[owner], kept, scale) if owner in self.remote_blocks else None
         return Message(int(kept.sum()), True, block, self.csr(block) if block is not None else None, owner_rows,
-                       global_rows=self.boundary_rows(owner)[kept] if owner != self.group else None)
+                       global_rows=self.boundary_rows(owner)[kept] if owner != self.group else None,
+                       positions=np.flatnonzero(kept))
 
     def boundary_rows(self, owner: int) -> np.ndarray:
         """Global ids of ``B_owner`` (the candidates of owner-side sampling)."""
@@ -575,20 +595,32 @@ class _BroadcastPlan(ExchangePlan):
                     else {j: self.exact_message(j) for j in self.owners})
         width = h.shape[1]
 
-        def starter(j: int, message: Message) -> Callable[[], tuple[Pending | None, torch.Tensor | None]]:
+        codec = self._codec_for(context)
+        epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
+
+        def starter(part: Part) -> Callable[[], tuple[Pending | None, torch.Tensor | None]]:
+            j, message = part.owner, part.message
+
             def start() -> tuple[Pending | None, torch.Tensor | None]:
                 if not message.fresh:
                     return None, message.values
                 if j == self.group:
                     buffer = h if message.owner_rows is None else h.index_select(0, message.owner_rows)
-                else:
-                    buffer = self._rows(message.count, width)
+                    if message.count == 0:
+                        return None, buffer
+                    sent = self._coded(buffer, codec, (layer, "rows", j), self._message_rows(j),
+                                       message.positions, (epoch, layer, 0, j))
+                    return self.col_comm.ibcast_(sent, root=j, phase=phase), buffer
+                buffer = self._receive_buffer(part, message.count, width, codec)
                 if message.count == 0:
                     return None, buffer
                 return self.col_comm.ibcast_(buffer, root=j, phase=phase), buffer
             return start
 
-        return self._flight(context, [Part(j, m, starter(j, m)) for j, m in messages.items()], strategy)
+        parts = [Part(j, m) for j, m in messages.items()]
+        for part in parts:
+            part.start = starter(part)
+        return self._flight(context, parts, strategy)
 
     def _multiply_part(self, out: _Output, part: Part, rows: torch.Tensor | None,
                        context: ExchangeContext | None) -> None:
@@ -607,18 +639,40 @@ class _BroadcastPlan(ExchangePlan):
 
     def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
+        codec = self._codec_for(context)
+        epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
+
         def starter(part: Part) -> Callable[[], tuple[Pending | None, torch.Tensor | None]]:
             j, count = part.owner, part.message.count
 
             def start() -> tuple[Pending | None, torch.Tensor | None]:
+                if codec is not None:  # codes cannot be summed by MPI: gather them to the owner, who sums
+                    if j == self.group:
+                        gathered = codec.empty(self.col_comm.size * count, width, self.device)
+                        part.decode = lambda payload: self._sum_pieces(payload, count, width, codec)
+                        return self.col_comm.igather_(None, gathered, root=j, phase=phase), gathered
+                    sent = codec.send(piece_of(part), (layer, "gradients", j), self._message_rows(j),
+                                      part.message.positions, (epoch, layer, 1, self.group, j))
+                    return self.col_comm.igather_(sent, None, root=j, phase=phase), None
                 if j == self.group:  # the owner receives the sum in place into a zeroed message buffer
                     result = torch.zeros(count, width, dtype=self.dtype, device=self.device)
                     return self.col_comm.ireduce(None, result, root=j, phase=phase), result
                 return self.col_comm.ireduce(piece_of(part), None, root=j, phase=phase), None
             return start
 
-        sent = [Part(part.owner, part.message, starter(part)) for part in self._gradient_parts(forward.parts, strategy)]
+        sent = [Part(part.owner, part.message) for part in self._gradient_parts(forward.parts, strategy)]
+        for part in sent:
+            part.start = starter(part)
         return self._flight(context, sent, strategy, forward.source_epoch)
+
+    def _sum_pieces(self, payload: torch.Tensor, count: int, width: int, codec: Codec) -> torch.Tensor:
+        """The owner's sum of the other ranks' decoded pieces (its own slot of the gather is empty)."""
+        pieces = payload.view(self.col_comm.size, count, -1)
+        total = torch.zeros(count, width, dtype=self.dtype, device=self.device)
+        for rank in range(self.col_comm.size):
+            if rank != self.col_comm.rank:
+                total += codec.decode(pieces[rank], width, self.dtype)
+        return total
 
     def _gradient_parts(self, parts: list[Part], strategy: ExchangeStrategy) -> list[Part]:
         """Empty messages and skipped gradients (a cached strategy's ``skip_backward``) post nothing."""
@@ -711,6 +765,7 @@ class _PairExchange:
     recv_global: np.ndarray | None = None  # global ids of the receive buffer's rows (receiver-side dropout)
     transposed: torch.Tensor | None = None  # CSR of remote_matrix.T, built on the first transpose
     recv_positions: np.ndarray | None = None  # a sample's received rows as positions of the exact receive buffer
+    send_positions: np.ndarray | None = None  # a sample's sent rows as positions of the exact send buffer
 
 
 class PointToPointPlan(ExchangePlan):
@@ -783,12 +838,13 @@ class PointToPointPlan(ExchangePlan):
         strategy.prepare(epoch)  # collective where the strategy agrees on new probabilities (the same epochs everywhere)
         matrix, me, offsets = self.matrix, self.group, self.matrix.layout.offsets
         receiver_side = strategy.side == "receiver"
-        send_kept, send_rows = [], []
+        send_kept, send_rows, send_keep = [], [], []
         for i in range(self.groups):
             ids = matrix.send_ids.get(i, np.empty(0, np.int64))
             kept = strategy.keep(epoch, i if receiver_side else me, ids + offsets[me])
             send_kept.append(ids[kept])
             send_rows.append(int(kept.sum()))
+            send_keep.append(kept)
         recv_keep, recv_rows, recv_kept_ids = [], [], []
         for j in range(self.groups):
             ids = matrix.recv_ids.get(j, np.empty(0, np.int64))
@@ -801,7 +857,8 @@ class PointToPointPlan(ExchangePlan):
         send_index = torch.from_numpy(np.concatenate(send_kept).astype(np.int64)).to(self.device)
         traffic = self.exact_pairs.traffic and strategy.scale > 0
         return _PairExchange(send_index, send_rows, recv_rows, self.csr(remote), remote, traffic, epoch,
-                             self._global_ids(recv_kept_ids), recv_positions=np.flatnonzero(kept_columns))
+                             self._global_ids(recv_kept_ids), recv_positions=np.flatnonzero(kept_columns),
+                             send_positions=np.flatnonzero(np.concatenate(send_keep + [np.empty(0, bool)])))
 
     def _exact_parts(self) -> list[Part]:
         return [Part(-1, self.exact_pairs)]
@@ -809,16 +866,20 @@ class PointToPointPlan(ExchangePlan):
     def post_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
                   strategy: ExchangeStrategy) -> Flight:
         pairs = self._pairs(context)
+        codec = self._codec_for(context)
+        epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
+        part = Part(-1, pairs)
 
         def start() -> tuple[Pending | None, torch.Tensor | None]:
             if not pairs.traffic:
                 return None, None
-            recv = self._rows(sum(pairs.recv_rows), h.shape[1])
-            pending = self.col_comm.ialltoallv(h.index_select(0, pairs.send_index), pairs.send_rows, recv,
-                                               pairs.recv_rows, phase=phase)
-            return pending, recv
+            recv = self._receive_buffer(part, sum(pairs.recv_rows), h.shape[1], codec)
+            send = self._coded(h.index_select(0, pairs.send_index), codec, (layer, "rows", -1),
+                               sum(self.exact_pairs.send_rows), pairs.send_positions, (epoch, layer, 0, self.group))
+            return self.col_comm.ialltoallv(send, pairs.send_rows, recv, pairs.recv_rows, phase=phase), recv
 
-        return self._flight(context, [Part(-1, pairs, start)], strategy)
+        part.start = start
+        return self._flight(context, [part], strategy)
 
     def _multiply_part(self, out: _Output, part: Part, rows: torch.Tensor | None,
                        context: ExchangeContext | None) -> None:
@@ -828,16 +889,22 @@ class PointToPointPlan(ExchangePlan):
 
     def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
-        (part,) = forward.parts
-        pairs = part.message
+        (used,) = forward.parts
+        pairs = used.message
+        codec = self._codec_for(context)
+        epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
+        part = Part(-1, pairs)
 
         def start() -> tuple[Pending | None, torch.Tensor | None]:
             if not pairs.traffic:
                 return None, None
-            back = self._rows(sum(pairs.send_rows), width)
-            return self.col_comm.ialltoallv(piece_of(part), pairs.recv_rows, back, pairs.send_rows, phase=phase), back
+            back = self._receive_buffer(part, sum(pairs.send_rows), width, codec)
+            pieces = self._coded(piece_of(used), codec, (layer, "gradients", -1),
+                                 sum(self.exact_pairs.recv_rows), pairs.recv_positions, (epoch, layer, 1, self.group))
+            return self.col_comm.ialltoallv(pieces, pairs.recv_rows, back, pairs.send_rows, phase=phase), back
 
-        return self._flight(context, [Part(-1, pairs, start)], strategy, forward.source_epoch)
+        part.start = start
+        return self._flight(context, [part], strategy, forward.source_epoch)
 
     def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Part]:
         return [Part(-1, self._sample(strategy, epoch) if strategy.samples else self.exact_pairs)]

@@ -21,16 +21,20 @@ SENT, RECV = 0, 1
 
 
 def predict_spmm_bytes(grid: Grid, layout: RowLayout, boundary_counts: np.ndarray, union_sizes: np.ndarray,
-                       plan: str, width: int, itemsize: int) -> dict[str, np.ndarray]:
+                       plan: str, width: int, itemsize: int, exchange_row_bytes: int | None = None
+                       ) -> dict[str, np.ndarray]:
     """Bytes each world rank sends and receives in one forward and one transpose.
 
     Returns ``{"forward": a, "backward": b}`` with arrays of shape ``(P, 2)``
     (column 0 sent, column 1 received). Integer counts give exact integer
     bytes; float counts (expected boundary sizes of a partition model) give
-    expected bytes.
+    expected bytes. ``exchange_row_bytes``: what one exchanged row travels as when the plan's
+    messages are compressed (:meth:`sparse_dist.compress.Codec.row_bytes`); the 1.5D replica
+    allreduce and broadcast keep ``width * itemsize``. The compressed transpose of a broadcast plan
+    gathers the pieces instead of reducing them, with the same counts.
     """
     groups, c = grid.groups, grid.replication
-    row_bytes = width * itemsize
+    row_bytes = width * itemsize if exchange_row_bytes is None else exchange_row_bytes
     counts = np.asarray(boundary_counts)
     kind = np.result_type(counts.dtype, np.asarray(union_sizes).dtype, np.int64)
     owners = np.arange(groups)
@@ -53,9 +57,9 @@ def predict_spmm_bytes(grid: Grid, layout: RowLayout, boundary_counts: np.ndarra
             moved_rows = _ring_allreduce_bytes(n_g * width, c, r, itemsize)
             forward[rank] += moved_rows
             if r == grid.replica_for_block(g):
-                backward[rank, SENT] += n_g * row_bytes * (c - 1)
+                backward[rank, SENT] += n_g * width * itemsize * (c - 1)
             else:
-                backward[rank, RECV] += n_g * row_bytes
+                backward[rank, RECV] += n_g * width * itemsize
     return {"forward": forward, "backward": backward}
 
 

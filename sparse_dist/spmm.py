@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from sparse_dist.accounting import ComputeTimer
+from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.exchange import BoundarySampler, ExchangeContext, ExchangeStrategy, StalenessRule, make_strategy
 from sparse_dist.plans import ExchangePlan, make_plan
@@ -32,10 +33,11 @@ class DistSpMM:
     def __init__(self, matrix: DistCSR, plan: str = "p2p", *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", sampler: BoundarySampler | None = None,
                  staleness: StalenessRule | None = None, strategy: ExchangeStrategy | None = None,
-                 row_masks: bool = False) -> None:
+                 row_masks: bool = False, codec: Codec | None = None) -> None:
         """``strategy`` decides what training exchanges carry; by default the one ``sampler`` and
         ``staleness`` make (:func:`~sparse_dist.exchange.make_strategy`; exact when both are None).
-        ``row_masks``: training calls may carry receiver-side dropout (``ExchangeContext.dropout``)."""
+        ``row_masks``: training calls may carry receiver-side dropout (``ExchangeContext.dropout``).
+        ``codec``: compress what training exchanges send (None: no compression)."""
         self.matrix = matrix
         self.dtype = dtype
         self.device = torch.device(device)
@@ -46,6 +48,7 @@ class DistSpMM:
             strategy = make_strategy(sampler, staleness)
         self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer, strategy,
                                             row_masks=row_masks)
+        self.plan.codec = codec  # compresses the training exchanges' rows and gradients (sparse_dist.compress)
         self._replicated = matrix.grid.replication > 1
         self._owner_replica = matrix.grid.replica_for_block(matrix.group)
 
