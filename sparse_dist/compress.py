@@ -77,6 +77,8 @@ class Codec:
     def encode(self, rows: torch.Tensor, seed_key: tuple[int, ...] = ()) -> torch.Tensor:
         """``rows`` (``r x F``, float) as ``r x row_bytes(F)`` bytes (uint8, contiguous)."""
         rows = rows.detach()
+        if rows.shape[0] == 0:
+            return self.empty(0, rows.shape[1], rows.device)
         if self.format in _HALF:
             return rows.to(_HALF[self.format]).contiguous().view(torch.uint8).reshape(rows.shape[0], -1)
         width = rows.shape[1]
@@ -98,6 +100,8 @@ class Codec:
 
     def decode(self, payload: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
         """The rows a payload of :meth:`encode` stands for (``r x width``, ``dtype``)."""
+        if payload.shape[0] == 0:
+            return torch.empty(0, width, dtype=dtype, device=payload.device)
         if self.format in _HALF:
             return payload.contiguous().view(_HALF[self.format]).reshape(payload.shape[0], width).to(dtype)
         scale = payload[:, :_SCALE_BYTES].contiguous().view(torch.float32)

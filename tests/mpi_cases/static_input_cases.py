@@ -14,6 +14,8 @@ P = 3 one row group is EMPTY, the others uneven), for every plan:
   layer 0 moves nothing after the halo;
 * sampling: with BNS (p = 0.5, p2p and sparse-bcast) receiver-side dropout
   gives the same losses as owner-side dropout (same sample, same masks);
+* compression (``--compress``): counted bytes equal the byte model's with the coded row size, every plan;
+  evaluation stays exact; with bns or sancus-e the compressed run moves the uncompressed run's rows, coded;
 * SANCUS under dropout 0.5 (dense-bcast, sancus-h:eps=0.5, a wider graph):
   with receiver-side dropout owners skip broadcasts, with owner-side
   dropout the fresh masks make every owner broadcast every epoch.
@@ -72,9 +74,11 @@ def expected_epoch(trainer: Trainer, shape: ModelShape, training: bool) -> dict[
     """Exact forward/backward bytes per world rank of one epoch (or one evaluation) from the byte model."""
     matrix = trainer.matrix
     total = {"forward": np.zeros((trainer.comm.size, 2), np.int64), "backward": np.zeros((trainer.comm.size, 2), np.int64)}
+    codec = trainer.codec if training else None  # evaluation exchanges are never compressed
     for width, backward in shape.exchanges:
         volume = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
-                                    trainer.config.plan, width, shape.itemsize)
+                                    trainer.config.plan, width, shape.itemsize,
+                                    codec.row_bytes(width) if codec is not None else None)
         total["forward"] += volume["forward"]
         if backward and training:
             total["backward"] += volume["backward"]
@@ -144,6 +148,56 @@ def check_sampled(comm, data: dict, layout: RowLayout, replication: int, failure
                             f"owner-side {losses['owner']}")
 
 
+def check_compressed(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    """Compressed exchanges: counted bytes equal the byte model's with the coded row size (every plan, forward
+    and backward, the 1.5D replica exchanges uncompressed); evaluation stays exact; and with bns or sancus-e
+    a compressed run moves exactly the uncompressed run's rows (the same samples and skips), coded."""
+    group = comm.rank // replication
+    lo, hi = layout.row_range(group)
+    shape = ModelShape((F, 16, C), input_once=False)
+    for plan, compress in [(plan, "int8,feedback") for plan in PLAN_NAMES] + [("p2p", "fp16")]:
+        label = f"{plan} --compress {compress} P={comm.size} c={replication}"
+        trainer = Trainer(comm, local_graph(data, layout, group),
+                          TrainConfig(plan=plan, replication=replication, epochs=2, input_exchange="per-epoch",
+                                      compress=compress))
+        for epoch in range(2):
+            record = trainer.train_epoch()
+            predicted = expected_epoch(trainer, shape, training=True)
+            for phase in ("forward", "backward"):
+                got = (record["bytes"][phase]["sent"], record["bytes"][phase]["recv"])
+                want = tuple(int(x) for x in predicted[phase][comm.rank])
+                if got != want:
+                    failures.append(f"{label}: epoch {epoch + 1} {phase} bytes {got} != predicted {want}")
+        with torch.no_grad():
+            logits = trainer.forward(training=False)
+        reference = Reference(data["adjacency"].toarray(), data["features"], data["labels"], data["train"], C, "gcn")
+        for params, mine in zip(reference.params, [trainer.model.layer_parameters(k) for k in range(2)]):
+            for theirs, own in zip(params, mine):
+                theirs.data.copy_(own.detach())
+        if not close(logits, reference.forward(training=False)[lo:hi]):
+            failures.append(f"{label}: the evaluation forward is not exact")
+    if replication > 1:
+        return
+    for plan, sample, stale in (("p2p", "bns:p=0.5", "none"), ("sparse-bcast", "bns:p=0.5,side=owner", "none"),
+                                ("dense-bcast", "none", "sancus-e:eps=1")):
+        moved = {}
+        for compress in ("none", "int8"):
+            trainer = Trainer(comm, local_graph(data, layout, group),
+                              TrainConfig(plan=plan, epochs=3, input_exchange="per-epoch", sample=sample,
+                                          stale=stale, compress=compress))
+            moved[compress] = [(r["bytes"]["forward"]["sent"], r["bytes"]["forward"]["recv"],
+                                r["bytes"]["backward"]["sent"], r["bytes"]["backward"]["recv"])
+                               for r in (trainer.train_epoch() for _ in range(3))]
+        # every layer of an epoch moves the same rows: bytes = rows * sum over layers of the row size
+        forward = [width for width, _ in shape.exchanges]
+        backward = [width for width, back in shape.exchanges if back]
+        coded = trainer.codec
+        for plain, small in zip(moved["none"], moved["int8"]):
+            for k, widths in enumerate((forward, forward, backward, backward)):
+                if small[k] * sum(4 * w for w in widths) != plain[k] * sum(coded.row_bytes(w) for w in widths):
+                    failures.append(f"{plan} {sample} {stale} int8: bytes {small} are not the coded size of {plain}")
+
+
 def check_sancus(comm, replication: int, failures: list[str]) -> None:
     """On a wider, denser graph (200 nodes, 64 features, degree about 10), where layer 0's own input
     dropout moves ``H_1`` little from one epoch to the next but a fresh mask on ``H_1`` moves it a lot."""
@@ -187,6 +241,7 @@ def main() -> int:
     failures: list[str] = []
     check_modes(comm, data, layout, args.replication, failures)
     check_sampled(comm, data, layout, args.replication, failures)
+    check_compressed(comm, data, layout, args.replication, failures)
     check_sancus(comm, args.replication, failures)
     return finish(comm, failures, f"static input P={comm.size} c={args.replication}")
 

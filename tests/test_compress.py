@@ -1,0 +1,91 @@
+"""Compressed messages (sparse_dist/compress.py): round-trip error per format, unbiased stochastic rounding,
+error feedback over many exchanges, and the flag's parser. Multi-rank bytes and exactness of evaluation run
+in tests/mpi_cases/static_input_cases.py."""
+
+import numpy as np
+import pytest
+import torch
+
+from sparse_dist.compress import Codec
+
+
+def _rows(seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randn(64, 33, generator=generator, dtype=torch.float32) * torch.logspace(-3, 2, 64)[:, None]
+    rows[5] = 0.0  # an all-zero row: scale 0 must decode to zeros
+    return rows
+
+
+@pytest.mark.parametrize("name,relative", [("fp16", 2.0**-11), ("bf16", 2.0**-8)])
+def test_16_bit_formats_round_to_nearest(name: str, relative: float) -> None:
+    codec = Codec(name)
+    rows = _rows()
+    payload = codec.encode(rows)
+    assert payload.dtype == torch.uint8 and payload.shape == (64, codec.row_bytes(33)) == (64, 66)
+    back = codec.decode(payload, 33, torch.float32)
+    # relative error of the format's rounding; below its normal range, half its smallest subnormal step
+    smallest = {"fp16": 2.0**-24, "bf16": 2.0**-133}[name]
+    assert torch.all((back - rows).abs() <= relative * rows.abs() + smallest / 2)
+
+
+def test_int8_error_is_at_most_half_a_step_of_its_row() -> None:
+    codec = Codec("int8")
+    rows = _rows()
+    payload = codec.encode(rows)
+    assert payload.shape == (64, 33 + 4)
+    back = codec.decode(payload, 33, torch.float32)
+    step = rows.abs().amax(dim=1, keepdim=True) / 127
+    assert torch.all((back - rows).abs() <= step / 2 * (1 + 1e-6))
+    assert torch.equal(back[5], torch.zeros(33))
+    assert codec.encode(rows[:0]).shape == (0, 37) and codec.decode(codec.encode(rows[:0]), 33, torch.float32).shape == (0, 33)
+
+
+def test_stochastic_int8_is_unbiased_and_within_one_step() -> None:
+    rows, draws = _rows(1)[:8], 2000
+    step = rows.abs().amax(dim=1, keepdim=True) / 127
+    total = torch.zeros_like(rows)
+    codec = Codec("int8", stochastic=True, seed=3)
+    for k in range(draws):
+        back = codec.decode(codec.encode(rows, (k,)), 33, torch.float32)
+        assert torch.all((back - rows).abs() <= step * (1 + 1e-6))
+        total += back
+    # each draw's error has variance at most step^2 / 4: the mean lies within 6 of its standard deviations
+    assert torch.all((total / draws - rows).abs() <= 6 * step / 2 / np.sqrt(draws) + 1e-7)
+    assert torch.equal(codec.encode(rows, (7,)), codec.encode(rows, (7,)))  # reproducible
+
+
+def test_error_feedback_keeps_the_accumulated_error_bounded() -> None:
+    generator = torch.Generator().manual_seed(4)
+    base, drift = torch.randn(40, 16, generator=generator), torch.randn(40, 16, generator=generator)
+    errors = {}
+    for feedback in (False, True):
+        codec = Codec("int8", feedback=feedback)
+        accumulated = torch.zeros(40, 16)
+        for t in range(50):  # a slowly changing block, sent 50 times: the receiver sums what it decodes
+            x = base + 1e-3 * t * drift
+            accumulated += x - codec.decode(codec.send(x, (1, "rows", 0), 40, None), 16, torch.float32)
+        errors[feedback] = float(accumulated.norm())
+    # what the receivers summed is off by the last residual only: at most half a step per value of its row
+    last = base + 1e-3 * 49 * drift
+    bound = float(((last.abs().amax(dim=1) / 127 * 1.01) ** 2 * 16 / 4).sum().sqrt())
+    assert errors[True] <= bound
+    assert errors[False] > 10 * errors[True]  # without feedback, rounding errors of a slow block add up
+
+
+def test_feedback_residual_follows_the_rows_a_sampled_message_sends() -> None:
+    codec = Codec("fp16", feedback=True)
+    rows = torch.full((2, 3), 1.0 + 2.0**-12)  # not representable in fp16: a residual of 2^-12 per value
+    codec.send(rows, (0, "rows", 1), 5, np.array([1, 3]))
+    residual = codec.residuals[(0, "rows", 1)]
+    assert torch.allclose(residual[[1, 3]], torch.full((2, 3), 2.0**-12)) and torch.equal(residual[[0, 2, 4]],
+                                                                                         torch.zeros(3, 3))
+
+
+def test_compress_specs_are_parsed_and_checked() -> None:
+    assert Codec.parse("none") is None
+    codec = Codec.parse("int8:stochastic,feedback", seed=2)
+    assert (codec.format, codec.stochastic, codec.feedback, codec.seed, str(codec)) == \
+        ("int8", True, True, 2, "int8:stochastic,feedback")
+    for bad in ("int4", "fp16:stochastic", "int8,fast", "int8:floor"):
+        with pytest.raises(ValueError):
+            Codec.parse(bad)
