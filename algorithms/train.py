@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.model import GraphModel
-from algorithms.layers import layer_type
+from algorithms.layers import LayerOptions, layer_type
 from algorithms.policies import AxisSpec
 from algorithms.static_input import HaloBudgetError, choose_input_exchange, evaluations, receiver_side
 from sparse_dist.comm import Communicator
@@ -64,6 +64,9 @@ class TrainConfig:
     dropout_side: str = "auto"     # "owner", "receiver" (exchanges carry pre-dropout rows), "auto"
     halo_budget: int | None = None  # bytes of halo rows a rank may keep under "once" (None: unlimited)
     audit_every: int = 0           # every k epochs, one exact forward beside the policy's (0: never)
+    heads: int = 1                 # GAT: attention heads of each hidden layer (concatenated)
+    output_heads: int = 1          # GAT: attention heads of the output layer (averaged)
+    attention_dropout: float = 0.0  # GAT: dropout on the attention weights
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -76,10 +79,15 @@ class TrainConfig:
         fields = {key: getattr(self, key) for key in self.__dataclass_fields__}
         return {key: str(value) if isinstance(value, AxisSpec) else value for key, value in fields.items()}
 
+    def layer_options(self) -> LayerOptions:
+        return LayerOptions(self.heads, self.output_heads, self.attention_dropout)
+
     def fingerprint(self) -> dict[str, Any]:
-        """The fields a checkpoint must agree with (plan and c change no math)."""
+        """The fields a checkpoint must agree with (plan and c change no math; attention options where set)."""
         keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
                 "feature_norm", "dtype", "sample", "stale", "clip", "dropout_side")
+        if not self.layer_options().is_default():
+            keep += ("heads", "output_heads", "attention_dropout")
         return {key: value for key, value in self.record().items() if key in keep}
 
 
@@ -151,8 +159,11 @@ class Trainer:
         sampler = config.sample.build(seed=config.seed)
         strategy = make_strategy(sampler, config.stale.build())
         self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale)
+        dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
+        self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=self.dtype,
+                                options=config.layer_options()).to(self.device)
         self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy,
-                             row_masks=self.receiver_dropout)
+                             row_masks=self.receiver_dropout or self.model.needs_source_ids)
 
         features = graph.features.astype(np.float64)
         if config.feature_norm == "row":
@@ -171,7 +182,6 @@ class Trainer:
         if self.global_counts["train"] == 0:
             raise ValueError(f"{graph.name}: the training split is empty")
 
-        dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
         try:
             self.input_exchange = choose_input_exchange(
                 config.input_exchange, grid=self.matrix.grid, layout=graph.layout,
@@ -179,7 +189,7 @@ class Trainer:
                 f_in=dims[0], f_out=dims[1], itemsize=features_tensor.element_size(), epochs=config.epochs,
                 evaluations=evaluations(config.epochs, config.eval_every),
                 sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
-                budget=config.halo_budget)
+                budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout))
         except HaloBudgetError as exc:
             exc.every_rank = True  # type: ignore[attr-defined]  # decided from global metadata: said once
             raise
@@ -187,8 +197,6 @@ class Trainer:
                      if self.input_exchange.mode == "once" else None)  # collective over the replica column
         self.features = self.halo.own_values if self.halo is not None else features_tensor
         self._input = self.halo.values if self.halo is not None else features_tensor
-        self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed,
-                                dtype=self.dtype).to(self.device)
         first = self.model.layer_parameters(0)
         rest = [p for layer in range(1, self.model.num_layers) for p in self.model.layer_parameters(layer)]
         if config.weight_decay_scope == "first":

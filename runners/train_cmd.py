@@ -10,7 +10,8 @@ per phase as min/mean/max over ranks (plus ``eval_bytes`` where it evaluated,
 and ``audit`` every ``--audit-every`` epochs: per layer the relative error of
 the policy's layer outputs against an exact forward, and that forward's
 seconds and bytes, which the epoch's figures leave out),
-then ``final`` with peak memory per rank, the final metrics and ``bytes_total``:
+then ``final`` with peak memory per rank, the bytes of the attention structures each rank
+caches (GAT; 0 otherwise), the final metrics and ``bytes_total``:
 every byte of the run per phase, set-up and evaluation included).
 
 Time breakdown per epoch: ``local_spmm`` (local sparse multiplies),
@@ -43,12 +44,46 @@ from sparse_dist.layout import Grid
 from sparse_dist.plans import PLAN_NAMES
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _attention_probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {value}")
+    return value
+
+
+def add_attention_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--heads``, ``--output-heads``, ``--attention-dropout`` (GAT only; see :func:`attention_problem`)."""
+    parser.add_argument("--heads", type=_count, default=1,
+                        help="gat: attention heads of each hidden layer, concatenated (default 1)")
+    parser.add_argument("--output-heads", type=_count, default=1,
+                        help="gat: attention heads of the output layer, averaged (default 1)")
+    parser.add_argument("--attention-dropout", type=_attention_probability, default=0.0,
+                        help="gat: dropout probability on the attention weights (default 0)")
+
+
+def attention_problem(args: argparse.Namespace) -> str | None:
+    """Why the attention flags do not fit ``--model``, or None."""
+    if args.model != "gat" and (args.heads != 1 or args.output_heads != 1 or args.attention_dropout != 0.0):
+        return (f"--heads, --output-heads and --attention-dropout are for --model gat; --model {args.model} "
+                f"has no attention (got --heads {args.heads} --output-heads {args.output_heads} "
+                f"--attention-dropout {args.attention_dropout})")
+    return None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
     parser.add_argument("--model", choices=MODEL_KINDS, default="gcn")
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=16, help="hidden width (gat: per head)")
     parser.add_argument("--dropout", type=float, default=0.5)
+    add_attention_arguments(parser)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--weight-decay-scope", choices=("first", "all"), default="first",
@@ -105,7 +140,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
     if args.audit_every < 0:
         return f"--audit-every must be >= 0 (0: no audit), got {args.audit_every}"
-    return None
+    return attention_problem(args)
 
 
 def _path_problems(args: argparse.Namespace) -> list[str]:
@@ -147,7 +182,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
                        epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
                        replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
                        sample=args.sample, stale=args.stale, clip=args.clip, input_exchange=args.input_exchange,
-                       dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every)
+                       dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every,
+                       heads=args.heads, output_heads=args.output_heads, attention_dropout=args.attention_dropout)
 
 
 def policy_file(path: str, rank: int) -> str:
@@ -289,9 +325,10 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         metrics.update(ogb_metric)
     totals = comm.allgather_object(bytes_by_phase(comm.stats.snapshot()))  # the whole run, per phase
     peaks = comm.allgather_object(peak_memory_bytes(trainer.device))
+    attention = comm.allgather_object(trainer.model.attention_bytes())
     if leader:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
-                      "bytes_total": _traffic_spread(totals)})
+                      "attention_structure_bytes_per_rank": attention, "bytes_total": _traffic_spread(totals)})
         writer.close()
         final = metrics.get("test_acc", metrics.get("test_f1"))
         label = "test accuracy" if "test_acc" in metrics else "test micro-F1"
