@@ -255,7 +255,9 @@ def _per_head_spmm(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, 
 class _Attend(torch.autograd.Function):
     """Per head: logits of every stored entry, softmax weights (shifted by the agreed row maxima),
     and the aggregation. Returns the numerators ``N`` (``n x K x F'``) and denominators ``D``
-    (``n x K``) over this call's entries; ``N / D`` is the layer's (pre-bias) output.
+    (``n x K``) over this call's entries; ``N / D`` is the layer's (pre-bias) output. Both carry the
+    factor ``exp(-m)`` of the row maxima ``m``, which the backward holds constant: exact for ``N / D``
+    (independent of ``m``), the only use.
 
     Saved for the backward: the node-level inputs and, with attention dropout, the ``K x E`` keep
     mask; logits and weights are recomputed there. ``agree_max(m)`` makes the row maxima (``K x n``,
