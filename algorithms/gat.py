@@ -50,8 +50,9 @@ followed by the halo rows it referenced, masks them itself, computes ``Z`` and `
 them and attends over its own and halo entries locally: no exchange, forward or backward.
 
 Attention dropout (:func:`attention_keep`): the kept entries of ``alpha`` are decided per
-(seed, epoch, layer, global row, global column, head) with a counter-based hash, so they do not
-depend on ``P``, and are scaled like input dropout (``2^16 / T``; :class:`algorithms.dropout.KeepRule`).
+(seed, epoch, layer, global row, global column, head) with a counter-based hash (splitmix64, on
+the tensors' device: two 64-bit words per entry for 8 heads), so they do not depend on ``P``, and
+are scaled like input dropout (``2^16 / T``; :class:`algorithms.dropout.KeepRule`).
 
 Memory (attention state per stored entry, float32, ``K`` heads): the forward keeps nothing per
 entry and head for the backward but the 1-byte keep mask of attention dropout (``K`` bytes, only
@@ -92,7 +93,6 @@ __all__ = ["GATLayer", "attention_adjacency", "attention_keep", "splitmix64_torc
 
 NEGATIVE_SLOPE = 0.2
 _ATTENTION_DOMAIN = 0x6741_5441  # "gATA": keeps attention streams apart from the other hashed samples
-_SDDMM_CHUNK = 1 << 22           # elements of one SDDMM temporary (edges x K F')
 
 
 # --------------------------------------------------------------------------- adjacency
@@ -126,17 +126,21 @@ _MIX1 = _signed(0xBF58476D1CE4E5B9)
 _MIX2 = _signed(0x94D049BB133111EB)
 
 
-def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's ``>>`` is arithmetic)."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
+def _splitmix64_(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64 of int64 ``z`` in place (wrapping arithmetic; logical shifts made from torch's arithmetic ones)."""
+    z.add_(_GOLDEN)
+    shifted = torch.empty_like(z)
+    for bits, factor in ((30, _MIX1), (27, _MIX2), (31, None)):
+        torch.bitwise_right_shift(z, bits, out=shifted)
+        z.bitwise_xor_(shifted.bitwise_and_((1 << (64 - bits)) - 1))
+        if factor is not None:
+            z.mul_(factor)
+    return z
 
 
 def splitmix64_torch(z: torch.Tensor) -> torch.Tensor:
     """:func:`algorithms.policies.splitmix64` on an int64 tensor (wrapping arithmetic), on its device."""
-    z = z + _GOLDEN
-    z = (z ^ _shift_right(z, 30)) * _MIX1
-    z = (z ^ _shift_right(z, 27)) * _MIX2
-    return z ^ _shift_right(z, 31)
+    return _splitmix64_(z.clone())
 
 
 def _stream_key(seed: int, epoch: int, layer: int) -> int:
@@ -147,23 +151,26 @@ def _stream_key(seed: int, epoch: int, layer: int) -> int:
     return _signed(int(key[0]))
 
 
-def attention_keep(seed: int, epoch: int, layer: int, rows: torch.Tensor, columns: torch.Tensor, heads: int,
-                   p: float) -> torch.Tensor:
-    """Keep mask (``heads x E`` bool, on ``rows``' device) of attention entries ``(rows[e], columns[e])``.
+def attention_keep(seed: int, epoch: int, layer: int, rows: torch.Tensor, entry_rows: torch.Tensor,
+                   columns: torch.Tensor, heads: int, p: float) -> torch.Tensor:
+    """Keep mask (``heads x E`` bool, on the ids' device) of attention entries ``(rows[entry_rows[e]], columns[e])``.
 
-    ``rows``, ``columns``: global ids (int64). The rule: ``key = sm(sm(rows ^ k) ^ columns)`` with
-    ``sm`` = splitmix64 and ``k`` the stream key of (seed, epoch, layer); head ``h`` reads 16-bit
-    lane ``h % 4`` (bits ``16 (h % 4)`` up) of ``sm(key ^ (h // 4) * 0x9E3779B97F4A7C15)`` and is
-    kept when the lane is below ``T = round((1 - p) 2^16)``. A pure function of
+    ``rows``: global ids of the destination rows (int64, each hashed once); ``entry_rows``: each entry's
+    index into ``rows``; ``columns``: each entry's source global id. The rule, with ``sm`` =
+    splitmix64 and ``k`` the stream key of (seed, epoch, layer): head ``h`` of entry (row, column)
+    reads the 16-bit lane ``h % 4`` (bits ``16 (h % 4)`` up; little-endian memory order) of
+    ``sm(sm(row ^ k) ^ column ^ (h // 4) * 0x9E3779B97F4A7C15)`` as a signed ``int16`` ``s`` and is
+    kept when ``s + 32768 < T = round((1 - p) 2^16)``, as :mod:`algorithms.dropout` reads its lanes. A pure
+    function of
     (seed, epoch, layer, row, column, head): independent of ``P`` and of who computes it.
     """
     rule = KeepRule.of(p)
-    key = splitmix64_torch(splitmix64_torch(rows ^ _stream_key(seed, epoch, layer)) ^ columns)
-    keep = torch.empty(heads, rows.numel(), dtype=torch.bool, device=rows.device)
+    keys = _splitmix64_(rows ^ _stream_key(seed, epoch, layer)).index_select(0, entry_rows).bitwise_xor_(columns)
+    keep = torch.empty(heads, columns.numel(), dtype=torch.bool, device=columns.device)
     for group in range(-(-heads // 4)):
-        word = splitmix64_torch(key ^ _signed(group * 0x9E3779B97F4A7C15))
+        lanes = _splitmix64_(keys ^ _signed(group * 0x9E3779B97F4A7C15)).view(torch.int16).view(-1, 4)
         for lane in range(min(4, heads - 4 * group)):
-            torch.lt(_shift_right(word, 16 * lane) & 0xFFFF, rule.threshold, out=keep[4 * group + lane])
+            torch.lt(lanes[:, lane], rule.signed_bound, out=keep[4 * group + lane])
     return keep
 
 
@@ -237,8 +244,8 @@ def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tup
 
 
 def _per_head_spmm(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, dense: torch.Tensor,
-                   rows: int) -> torch.Tensor:
-    """``out[k] = CSR(crow, col, values[k]) @ dense[k]`` for every head: ``K x rows x F'``.
+                   rows: int, alpha: float = 1.0) -> torch.Tensor:
+    """``out[k] = alpha CSR(crow, col, values[k]) @ dense[k]`` for every head: ``K x rows x F'``.
 
     ``values``: ``K x E``; ``dense``: ``K x S x F'`` (head-major, contiguous).
     """
@@ -247,7 +254,7 @@ def _per_head_spmm(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, 
     if values.shape[1] == 0 or rows == 0:
         return out
     for k in range(heads):
-        out[k].addmm_(_csr(crow, col, values[k], (rows, s)), dense[k], beta=0.0)
+        out[k].addmm_(_csr(crow, col, values[k], (rows, s)), dense[k], beta=0.0, alpha=alpha)
     return out
 
 
@@ -259,75 +266,75 @@ class _Attend(torch.autograd.Function):
     factor ``exp(-m)`` of the row maxima ``m``, which the backward holds constant: exact for ``N / D``
     (independent of ``m``), the only use.
 
-    Saved for the backward: the node-level inputs and, with attention dropout, the ``K x E`` keep
-    mask; logits and weights are recomputed there. ``agree_max(m)`` makes the row maxima (``K x n``,
+    Saved for the backward: the node-level inputs and, with attention dropout, the ``K x E`` mask of
+    dropped entries (``dropped``; the kept ones are scaled by ``scale``); logits and weights are
+    recomputed there. ``agree_max(m)`` makes the row maxima (``K x n``,
     in place) the same on every replica of the row group (collective there; a no-op in 1D).
+    Entry tensors are head-major (``K x E``) so that each head's weights are one contiguous row.
     """
 
     @staticmethod
-    def _weights(ctx: Any, s_t: torch.Tensor, d_t: torch.Tensor, m: torch.Tensor | None,
-                 agree_max: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(positive, p, m)``: which logits are above 0, ``p = w exp(e - m[row])`` (``K x E``), the maxima."""
-        edges: _Edges = ctx.edges
-        e = s_t.index_select(1, edges.col).add_(d_t.index_select(1, edges.row))
-        positive = e > 0
-        e = torch.where(positive, e, e * ctx.slope)
-        if m is None:
-            m = torch.full_like(d_t, -math.inf).scatter_reduce_(1, edges.row.expand_as(e), e, "amax")
-            if agree_max is not None:
-                agree_max(m)
+    def _logits(edges: _Edges, s_t: torch.Tensor, d_t: torch.Tensor) -> torch.Tensor:
+        """``s_j + d_i`` of every entry (``K x E``), before the LeakyReLU."""
+        return s_t.index_select(1, edges.col).add_(d_t.index_select(1, edges.row))
+
+    @staticmethod
+    def _softmax_weights(edges: _Edges, e: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """``w exp(e - m[row])`` in place of the activated logits ``e``."""
         p = e.sub_(m.index_select(1, edges.row)).exp_()
-        if edges.weight is not None:
-            p.mul_(edges.weight)
-        return positive, p, m
+        return p.mul_(edges.weight) if edges.weight is not None else p
 
     @staticmethod
     def forward(ctx: Any, z: torch.Tensor, s: torch.Tensor, d: torch.Tensor,  # type: ignore[override]
-                edges: _Edges, slope: float, keep: torch.Tensor | None, scale: float, agree_max: Any,
+                edges: _Edges, slope: float, dropped: torch.Tensor | None, scale: float, agree_max: Any,
                 timer: ComputeTimer | None) -> tuple[torch.Tensor, torch.Tensor]:
         heads = d.shape[1]
         ctx.edges, ctx.slope, ctx.scale, ctx.timer = edges, slope, scale, timer
         s_t, d_t = s.t().contiguous(), d.t().contiguous()
-        _, p, m = _Attend._weights(ctx, s_t, d_t, None, agree_max)
+        e = F.leaky_relu_(_Attend._logits(edges, s_t, d_t), slope)
+        m = torch.full_like(d_t, -math.inf).scatter_reduce_(1, edges.row.expand_as(e), e, "amax")
+        if agree_max is not None:
+            agree_max(m)
+        p = _Attend._softmax_weights(edges, e, m)
         denominator = torch.zeros_like(d_t).index_add_(1, edges.row, p)
-        weights = p.mul_(keep).mul_(scale) if keep is not None else p
+        weights = p.masked_fill_(dropped, 0.0) if dropped is not None else p
         z_heads = z.reshape(edges.s, heads, z.shape[1] // heads).transpose(0, 1).contiguous()
         with _measure(timer, z.device):
-            numerator = _per_head_spmm(edges.crow, edges.col, weights, z_heads, edges.n)
-        ctx.save_for_backward(z, s_t, d_t, m, keep)
+            numerator = _per_head_spmm(edges.crow, edges.col, weights, z_heads, edges.n, scale)
+        ctx.save_for_backward(z, s_t, d_t, m, dropped)
         return numerator.transpose(0, 1).contiguous(), denominator.t().contiguous()
 
     @staticmethod
     def backward(ctx: Any, grad_numerator: torch.Tensor,  # type: ignore[override]
                  grad_denominator: torch.Tensor) -> tuple[Any, ...]:
-        z, s_t, d_t, m, keep = ctx.saved_tensors
+        z, s_t, d_t, m, dropped = ctx.saved_tensors
         edges: _Edges = ctx.edges
-        heads = s_t.shape[0]
-        positive, p, _ = _Attend._weights(ctx, s_t, d_t, m)
-        weights = p * keep * ctx.scale if keep is not None else p
-        grad_n = grad_numerator.reshape(edges.n, z.shape[1])
+        heads, width = s_t.shape[0], z.shape[1] // s_t.shape[0]
+        logits = _Attend._logits(edges, s_t, d_t)
+        p = _Attend._softmax_weights(edges, F.leaky_relu(logits, ctx.slope), m)
+        grad_heads = grad_numerator.transpose(0, 1).contiguous()   # K x n x F'
+        z_heads = z.reshape(edges.s, heads, width).transpose(0, 1).contiguous()
         grad_z = None
         if ctx.needs_input_grad[0]:
-            grad_heads = grad_numerator.transpose(0, 1).contiguous()   # K x n x F'
+            weights = p.masked_fill(dropped, 0.0) if dropped is not None else p
             with _measure(ctx.timer, z.device):
                 grad_z = _per_head_spmm(edges.crow_t, edges.row_t, weights.index_select(1, edges.order_t),
-                                        grad_heads, edges.s)
+                                        grad_heads, edges.s, ctx.scale)
             grad_z = grad_z.transpose(0, 1).reshape(edges.s, z.shape[1])
-        del weights
-        # d loss / d weight of entry (i, j), head k: <dN_i^k, Z_j^k> (an SDDMM), in chunks of entries.
+            del weights
+        # d loss / d weight of entry (i, j), head k: <dN_i^k, Z_j^k>, an SDDMM on the entries' pattern.
         grad_p = torch.empty_like(p)
-        width = grad_n.shape[1]
-        chunk = max(1, _SDDMM_CHUNK // max(width, 1))
-        for start in range(0, edges.count, chunk):
-            rows, cols = edges.row[start:start + chunk], edges.col[start:start + chunk]
-            products = grad_n.index_select(0, rows).mul_(z.index_select(0, cols))
-            grad_p[:, start:start + chunk] = products.view(rows.numel(), heads, width // heads).sum(2).t()
-        if keep is not None:
-            grad_p.mul_(keep).mul_(ctx.scale)
-        grad_p.add_(grad_denominator.t().index_select(1, edges.row))
-        grad_e = grad_p.mul_(p)
+        if edges.count and edges.n:
+            pattern = _csr(edges.crow, edges.col, grad_p[0], (edges.n, edges.s))
+            with _measure(ctx.timer, z.device):
+                for k in range(heads):
+                    grad_p[k] = torch.sparse.sampled_addmm(pattern, grad_heads[k], z_heads[k].t(), beta=0.0,
+                                                           alpha=ctx.scale).values()
+        if dropped is not None:
+            grad_p.masked_fill_(dropped, 0.0)
+        grad_e = grad_p.add_(grad_denominator.t().contiguous().index_select(1, edges.row)).mul_(p)
         del p
-        grad_e = torch.where(positive, grad_e, grad_e * ctx.slope)
+        grad_e = torch.ops.aten.leaky_relu_backward(grad_e, logits, ctx.slope, False)
         grad_s = torch.zeros_like(s_t).index_add_(1, edges.col, grad_e).t() if ctx.needs_input_grad[1] else None
         grad_d = torch.zeros_like(d_t).index_add_(1, edges.row, grad_e).t() if ctx.needs_input_grad[2] else None
         return grad_z, grad_s, grad_d, None, None, None, None, None, None
@@ -491,17 +498,19 @@ class GATLayer(GraphLayer):
                 context: ExchangeContext, timer: ComputeTimer | None,
                 replicas: Communicator | None) -> torch.Tensor:
         """``N`` and ``D`` over ``edges`` (summed over replicas where given), then the heads' output + bias."""
-        keep, scale = None, 1.0
+        dropped, scale = None, 1.0
         if context.training and self.attention_dropout > 0 and edges.count:
             if edges.sources is None:
                 raise RuntimeError("attention dropout needs the global ids of the received rows: build the "
                                    "exchange plan with row_masks=True (the trainer does for GAT)")
             with _measure(timer, z.device, "masks"):
-                keep = attention_keep(self.seed, context.epoch, context.layer, edges.row + first_row,
-                                      edges.sources.index_select(0, edges.col), self.heads, self.attention_dropout)
+                rows = torch.arange(first_row, first_row + edges.n, device=edges.row.device)
+                dropped = attention_keep(self.seed, context.epoch, context.layer, rows, edges.row,
+                                         edges.sources.index_select(0, edges.col), self.heads,
+                                         self.attention_dropout).logical_not_()
             scale = KeepRule.of(self.attention_dropout).scale
         agree = (lambda m: replicas.allreduce_(m, "forward", op="max")) if replicas is not None else None
-        numerator, denominator = _Attend.apply(z, s, d, edges, self.negative_slope, keep, scale, agree, timer)
+        numerator, denominator = _Attend.apply(z, s, d, edges, self.negative_slope, dropped, scale, agree, timer)
         if replicas is not None:
             both = _SumOverReplicas.apply(torch.cat([numerator.reshape(edges.n, self.heads * self.head_width), denominator], 1), replicas)
             numerator, denominator = both.split([self.heads * self.head_width, self.heads], 1)

@@ -11,8 +11,10 @@ its heads; biases after the heads. Weights Glorot-uniform from one seeded
 generator, layer by layer in the order ``W`` (fan_in x K F'), ``a_src``, ``a_dst``
 (K x F'); zero biases. Input dropout masks: the global-row rule of
 :func:`reference_gcn.dropout_keep`. Attention dropout: the counter-based rule
-(splitmix64 of (seed, domain, epoch, layer), then of the row and the column;
-16-bit lanes, four heads per 64-bit word). Everything is dense ``N x N x K``.
+(a key chained by splitmix64 over (seed, domain, epoch, layer); per entry and
+group of four heads ``splitmix64(splitmix64(row ^ key) ^ column ^ group *
+golden)``, 16-bit lanes from the low bits up, each read as int16 ``s`` and kept
+when ``s + 32768 < round((1 - p) 2^16)``, as the input-dropout rule). Everything is dense ``N x N x K``.
 """
 
 from __future__ import annotations
@@ -43,13 +45,15 @@ def attention_keep(seed: int, epoch: int, layer: int, rows: np.ndarray, cols: np
         key = np.array([seed], dtype=np.uint64)
         for word in (DOMAIN, epoch, layer):
             key = splitmix(splitmix(key) ^ np.uint64(word))
-        entry = splitmix(splitmix(rows.astype(np.uint64) ^ key) ^ cols.astype(np.uint64))
+        entry = splitmix(rows.astype(np.uint64) ^ key) ^ cols.astype(np.uint64)
         threshold = min(65536, max(1, round((1.0 - p) * 65536)))
         keep = np.zeros((rows.size, heads), dtype=bool)
         for head in range(heads):
             group, lane = divmod(head, 4)
             word = splitmix(entry ^ np.uint64((group * GOLDEN) % 2**64))
-            keep[:, head] = ((word >> np.uint64(16 * lane)) & np.uint64(0xFFFF)) < threshold
+            unsigned = ((word >> np.uint64(16 * lane)) & np.uint64(0xFFFF)).astype(np.int64)
+            signed = np.where(unsigned >= 32768, unsigned - 65536, unsigned)   # the lane read as int16
+            keep[:, head] = signed + 32768 < threshold
     return keep, 65536.0 / threshold
 
 

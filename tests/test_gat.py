@@ -29,12 +29,14 @@ def test_the_device_hash_equals_numpy_splitmix64_bit_for_bit() -> None:
 @pytest.mark.parametrize("heads,p", [(6, 0.3), (1, 0.6)])
 def test_attention_masks_follow_the_written_rule(heads: int, p: float) -> None:
     rng = np.random.default_rng(1)
-    rows, cols = rng.integers(0, 10**6, 20000), rng.integers(0, 10**9, 20000)
-    got = attention_keep(3, 7, 1, torch.from_numpy(rows), torch.from_numpy(cols), heads, p)
-    want, _ = reference_keep(3, 7, 1, rows, cols, heads, p)
+    row_ids = torch.from_numpy(rng.integers(0, 10**6, 500))          # destinations, each hashed once
+    entry_rows = torch.from_numpy(rng.integers(0, 500, 20000))       # each entry's destination
+    cols = rng.integers(0, 10**9, 20000)
+    got = attention_keep(3, 7, 1, row_ids, entry_rows, torch.from_numpy(cols), heads, p)
+    want, _ = reference_keep(3, 7, 1, row_ids[entry_rows].numpy(), cols, heads, p)
     assert torch.equal(got, torch.from_numpy(want.T.copy()))
     assert abs(float(got.float().mean()) - (1 - p)) < 0.01
-    other_epoch = attention_keep(3, 8, 1, torch.from_numpy(rows), torch.from_numpy(cols), heads, p)
+    other_epoch = attention_keep(3, 8, 1, row_ids, entry_rows, torch.from_numpy(cols), heads, p)
     assert not torch.equal(got, other_epoch)
 
 
@@ -71,7 +73,7 @@ def test_the_attention_backward_is_the_derivative_of_its_forward() -> None:
     dst = torch.randn(n, heads, dtype=torch.float64, requires_grad=True)
 
     def attend(z, src, dst):
-        numerator, denominator = _Attend.apply(z, src, dst, edges, 0.2, keep, 1.5, None, None)
+        numerator, denominator = _Attend.apply(z, src, dst, edges, 0.2, ~keep, 1.5, None, None)
         return numerator / denominator.unsqueeze(2)
 
     assert torch.autograd.gradcheck(attend, (z, src, dst))
