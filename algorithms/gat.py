@@ -325,7 +325,7 @@ class _Attend(torch.autograd.Function):
         # d loss / d weight of entry (i, j), head k: <dN_i^k, Z_j^k>, an SDDMM on the entries' pattern.
         grad_p = torch.empty_like(p)
         if edges.count and edges.n:
-            pattern = _csr(edges.crow, edges.col, grad_p[0], (edges.n, edges.s))
+            pattern = _csr(edges.crow, edges.col, p[0], (edges.n, edges.s))  # finite values: beta 0 times them
             with _measure(ctx.timer, z.device):
                 for k in range(heads):
                     grad_p[k] = torch.sparse.sampled_addmm(pattern, grad_heads[k], z_heads[k].t(), beta=0.0,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -44,14 +44,18 @@ from sparse_dist.layout import Grid
 from sparse_dist.plans import PLAN_NAMES
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def at_least(low: int) -> Callable[[str], int]:
+    """argparse type: an integer ``>= low``."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
 
 
-def _attention_probability(text: str) -> float:
+def probability(text: str) -> float:
+    """argparse type: a probability in ``[0, 1)``."""
     value = float(text)
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {value}")
@@ -60,11 +64,11 @@ def _attention_probability(text: str) -> float:
 
 def add_attention_arguments(parser: argparse.ArgumentParser) -> None:
     """``--heads``, ``--output-heads``, ``--attention-dropout`` (GAT only; see :func:`attention_problem`)."""
-    parser.add_argument("--heads", type=_count, default=1,
+    parser.add_argument("--heads", type=at_least(1), default=1,
                         help="gat: attention heads of each hidden layer, concatenated (default 1)")
-    parser.add_argument("--output-heads", type=_count, default=1,
+    parser.add_argument("--output-heads", type=at_least(1), default=1,
                         help="gat: attention heads of the output layer, averaged (default 1)")
-    parser.add_argument("--attention-dropout", type=_attention_probability, default=0.0,
+    parser.add_argument("--attention-dropout", type=probability, default=0.0,
                         help="gat: dropout probability on the attention weights (default 0)")
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reference_gcn import dropout_keep
+from reference_gcn import Reference, dropout_keep
 
 DOMAIN = 0x67415441
 GOLDEN = 0x9E3779B97F4A7C15
@@ -57,7 +57,10 @@ def attention_keep(seed: int, epoch: int, layer: int, rows: np.ndarray, cols: np
     return keep, 65536.0 / threshold
 
 
-class GATReference:
+class GATReference(Reference):
+    """Its own parameters and forward; the training step (cross-entropy over the training rows, Adam) and
+    ``flat_parameters`` are :class:`reference_gcn.Reference`'s."""
+
     def __init__(self, adjacency: np.ndarray, features: np.ndarray, labels: np.ndarray, train: np.ndarray,
                  num_classes: int, hidden: int = 4, heads: int = 2, output_heads: int = 1, layers: int = 2,
                  dropout: float = 0.5, attention_dropout: float = 0.5, lr: float = 0.01,
@@ -126,12 +129,3 @@ class GATReference:
             if index < len(self.params) - 1:
                 h = F.elu(h)
         return h
-
-    def step(self) -> float:
-        self.optimizer.zero_grad()
-        logits = self.forward(training=True)
-        loss = F.cross_entropy(logits[self.train], self.y[self.train])
-        loss.backward()
-        self.optimizer.step()
-        self.epoch += 1
-        return float(loss.detach())

@@ -52,7 +52,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.train import LocalGraph, TrainConfig, Trainer
 from runners.data.datasets import planted_classes
 from runners.results import print_report
-from runners.train_cmd import add_attention_arguments, attention_problem
+from runners.train_cmd import add_attention_arguments, at_least, attention_problem, probability
 from runners.data.shards import load_local_graph, write_shards
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
@@ -63,44 +63,28 @@ TIME_PARTS = ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimi
 OPTIONAL_PARTS = ("masks", "dropout", "optimizer")  # shown only when the trainer reports them
 
 
-def _at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    return parse
-
-
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="dataset directory made by `sparse-dist prepare`")
-    source.add_argument("--synthetic", type=_at_least(2), metavar="NODES",
+    source.add_argument("--synthetic", type=at_least(2), metavar="NODES",
                         help="planted-class synthetic graph of NODES nodes (as `prepare synthetic`)")
-    parser.add_argument("--degree", type=_at_least(1), default=15, help="synthetic: out-edges per node")
-    parser.add_argument("--features", type=_at_least(1), default=128, help="synthetic: feature width")
-    parser.add_argument("--classes", type=_at_least(2), default=47, help="synthetic: number of classes")
+    parser.add_argument("--degree", type=at_least(1), default=15, help="synthetic: out-edges per node")
+    parser.add_argument("--features", type=at_least(1), default=128, help="synthetic: feature width")
+    parser.add_argument("--classes", type=at_least(2), default=47, help="synthetic: number of classes")
     parser.add_argument("--scratch", default=None,
                         help="synthetic: directory for the temporary shards, visible to every rank "
                              "(default: the system temporary directory)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, cuda:(rank mod visible GPUs)")
     parser.add_argument("--model", choices=MODEL_KINDS, default="gcn")
-    parser.add_argument("--layers", type=_at_least(1), default=3)
-    parser.add_argument("--hidden", type=_at_least(1), default=128, help="hidden width (gat: per head)")
-    parser.add_argument("--dropout", type=_probability, default=0.5)
+    parser.add_argument("--layers", type=at_least(1), default=3)
+    parser.add_argument("--hidden", type=at_least(1), default=128, help="hidden width (gat: per head)")
+    parser.add_argument("--dropout", type=probability, default=0.5)
     add_attention_arguments(parser)
     parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
-    parser.add_argument("--epochs", type=_at_least(1), default=10, help="timed epochs")
-    parser.add_argument("--warmup", type=_at_least(0), default=2, help="untimed epochs before the timed ones")
-    parser.add_argument("--threads", type=_at_least(0), default=0,
+    parser.add_argument("--epochs", type=at_least(1), default=10, help="timed epochs")
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed epochs before the timed ones")
+    parser.add_argument("--threads", type=at_least(0), default=0,
                         help="torch threads per rank (default: cores / ranks); the PyG peer gets threads * P")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-pyg", action="store_true", help="skip the PyG peer")

@@ -32,6 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from case_report import finish  # noqa: E402
 from reference_gcn import Reference  # noqa: E402
+from row_groups import close  # noqa: E402
+from row_groups import local_graph as row_graph  # noqa: E402
 
 from algorithms.train import LocalGraph, TrainConfig, Trainer  # noqa: E402
 from runners.perf.cost_model import ModelShape  # noqa: E402
@@ -54,14 +56,7 @@ def graph_data(nodes: int = N, width: int = F, density: float = 0.15) -> dict[st
 
 
 def local_graph(data: dict, layout: RowLayout, group: int) -> LocalGraph:
-    lo, hi = layout.row_range(group)
-    masks = {"train": data["train"][lo:hi], "val": ~data["train"][lo:hi], "test": ~data["train"][lo:hi]}
-    return LocalGraph(layout, sp.csr_matrix(data["adjacency"][lo:hi]), data["features"][lo:hi],
-                      data["labels"][lo:hi], masks, C, False, name="static-input")
-
-
-def close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return bool(torch.allclose(got.detach().double(), want.detach().double(), rtol=RTOL, atol=ATOL))
+    return row_graph(data, layout, group, C, "static-input")
 
 
 def traffic(comm) -> dict[str, tuple[int, int]]:
