@@ -55,12 +55,12 @@ the tensors' device: two 64-bit words per entry for 8 heads), so they do not dep
 are scaled like input dropout (``2^16 / T``; :class:`algorithms.dropout.KeepRule`).
 
 Memory (attention state per stored entry, float32, ``K`` heads): the forward keeps nothing per
-entry and head for the backward but the 1-byte keep mask of attention dropout (``K`` bytes, only
-with attention dropout); the backward recomputes the logits. Per entry the layer caches its
-structure: destination, source, and the order by source (three int64, 24 bytes; plus a float
-weight where a sample scales entries, and the source's global id, 8 bytes, with attention
-dropout), kept across epochs while the blocks are the same objects. A forward or backward holds
-about ``3 K`` floats per entry in temporaries (logits, weights, their gradient).
+entry and head for the backward but the 1-byte mask of attention dropout (``K`` bytes, only with
+attention dropout); the backward recomputes the logits and softmax weights. Per entry the layer
+caches its structure while the blocks are the same objects (across epochs when exact): destination,
+source, and the order by source with its destinations (four int64, 32 bytes; plus a float weight
+where a sample scales entries), and 8 bytes per row and per source. Inside one call a forward
+holds about 2 floats per entry and head in temporaries, a backward about 4.
 """
 
 from __future__ import annotations
@@ -489,7 +489,7 @@ class GATLayer(GraphLayer):
             scipy_blocks = [b if sp.issparse(b) else _scipy_of(b) for b in blocks]
             edges = _Edges.build(scipy_blocks, n, source_ids, dtype, device, tuple(blocks))
             self._edges[key] = edges
-            while len(self._edges) > 4:  # the exact structure, this epoch's sample, evaluation
+            while len(self._edges) > 2:  # evaluation's (exact) structure and this epoch's (a sample's)
                 self._edges.popitem(last=False)
         self._edges.move_to_end(key)
         return edges

@@ -102,7 +102,8 @@ class GraphModel(nn.Module):
 
         ``x``: this rank's ``n_g x F_0`` input rows, or, with ``halo``, ``halo.values`` (its rows then its
         halo rows): layer 0 then multiplies locally (:meth:`StaticHalo.multiply`, the receiver drawing
-        the halo rows' masks) and exchanges nothing. ``receiver_dropout``: every exchanging layer sends
+        the halo rows' masks) and exchanges nothing; a layer that ``takes_operator`` (attention) is handed
+        ``halo`` itself, or ``spmm`` itself where it exchanges. ``receiver_dropout``: every exchanging layer sends
         its input pre-dropout and the SpMM masks what it multiplies (so cached or stale rows stay
         meaningful under dropout); the product is the same. ``first_row``: global id of this rank's
         first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
