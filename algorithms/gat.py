@@ -57,7 +57,8 @@ are scaled like input dropout (``2^16 / T``; :class:`algorithms.dropout.KeepRule
 Memory (attention state per stored entry, float32, ``K`` heads): the forward keeps nothing per
 entry and head for the backward but the 1-byte mask of attention dropout (``K`` bytes, only with
 attention dropout); the backward recomputes the logits and softmax weights. Per entry the layer
-caches its structure while the blocks are the same objects (across epochs when exact): destination,
+caches its structure with the operator (shared by the layers that use it) while the blocks are the
+same objects (across epochs when exact): destination,
 source, and the order by source with its destinations (four int64, 32 bytes; plus a float weight
 where a sample scales entries), and 8 bytes per row and per source. Inside one call a forward
 holds about 2 floats per entry and head in temporaries, a backward about 4.
@@ -68,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -89,7 +91,7 @@ from sparse_dist.layout import RowLayout
 from sparse_dist.plans import ExchangePlan, Gathered
 from sparse_dist.spmm import DistSpMM
 
-__all__ = ["GATLayer", "attention_adjacency", "attention_keep", "splitmix64_torch"]
+__all__ = ["GATLayer", "attention_adjacency", "attention_keep", "cached_structure_bytes", "splitmix64_torch"]
 
 NEGATIVE_SLOPE = 0.2
 _ATTENTION_DOMAIN = 0x6741_5441  # "gATA": keeps attention streams apart from the other hashed samples
@@ -229,6 +231,37 @@ class _Edges:
         return _Edges(n, s, tensor(matrix.indptr), tensor(row), tensor(col),
                       None if ones else tensor(matrix.data, dtype), tensor(crow_t), tensor(row[order_t]),
                       tensor(order_t), None if sources is None else tensor(sources), pinned)
+
+
+_STRUCTURES: "weakref.WeakKeyDictionary[object, OrderedDict[tuple[Any, ...], _Edges]]" = weakref.WeakKeyDictionary()
+"""Attention structures per operator (a ``DistSpMM`` or ``StaticHalo``), shared by the layers that use it
+and gone with it: at most :data:`_KEPT` per operator (evaluation's, and this epoch's where a policy
+changes the blocks)."""
+_KEPT = 4
+
+
+def _edges_of(operator: object, blocks: list[Any], n: int, source_ids: list[np.ndarray | range | None],
+              dtype: torch.dtype, device: torch.device) -> _Edges:
+    """The structure of ``blocks`` (scipy or torch CSR) laid side by side, cached with ``operator``.
+
+    Keyed by the blocks' identities (the entry pins them, so an id cannot be reused while cached): the
+    exact blocks are the same objects every epoch, a sample's are new ones.
+    """
+    cache = _STRUCTURES.setdefault(operator, OrderedDict())
+    key = (n, device, *(id(block) for block in blocks))
+    edges = cache.get(key)
+    if edges is None or (edges.sources is None and all(ids is not None for ids in source_ids)):
+        scipy_blocks = [b if sp.issparse(b) else _scipy_of(b) for b in blocks]
+        edges = cache[key] = _Edges.build(scipy_blocks, n, source_ids, dtype, device, tuple(blocks))
+        while len(cache) > _KEPT:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return edges
+
+
+def cached_structure_bytes(*operators: object) -> int:
+    """Bytes of the attention structures cached with ``operators`` on this rank (0 where none)."""
+    return sum(edges.nbytes() for op in operators if op is not None for edges in _STRUCTURES.get(op, {}).values())
 
 
 def _scipy_of(csr: torch.Tensor) -> sp.csr_matrix:
@@ -441,7 +474,6 @@ class GATLayer(GraphLayer):
         self.att_src = nn.Parameter(glorot(generator, heads, head_width).to(dtype))
         self.att_dst = nn.Parameter(glorot(generator, heads, head_width).to(dtype))
         self.bias = nn.Parameter(torch.zeros(self.fan_out, dtype=dtype))
-        self._edges: OrderedDict[tuple[Any, ...], _Edges] = OrderedDict()
 
     @classmethod
     def build(cls, fan_in: int, fan_out: int, *, generator: torch.Generator, dtype: torch.dtype, last: bool,
@@ -471,28 +503,10 @@ class GATLayer(GraphLayer):
         return (f"{self.fan_in}, {self.head_width}, heads={self.heads}, "
                 f"{'concat' if self.concat else 'mean'}, attention_dropout={self.attention_dropout}")
 
-    def structure_bytes(self) -> int:
-        """Bytes of the attention structures this layer keeps cached (this rank)."""
-        return sum(edges.nbytes() for edges in self._edges.values())
-
     # ------------------------------------------------------------------ helpers
     def _terms(self, z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """Per-head ``<Z^k, a^k>`` of ``z`` (``rows x K F'``): ``rows x K``."""
         return (z.view(z.shape[0], self.heads, self.head_width) * att).sum(2)
-
-    def _edges_of(self, blocks: list[Any], n: int, source_ids: list[np.ndarray | range | None],
-                  dtype: torch.dtype, device: torch.device) -> _Edges:
-        """The (cached) structure of blocks laid side by side; scipy CSR or torch CSR blocks."""
-        key = (n, device, *(id(block) for block in blocks))
-        edges = self._edges.get(key)
-        if edges is None or (edges.sources is None and any(ids is not None for ids in source_ids)):
-            scipy_blocks = [b if sp.issparse(b) else _scipy_of(b) for b in blocks]
-            edges = _Edges.build(scipy_blocks, n, source_ids, dtype, device, tuple(blocks))
-            self._edges[key] = edges
-            while len(self._edges) > 2:  # evaluation's (exact) structure and this epoch's (a sample's)
-                self._edges.popitem(last=False)
-        self._edges.move_to_end(key)
-        return edges
 
     def _attend(self, z: torch.Tensor, s: torch.Tensor, d: torch.Tensor, edges: _Edges, first_row: int,
                 context: ExchangeContext, timer: ComputeTimer | None,
@@ -542,8 +556,8 @@ class GATLayer(GraphLayer):
         z = h @ weight
         s = self._terms(z, self.att_src)
         d = self._terms(z[:n], self.att_dst)
-        edges = self._edges_of([halo.own_block, halo.halo_block], n, [range(first, first + n), halo.halo_ids],
-                               z.dtype, z.device)
+        edges = _edges_of(halo, [halo.own_block, halo.halo_block], n, [range(first, first + n), halo.halo_ids],
+                          z.dtype, z.device)
         return self._attend(z, s, d, edges, first, context, plan.timer, None)
 
     def _exchanged(self, h: torch.Tensor, op: DistSpMM, context: ExchangeContext,
@@ -577,5 +591,5 @@ class GATLayer(GraphLayer):
             z, s = both[:, :-self.heads], both[:, -self.heads:]
         blocks = ([own_block] if own_block is not None else []) + [item.block for item in parts]
         ids = ([range(first, first + n)] if own_block is not None else []) + [item.global_rows for item in parts]
-        edges = self._edges_of(blocks, n, ids, z.dtype, z.device)
+        edges = _edges_of(op, blocks, n, ids, z.dtype, z.device)
         return self._attend(z, s, d, edges, first, context, op.timer, replicas)

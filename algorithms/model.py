@@ -69,10 +69,6 @@ class GraphModel(nn.Module):
         """Whether training needs the global ids of exchanged rows (attention dropout; see the layers)."""
         return any(layer.needs_source_ids for layer in self.layers)
 
-    def attention_bytes(self) -> int:
-        """Bytes of attention structures the layers keep cached on this rank (0 for SpMM layers)."""
-        return sum(layer.structure_bytes() for layer in self.layers if hasattr(layer, "structure_bytes"))
-
     def layer_parameters(self, layer: int) -> list[nn.Parameter]:
         """Layer ``layer``'s parameters in registration order (GCN ``[W, b]``; SAGE ``[W_self, W_neigh, b]``)."""
         return list(self.layers[layer].parameters())

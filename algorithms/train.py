@@ -25,6 +25,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from algorithms.gat import cached_structure_bytes
 from algorithms.model import GraphModel
 from algorithms.layers import LayerOptions, layer_type
 from algorithms.policies import AxisSpec
@@ -247,6 +248,10 @@ class Trainer:
         traffic = {phase: {key: audit["bytes"][phase][key] + moved[phase][key] for key in moved[phase]}
                    for phase in moved}
         return {"layer_error": errors, "seconds": audit["seconds"] + time.perf_counter() - start, "bytes": traffic}
+
+    def attention_bytes(self) -> int:
+        """Bytes of the attention structures (GAT) this rank keeps cached with its operators (0 otherwise)."""
+        return cached_structure_bytes(self.spmm, self.halo)
 
     def memory(self) -> dict[str, int]:
         """What this rank keeps for its layer-0 halo (zeros without one)."""

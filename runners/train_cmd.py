@@ -329,7 +329,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         metrics.update(ogb_metric)
     totals = comm.allgather_object(bytes_by_phase(comm.stats.snapshot()))  # the whole run, per phase
     peaks = comm.allgather_object(peak_memory_bytes(trainer.device))
-    attention = comm.allgather_object(trainer.model.attention_bytes())
+    attention = comm.allgather_object(trainer.attention_bytes())
     if leader:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
                       "attention_structure_bytes_per_rank": attention, "bytes_total": _traffic_spread(totals)})
