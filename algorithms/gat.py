@@ -427,7 +427,8 @@ class _ReplicaGradients(torch.autograd.Function):
     inputs that each replica used for its share of the sources only."""
 
     @staticmethod
-    def forward(ctx: Any, replicas: Communicator, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def forward(ctx: Any, replicas: Communicator,  # type: ignore[override]
+                *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.replicas = replicas
         ctx.shapes = [x.shape for x in inputs]
         ctx.dtype, ctx.device = inputs[0].dtype, inputs[0].device
@@ -444,6 +445,14 @@ class _ReplicaGradients(torch.autograd.Function):
             out.append(flat[offset:offset + size].view(shape))
             offset += size
         return (None, *out)
+
+
+def _summing_gradients(replicas: Communicator, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """``tensors`` unchanged, those that need a gradient routed through :class:`_ReplicaGradients` (one
+    allreduce over ``replicas`` in the backward; every replica needs the same ones, so it is collective)."""
+    needing = [x for x in tensors if x.requires_grad]
+    summed = iter(_ReplicaGradients.apply(replicas, *needing) if needing else ())
+    return [next(summed) if x.requires_grad else x for x in tensors]
 
 
 # --------------------------------------------------------------------------- the layer
@@ -526,8 +535,9 @@ class GATLayer(GraphLayer):
         agree = (lambda m: replicas.allreduce_(m, "forward", op="max")) if replicas is not None else None
         numerator, denominator = _Attend.apply(z, s, d, edges, self.negative_slope, dropped, scale, agree, timer)
         if replicas is not None:
-            both = _SumOverReplicas.apply(torch.cat([numerator.reshape(edges.n, self.heads * self.head_width), denominator], 1), replicas)
-            numerator, denominator = both.split([self.heads * self.head_width, self.heads], 1)
+            width = self.heads * self.head_width
+            both = _SumOverReplicas.apply(torch.cat([numerator.reshape(edges.n, width), denominator], 1), replicas)
+            numerator, denominator = both.split([width, self.heads], 1)
             numerator = numerator.reshape(edges.n, self.heads, self.head_width)
         out = numerator / denominator.clamp_min(torch.finfo(denominator.dtype).tiny).unsqueeze(2)
         out = out.reshape(edges.n, self.heads * self.head_width) if self.concat else out.mean(1)
@@ -562,15 +572,13 @@ class GATLayer(GraphLayer):
 
     def _exchanged(self, h: torch.Tensor, op: DistSpMM, context: ExchangeContext,
                    weight: torch.Tensor) -> torch.Tensor:
+        """One gather of ``[Z | s]`` (or of ``h`` under receiver-side dropout), then attention over the own
+        block and the gathered parts (``h``: this rank's ``n_g x F_in`` rows). Collective (see :meth:`forward`)."""
         plan, matrix = op.plan, op.matrix
         replicas = matrix.row_comm if matrix.grid.replication > 1 else None
         att_src, att_dst = self.att_src, self.att_dst
         if replicas is not None:  # every input of the replica-partial part: gradients summed over replicas
-            needing = [x.requires_grad for x in (h, weight, att_src, att_dst)]
-            summed = iter(_ReplicaGradients.apply(replicas, *[x for x, g in zip((h, weight, att_src, att_dst), needing)
-                                                              if g]))
-            h, weight, att_src, att_dst = [next(summed) if g else x
-                                           for x, g in zip((h, weight, att_src, att_dst), needing)]
+            h, weight, att_src, att_dst = _summing_gradients(replicas, h, weight, att_src, att_dst)
         n = h.shape[0]
         first = int(matrix.layout.offsets[matrix.group])
         own_block = matrix.blocks[plan.group] if plan.local_block is not None else None
