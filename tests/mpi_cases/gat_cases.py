@@ -180,6 +180,17 @@ def check_policies(comm, data: dict, layout: RowLayout, replication: int, failur
                         f"second epoch must move less), losses {[record['loss'] for record in records]}")
 
 
+def run(comm, replication: int, policies: bool) -> tuple[list[str], int]:
+    """This rank's failures and the number of exact runs (collective; also called in-process at P = 1)."""
+    layout = RowLayout.from_counts(COUNTS[Grid(comm.size, replication).groups])
+    data = graph_data()
+    failures: list[str] = []
+    runs = check_exact(comm, data, layout, replication, failures)
+    if policies:
+        check_policies(comm, data, layout, replication, failures)
+    return failures, runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replication", type=int, default=1)
@@ -187,13 +198,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
-    grid = Grid(comm.size, args.replication)
-    layout = RowLayout.from_counts(COUNTS[grid.groups])
-    data = graph_data()
-    failures: list[str] = []
-    runs = check_exact(comm, data, layout, args.replication, failures)
-    if args.policies:
-        check_policies(comm, data, layout, args.replication, failures)
+    failures, runs = run(comm, args.replication, args.policies)
     return finish(comm, failures, f"gat cases P={comm.size} c={args.replication}: {runs} exact runs")
 
 
