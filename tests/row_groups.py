@@ -22,3 +22,10 @@ def local_graph(data: dict[str, np.ndarray], layout: RowLayout, group: int, num_
 def close(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-4, atol: float = 2e-5) -> bool:
     """float32 agreement with a reference (compared in float64)."""
     return bool(torch.allclose(got.detach().double(), want.detach().double(), rtol=rtol, atol=atol))
+
+
+def check_loss(failures: list[str], label: str, epoch: int, got: float, want: float, rtol: float = 1e-4,
+               atol: float = 2e-5) -> None:
+    """Record a failure when epoch ``epoch``'s (0-based) training loss differs from the reference's."""
+    if abs(got - want) > atol + rtol * abs(want):
+        failures.append(f"{label}: epoch {epoch + 1} loss {got:.7f} != reference {want:.7f}")

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from case_report import finish  # noqa: E402
 from reference_gcn import Reference  # noqa: E402
-from row_groups import close  # noqa: E402
+from row_groups import check_loss, close  # noqa: E402
 from row_groups import local_graph as row_graph  # noqa: E402
 
 from algorithms.train import LocalGraph, TrainConfig, Trainer  # noqa: E402
@@ -100,9 +100,7 @@ def check_modes(comm, data: dict, layout: RowLayout, replication: int, failures:
             eval_shape = ModelShape(dims, input_once=input_exchange == "once")
             for epoch in range(EPOCHS):
                 record = trainer.train_epoch()
-                want = reference.step()
-                if abs(record["loss"] - want) > ATOL + RTOL * abs(want):
-                    failures.append(f"{label}: epoch {epoch + 1} loss {record['loss']:.7f} != reference {want:.7f}")
+                check_loss(failures, label, epoch, record["loss"], reference.step())
                 if epoch == 0:
                     for layer, params in enumerate(reference.params):
                         if not close(trainer.model.weights[layer].grad, params[0].grad):
