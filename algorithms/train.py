@@ -81,6 +81,7 @@ class TrainConfig:
         return {key: str(value) if isinstance(value, AxisSpec) else value for key, value in fields.items()}
 
     def layer_options(self) -> LayerOptions:
+        """The options only some layer kinds take (attention heads, attention dropout)."""
         return LayerOptions(self.heads, self.output_heads, self.attention_dropout)
 
     def fingerprint(self) -> dict[str, Any]:
