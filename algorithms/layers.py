@@ -12,7 +12,13 @@ layer class declares what the rest of the code needs to know about it:
   ``torch.Generator``.
 
 So nothing switches on the name string, and a new layer type is one class
-plus :func:`register_layer`, touching no other layer.
+plus :func:`register_layer`, touching no other layer. Optional declarations
+(defaults suit the SpMM layers): ``activation`` (the model's activation after
+the layer when it is not the last: ``relu`` or ``elu``), ``takes_operator``
+(the layer is handed the operator object itself instead of the SpMM callable:
+attention needs the exchange's rows, :mod:`algorithms.gat`), :meth:`GraphLayer.build`
+(how a model's :class:`LayerOptions` shape the layer), :meth:`GraphLayer.exchange_shape`
+(for the byte model of layer 0's input).
 
 Layer math (DESIGN section 5):
 
@@ -34,6 +40,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 import scipy.sparse as sp
@@ -49,8 +56,26 @@ from sparse_dist.exchange import ExchangeContext
 SpMM = Callable[[torch.Tensor, ExchangeContext], torch.Tensor]
 """``spmm(h, context)``: this rank's rows of ``A h`` (autograd-aware, collective)."""
 
-__all__ = ["ExchangeContext", "GCNLayer", "GraphLayer", "LAYER_TYPES", "SAGELayer", "SpMM", "glorot",
+__all__ = ["ExchangeContext", "GCNLayer", "GraphLayer", "LAYER_TYPES", "LayerOptions", "SAGELayer", "SpMM", "glorot",
            "layer_type", "propagate", "register_layer"]
+
+ACTIVATIONS: tuple[str, ...] = ("relu", "elu")
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """Model-wide options only some layer kinds take (attention: :mod:`algorithms.gat`).
+
+    ``heads``: attention heads of every hidden layer (concatenated); ``output_heads``: of the last
+    layer (averaged); ``attention_dropout``: dropout probability on the attention weights.
+    """
+
+    heads: int = 1
+    output_heads: int = 1
+    attention_dropout: float = 0.0
+
+    def is_default(self) -> bool:
+        return self == LayerOptions()
 
 
 def glorot(generator: torch.Generator, fan_in: int, fan_out: int) -> torch.Tensor:
@@ -91,10 +116,34 @@ class GraphLayer(nn.Module, ABC):
 
     kind: ClassVar[str]
     weight_matrices: ClassVar[int] = 1  # fan_in x fan_out products per row (performance model: work, parameters)
+    activation: ClassVar[str] = "relu"  # applied by the model after this layer unless it is the last
+    takes_operator: ClassVar[bool] = False  # forward gets the operator (DistSpMM / StaticHalo), not a callable
 
     def __init__(self, fan_in: int, fan_out: int) -> None:
         super().__init__()
         self.fan_in, self.fan_out = fan_in, fan_out
+
+    @classmethod
+    def build(cls, fan_in: int, fan_out: int, *, generator: torch.Generator, dtype: torch.dtype, last: bool,
+              seed: int, options: LayerOptions) -> "GraphLayer":
+        """The model's layer mapping ``fan_in`` columns to ``fan_out`` (``last``: the output layer).
+
+        Layers without options refuse non-default ones; the output width is ``layer.fan_out``.
+        """
+        if not options.is_default():
+            raise ValueError(f"the {cls.kind} layer takes no attention options (heads, output heads, attention "
+                             f"dropout), got {options}; they are for --model gat")
+        return cls(fan_in, fan_out, generator=generator, dtype=dtype)  # type: ignore[call-arg]
+
+    def exchange_shape(self, receiver: bool) -> tuple[int, bool] | None:
+        """Columns one training exchange of this layer carries and whether its backward exchanges even where
+        the layer input needs no gradient (layer 0); None: the SpMM rule of :func:`propagate`."""
+        return None
+
+    @property
+    def needs_source_ids(self) -> bool:
+        """Whether training needs the global ids of the rows an exchange brings (beyond receiver-side dropout)."""
+        return False
 
     @classmethod
     @abstractmethod

@@ -1,13 +1,15 @@
 """A stack of graph layers over the distributed SpMM (DESIGN section 5).
 
 The layers (:mod:`algorithms.layers`) are compute only; this module adds
-what lies between them: ReLU between layers (none after the last) and
-inverted dropout on every layer's input with masks drawn per global row
+what lies between them: the activation each layer declares after it (ReLU
+for GCN and SAGE, ELU for GAT; none after the last) and inverted dropout on
+every layer's input with masks drawn per global row
 (:mod:`algorithms.dropout`). Two fusions keep dropout to about one pass
-over the activations: the ReLU of layer ``l`` and the mask of layer
-``l + 1``'s input are one autograd node, and the inverted-dropout scale
-multiplies the (small) weights instead of the activations
-(``dropout(H) W = (H m)(s W)``; each layer folds it into all its weights).
+over the activations: a ReLU of layer ``l`` and the mask of layer
+``l + 1``'s input are one autograd node (an ELU and the mask are two), and
+the inverted-dropout scale multiplies the (small) weights instead of the
+activations (``dropout(H) W = (H m)(s W)``; each layer folds it into all
+its weights).
 
 Initial weights come from one ``torch.Generator`` seeded with ``seed``,
 passed through the layers in order (each layer draws its own parameters,
@@ -18,10 +20,12 @@ are replicated without a broadcast.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+import algorithms.gat  # noqa: F401  (registers the "gat" layer kind)
 from algorithms.dropout import GlobalRowDropout
-from algorithms.layers import LAYER_TYPES, ExchangeContext, SpMM, glorot, layer_type
+from algorithms.layers import LAYER_TYPES, ExchangeContext, LayerOptions, SpMM, glorot, layer_type
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.halo import StaticHalo
 
@@ -34,24 +38,36 @@ __all__ = ["GraphModel", "MODEL_KINDS", "glorot"]
 class GraphModel(nn.Module):
     """An L-layer model of one registered layer kind whose propagation is a distributed SpMM.
 
-    ``dims = [F_0, ..., F_L]``: layer ``l`` maps ``F_l`` to ``F_{l+1}`` columns.
+    ``dims = [F_0, ..., F_L]``: layer ``l`` maps ``F_l`` to ``F_{l+1}`` columns, except that a layer
+    kind may widen its output from ``options`` (GAT: hidden layers concatenate ``heads`` heads of
+    ``F_{l+1}`` columns); the next layer takes what the previous one gives (``widths``).
     ``forward`` is collective: every rank calls it in the same epoch.
     """
 
     def __init__(self, kind: str, dims: list[int], *, dropout: float = 0.5, seed: int = 0,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, options: LayerOptions = LayerOptions()) -> None:
         super().__init__()
         layer_class = layer_type(kind)
         if len(dims) < 2 or min(dims) < 1:
             raise ValueError(f"model dims need at least input and output width >= 1, got {dims}")
-        self.kind, self.dims, self.dropout, self.seed = kind, list(dims), dropout, seed
+        self.kind, self.dims, self.dropout, self.seed, self.options = kind, list(dims), dropout, seed, options
         generator = torch.Generator().manual_seed(seed)
-        self.layers = nn.ModuleList(layer_class(fan_in, fan_out, generator=generator, dtype=dtype)
-                                    for fan_in, fan_out in zip(dims[:-1], dims[1:]))
+        layers, fan_in = [], dims[0]
+        for index, fan_out in enumerate(dims[1:]):
+            layers.append(layer_class.build(fan_in, fan_out, generator=generator, dtype=dtype,
+                                            last=index == len(dims) - 2, seed=seed, options=options))
+            fan_in = layers[-1].fan_out
+        self.layers = nn.ModuleList(layers)
+        self.widths = [dims[0]] + [layer.fan_out for layer in self.layers]
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def needs_source_ids(self) -> bool:
+        """Whether training needs the global ids of exchanged rows (attention dropout; see the layers)."""
+        return any(layer.needs_source_ids for layer in self.layers)
 
     def layer_parameters(self, layer: int) -> list[nn.Parameter]:
         """Layer ``layer``'s parameters in registration order (GCN ``[W, b]``; SAGE ``[W_self, W_neigh, b]``)."""
@@ -82,7 +98,8 @@ class GraphModel(nn.Module):
 
         ``x``: this rank's ``n_g x F_0`` input rows, or, with ``halo``, ``halo.values`` (its rows then its
         halo rows): layer 0 then multiplies locally (:meth:`StaticHalo.multiply`, the receiver drawing
-        the halo rows' masks) and exchanges nothing. ``receiver_dropout``: every exchanging layer sends
+        the halo rows' masks) and exchanges nothing; a layer that ``takes_operator`` (attention) is handed
+        ``halo`` itself, or ``spmm`` itself where it exchanges. ``receiver_dropout``: every exchanging layer sends
         its input pre-dropout and the SpMM masks what it multiplies (so cached or stale rows stay
         meaningful under dropout); the product is the same. ``first_row``: global id of this rank's
         first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
@@ -98,15 +115,27 @@ class GraphModel(nn.Module):
         for index, layer in enumerate(self.layers):
             local = index == 0 and halo is not None
             if index > 0:
-                h = dropout.relu_drop(h, index) if dropout is not None and not receiver else torch.relu(h)
+                h = self._activate(h, self.layers[index - 1].activation, index,
+                                   dropout if not receiver else None)
             elif dropout is not None and (local or not receiver):
                 h = dropout.drop(h, 0, halo.halo_ids if local else None)
             context = ExchangeContext(epoch=epoch, layer=index, training=training,
                                       halo_rows=halo.count if local else 0,
                                       dropout=dropout.masks(index) if receiver and not local else None,
                                       exact=exact_exchange)
-            h = layer(h, halo.multiply if local else spmm, context, scale)
+            operator = (halo if layer.takes_operator else halo.multiply) if local else spmm
+            h = layer(h, operator, context, scale)
             if trace is not None:
                 trace.append(h.detach())
         return h
+
+    @staticmethod
+    def _activate(h: torch.Tensor, activation: str, layer: int, dropout: GlobalRowDropout | None) -> torch.Tensor:
+        """``activation(h)``, masked for layer ``layer``'s input where ``dropout`` is given (owner side)."""
+        if activation == "relu":
+            return dropout.relu_drop(h, layer) if dropout is not None else torch.relu(h)
+        if activation != "elu":
+            raise ValueError(f"unknown activation {activation!r}; expected 'relu' or 'elu'")
+        h = F.elu(h)
+        return dropout.drop(h, layer) if dropout is not None else h
 

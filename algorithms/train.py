@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.dgs import Explainer, MaskedHalo
+from algorithms.gat import cached_structure_bytes
 from algorithms.model import GraphModel
-from algorithms.layers import layer_type
+from algorithms.layers import LayerOptions, layer_type
 from algorithms.policies import AxisSpec
 from algorithms.static_input import HaloBudgetError, choose_input_exchange, evaluations, receiver_side
 from sparse_dist.comm import Communicator, ProgressThread
@@ -70,6 +71,9 @@ class TrainConfig:
     audit_every: int = 0           # every k epochs, one exact forward beside the policy's (0: never)
     progress: str = "test"         # pipelined exchanges: "test" (at every layer), "thread" (and a probe thread), "none"
     compress: str = "none"         # exchanged rows and gradients: "none", "fp16", "bf16", "int8[:stochastic]", ",feedback"
+    heads: int = 1                 # GAT: attention heads of each hidden layer (concatenated)
+    output_heads: int = 1          # GAT: attention heads of the output layer (averaged)
+    attention_dropout: float = 0.0  # GAT: dropout on the attention weights
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -82,10 +86,16 @@ class TrainConfig:
         fields = {key: getattr(self, key) for key in self.__dataclass_fields__}
         return {key: str(value) if isinstance(value, AxisSpec) else value for key, value in fields.items()}
 
+    def layer_options(self) -> LayerOptions:
+        """The options only some layer kinds take (attention heads, attention dropout)."""
+        return LayerOptions(self.heads, self.output_heads, self.attention_dropout)
+
     def fingerprint(self) -> dict[str, Any]:
-        """The fields a checkpoint must agree with (plan and c change no math)."""
+        """The fields a checkpoint must agree with (plan and c change no math; attention options where set)."""
         keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
                 "feature_norm", "dtype", "sample", "stale", "clip", "dropout_side", "compress")
+        if not self.layer_options().is_default():
+            keep += ("heads", "output_heads", "attention_dropout")
         return {key: value for key, value in self.record().items() if key in keep}
 
 
@@ -157,9 +167,12 @@ class Trainer:
         sampler = config.sample.build(seed=config.seed)
         strategy = make_strategy(sampler, config.stale.build())
         self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale)
+        dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
+        self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=self.dtype,
+                                options=config.layer_options()).to(self.device)
         self.codec = Codec.parse(config.compress, seed=config.seed)
         self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy,
-                             row_masks=self.receiver_dropout, codec=self.codec)
+                             row_masks=self.receiver_dropout or self.model.needs_source_ids, codec=self.codec)
         if config.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
         strategy.tests_progress = config.progress != "none"
@@ -183,7 +196,6 @@ class Trainer:
         if self.global_counts["train"] == 0:
             raise ValueError(f"{graph.name}: the training split is empty")
 
-        dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
         caching = sampler is not None and getattr(sampler, "cache", -1.0) >= 0  # psc's feature cache feeds layer 0
         try:
             self.input_exchange = choose_input_exchange(
@@ -192,7 +204,7 @@ class Trainer:
                 f_in=dims[0], f_out=dims[1], itemsize=features_tensor.element_size(), epochs=config.epochs,
                 evaluations=evaluations(config.epochs, config.eval_every),
                 sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
-                budget=config.halo_budget)
+                budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout))
         except HaloBudgetError as exc:
             exc.every_rank = True  # type: ignore[attr-defined]  # decided from global metadata: said once
             raise
@@ -206,8 +218,6 @@ class Trainer:
             self.cached_input = CachedInput(self.spmm.plan, getattr(strategy, "inner", strategy), features_tensor)
         self.features = self.halo.own_values if self.halo is not None else features_tensor
         self._input = self.halo.values if self.halo is not None else features_tensor
-        self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed,
-                                dtype=self.dtype).to(self.device)
         first = self.model.layer_parameters(0)
         rest = [p for layer in range(1, self.model.num_layers) for p in self.model.layer_parameters(layer)]
         if config.weight_decay_scope == "first":
@@ -281,6 +291,10 @@ class Trainer:
         traffic = {phase: {key: audit["bytes"][phase][key] + moved[phase][key] for key in moved[phase]}
                    for phase in moved}
         return {"layer_error": errors, "seconds": audit["seconds"] + time.perf_counter() - start, "bytes": traffic}
+
+    def attention_bytes(self) -> int:
+        """Bytes of the attention structures (GAT) this rank keeps cached with its operators (0 otherwise)."""
+        return cached_structure_bytes(self.spmm, self.halo)
 
     def memory(self) -> dict[str, int]:
         """What this rank keeps for its layer-0 halo (zeros without one)."""

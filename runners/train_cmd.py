@@ -10,7 +10,8 @@ per phase as min/mean/max over ranks (plus ``eval_bytes`` where it evaluated,
 and ``audit`` every ``--audit-every`` epochs: per layer the relative error of
 the policy's layer outputs against an exact forward, and that forward's
 seconds and bytes, which the epoch's figures leave out),
-then ``final`` with peak memory per rank, the final metrics and ``bytes_total``:
+then ``final`` with peak memory per rank, the bytes of the attention structures each rank
+caches (GAT; 0 otherwise), the final metrics and ``bytes_total``:
 every byte of the run per phase, set-up and evaluation included).
 
 Time breakdown per epoch: ``local_spmm`` (local sparse multiplies),
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -44,12 +45,50 @@ from sparse_dist.layout import Grid
 from sparse_dist.plans import PLAN_NAMES
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """argparse type: an integer ``>= low``."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
+def probability(text: str) -> float:
+    """argparse type: a probability in ``[0, 1)``."""
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {value}")
+    return value
+
+
+def add_attention_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--heads``, ``--output-heads``, ``--attention-dropout`` (GAT only; see :func:`attention_problem`)."""
+    parser.add_argument("--heads", type=at_least(1), default=1,
+                        help="gat: attention heads of each hidden layer, concatenated (default 1)")
+    parser.add_argument("--output-heads", type=at_least(1), default=1,
+                        help="gat: attention heads of the output layer, averaged (default 1)")
+    parser.add_argument("--attention-dropout", type=probability, default=0.0,
+                        help="gat: dropout probability on the attention weights (default 0)")
+
+
+def attention_problem(args: argparse.Namespace) -> str | None:
+    """Why the attention flags do not fit ``--model``, or None."""
+    if args.model != "gat" and (args.heads != 1 or args.output_heads != 1 or args.attention_dropout != 0.0):
+        return (f"--heads, --output-heads and --attention-dropout are for --model gat; --model {args.model} "
+                f"has no attention (got --heads {args.heads} --output-heads {args.output_heads} "
+                f"--attention-dropout {args.attention_dropout})")
+    return None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
     parser.add_argument("--model", choices=MODEL_KINDS, default="gcn")
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=16, help="hidden width (gat: per head)")
     parser.add_argument("--dropout", type=float, default=0.5)
+    add_attention_arguments(parser)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--weight-decay-scope", choices=("first", "all"), default="first",
@@ -127,13 +166,15 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if getattr(sampler, "explains", False) and args.dropout_side == "receiver":
         return (f"--sample {args.sample} explains with the rows its layers exchanged, which must be the rows it "
                 f"multiplies when explaining: use --dropout-side owner or auto")
+    if getattr(sampler, "explains", False) and args.model != "gcn" and args.model != "sage":
+        return f"--sample {args.sample} explains GCN and SAGE layers (their exchange is A H), not --model {args.model}"
     if getattr(sampler, "cache", -1.0) >= 0 and args.input_exchange != "auto":
         return (f"--sample {args.sample} feeds layer 0 from its feature cache; --input-exchange "
                 f"{args.input_exchange} contradicts it (leave it at auto)")
     problem = combination_problem(args.plan, args.sample, args.stale)
     if problem:
         return f"--plan {args.plan} --sample {args.sample} --stale {args.stale}: {problem}"
-    return None
+    return attention_problem(args)
 
 
 def _path_problems(args: argparse.Namespace) -> list[str]:
@@ -176,7 +217,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
                        replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
                        sample=args.sample, stale=args.stale, clip=args.clip, input_exchange=args.input_exchange,
                        dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every,
-                       progress=args.progress, compress=args.compress)
+                       progress=args.progress, compress=args.compress, heads=args.heads,
+                       output_heads=args.output_heads, attention_dropout=args.attention_dropout)
 
 
 def policy_file(path: str, rank: int) -> str:
@@ -324,9 +366,10 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         metrics.update(ogb_metric)
     totals = comm.allgather_object(bytes_by_phase(comm.stats.snapshot()))  # the whole run, per phase
     peaks = comm.allgather_object(peak_memory_bytes(trainer.device))
+    attention = comm.allgather_object(trainer.attention_bytes())
     if leader:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
-                      "bytes_total": _traffic_spread(totals)})
+                      "attention_structure_bytes_per_rank": attention, "bytes_total": _traffic_spread(totals)})
         writer.close()
         final = metrics.get("test_acc", metrics.get("test_f1"))
         label = "test accuracy" if "test_acc" in metrics else "test micro-F1"

@@ -127,11 +127,13 @@ class _Output:
 @dataclass
 class Gathered:
     """One part of a :meth:`ExchangePlan.gather`: the rows that arrived (as this rank multiplies them) and
-    ``block``, this rank's rows of ``A`` with those rows as columns (scipy CSR, ``n_g x rows``)."""
+    ``block``, this rank's rows of ``A`` with those rows as columns (scipy CSR, ``n_g x rows``);
+    ``global_rows``: the rows' global ids where this rank knows them (plans built with ``row_masks``)."""
 
     part: Part
     rows: torch.Tensor
     block: sp.csr_matrix
+    global_rows: np.ndarray | range | None = None
 
 
 class ExchangePlan(ABC):
@@ -452,7 +454,8 @@ class ExchangePlan(ABC):
         for part, rows in self._arrived_rows(h, phase, context, lambda: None):
             block = self._part_block(part)
             if rows is not None and block is not None:
-                out.append(Gathered(part, self._received_input(rows, self._part_global_rows(part), context), block))
+                ids = self._part_global_rows(part)
+                out.append(Gathered(part, self._received_input(rows, ids, context), block, ids))
         return out
 
     def scatter(self, gathered: list[Gathered], gradients: list[torch.Tensor], width: int, phase: str,

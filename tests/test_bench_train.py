@@ -127,9 +127,10 @@ def test_peer_gcn_adjacency_equals_the_trainers_normalisation(comm) -> None:
 
 
 @pytest.mark.skipif(not HAVE_PYG, reason="torch_geometric is not installed")
-@pytest.mark.parametrize("model", ["gcn", "sage"])
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
 def test_peer_without_dropout_trains_like_the_trainer(comm, tmp_path, model: str) -> None:
-    """Same initial weights, Â, features and optimiser: without dropout the losses agree epoch by epoch."""
+    """Same initial weights, Â, features and optimiser: without dropout the losses agree epoch by epoch
+    (for GAT: PyG's GATConv, 3 heads concatenated then 2 averaged, against our attention)."""
     from algorithms.train import TrainConfig, Trainer
     from runners.data.datasets import planted_classes
     from runners.bench.pyg_peer import PygPeer
@@ -137,7 +138,8 @@ def test_peer_without_dropout_trains_like_the_trainer(comm, tmp_path, model: str
 
     write_shards(planted_classes(nodes=1500, classes=5, degree=4, features=20, seed=1), tmp_path / "d", 1)
     graph = load_local_graph(comm, tmp_path / "d", 1, 1)
-    config = TrainConfig(model=model, hidden=8, layers=3, dropout=0.0, seed=2, dtype="float64")
+    heads = {"heads": 3, "output_heads": 2} if model == "gat" else {}
+    config = TrainConfig(model=model, hidden=8, layers=3, dropout=0.0, seed=2, dtype="float64", **heads)
     trainer = Trainer(comm, graph, config)
     peer = PygPeer(graph, config, torch.device("cpu"))
     ours = [trainer.train_epoch()["loss"] for _ in range(4)]

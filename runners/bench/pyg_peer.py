@@ -14,10 +14,18 @@ single-process PyTorch Geometric user gets on the same device. It mirrors
   to the raw adjacency. PyG's mean divides by the number of stored edges of
   a row, ours by its weighted degree: equal for 0/1 adjacencies; otherwise
   the peer's result carries a note.
+* GAT: ``GATConv(in, F', heads=K, concat=..., negative_slope=0.2,
+  dropout=attention_dropout, add_self_loops=False)`` on an ``edge_index``
+  (source = column, target = row: a row attends over its stored entries)
+  whose self-loops PyG's own ``remove_self_loops`` and ``add_self_loops``
+  made once here (what ``GATConv`` does in every forward by default; done
+  once so the peer's epoch does not pay for it, as ours does not).
+  Hidden layers concatenate ``--heads`` heads, the output layer averages
+  ``--output-heads``; ELU between layers.
 * ``F.dropout(p)`` on every layer's input (the first included), ReLU
-  between layers, cross-entropy (BCE for multi-label) averaged over the
-  training rows, Adam with the trainer's learning rate and weight-decay
-  scope; features row-normalised as the trainer does.
+  between layers (ELU for GAT), cross-entropy (BCE for multi-label) averaged
+  over the training rows, Adam with the trainer's learning rate and
+  weight-decay scope; features row-normalised as the trainer does.
 
 Initial weights are copied from :class:`algorithms.model.GraphModel` with
 the same seed, so both runs start from the same point; dropout masks come
@@ -78,18 +86,42 @@ def sparse_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device: torch.device) 
     return tensor.to(device)
 
 
-class _PygModel(torch.nn.Module):
-    """GCNConv or SAGEConv layers with dropout on every input and ReLU between layers."""
+def gat_edge_index(adjacency: sp.spmatrix) -> torch.Tensor:
+    """``2 x E`` int64 (source = column, target = row) of a whole adjacency's pattern, self-loops made by
+    PyG's ``remove_self_loops`` then ``add_self_loops`` (one per node), as ``GATConv`` does by default."""
+    from torch_geometric.utils import add_self_loops, remove_self_loops
 
-    def __init__(self, kind: str, dims: list[int], dropout: float, start: GraphModel) -> None:
+    a = sp.coo_matrix(adjacency)
+    a.sum_duplicates()
+    edge_index = torch.from_numpy(np.vstack([a.col, a.row]).astype(np.int64))
+    edge_index, _ = remove_self_loops(edge_index)
+    edge_index, _ = add_self_loops(edge_index, num_nodes=a.shape[0])
+    return edge_index
+
+
+class _PygModel(torch.nn.Module):
+    """GCNConv, SAGEConv or GATConv layers with dropout on every input and ReLU (ELU) between layers."""
+
+    def __init__(self, kind: str, dims: list[int], dropout: float, start: GraphModel,
+                 attention_dropout: float = 0.0) -> None:
         super().__init__()
-        from torch_geometric.nn import GCNConv, SAGEConv  # optional dependency
+        from torch_geometric.nn import GATConv, GCNConv, SAGEConv  # optional dependency
 
         self.dropout = dropout
+        self.activation = torch.relu if kind != "gat" else F.elu
         self.convs = torch.nn.ModuleList()
         with torch.no_grad():
-            for layer, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
-                if kind == "gcn":
+            for layer, (fan_in, fan_out) in enumerate(zip(start.widths[:-1], dims[1:])):
+                if kind == "gat":
+                    ours = start.layers[layer]
+                    conv = GATConv(fan_in, ours.head_width, heads=ours.heads, concat=ours.concat,
+                                   negative_slope=ours.negative_slope, dropout=attention_dropout,
+                                   add_self_loops=False, bias=True)
+                    conv.lin.weight.copy_(ours.weight.T)
+                    conv.att_src.copy_(ours.att_src.unsqueeze(0))
+                    conv.att_dst.copy_(ours.att_dst.unsqueeze(0))
+                    conv.bias.copy_(ours.bias)
+                elif kind == "gcn":
                     conv = GCNConv(fan_in, fan_out, normalize=False, cached=False, bias=True)
                     conv.lin.weight.copy_(start.weights[layer].T)
                     conv.bias.copy_(start.biases[layer])
@@ -106,7 +138,7 @@ class _PygModel(torch.nn.Module):
             h = F.dropout(h, p=self.dropout, training=self.training)
             h = conv(h, adjacency)
             if layer < len(self.convs) - 1:
-                h = torch.relu(h)
+                h = self.activation(h)
         return h
 
 
@@ -129,7 +161,10 @@ class PygPeer:
         self.num_classes = graph.num_classes
         self.notes: list[str] = []
         dtype = DTYPES[config.dtype]
-        if config.model == "gcn":
+        if config.model == "gat":
+            matrix = None
+            self.adjacency = gat_edge_index(graph.rows).to(device)
+        elif config.model == "gcn":
             matrix = gcn_adjacency(graph.rows)
         else:
             matrix = sp.csr_matrix(graph.rows, dtype=np.float64)
@@ -137,7 +172,8 @@ class PygPeer:
             if matrix.nnz and not np.all(matrix.data == 1.0):
                 self.notes.append("edge weights are not all 1: PyG's mean divides by the edge count, "
                                   "sparse-dist by the weighted degree")
-        self.adjacency = sparse_csr(matrix, dtype, device)
+        if matrix is not None:
+            self.adjacency = sparse_csr(matrix, dtype, device)
         features = graph.features.astype(np.float64)
         if config.feature_norm == "row":
             features = row_normalize_features(features)
@@ -150,8 +186,10 @@ class PygPeer:
             raise ValueError(f"{graph.name}: the training split is empty")
 
         dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
-        start = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=dtype)
-        self.model = _PygModel(config.model, dims, config.dropout, start).to(dtype).to(device)
+        start = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=dtype,
+                           options=config.layer_options())
+        self.model = _PygModel(config.model, dims, config.dropout, start,
+                               config.attention_dropout).to(dtype).to(device)
         first = list(self.model.convs[0].parameters())
         rest = [p for conv in self.model.convs[1:] for p in conv.parameters()]
         if config.weight_decay_scope == "first":

@@ -52,6 +52,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.train import LocalGraph, TrainConfig, Trainer
 from runners.data.datasets import planted_classes
 from runners.results import print_report
+from runners.train_cmd import add_attention_arguments, at_least, attention_problem, probability
 from runners.data.shards import load_local_graph, write_shards
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
@@ -62,43 +63,28 @@ TIME_PARTS = ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimi
 OPTIONAL_PARTS = ("masks", "dropout", "optimizer")  # shown only when the trainer reports them
 
 
-def _at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    return parse
-
-
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="dataset directory made by `sparse-dist prepare`")
-    source.add_argument("--synthetic", type=_at_least(2), metavar="NODES",
+    source.add_argument("--synthetic", type=at_least(2), metavar="NODES",
                         help="planted-class synthetic graph of NODES nodes (as `prepare synthetic`)")
-    parser.add_argument("--degree", type=_at_least(1), default=15, help="synthetic: out-edges per node")
-    parser.add_argument("--features", type=_at_least(1), default=128, help="synthetic: feature width")
-    parser.add_argument("--classes", type=_at_least(2), default=47, help="synthetic: number of classes")
+    parser.add_argument("--degree", type=at_least(1), default=15, help="synthetic: out-edges per node")
+    parser.add_argument("--features", type=at_least(1), default=128, help="synthetic: feature width")
+    parser.add_argument("--classes", type=at_least(2), default=47, help="synthetic: number of classes")
     parser.add_argument("--scratch", default=None,
                         help="synthetic: directory for the temporary shards, visible to every rank "
                              "(default: the system temporary directory)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, cuda:(rank mod visible GPUs)")
     parser.add_argument("--model", choices=MODEL_KINDS, default="gcn")
-    parser.add_argument("--layers", type=_at_least(1), default=3)
-    parser.add_argument("--hidden", type=_at_least(1), default=128)
-    parser.add_argument("--dropout", type=_probability, default=0.5)
+    parser.add_argument("--layers", type=at_least(1), default=3)
+    parser.add_argument("--hidden", type=at_least(1), default=128, help="hidden width (gat: per head)")
+    parser.add_argument("--dropout", type=probability, default=0.5)
+    add_attention_arguments(parser)
     parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
-    parser.add_argument("--epochs", type=_at_least(1), default=10, help="timed epochs")
-    parser.add_argument("--warmup", type=_at_least(0), default=2, help="untimed epochs before the timed ones")
-    parser.add_argument("--threads", type=_at_least(0), default=0,
+    parser.add_argument("--epochs", type=at_least(1), default=10, help="timed epochs")
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed epochs before the timed ones")
+    parser.add_argument("--threads", type=at_least(0), default=0,
                         help="torch threads per rank (default: cores / ranks); the PyG peer gets threads * P")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-pyg", action="store_true", help="skip the PyG peer")
@@ -106,6 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also time sparse-dist with dropout 0 in the same run and print what dropout costs")
 
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """Flag combinations argparse cannot check (refused before MPI starts)."""
+    return attention_problem(args)
 
 
 # ------------------------------------------------------------------ memory
@@ -222,13 +213,27 @@ def summarise(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
             "losses": per_rank[0]["losses"]}
 
 
+def _epoch_bytes(per_rank: list[list[dict[str, dict[str, int]]]]) -> dict[str, dict[str, int]]:
+    """Per phase, the bytes sent in one timed epoch: the largest rank's (``max``) and all ranks' (``total``),
+    medians over the timed epochs."""
+    phases = per_rank[0][0].keys() if per_rank and per_rank[0] else []
+    out = {}
+    for phase in phases:
+        sent = [[epochs[k][phase]["sent"] for epochs in per_rank] for k in range(len(per_rank[0]))]
+        out[phase] = {"max": int(statistics.median(max(s) for s in sent)),
+                      "total": int(statistics.median(sum(s) for s in sent))}
+    return out
+
+
 # ------------------------------------------------------------------ runs
 def _config(args: argparse.Namespace, meta: dict[str, Any], dropout: float | None = None) -> TrainConfig:
     """The run's hyper-parameters; features normalised as ``sparse-dist train --feature-norm auto`` does."""
     return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers,
                        dropout=args.dropout if dropout is None else dropout,
                        epochs=args.warmup + args.epochs, seed=args.seed, plan=args.plan,
-                       feature_norm=meta.get("feature_norm", "row"))
+                       feature_norm=meta.get("feature_norm", "row"), heads=args.heads,
+                       output_heads=args.output_heads,
+                       attention_dropout=args.attention_dropout if dropout is None else dropout)
 
 
 def _prepare_synthetic(comm: Communicator, args: argparse.Namespace) -> tuple[str, Path | None]:
@@ -312,14 +317,19 @@ def run_sparse_dist(comm: Communicator, args: argparse.Namespace, data_dir: str,
     meta = graph.extra["meta"]
     trainer = Trainer(comm, graph, _config(args, meta, dropout), device)
     reported: set[str] = set()
+    moved: list[dict[str, dict[str, int]]] = []
 
     def step() -> tuple[float, dict[str, float]]:
         record = trainer.train_epoch()
         reported.update(record["time"])
+        moved.append(record["bytes"])
         return record["loss"], record["time"]
 
     run = time_epochs(step, device, args.warmup, args.epochs, comm.barrier)
-    summary = summarise(comm.allgather_object(run))
+    run["bytes"] = moved[args.warmup:]
+    gathered = comm.allgather_object(run)
+    summary = summarise(gathered)
+    summary["bytes_per_epoch"] = _epoch_bytes([r["bytes"] for r in gathered])
     summary["reported_parts"] = [key for key in OPTIONAL_PARTS if key in reported]
     summary["dataset"] = {key: meta[key] for key in ("name", "num_nodes", "num_edges", "feature_dim",
                                                      "num_classes", "num_parts")}
@@ -375,7 +385,10 @@ def report(result: dict[str, Any]) -> str:
     """Human-readable table of a :func:`run` result."""
     cfg, data, ours = result["config"], result["dataset"], result["sparse_dist"]
     size = result["world_size"]
-    lines = [f"bench train on {result['device']}: {cfg['model']} {cfg['layers']} layers, hidden {cfg['hidden']}, "
+    heads = (f" x {cfg['heads']} heads (output {cfg['output_heads']}), attention dropout {cfg['attention_dropout']}"
+             if cfg["model"] == "gat" else "")
+    lines = [f"bench train on {result['device']}: {cfg['model']} {cfg['layers']} layers, "
+             f"hidden {cfg['hidden']}{heads}, "
              f"dropout {cfg['dropout']}, plan {cfg['plan']}, seed {cfg['seed']}; {data['name']}: "
              f"{data['num_nodes']} nodes, {data['num_edges']} edges, {data['feature_dim']} features, "
              f"{data['num_classes']} classes",
@@ -421,6 +434,11 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"dropout {cfg['dropout']} costs {result['dropout_cost']:.3f}x the epoch without dropout "
                      f"(same run); share of the epoch: making masks {share['masks']:.1%}, applying them "
                      f"(forward and backward) {share['dropout']:.1%}")
+    moved = ours.get("bytes_per_epoch", {})
+    if moved:
+        shown = ", ".join(f"{phase} {moved[phase]['max'] / 1e6:.3f}" for phase in ("forward", "backward",
+                                                                                  "grad_allreduce") if phase in moved)
+        lines.append(f"sparse-dist bytes sent per epoch, largest rank (MB): {shown}")
     lines.append(f"host memory: {result['environment']['huge_pages']} (the whole process, the peer included)")
     lines.append(f"{memory_kind} per sparse-dist rank over the timed epochs (before -> peak, MB): "
                  + "; ".join(f"rank {r} {_mb(m['before'])} -> {_mb(m['peak'])}" for r, m in enumerate(memory))

@@ -34,6 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from case_report import finish  # noqa: E402
 from reference_gcn import Reference  # noqa: E402
+from row_groups import check_loss, close  # noqa: E402
+from row_groups import local_graph as row_graph  # noqa: E402
 
 from algorithms.train import LocalGraph, TrainConfig, Trainer  # noqa: E402
 from runners.perf.cost_model import ModelShape  # noqa: E402
@@ -56,14 +58,7 @@ def graph_data(nodes: int = N, width: int = F, density: float = 0.15) -> dict[st
 
 
 def local_graph(data: dict, layout: RowLayout, group: int) -> LocalGraph:
-    lo, hi = layout.row_range(group)
-    masks = {"train": data["train"][lo:hi], "val": ~data["train"][lo:hi], "test": ~data["train"][lo:hi]}
-    return LocalGraph(layout, sp.csr_matrix(data["adjacency"][lo:hi]), data["features"][lo:hi],
-                      data["labels"][lo:hi], masks, C, False, name="static-input")
-
-
-def close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return bool(torch.allclose(got.detach().double(), want.detach().double(), rtol=RTOL, atol=ATOL))
+    return row_graph(data, layout, group, C, "static-input")
 
 
 def traffic(comm) -> dict[str, tuple[int, int]]:
@@ -109,9 +104,7 @@ def check_modes(comm, data: dict, layout: RowLayout, replication: int, failures:
             eval_shape = ModelShape(dims, input_once=input_exchange == "once")
             for epoch in range(EPOCHS):
                 record = trainer.train_epoch()
-                want = reference.step()
-                if abs(record["loss"] - want) > ATOL + RTOL * abs(want):
-                    failures.append(f"{label}: epoch {epoch + 1} loss {record['loss']:.7f} != reference {want:.7f}")
+                check_loss(failures, label, epoch, record["loss"], reference.step())
                 if epoch == 0:
                     for layer, params in enumerate(reference.params):
                         if not close(trainer.model.weights[layer].grad, params[0].grad):
