@@ -20,6 +20,7 @@ run: $(STAMP)
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/sparse-dist train --data data_prepared/cora --out results/cora-gcn.jsonl
 
 test: $(STAMP)
+	$(BIN)/python -m compileall -q sparse_dist algorithms runners tests > /dev/null  # every mpiexec rank imports them
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q tests
 
 clean:

@@ -102,7 +102,7 @@ def test_merged_metis_parts_train_like_unmerged(tmp_path: Path) -> None:
     for ranks in (1, 2, 4):
         out = tmp_path / f"r{ranks}.jsonl"
         result = run_mpi(ranks, [SPARSE_DIST, "train", "--data", str(tmp_path / "cora8"), "--epochs", "20",
-                                 "--print-every", "1000", "--out", str(out)], timeout=240)
+                                 "--eval-every", "20", "--print-every", "1000", "--out", str(out)], timeout=240)
         assert result.returncode == 0, result.stderr
         records = [json.loads(line) for line in out.read_text().splitlines()]
         finals.append(([r["loss"] for r in records if r["type"] == "epoch"], records[-1]["test_acc"]))

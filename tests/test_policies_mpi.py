@@ -59,7 +59,7 @@ def test_combined_sampling_and_staleness_move_fewer_bytes(cora_shards: Path, tmp
     exact_out, policy_out = tmp_path / "exact.jsonl", tmp_path / "policy.jsonl"
     # No dropout, and layer 0 exchanging every epoch in both runs (auto would fetch X's halo once for the exact
     # run but not for the sampled one): the policies' own savings on both layers' exchanges.
-    common = ["--plan", "sparse-bcast", "--epochs", "30", "--seed", "1", "--dropout", "0",
+    common = ["--plan", "sparse-bcast", "--epochs", "30", "--eval-every", "30", "--seed", "1", "--dropout", "0",
               "--input-exchange", "per-epoch"]
     assert _train(cora_shards, *common, "--out", str(exact_out), ranks=4).returncode == 0
     run = _train(cora_shards, *common, "--sample", "bns:p=0.5,side=owner", "--stale", "sancus-h:eps=0.05",

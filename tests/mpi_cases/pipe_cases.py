@@ -189,25 +189,29 @@ def check_dgs_training(comm, data: dict, layout: RowLayout, failures: list[str])
         failures.append(f"dgs nodes=0.5 P={comm.size}: a forward received more than the exact path's")
 
 
+def run(comm, replication: int) -> list[str]:
+    """This rank's failures of every check above (collective)."""
+    layout = RowLayout.from_counts(COUNTS[Grid(comm.size, replication).groups])
+    data = graph_data()
+    failures: list[str] = []
+    check_tau_zero(comm, data, layout, replication, failures)
+    check_simulated(comm, data, layout, replication, failures)
+    check_sampled_bytes(comm, data, layout, replication, failures)
+    check_resume(comm, data, layout, replication, failures)
+    if replication == 1:  # psc and dgs sample each receiver's edges: 1D only
+        check_exact_through_the_cache(comm, data, layout, failures)
+        check_cache_budgets(comm, data, layout, failures)
+        check_dgs_training(comm, data, layout, failures)
+    return failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replication", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
-    grid = Grid(comm.size, args.replication)
-    layout = RowLayout.from_counts(COUNTS[grid.groups])
-    data = graph_data()
-    failures: list[str] = []
-    check_tau_zero(comm, data, layout, args.replication, failures)
-    check_simulated(comm, data, layout, args.replication, failures)
-    check_sampled_bytes(comm, data, layout, args.replication, failures)
-    check_resume(comm, data, layout, args.replication, failures)
-    if args.replication == 1:  # psc samples each receiver's edges: 1D only
-        check_exact_through_the_cache(comm, data, layout, failures)
-        check_cache_budgets(comm, data, layout, failures)
-        check_dgs_training(comm, data, layout, failures)
-    return finish(comm, failures, f"pipelined exchange P={comm.size} c={args.replication}")
+    return finish(comm, run(comm, args.replication), f"pipelined exchange P={comm.size} c={args.replication}")
 
 
 if __name__ == "__main__":

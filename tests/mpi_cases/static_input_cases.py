@@ -222,21 +222,25 @@ def check_sancus(comm, replication: int, failures: list[str]) -> None:
         failures.append(f"sancus-h, receiver-side dropout: expected skipped broadcasts, got {sent['receiver']}")
 
 
+def run(comm, replication: int) -> list[str]:
+    """This rank's failures of every check above (collective)."""
+    layout = RowLayout.from_counts(COUNTS[Grid(comm.size, replication).groups])
+    data = graph_data()
+    failures: list[str] = []
+    check_modes(comm, data, layout, replication, failures)
+    check_sampled(comm, data, layout, replication, failures)
+    check_compressed(comm, data, layout, replication, failures)
+    check_sancus(comm, replication, failures)
+    return failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replication", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
-    grid = Grid(comm.size, args.replication)
-    layout = RowLayout.from_counts(COUNTS[grid.groups])
-    data = graph_data()
-    failures: list[str] = []
-    check_modes(comm, data, layout, args.replication, failures)
-    check_sampled(comm, data, layout, args.replication, failures)
-    check_compressed(comm, data, layout, args.replication, failures)
-    check_sancus(comm, args.replication, failures)
-    return finish(comm, failures, f"static input P={comm.size} c={args.replication}")
+    return finish(comm, run(comm, args.replication), f"static input P={comm.size} c={args.replication}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+"""The in-memory training checks under real mpiexec, one launch per rank count (tests/mpi_cases/training_cases.py):
+
+* layer 0 from a halo fetched once, receiver-side dropout, compression (static_input_cases.py): exact against
+  the single-process reference, counted == predicted bytes (coded sizes), an EMPTY row group at P = 3;
+* pipelined stale exchange (pipe_cases.py): tau = 0 bitwise the exact path, tau = 1, 2 equal a single-process
+  simulation of T-stale rows and gradients, each epoch uses exactly the flight of epoch t - tau, bytes equal the
+  exact (or sampled) path's, a checkpoint with flights outstanding resumes bitwise; at c = 1 psc's feature
+  cache (psc_cases.py) and dgs (R = Q = 1 bitwise exact, its explanation time booked apart);
+* GAT (gat_cases.py): exact against tests/reference_gat.py with predicted bytes, and with ``--gat-policies`` its
+  sampling and staleness checks.
+"""
+
+import pytest
+from mpirun import run_case
+
+from algorithms.policies import PipeRule, parse_staleness
+
+
+@pytest.mark.parametrize("ranks,replication,gat_policies", [(2, 1, False), (3, 1, True), (4, 2, True)])
+def test_training_cases_equal_their_references(ranks: int, replication: int, gat_policies: bool) -> None:
+    extra = ["--gat-policies"] if gat_policies else []
+    result = run_case(ranks, "training_cases.py", "--replication", str(replication), *extra, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks pass" in result.stdout, result.stdout + result.stderr
+
+
+def test_pipe_specs_are_parsed_and_checked() -> None:
+    assert parse_staleness("pipe:tau=2,gamma=0.95") == PipeRule(2, 0.95)
+    assert parse_staleness("pipe:tau=1") == PipeRule(1, 0.0)
+    with pytest.raises(ValueError, match="tau must be >= 0"):
+        parse_staleness("pipe:tau=-1")
+    with pytest.raises(ValueError, match=r"gamma must lie in \[0, 1\)"):
+        parse_staleness("pipe:tau=1,gamma=1")
+    with pytest.raises(ValueError, match="'1.5' is not a int"):
+        parse_staleness("pipe:tau=1.5")
