@@ -296,6 +296,15 @@ class Trainer:
         """Bytes of the attention structures (GAT) this rank keeps cached with its operators (0 otherwise)."""
         return cached_structure_bytes(self.spmm, self.halo)
 
+    def close(self) -> None:
+        """End the run's exchanges (collective over the plan's column; idempotent): complete the pipelined
+        flights still outstanding, so none is pending when its buffers go or MPI is finalised, and stop the
+        progress thread. Training may go on afterwards (kept flights stay, completed)."""
+        self.spmm.strategy.complete_outstanding()
+        if self.progress_thread is not None:
+            self.progress_thread.stop()
+            self.progress_thread = None
+
     def memory(self) -> dict[str, int]:
         """What this rank keeps for its layer-0 halo (zeros without one)."""
         keeper = self.halo if self.halo is not None else self.cached_input

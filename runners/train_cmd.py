@@ -361,6 +361,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                 save_checkpoint(args.checkpoint, trainer.state())
             if trainer.has_policy_state:
                 save_checkpoint(policy_file(args.checkpoint, comm.rank), trainer.policy_state())
+    trainer.close()  # collective: the last pipelined flights complete before the totals are counted
     ogb_metric = _ogb_metric(comm, trainer, graph.extra["meta"]) if "ogb_name" in graph.extra["meta"] else None
     if ogb_metric is not None:
         metrics.update(ogb_metric)

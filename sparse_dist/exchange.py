@@ -315,6 +315,11 @@ class ExchangeStrategy:
         """Flights kept for later calls (none here)."""
         return 0
 
+    def complete_outstanding(self) -> None:
+        """Complete every flight kept for later calls (none here). Collective over the plan's column: call it
+        at the same point on every rank, e.g. when a run ends, so no receive is still pending when its buffers
+        are freed or MPI is finalised."""
+
     def sends_gradient(self, message: Message) -> bool:
         """Whether the gradient of ``message``'s rows goes back to its owner."""
         return True
@@ -696,8 +701,17 @@ class PipelinedStrategy(ExchangeStrategy):
                     flight.progress()
 
     def outstanding(self) -> int:
-        """Flights kept for later epochs (forward and backward, all layers)."""
-        return sum(len(queue) for queues in (self._rows, self._gradients) for queue in queues.values())
+        """Flights kept for later epochs (forward and backward, all layers). A progress thread asks too, so the
+        tables are copied before they are walked (the main thread adds a layer's queue on its first call)."""
+        return sum(len(queue) for queues in (self._rows, self._gradients) for queue in list(queues.values()))
+
+    def complete_outstanding(self) -> None:
+        """Wait for every kept flight, rows then gradients, layers in order (the order of :meth:`state_dict`,
+        the same on every rank). They stay kept, completed, so training may go on afterwards unchanged."""
+        for queues in (self._rows, self._gradients):
+            for _, queue in sorted(queues.items()):
+                for flight in queue:
+                    flight.complete()
 
     # state
     @property

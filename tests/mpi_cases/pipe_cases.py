@@ -11,6 +11,7 @@ On the random directed graph of static_input_cases.py laid out over this launch'
   never an older one; and moves exactly the exact path's bytes (the byte model), with sampling the
   sampled path's bytes;
 * a checkpoint taken with flights outstanding resumes to the uninterrupted run's weights, bitwise;
+* the progress mode (tests, a probe thread, the MPI library alone) changes no number;
 * at c = 1, psc's feature cache (psc_cases.py, which this launch runs too: one launch per rank count), and
   dgs: nodes = features = 1 bitwise the exact path, its explanation time booked apart.
 """
@@ -118,6 +119,11 @@ def check_simulated(comm, data: dict, layout: RowLayout, replication: int, failu
         kept = tau * sum(1 + backward for _, backward in shape.exchanges)
         if strategy.outstanding() != kept:
             failures.append(f"{label}: {strategy.outstanding()} flights kept, expected {kept} ({tau} per exchange)")
+        trainer.close()  # the run ends: every kept flight completes, and stays kept
+        flights = [f for queues in (strategy._rows, strategy._gradients) for q in queues.values() for f in q]
+        if strategy.outstanding() != kept or not all(f.progress() for f in flights):
+            failures.append(f"{label}: after close(), {sum(not f.progress() for f in flights)} of "
+                            f"{len(flights)} kept flights still pending (or the count changed)")
 
 
 def check_sampled_bytes(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
@@ -128,6 +134,7 @@ def check_sampled_bytes(comm, data: dict, layout: RowLayout, replication: int, f
         trainer = trainer_for(comm, data, layout, replication, plan="p2p", sample="bns:p=0.5", stale=stale,
                               input_exchange="per-epoch", layers=3)
         records = [trainer.train_epoch() for _ in range(EPOCHS)]
+        trainer.close()
         traffic[stale] = [{phase: (r["bytes"][phase]["sent"], r["bytes"][phase]["recv"]) for phase in
                            ("forward", "backward")} for r in records]
         if not all(np.isfinite(r["loss"]) for r in records):
@@ -151,8 +158,11 @@ def check_resume(comm, data: dict, layout: RowLayout, replication: int, failures
     for config in configs:
         plan = config["plan"]
         whole = trainer_for(comm, data, layout, replication, **config)
-        for _ in range(EPOCHS):
+        for epoch in range(EPOCHS):
             whole.train_epoch()
+            if epoch == 2:
+                whole.close()  # completing the outstanding flights early changes nothing that follows
+        whole.close()
         first = trainer_for(comm, data, layout, replication, **config)
         for _ in range(3):
             first.train_epoch()
@@ -164,6 +174,8 @@ def check_resume(comm, data: dict, layout: RowLayout, replication: int, failures
             resumed.load_policy_state(load_checkpoint(Path(directory) / "run.ckpt.rank"))
         for _ in range(EPOCHS - 3):
             resumed.train_epoch()
+        first.close()
+        resumed.close()
         if not all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters())):
             failures.append(f"{plan} {config} P={comm.size}: resumed at epoch 3 with flights outstanding, "
                             f"the weights differ from the uninterrupted run")
@@ -189,6 +201,24 @@ def check_dgs_training(comm, data: dict, layout: RowLayout, failures: list[str])
         failures.append(f"dgs nodes=0.5 P={comm.size}: a forward received more than the exact path's")
 
 
+def check_progress_modes(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    """How flights progress (tests, a probe thread, or the MPI library alone) changes no number: bitwise the
+    same losses and weights."""
+    results = {}
+    for progress in ("test", "thread", "none"):
+        trainer = trainer_for(comm, data, layout, replication, plan="p2p", stale="pipe:tau=1", layers=3,
+                              input_exchange="per-epoch", progress=progress)
+        losses = [trainer.train_epoch()["loss"] for _ in range(EPOCHS)]
+        results[progress] = (losses, [p.detach().clone() for p in trainer.parameters()])
+        if (trainer.progress_thread is not None) != (progress == "thread"):
+            failures.append(f"--progress {progress}: a progress thread {'missing' if progress == 'thread' else 'ran'}")
+        trainer.close()
+    base_losses, base_weights = results["test"]
+    for progress, (losses, weights) in results.items():
+        if losses != base_losses or not all(torch.equal(a, b) for a, b in zip(weights, base_weights)):
+            failures.append(f"pipe:tau=1 --progress {progress} P={comm.size}: not bitwise the --progress test run")
+
+
 def run(comm, replication: int) -> list[str]:
     """This rank's failures of every check above (collective)."""
     layout = RowLayout.from_counts(COUNTS[Grid(comm.size, replication).groups])
@@ -198,6 +228,7 @@ def run(comm, replication: int) -> list[str]:
     check_simulated(comm, data, layout, replication, failures)
     check_sampled_bytes(comm, data, layout, replication, failures)
     check_resume(comm, data, layout, replication, failures)
+    check_progress_modes(comm, data, layout, replication, failures)
     if replication == 1:  # psc and dgs sample each receiver's edges: 1D only
         check_exact_through_the_cache(comm, data, layout, failures)
         check_cache_budgets(comm, data, layout, failures)
