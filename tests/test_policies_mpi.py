@@ -114,8 +114,11 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
                      timeout=240)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])["results"]
+    compressed = [f + fb for f in ("fp16", "bf16", "int8", "int8s") for fb in ("", "+fb")]
     assert list(report) == ["exact p2p", "bns p=0.1", "bns p=0.01", "bns p=0", "dense-bcast", "sancus-e1",
-                            "sancus-a1", "sancus-h0.05", "sancus-e1 -bwd", "p2p X/epoch", "dense X/epoch"]
+                            "sancus-a1", "sancus-h0.05", "sancus-e1 -bwd", "p2p X/epoch", "dense X/epoch",
+                            "pipe t1", "pipe t1 g.95", "pipe t2", "psc B0.1", "dgs R.5", "dgs R.25 Q.5",
+                            *compressed]
     # 3 epochs: fetching X's halo would cost more than 3 epochs of layer-0 exchanges, so auto keeps per-epoch
     assert report["exact p2p"]["input_exchange"] == "per-epoch" and report["exact p2p"]["halo_bytes"] == 0
     assert report["p2p X/epoch"]["bytes"] == report["exact p2p"]["bytes"]
@@ -124,3 +127,14 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
     assert 0 < report["bns p=0.1"]["bytes"] < report["exact p2p"]["bytes"] < report["dense-bcast"]["bytes"]
     assert report["sancus-e1"]["bytes"] < report["dense-bcast"]["bytes"]  # epoch 1 reuses the epoch-0 blocks
     assert report["sancus-e1 -bwd"]["bytes"] < report["sancus-e1"]["bytes"]
+    exact = report["exact p2p"]["bytes"]
+    # pipelining moves the exact path's rows and gradients, only later: every flight posted is counted
+    assert report["pipe t1"]["bytes"] == report["pipe t1 g.95"]["bytes"] == report["pipe t2"]["bytes"] == exact
+    for name in ("psc B0.1", "dgs R.5", "dgs R.25 Q.5"):  # their agreements (phase sample) included
+        assert 0 < report[name]["bytes"] < exact, name
+    # 16-bit rows are half of float32's; int8 adds a float32 scale per row; feedback changes no byte
+    assert report["fp16"]["bytes"] * 2 == report["bf16"]["bytes"] * 2 == exact
+    assert exact / 4 < report["int8"]["bytes"] == report["int8s"]["bytes"] < exact / 2
+    for name in ("fp16", "bf16", "int8", "int8s"):
+        assert report[name + "+fb"]["bytes"] == report[name]["bytes"], name
+        assert 0 <= report[name + "+fb"]["test_acc"] <= 1

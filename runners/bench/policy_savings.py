@@ -12,7 +12,15 @@ rank), and the final test accuracy:
   gradients of stale blocks too (``-bwd``);
 * what never changes is sent once: ``p2p`` and ``dense-bcast`` with layer 0
   exchanging ``dropout(X) W`` every epoch and owner-side dropout (``X/epoch``,
-  the path before the halo), against the default (``--input-exchange auto``).
+  the path before the halo), against the default (``--input-exchange auto``);
+* PipeGCN / PSC-GCN: ``pipe`` with tau 1 (and gamma 0.95) and tau 2 on ``p2p``
+  (``exch`` is then the time spent inside MPI, the wait, not the transfer),
+  and ``psc`` at budget ``--psc-budget`` (set it so psc moves about the bytes
+  of ``bns p=0.1`` to compare them at equal bytes);
+* DGS: ``dgs`` keeping half the remote rows (all feature columns), and a
+  quarter of them with half the feature columns;
+* compression: ``--compress`` fp16, bf16, int8 and stochastic int8 on exact
+  ``p2p``, each without and with error feedback (``+fb``).
 
 Every configuration runs with the train command's defaults otherwise (so
 layer 0 reads its halo where the byte model says so, and the SANCUS rows use
@@ -20,6 +28,8 @@ receiver-side dropout). Bytes are what all ranks received: forward and
 backward exchanges of every epoch plus the one-time halo (``halo MB`` shows
 that part). Ratios are taken within this one run: bytes and epoch time
 relative to exact ``p2p`` and to ``dense-bcast``. ``--only`` runs a subset.
+Bytes also count the ``sample`` phase (psc's and dgs's agreements with the
+owners), so a sampling policy pays for what its sample costs to agree.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import torch
 
 from algorithms.train import TrainConfig, Trainer
 from runners.data.shards import load_local_graph
+from runners.train_cmd import at_least, probability
 from sparse_dist.comm import Communicator, default_threads_per_rank
 
 TIME_KEYS = ("total", "local_spmm", "exchange", "allreduce", "dense")
@@ -42,9 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--layers", type=at_least(1), default=2)
     parser.add_argument("--dropout", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sancus-h-eps", type=float, default=0.05, help="variation-gap threshold of sancus-h")
+    parser.add_argument("--psc-budget", type=probability, default=0.1,
+                        help="psc's budget B (share of each row's neighbours kept in expectation)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--only", default=None,
                         help="comma-separated configuration names to run (default: all); exact p2p and "
@@ -52,7 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
-def configurations(h_eps: float) -> list[tuple[str, dict[str, str]]]:
+COMPRESSION_FORMATS = ("fp16", "bf16", "int8", "int8:stochastic")
+
+
+def configurations(h_eps: float, psc_budget: float = 0.1) -> list[tuple[str, dict[str, str]]]:
+    compressed = [(f"{fmt.replace(':stochastic', 's')}{suffix}", {"plan": "p2p", "compress": fmt + feedback})
+                  for fmt in COMPRESSION_FORMATS for suffix, feedback in (("", ""), ("+fb", ",feedback"))]
     return [
         ("exact p2p", {"plan": "p2p"}),
         ("bns p=0.1", {"plan": "p2p", "sample": "bns:p=0.1"}),
@@ -65,6 +84,13 @@ def configurations(h_eps: float) -> list[tuple[str, dict[str, str]]]:
         ("sancus-e1 -bwd", {"plan": "dense-bcast", "stale": "sancus-e:eps=1,skip_backward=1"}),
         ("p2p X/epoch", {"plan": "p2p", **CLASSIC}),
         ("dense X/epoch", {"plan": "dense-bcast", **CLASSIC}),
+        ("pipe t1", {"plan": "p2p", "stale": "pipe:tau=1"}),
+        ("pipe t1 g.95", {"plan": "p2p", "stale": "pipe:tau=1,gamma=0.95"}),
+        ("pipe t2", {"plan": "p2p", "stale": "pipe:tau=2"}),
+        (f"psc B{psc_budget:g}", {"plan": "p2p", "sample": f"psc:budget={psc_budget}"}),
+        ("dgs R.5", {"plan": "p2p", "sample": "dgs:nodes=0.5,features=1"}),
+        ("dgs R.25 Q.5", {"plan": "p2p", "sample": "dgs:nodes=0.25,features=0.5"}),
+        *compressed,
     ]
 
 
@@ -73,25 +99,27 @@ CLASSIC = {"input_exchange": "per-epoch", "dropout_side": "owner"}
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
-    names = [name for name, _ in configurations(args.sancus_h_eps)]
+    names = [name for name, _ in configurations(args.sancus_h_eps, args.psc_budget)]
     unknown = [name for name in _selected(args) if name not in names]
     return f"--only: unknown configuration(s) {unknown}; expected names from {names}" if unknown else None
 
 
 def _selected(args: argparse.Namespace) -> list[str]:
     if args.only is None:
-        return [name for name, _ in configurations(args.sancus_h_eps)]
+        return [name for name, _ in configurations(args.sancus_h_eps, args.psc_budget)]
     return [name.strip() for name in args.only.split(",") if name.strip()]
 
 
 def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
     graph = load_local_graph(comm, args.data, comm.size, 1)
-    config = TrainConfig(hidden=args.hidden, dropout=args.dropout, seed=args.seed, epochs=args.epochs, **settings)
+    config = TrainConfig(hidden=args.hidden, layers=args.layers, dropout=args.dropout, seed=args.seed,
+                         epochs=args.epochs, **settings)
     trainer = Trainer(comm, graph, config)
     records = [trainer.train_epoch() for _ in range(args.epochs)]
+    trainer.close()  # collective: pipelined flights still outstanding complete before the next configuration
     metrics = trainer.evaluate()
     halo = trainer.setup_bytes["halo"]["recv"]
-    moved = halo + sum(r["bytes"][phase]["recv"] for r in records for phase in ("forward", "backward"))
+    moved = halo + sum(r["bytes"][phase]["recv"] for r in records for phase in ("forward", "backward", "sample"))
     broadcasts = sum(len(b["active"]) for r in records for b in r["broadcasts"])
     gathered = comm.allgather_object({"moved": moved, "halo": halo, "times": [r["time"] for r in records[1:] or records],
                                       "cache": records[-1]["cache_bytes"]})
@@ -106,12 +134,12 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or default_threads_per_rank())
     chosen = set(_selected(args)) | {"exact p2p", "dense-bcast"}
-    results = {name: _run_one(comm, args, settings) for name, settings in configurations(args.sancus_h_eps)
+    results = {name: _run_one(comm, args, settings) for name, settings in configurations(args.sancus_h_eps, args.psc_budget)
                if name in chosen}
     if comm.rank == 0:
         exact, dense = results["exact p2p"], results["dense-bcast"]
         print(f"policies on {args.data}: P={comm.size}, {args.epochs} epochs, GCN hidden {args.hidden}, "
-              f"dropout {args.dropout}, seed {args.seed}")
+              f"{args.layers} layers, dropout {args.dropout}, seed {args.seed}")
         print(f"{'config':<15}{'exchange MB':>12}{'halo MB':>9}{'/p2p':>7}{'/dense':>8}{'epoch_s':>9}{'local':>8}"
               f"{'exch':>8}{'allred':>8}{'dense':>8}{'t/p2p':>7}{'t/dense':>8}{'test_acc':>9}")
         for name, r in results.items():
