@@ -17,7 +17,12 @@ With ``--policies``:
 * sampling: with ``bns:p=0.5,side=owner`` (p2p, sparse-bcast) owner-side and receiver-side dropout
   give the same losses (same sample, the same masks, two exchange forms);
 * staleness: with ``sancus-e:eps=1`` (dense-bcast) the second epoch's forward moves less than the
-  first, losses stay finite.
+  first, losses stay finite;
+* pipelining (p2p, dense-bcast): ``pipe:tau=0`` is bitwise the exact run; ``pipe:tau=1`` is exact in
+  its first epoch, then every layer uses the previous epoch's flight (the losses part from the exact
+  run's), at the exact run's bytes;
+* compression (p2p, c = 1): ``fp16`` sends exactly half of the exact run's forward and backward
+  bytes, with losses within fp16's rounding of the exact run's.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from row_groups import local_graph as row_graph  # noqa: E402
 
 from algorithms.train import LocalGraph, TrainConfig, Trainer  # noqa: E402
 from sparse_dist.comm import _ring_allreduce_bytes, run_or_abort, world  # noqa: E402
+from sparse_dist.exchange import ExchangeContext  # noqa: E402
 from sparse_dist.layout import Grid, RowLayout  # noqa: E402
 from sparse_dist.plans import PLAN_NAMES  # noqa: E402
 from sparse_dist.predict import predict_spmm_bytes  # noqa: E402
@@ -178,6 +184,50 @@ def check_policies(comm, data: dict, layout: RowLayout, replication: int, failur
                         f"second epoch must move less), losses {[record['loss'] for record in records]}")
 
 
+def check_pipelined_and_compressed(comm, data: dict, layout: RowLayout, replication: int,
+                                   failures: list[str]) -> None:
+    group = comm.rank // replication
+    for plan in ("p2p", "dense-bcast"):
+        variants = [("exact", {}), ("pipe:tau=0", {"stale": "pipe:tau=0"}), ("pipe:tau=1", {"stale": "pipe:tau=1"})]
+        if plan == "p2p" and replication == 1:
+            variants.append(("fp16", {"compress": "fp16"}))
+        runs = {}
+        for name, extra in variants:
+            trainer = Trainer(comm, local_graph(data, layout, group),
+                              TrainConfig(model="gat", plan=plan, replication=replication, epochs=EPOCHS,
+                                          input_exchange="per-epoch", **extra, **SETTINGS))
+            losses, traffic, used = [], [], []
+            for epoch in range(EPOCHS):
+                record = trainer.train_epoch()
+                losses.append(record["loss"])
+                traffic.append({phase: (record["bytes"][phase]["sent"], record["bytes"][phase]["recv"])
+                                for phase in ("forward", "backward")})
+                if name == "pipe:tau=1":
+                    used.append([trainer.spmm.strategy.used(ExchangeContext(epoch, layer, True)).epoch
+                                 for layer in range(trainer.model.num_layers)])
+            trainer.close()
+            runs[name] = (losses, [p.detach().clone() for p in trainer.parameters()], traffic, used)
+        label = f"GAT {plan} P={comm.size} c={replication}"
+        exact_losses, exact_weights, exact_traffic, _ = runs["exact"]
+        losses, weights, traffic, _ = runs["pipe:tau=0"]
+        if losses != exact_losses or not all(torch.equal(a, b) for a, b in zip(weights, exact_weights)):
+            failures.append(f"{label}: pipe:tau=0 is not bitwise the exact run ({losses} vs {exact_losses})")
+        losses, _, traffic, used = runs["pipe:tau=1"]
+        want_used = [[max(epoch - 1, 0)] * len(used[0]) for epoch in range(EPOCHS)]
+        if losses[0] != exact_losses[0] or losses[1:] == exact_losses[1:] or used != want_used:
+            failures.append(f"{label}: pipe:tau=1 losses {losses} vs exact {exact_losses}, flights used {used} "
+                            f"(expected exact epoch 1, then each layer one epoch stale: {want_used})")
+        if traffic != exact_traffic:
+            failures.append(f"{label}: pipe:tau=1 bytes {traffic} != the exact run's {exact_traffic}")
+        if "fp16" in runs:
+            losses, _, traffic, _ = runs["fp16"]
+            halved = [{phase: (sent // 2, recv // 2) for phase, (sent, recv) in epoch.items()}
+                      for epoch in exact_traffic]
+            if traffic != halved or not np.allclose(losses, exact_losses, rtol=1e-2):
+                failures.append(f"{label}: fp16 bytes {traffic} (want half of exact: {halved}), losses {losses} "
+                                f"vs exact {exact_losses}")
+
+
 def run(comm, replication: int, policies: bool) -> tuple[list[str], int]:
     """This rank's failures and the number of exact runs (collective; also called in-process at P = 1)."""
     layout = RowLayout.from_counts(COUNTS[Grid(comm.size, replication).groups])
@@ -186,6 +236,7 @@ def run(comm, replication: int, policies: bool) -> tuple[list[str], int]:
     runs = check_exact(comm, data, layout, replication, failures)
     if policies:
         check_policies(comm, data, layout, replication, failures)
+        check_pipelined_and_compressed(comm, data, layout, replication, failures)
     return failures, runs
 
 
