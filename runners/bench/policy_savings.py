@@ -134,8 +134,8 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or default_threads_per_rank())
     chosen = set(_selected(args)) | {"exact p2p", "dense-bcast"}
-    results = {name: _run_one(comm, args, settings) for name, settings in configurations(args.sancus_h_eps, args.psc_budget)
-               if name in chosen}
+    results = {name: _run_one(comm, args, settings)
+               for name, settings in configurations(args.sancus_h_eps, args.psc_budget) if name in chosen}
     if comm.rank == 0:
         exact, dense = results["exact p2p"], results["dense-bcast"]
         print(f"policies on {args.data}: P={comm.size}, {args.epochs} epochs, GCN hidden {args.hidden}, "
