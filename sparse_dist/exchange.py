@@ -691,27 +691,29 @@ class PipelinedStrategy(ExchangeStrategy):
     def on_gradients(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
         return self._smoothed(self._gradient_average, context, part)
 
+    def kept_flights(self) -> list[tuple[bool, Flight]]:
+        """Every flight kept for a later epoch with its direction (``backward``): rows, then gradients, layers in
+        order, oldest first; the same order on every rank (the order of :meth:`state_dict`). Safe to call from a
+        progress thread: the tables are copied before they are walked (the main thread adds a layer's queue on
+        its first call)."""
+        return [(backward, flight) for backward, queues in ((False, self._rows), (True, self._gradients))
+                for _, queue in sorted(list(queues.items())) for flight in list(queue)]
+
     def progress(self) -> None:
         """Test every kept flight (``tests_progress``; each layer's forward and transpose call it on entry)."""
-        if not self.tests_progress:
-            return
-        for queues in (self._rows, self._gradients):
-            for queue in queues.values():
-                for flight in queue:
-                    flight.progress()
+        if self.tests_progress:
+            for _, flight in self.kept_flights():
+                flight.progress()
 
     def outstanding(self) -> int:
-        """Flights kept for later epochs (forward and backward, all layers). A progress thread asks too, so the
-        tables are copied before they are walked (the main thread adds a layer's queue on its first call)."""
-        return sum(len(queue) for queues in (self._rows, self._gradients) for queue in list(queues.values()))
+        """Flights kept for later epochs (forward and backward, all layers)."""
+        return len(self.kept_flights())
 
     def complete_outstanding(self) -> None:
-        """Wait for every kept flight, rows then gradients, layers in order (the order of :meth:`state_dict`,
-        the same on every rank). They stay kept, completed, so training may go on afterwards unchanged."""
-        for queues in (self._rows, self._gradients):
-            for _, queue in sorted(queues.items()):
-                for flight in queue:
-                    flight.complete()
+        """Wait for every kept flight in :meth:`kept_flights`' order. They stay kept, completed, so training may
+        go on afterwards unchanged."""
+        for _, flight in self.kept_flights():
+            flight.complete()
 
     # state
     @property
@@ -725,8 +727,7 @@ class PipelinedStrategy(ExchangeStrategy):
 
     def cache_bytes(self) -> int:
         """Bytes of the flights kept for later epochs and of the averages (received rows and gradients)."""
-        held = [part.rows for backward, queues in ((False, self._rows), (True, self._gradients))
-                for queue in queues.values() for flight in queue for part in self._received(flight, backward)]
+        held = [part.rows for backward, flight in self.kept_flights() for part in self._received(flight, backward)]
         held += [a.values for a in (*self._row_average.values(), *self._gradient_average.values())
                  if a.values is not None]
         return int(sum(t.numel() * t.element_size() for t in held))

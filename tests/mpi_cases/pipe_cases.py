@@ -120,7 +120,7 @@ def check_simulated(comm, data: dict, layout: RowLayout, replication: int, failu
         if strategy.outstanding() != kept:
             failures.append(f"{label}: {strategy.outstanding()} flights kept, expected {kept} ({tau} per exchange)")
         trainer.close()  # the run ends: every kept flight completes, and stays kept
-        flights = [f for queues in (strategy._rows, strategy._gradients) for q in queues.values() for f in q]
+        flights = [flight for _, flight in strategy.kept_flights()]
         if strategy.outstanding() != kept or not all(f.progress() for f in flights):
             failures.append(f"{label}: after close(), {sum(not f.progress() for f in flights)} of "
                             f"{len(flights)} kept flights still pending (or the count changed)")
