@@ -137,4 +137,5 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
     assert exact / 4 < report["int8"]["bytes"] == report["int8s"]["bytes"] < exact / 2
     for name in ("fp16", "bf16", "int8", "int8s"):
         assert report[name + "+fb"]["bytes"] == report[name]["bytes"], name
-        assert 0 <= report[name + "+fb"]["test_acc"] <= 1
+    for name in compressed:  # rounding the exchanged rows barely moves the model (1000 test nodes: 20 of them)
+        assert abs(report[name]["test_acc"] - report["exact p2p"]["test_acc"]) <= 0.02, name
