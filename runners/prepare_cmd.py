@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
-from runners.data.partition import PARTITIONERS
+from runners.data.partition import AUTO, PARTITIONERS, resolve_partitioner
 from runners.data.stream_synthetic import write_streamed_synthetic
 from runners.data.shards import ShardError, write_shards
 
@@ -54,7 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"planetoid: directory of the ind.NAME.* files (default: built-in {BUILTIN_PLANETOID}); "
                              "ogb: the directory holding ogbn_NAME/")
     parser.add_argument("--parts", type=int, default=2, help="number of shards (default: 2)")
-    parser.add_argument("--partitioner", choices=PARTITIONERS, default="block")
+    parser.add_argument("--partitioner", choices=(AUTO, *PARTITIONERS), default=AUTO,
+                        help="how nodes are split into parts (default: auto = metis when pymetis imports, "
+                             "else block with a printed note; synthetic --stream always writes contiguous "
+                             "blocks). metis: small boundary, fewest exchange bytes; block: contiguous ranges "
+                             "of the input ids; random: balanced random")
     parser.add_argument("--seed", type=int, default=0, help="seed of the partitioner and the synthetic graph")
     parser.add_argument("--nodes", type=int, default=100_000, help="synthetic: number of nodes")
     parser.add_argument("--classes", type=int, default=8, help="synthetic: number of classes")
@@ -91,8 +95,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     """Flag combinations argparse cannot check (refused before MPI starts)."""
     if args.parts < 1:
         return f"--parts must be at least 1, got {args.parts}"
-    if args.source == "synthetic" and args.stream and args.partitioner != "block":
-        return "prepare synthetic --stream writes contiguous blocks; use --partitioner block"
+    if args.source == "synthetic" and args.stream and args.partitioner not in (AUTO, "block"):
+        return ("prepare synthetic --stream writes contiguous blocks; use --partitioner block "
+                "(or leave --partitioner out)")
     if args.source == "ogb" and (not args.name or not args.root):
         return "prepare ogb needs --name (e.g. ogbn-arxiv) and --root DIR"
     if args.source == "edgelist":
@@ -115,7 +120,11 @@ def main(comm: object, args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if Path(args.out).exists() and not args.overwrite:  # before any input is read
         raise ShardError(f"--out {args.out} already exists; pass --overwrite to replace it")
-    if args.source == "synthetic" and args.stream:
+    streamed = args.source == "synthetic" and args.stream
+    partitioner, note = resolve_partitioner(args.partitioner, contiguous_only=streamed)
+    if note:
+        print(f"note: {note}", flush=True)
+    if streamed:
         meta = write_streamed_synthetic(args.out, nodes=args.nodes, degree=args.degree, parts=args.parts,
                                         graph=args.graph, classes=args.classes, features=args.features,
                                         seed=args.seed, overwrite=args.overwrite)
@@ -132,7 +141,7 @@ def main(comm: object, args: argparse.Namespace) -> int:
     else:
         data = planted_classes(nodes=args.nodes, classes=args.classes, degree=args.degree,
                                features=args.features, seed=args.seed)
-    meta = write_shards(data, args.out, args.parts, args.partitioner, args.seed, overwrite=args.overwrite)
+    meta = write_shards(data, args.out, args.parts, partitioner, args.seed, overwrite=args.overwrite)
     _report(meta, args.out, time.perf_counter() - start)
     return 0
 
@@ -141,10 +150,18 @@ def _report(meta: dict, out: str, seconds: float) -> None:
     print(f"prepared {meta['name']}: {meta['num_nodes']} nodes, {meta['num_edges']} edges, "
           f"{meta['feature_dim']} features, {meta['num_classes']} classes, {meta['num_parts']} parts "
           f"({meta['partitioner']}) in {out} [{seconds:.1f} s]")
+    if meta.get("feature_dtype") == "float64":
+        print("features kept as float64 (as given); train --dtype float64 reads them bitwise, "
+              "--dtype float32 rounds them when it loads them")
     stats = meta["partition_stats"]
     print(f"{'part':>5}{'inner':>10}{'train':>8}{'boundary':>10}{'b/inner':>9}{'edges':>12}")
     for part in range(meta["num_parts"]):
         print(f"{part:>5}{stats['inner_nodes'][part]:>10}{stats['train_nodes'][part]:>8}"
               f"{stats['boundary_nodes'][part]:>10}{stats['boundary_over_inner'][part]:>9.3f}{stats['edges'][part]:>12}")
+    if "total_cut_edges" in stats:
+        edges = max(meta["num_edges"], 1)
+        print(f"edge cut: {stats['total_cut_edges']} of {meta['num_edges']} adjacency entries "
+              f"({100 * stats['total_cut_edges'] / edges:.1f}%) have their column in another part; "
+              f"boundary rows (rows other parts need): {stats['total_boundary_nodes']}")
     print("predicted forward exchange bytes per 4-byte feature column: " + ", ".join(
         f"{plan} {value}" for plan, value in stats["predicted_forward_bytes_per_feature"].items()))

@@ -1,6 +1,12 @@
 """Inputs and partitioners of `sparse-dist prepare`: edge lists, METIS, partition statistics."""
 
+import codecs
+import collections
 import json
+import os
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +15,7 @@ import scipy.sparse as sp
 from datasets_for_tests import cora
 from mpirun import BIN, run_mpi
 
-from runners.data.datasets import DatasetError, load_edge_list, planted_classes
+from runners.data.datasets import DatasetError, load_edge_list, load_planetoid, planted_classes
 from runners.data.partition import partition, partition_statistics, relabel
 from runners.data.shards import write_shards
 
@@ -144,3 +150,146 @@ def test_streamed_shards_train(tmp_path: Path) -> None:
     result = run_mpi(2, [SPARSE_DIST, "train", "--data", str(tmp_path / "s"), "--epochs", "3"], timeout=180)
     assert result.returncode == 0, result.stderr
     assert "final test accuracy" in result.stdout
+
+
+# ---------------------------------------------------------------- the default partitioner (issue 24, item 8)
+def _prepare(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``sparse-dist prepare ARGV`` as one process (prepare is single-process), with a timeout."""
+    return subprocess.run([SPARSE_DIST, "prepare", *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_prepare_partitions_with_metis_by_default_and_block_on_request(tmp_path: Path) -> None:
+    default = _prepare("planetoid", "--out", str(tmp_path / "auto"), "--parts", "4")
+    assert default.returncode == 0, default.stderr
+    block = _prepare("planetoid", "--out", str(tmp_path / "block"), "--parts", "4", "--partitioner", "block")
+    assert block.returncode == 0, block.stderr
+    metis_meta = json.loads((tmp_path / "auto" / "meta.json").read_text())
+    block_meta = json.loads((tmp_path / "block" / "meta.json").read_text())
+    assert metis_meta["partitioner"] == "metis" and "(metis)" in default.stdout
+    assert block_meta["partitioner"] == "block" and block_meta["row_offsets"] == [0, 677, 1354, 2031, 2708]
+    metis_stats, block_stats = metis_meta["partition_stats"], block_meta["partition_stats"]
+    assert metis_stats["total_cut_edges"] * 3 < block_stats["total_cut_edges"]  # Cora: 962 vs 7364
+    assert metis_stats["total_boundary_nodes"] * 3 < block_stats["total_boundary_nodes"]
+    assert f"edge cut: {metis_stats['total_cut_edges']} of 10556" in default.stdout
+    assert sum(metis_stats["cut_edges"]) == metis_stats["total_cut_edges"]
+
+
+def test_the_default_partitioner_is_stated_in_help_and_falls_back_to_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runners.data.partition import resolve_partitioner
+
+    result = subprocess.run([SPARSE_DIST, "prepare", "--help"], capture_output=True, text=True, timeout=120)
+    assert "default: auto = metis when pymetis imports, else block" in " ".join(result.stdout.split())
+    assert resolve_partitioner("auto") == ("metis", None)  # pymetis is installed here
+    assert resolve_partitioner("auto", contiguous_only=True) == ("block", None)
+    assert resolve_partitioner("random") == ("random", None)
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # `import pymetis` now raises ImportError
+    kind, note = resolve_partitioner("auto")
+    assert kind == "block" and "pymetis does not import" in note
+
+
+def test_streamed_prepare_chooses_blocks_by_itself_and_refuses_metis(tmp_path: Path) -> None:
+    result = _prepare("synthetic", "--stream", "--nodes", "2000", "--degree", "3", "--features", "8",
+                      "--parts", "2", "--out", str(tmp_path / "s"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "s" / "meta.json").read_text())["partitioner"] == "block"
+    refused = _prepare("synthetic", "--stream", "--nodes", "2000", "--parts", "2", "--partitioner", "metis",
+                       "--out", str(tmp_path / "m"))
+    assert refused.returncode == 2 and "--stream writes contiguous blocks" in refused.stderr
+    assert not (tmp_path / "m").exists()
+
+
+# ---------------------------------------------------------------- small truths (issue 24, item 9)
+def test_float64_features_survive_prepare_bitwise_and_train(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    n = 60
+    x = rng.standard_normal((n, 4)) / 3.0  # float64 values that float32 would round
+    assert not np.array_equal(x.astype(np.float32).astype(np.float64), x)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.arange(n) % 3)
+    np.save(tmp_path / "e.npy", np.stack([np.arange(n), (np.arange(n) + 1) % n], axis=1))
+    result = _prepare("edgelist", "--edges", str(tmp_path / "e.npy"), "--node-features", str(tmp_path / "x.npy"),
+                      "--labels", str(tmp_path / "y.npy"), "--symmetrize", "--parts", "2", "--split", "0.5,0.2,0.3",
+                      "--out", str(tmp_path / "d"))
+    assert result.returncode == 0, result.stderr
+    assert "features kept as float64" in result.stdout
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    assert meta["feature_dtype"] == "float64"
+    order = np.load(tmp_path / "d" / "permutation.npy")
+    stored = np.concatenate([np.load(tmp_path / "d" / f"part-{p:05d}.npz")["features"] for p in range(2)])
+    assert stored.dtype == np.float64 and np.array_equal(stored, x[order])  # bitwise, not rounded
+    for dtype in ("float64", "float32"):
+        run = run_mpi(2, [SPARSE_DIST, "train", "--data", str(tmp_path / "d"), "--epochs", "2", "--dtype", dtype],
+                      timeout=180)
+        assert run.returncode == 0, run.stderr
+        assert "final test accuracy" in run.stdout
+
+
+def test_float32_features_stay_float32(tmp_path: Path) -> None:
+    edges, x, y = _write_inputs(tmp_path, "0 1\n1 2\n2 3\n")
+    meta = write_shards(load_edge_list(edges, x, y, split=(0.5, 0.25, 0.25)), tmp_path / "d", 2, "block")
+    assert meta["feature_dtype"] == "float32"
+    assert np.load(tmp_path / "d" / "part-00000.npz")["features"].dtype == np.float32
+
+
+def _planetoid_objects() -> dict[str, object]:
+    """A 10-node Planetoid-style dataset: 8 nodes in allx (the first 3 are training nodes), 2 test nodes
+    listed in reverse order in test.index, a ring graph as a defaultdict of adjacency lists."""
+    features = sp.csr_matrix(np.arange(50, dtype=np.float32).reshape(10, 5) % 3)
+    onehot = np.eye(3, dtype=np.int64)[np.arange(10) % 3]
+    graph = collections.defaultdict(list, {i: [(i + 1) % 10] for i in range(10)})
+    return {"x": features[:3], "y": onehot[:3], "allx": features[:8], "ally": onehot[:8],
+            "tx": features[[9, 8]], "ty": onehot[[9, 8]], "graph": graph}
+
+
+def _write_planetoid(directory: Path, objects: dict[str, object], protocol: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for part, value in objects.items():
+        with open(directory / f"ind.tiny.{part}", "wb") as handle:
+            pickle.dump(value, handle, protocol=protocol)
+    (directory / "ind.tiny.test.index").write_text("9\n8\n")
+    return directory
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_planetoid_files_written_by_python3_are_read(tmp_path: Path, protocol: int) -> None:
+    objects = _planetoid_objects()
+    data = load_planetoid(_write_planetoid(tmp_path, objects, protocol), "tiny")
+    expected = np.arange(50, dtype=np.float32).reshape(10, 5) % 3  # test rows put back in node order
+    assert np.array_equal(data.features, expected)
+    assert data.labels.tolist() == [i % 3 for i in range(10)]
+    ring = sp.csr_matrix((np.ones(10), (np.arange(10), (np.arange(10) + 1) % 10)), shape=(10, 10))
+    assert (data.adjacency != ((ring + ring.T) > 0)).nnz == 0
+    assert data.masks["train"].sum() == 3 and data.masks["test"].tolist() == [False] * 8 + [True] * 2
+
+
+def test_prepare_reads_a_protocol_2_planetoid_written_by_python3(tmp_path: Path) -> None:
+    root = _write_planetoid(tmp_path / "raw", _planetoid_objects(), 2)
+    assert b"_codecs" in (root / "ind.tiny.x").read_bytes()  # what Python 3 writes for bytes in protocol 2
+    result = _prepare("planetoid", "--root", str(root), "--name", "tiny", "--parts", "2", "--out",
+                      str(tmp_path / "d"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "d" / "meta.json").read_text())["num_nodes"] == 10
+
+
+class _Call:
+    """Pickles as a call of ``function(*arguments)``: what a malicious file would hold."""
+
+    def __init__(self, function: object, *arguments: object) -> None:
+        self.function, self.arguments = function, arguments
+
+    def __reduce__(self) -> tuple:
+        return self.function, self.arguments
+
+
+@pytest.mark.parametrize("payload,needle", [
+    (_Call(os.system, "touch pwned"), "unexpected object posix.system"),
+    (_Call(codecs.encode, "touch pwned", "rot13"), "only latin-1 text"),
+    (_Call(eval, "1 + 1"), "unexpected object builtins.eval"),
+])
+def test_planetoid_pickles_that_call_anything_else_are_refused(tmp_path: Path, payload: object, needle: str) -> None:
+    root = _write_planetoid(tmp_path, _planetoid_objects(), 2)
+    (root / "ind.tiny.graph").write_bytes(pickle.dumps(payload, protocol=2))
+    with pytest.raises(DatasetError, match=needle) as info:
+        load_planetoid(root, "tiny")
+    assert "ind.tiny.graph" in str(info.value)
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()

@@ -29,7 +29,7 @@ class GraphData:
 
     name: str
     adjacency: sp.csr_matrix
-    features: np.ndarray          # N x F float32
+    features: np.ndarray          # N x F float32, or float64 when the input was (kept in the shards)
     labels: np.ndarray            # N int64 class ids, or N x C {0,1} for multi-label
     masks: dict[str, np.ndarray]  # train / val / test -> bool N
     num_classes: int
@@ -41,18 +41,39 @@ class GraphData:
         return self.adjacency.shape[0]
 
 
+def _latin1_bytes(text: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+    """What pickle protocol 2 means by ``_codecs.encode(text, 'latin1')``: the bytes of a ``bytes``
+    object (Python 3 writes bytes that way for Python 2 readers). Only latin-1 is accepted, so a file
+    cannot reach any other codec."""
+    if not isinstance(text, str) or encoding.lower().replace("_", "-") not in ("latin1", "latin-1", "iso-8859-1"):
+        raise DatasetError(f"unexpected _codecs.encode({type(text).__name__}, {encoding!r}) in a Planetoid file; "
+                           "only latin-1 text (pickle protocol 2's bytes) is accepted")
+    return text.encode("latin-1", errors)
+
+
 class _PlanetoidUnpickler(pickle.Unpickler):
-    """Refuses anything but the containers the Planetoid files hold (no arbitrary code)."""
+    """Refuses anything but the containers the Planetoid files hold (no arbitrary code).
+
+    Accepted: the files as Kipf & Welling wrote them (Python 2, protocol 2) and as Python 3's
+    ``pickle.dump(..., protocol=0..5)`` writes the same objects (numpy arrays through
+    ``_reconstruct``/``_frombuffer`` in ``numpy.core`` or ``numpy._core``, their bytes through
+    ``_codecs.encode(..., 'latin1')`` in protocol 2, scipy CSR/CSC/COO matrices, lists, dicts,
+    ``defaultdict``). Every other global, and ``_codecs.encode`` with another codec, is refused.
+    """
 
     _ALLOWED = {("collections", "defaultdict"), ("builtins", "list"), ("builtins", "dict"),
-                ("builtins", "set"), ("builtins", "int")}
+                ("builtins", "set"), ("builtins", "int"), ("builtins", "object"), ("copyreg", "_reconstructor"),
+                ("numpy", "ndarray"), ("numpy", "dtype")}
+    _NUMPY = {(f"numpy.{core}.{module}", name) for core in ("core", "_core")
+              for module, name in (("multiarray", "_reconstruct"), ("multiarray", "scalar"),
+                                   ("numeric", "_frombuffer"))}
 
     def find_class(self, module: str, name: str):  # noqa: ANN201
         module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
-        if (module, name) in self._ALLOWED or (module, name) == ("copyreg", "_reconstructor"):
+        if (module, name) in self._ALLOWED or (module, name) in self._NUMPY:
             return super().find_class(module, name)
-        if module.startswith("numpy") and name in ("ndarray", "dtype", "_reconstruct", "scalar", "_frombuffer"):
-            return super().find_class(module, name)
+        if (module, name) == ("_codecs", "encode"):
+            return _latin1_bytes
         if module.startswith("scipy.sparse") and name in ("csr_matrix", "csc_matrix", "coo_matrix"):
             return getattr(sp, name)
         raise DatasetError(f"unexpected object {module}.{name} in a Planetoid file")
@@ -177,6 +198,12 @@ def planted_classes(nodes: int = 50_000, classes: int = 8, degree: int = 10, fea
                      masks=masks, num_classes=classes)
 
 
+def feature_dtype(features: np.ndarray) -> type:
+    """The dtype features are stored in: float64 stays float64 (``train --dtype float64`` then sees the
+    input's values bitwise), anything else (float32, float16, integers, bool) becomes float32."""
+    return np.float64 if features.dtype == np.float64 else np.float32
+
+
 def _load_array(path: Path, what: str) -> np.ndarray:
     if not path.is_file():
         raise DatasetError(f"{path}: {what} file not found")
@@ -293,7 +320,7 @@ def load_edge_list(edges: str | Path, features: str | Path, labels: str | Path, 
         draw = np.random.default_rng(seed).random(n)
         split_masks = {"train": draw < split[0], "val": (draw >= split[0]) & (draw < split[0] + split[1]),
                        "test": (draw >= split[0] + split[1]) & (draw < sum(split))}
-    return GraphData(name=name or edges.stem, adjacency=adjacency, features=x.astype(np.float32), labels=y,
+    return GraphData(name=name or edges.stem, adjacency=adjacency, features=x.astype(feature_dtype(x)), labels=y,
                      masks=split_masks, num_classes=num_classes, multilabel=multilabel,
                      meta_extra={"feature_norm": "none"})
 

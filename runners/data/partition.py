@@ -5,6 +5,8 @@ permutation ``order`` (new id -> original id; nodes of part 0 first, each
 part's nodes in original order) and row offsets per part. All are
 deterministic for a seed.
 
+* ``auto`` (what ``prepare`` uses unless told): ``metis`` when pymetis
+  imports, else ``block`` (:func:`resolve_partitioner` says which, and why).
 * ``block``: contiguous balanced ranges of the original ids.
 * ``random``: a balanced random assignment.
 * ``metis``: METIS k-way through pymetis on the symmetrised graph, with the
@@ -19,8 +21,9 @@ deterministic for a seed.
 
 :func:`partition_statistics` gives the BNS-GCN Table 1 view of a partition:
 per part inner nodes, boundary nodes (rows others need), their ratio,
-edges, and the predicted exchange bytes per plan for one 4-byte feature
-column (multiply by the width).
+edges, cut edges (entries whose column another part owns), and the
+predicted exchange bytes per plan for one 4-byte feature column (multiply by
+the width).
 """
 
 from __future__ import annotations
@@ -34,6 +37,33 @@ from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import predict_spmm_bytes
 
 PARTITIONERS = ("block", "random", "metis")
+AUTO = "auto"
+
+
+def metis_available() -> bool:
+    """Whether pymetis (METIS) imports here."""
+    try:
+        import pymetis  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_partitioner(kind: str, contiguous_only: bool = False) -> tuple[str, str | None]:
+    """The partitioner ``kind`` stands for, and a note to print when ``auto`` could not pick METIS.
+
+    ``auto`` is ``metis`` when pymetis imports (a small boundary: fewer bytes per exchange and, for
+    the stale policies, better accuracy than contiguous blocks), else ``block``. ``contiguous_only``
+    (a streamed graph, written in contiguous blocks) makes ``auto`` mean ``block`` without a note.
+    """
+    if kind != AUTO:
+        return kind, None
+    if contiguous_only:
+        return "block", None
+    if metis_available():
+        return "metis", None
+    return "block", ("pymetis does not import, so the partition is contiguous blocks (--partitioner block); "
+                     "install pymetis for METIS")
 
 
 def _balanced_sizes(n: int, parts: int) -> list[int]:
@@ -130,6 +160,7 @@ class BoundaryAccumulator:
         self.needed = np.zeros(int(self.offsets[-1]), dtype=bool)  # rows some other part needs: the B_j
         self.counts = np.zeros((parts, parts), dtype=np.int64)     # |B_ij|
         self.edges = np.zeros(parts, dtype=np.int64)
+        self.cut = np.zeros(parts, dtype=np.int64)                 # entries whose column another part owns
         self.train = np.zeros(parts, dtype=np.int64)
 
     def _owner(self, ids: np.ndarray) -> np.ndarray:
@@ -138,8 +169,10 @@ class BoundaryAccumulator:
     def add_part(self, part: int, columns: np.ndarray, train_rows: int) -> None:
         """Record part ``part``'s row entries (global new column ids) and its number of training rows."""
         lo, hi = self.offsets[part], self.offsets[part + 1]
-        remote = np.unique(columns[(columns < lo) | (columns >= hi)])
+        outside = columns[(columns < lo) | (columns >= hi)]
+        remote = np.unique(outside)
         self.needed[remote] = True
+        self.cut[part] = outside.size
         self.counts[part] = np.bincount(self._owner(remote), minlength=self.counts.shape[0])
         self.edges[part] = columns.size
         self.train[part] = train_rows
@@ -147,7 +180,7 @@ class BoundaryAccumulator:
     def summary(self) -> dict[str, Any]:
         boundary = np.bincount(self._owner(np.flatnonzero(self.needed)), minlength=self.counts.shape[0])
         return boundary_summary(self.offsets, np.diff(self.offsets), boundary, self.counts, self.edges,
-                                self.train.tolist())
+                                self.train.tolist(), self.cut)
 
 
 def partition_statistics(adjacency: sp.csr_matrix, offsets: np.ndarray,
@@ -166,15 +199,20 @@ def partition_statistics(adjacency: sp.csr_matrix, offsets: np.ndarray,
 
 
 def boundary_summary(offsets: np.ndarray, inner: np.ndarray, boundary: np.ndarray, counts: np.ndarray,
-                     edges: np.ndarray, train: list[int] | None) -> dict[str, Any]:
-    """The statistics dict from per-part figures; ``counts[i, j] = |B_ij|``, ``boundary[j] = |B_j|``."""
+                     edges: np.ndarray, train: list[int] | None, cut: np.ndarray | None = None) -> dict[str, Any]:
+    """The statistics dict from per-part figures; ``counts[i, j] = |B_ij|``, ``boundary[j] = |B_j|``;
+    ``cut[i]``: part ``i``'s entries whose column another part owns (left out when not given)."""
     layout = RowLayout(tuple(int(x) for x in offsets))
     parts = layout.parts
     predicted = {plan: int(predict_spmm_bytes(Grid(parts), layout, counts, boundary, plan, 1, 4)["forward"][:, 1].sum())
                  for plan in ("dense-bcast", "sparse-bcast", "p2p")}
-    return {
+    stats = {
         "inner_nodes": [int(x) for x in inner], "boundary_nodes": [int(x) for x in boundary], "train_nodes": train,
         "boundary_over_inner": [float(b / i) if i else 0.0 for b, i in zip(boundary, inner)],
         "edges": [int(x) for x in edges], "total_boundary_nodes": int(np.sum(boundary)),
         "predicted_forward_bytes_per_feature": predicted,
     }
+    if cut is not None:
+        stats["cut_edges"] = [int(x) for x in cut]
+        stats["total_cut_edges"] = int(np.sum(cut))
+    return stats

@@ -6,7 +6,9 @@ A dataset directory holds:
   ``feature_dim``, ``num_classes``, ``multilabel``, ``partitioner``,
   ``num_parts``, ``row_offsets`` (``num_parts + 1``), ``permutation_file``,
   ``files`` (file name -> SHA-256), ``partition_stats``
-  (:func:`runners.data.partition.partition_statistics`);
+  (:func:`runners.data.partition.partition_statistics`), ``feature_dtype``
+  (``float32``, or ``float64`` when the input's features were float64: they
+  are kept, not rounded; ``train`` casts them to its ``--dtype``);
 * ``permutation.npy``: new node id -> original node id;
 * ``part-NNNNN.npz`` per part: ``indptr``, ``indices`` (GLOBAL new ids),
   ``data`` (edge weights), ``features``, ``labels``, ``train``, ``val``,
@@ -33,7 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from algorithms.train import LocalGraph
-from runners.data.datasets import GraphData
+from runners.data.datasets import GraphData, feature_dtype
 from runners.data.partition import BoundaryAccumulator, partition, relabel
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import RowLayout
@@ -83,6 +85,7 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
     new_id = np.empty_like(order)
     new_id[order] = np.arange(order.size)
     source = sp.csr_matrix(data.adjacency)
+    features_dtype = feature_dtype(data.features)
 
     with removed_on_failure(out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")) as temporary:
         files: dict[str, str] = {}
@@ -98,7 +101,7 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
             rows.sort_indices()
             name = part_file(index)
             np.savez(temporary / name, indptr=rows.indptr.astype(np.int64), indices=rows.indices.astype(np.int64),
-                     data=rows.data.astype(np.float32), features=data.features[nodes].astype(np.float32),
+                     data=rows.data.astype(np.float32), features=data.features[nodes].astype(features_dtype),
                      labels=data.labels[nodes], train=data.masks["train"][nodes], val=data.masks["val"][nodes],
                      test=data.masks["test"][nodes])
             files[name] = sha256_file(temporary / name)
@@ -106,6 +109,7 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
         stats = statistics.summary()
         meta = {"format_version": FORMAT_VERSION, "name": data.name, "num_nodes": int(data.num_nodes),
                 "num_edges": int(sum(stats["edges"])), "feature_dim": int(data.features.shape[1]),
+                "feature_dtype": np.dtype(features_dtype).name,
                 "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel),
                 "partitioner": partitioner, "partition_seed": seed, "num_parts": parts,
                 "row_offsets": offsets.tolist(), "permutation_file": "permutation.npy", "files": files,
