@@ -40,6 +40,7 @@ GRAPHS: dict[str, dict[str, int]] = {
     "ogbn-products": {"nodes": 2_449_029, "nnz": 2 * 61_859_140, "features": 100, "classes": 47},
     "ogbn-arxiv": {"nodes": 169_343, "nnz": 2 * 1_166_243, "features": 128, "classes": 40},
 }
+DEFAULT_POLICIES = "exact,bns:p=0.1,sancus-h:eps=0.05"
 COMPARE_COLUMNS = ("run", "world_size", "plan", "policy", "calibration", "measured_epoch", "predicted_epoch",
                    "error", "predicted_compute", "predicted_exchange", "predicted_allreduce", "measured_bytes",
                    "predicted_bytes")
@@ -61,9 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     predict.add_argument("--model", choices=MODEL_KINDS, default="gcn")
     predict.add_argument("--ranks", default="64,256,1024", help="comma-separated P")
     predict.add_argument("--plans", default="dense-bcast,sparse-bcast,p2p")
-    predict.add_argument("--policies", default="exact,bns:p=0.1,sancus-h:eps=0.05", type=policy_list_arg,
+    predict.add_argument("--policies", default=None, type=policy_list_arg,
                          help="policies separated by ',' (or ';'); a policy's own parameters may use ',' too; "
-                              "a run's two axes joined by '+' (bns:p=0.1+sancus-e:eps=1)")
+                              "a run's two axes joined by '+' (bns:p=0.1+sancus-e:eps=1) (default: "
+                              f"{DEFAULT_POLICIES}, leaving out, with a note, a data-dependent staleness rule "
+                              "that --calibrate-from has no measured run of and --active does not give)")
     predict.add_argument("--active", type=float, default=None,
                          help="share of forward broadcasts a data-dependent staleness rule sends "
                               "(default: measured in --calibrate-from's runs)")
@@ -238,8 +241,8 @@ def predict(args: argparse.Namespace) -> int:
     print(f"compute rates per core measured on this machine from {rates.source}: SpMM "
           f"{rates.spmm / 1e6:.0f} M nnz*col/s, dense {rates.dense / 1e9:.2f} G row*F_in*F_out/s "
           f"(scaled linearly to {threads} core(s): optimistic)")
-    policies: list[PolicySpec] = args.policies
     measured_active = _measured_active(rows)
+    traffic = _expected_traffic(args.policies, args.active, measured_active)
     header = f"{'P':>5} {'plan':<13}{'policy':<20}{'GB recv/rank':>13}{'GB total':>10}" \
              f"{'compute s':>10}{'exchange s':>11}{'allreduce s':>12}{'epoch s':>9}"
     print(header)
@@ -250,14 +253,9 @@ def predict(args: argparse.Namespace) -> int:
             print(f"{ranks:>5} halo of X fetched once: {halo[:, 0].sum() / 1e9:.1f} GB sent by all ranks, "
                   f"{halo[:, 1].max() / 1e9:.3f} GB kept by the largest halo")
         for plan in args.plans.split(","):
-            for policy_spec in policies:
+            for policy_spec, policy in traffic:
                 if policy_spec.refusal(plan):
                     continue
-                active = args.active if args.active is not None else measured_active.get(policy_spec.stale.name)
-                try:
-                    policy = ExpectedTraffic.of(policy_spec, active)
-                except ValueError as exc:
-                    raise ResultsError(f"{exc} (the calibration study has no measured run of it)") from None
                 result: Prediction = predict_epoch(work, shape, plan, policy, rates, net, 1, threads)
                 print(f"{ranks:>5} {plan:<13}{policy_spec.text:<20}{result.exchange_bytes_max_recv / 1e9:>13.3f}"
                       f"{result.exchange_bytes_total / 1e9:>10.1f}"
@@ -267,6 +265,27 @@ def predict(args: argparse.Namespace) -> int:
           "GB total: sent by all ranks. "
           + " ".join(work.notes))
     return 0
+
+
+def _expected_traffic(given: list[PolicySpec] | None, active: float | None,
+                      measured: dict[str, float]) -> list[tuple[PolicySpec, ExpectedTraffic]]:
+    """Each policy to predict with its traffic, decided before any row is printed.
+
+    A data-dependent staleness rule needs its share of broadcasts (``--active``, or measured in the
+    calibration study): named in ``--policies`` without one it is refused; among the defaults it is left
+    out with a printed note, so the default command works from any study.
+    """
+    traffic = []
+    for spec in given if given is not None else policy_list_arg(DEFAULT_POLICIES):
+        try:
+            traffic.append((spec, ExpectedTraffic.of(spec, active if active is not None
+                                                     else measured.get(spec.stale.name))))
+        except ValueError as exc:
+            if given is not None:
+                raise ResultsError(f"{exc} (the calibration study has no measured run of it)") from None
+            print(f"note: {spec.text} left out: the calibration study has no measured run of it and its share "
+                  f"of broadcasts is data-dependent (give --active, or calibrate from a study that ran it)")
+    return traffic
 
 
 def _measured_active(rows: list[dict[str, Any]]) -> dict[str, float]:

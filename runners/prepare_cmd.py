@@ -24,6 +24,8 @@ edge-list input (prepare edgelist --edges E --node-features X.npy --labels Y [op
                      adds its own).
   --node-features X  .npy (or single-array .npz), N x F numbers, all finite; row i
                      holds node i. Not row-normalised (train --feature-norm auto).
+                     float64 features are kept as float64 (train --dtype float64
+                     sees them bitwise); any other type is stored as float32.
   --labels Y         class ids, one per node: .npy/.npz of N integers, or text with
                      one id per line ("#" comments). Without --num-classes, C is the
                      number of distinct ids and they must be exactly 0..C-1; with

@@ -50,7 +50,7 @@ def test_runs_cross_plans_policies_and_skip_what_cannot_run(tmp_path: Path) -> N
                                                   ("p2p", "exact"), ("p2p", "bns:p=0.1")}
     assert any("P=3 c=2" in line for line in skipped) and any("dense-bcast + bns" in line for line in skipped)
     assert len({r.run_id for r in runs}) == len(runs)
-    assert study.output == tmp_path / "out"
+    assert study.output == Path.cwd() / "out"  # relative to where sweep runs, not to the study file
     # every row-group count P/c of the study divides the shard count
     assert study.parts_for(study.datasets[0]) == 12
     sancus = next(r for r in runs if r.policy == "sancus-e:eps=1")
@@ -152,3 +152,29 @@ def test_the_single_process_tools_never_start_mpi() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_output_is_relative_to_the_current_directory_and_a_dataset_path_to_the_study(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README runs `sweep runners/study/studies/NAME.toml` from the repository root and reads `results/NAME`."""
+    studies, work = tmp_path / "repo" / "studies", tmp_path / "work"
+    studies.mkdir(parents=True)
+    work.mkdir()
+    monkeypatch.chdir(work)
+    text = GOOD.replace('output = "out"', 'output = "results/s"').replace(
+        'synthetic = { nodes = 1000, degree = 4, features = 8, classes = 3 }', 'path = "../data/cora"')
+    study = load_study(_write(studies, text))
+    assert study.output == work / "results" / "s"
+    assert study.datasets[0].path == tmp_path / "repo" / "data" / "cora"
+    absolute = load_study(_write(studies, GOOD.replace('output = "out"', f'output = "{tmp_path / "abs"}"')))
+    assert absolute.output == tmp_path / "abs"
+    default = load_study(_write(studies, GOOD.replace('output = "out"\n', "")))
+    assert default.output == work / "results" / "s"
+
+
+def test_the_shipped_studies_write_where_the_readme_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)
+    for name in ("tiny", "clustered-strong", "clustered-weak"):
+        study = load_study(root / "runners" / "study" / "studies" / f"{name}.toml")
+        assert study.output == root / "results" / name

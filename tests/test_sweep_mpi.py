@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from datasets_for_tests import random_directed, write
-from mpirun import BIN, ROOT
+from mpirun import BIN
 
 SPARSE_DIST = str(BIN / "sparse-dist")
 STUDY = """
@@ -34,7 +34,7 @@ path = "data"
 
 
 def _sweep(study: Path, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SPARSE_DIST, "sweep", str(study)], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([SPARSE_DIST, "sweep", str(study)], cwd=study.parent, capture_output=True, text=True,
                           timeout=timeout)
 
 

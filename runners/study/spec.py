@@ -4,7 +4,7 @@ A study file (see ``studies/`` and the README)::
 
     [study]
     name = "clustered-strong"
-    output = "results/clustered-strong"   # relative to the study file
+    output = "results/clustered-strong"   # relative to the directory sweep runs in (default: results/NAME)
     scaling = "strong"                     # strong | weak
     ranks = [1, 2, 4]
     replication = [1]                      # c; a c that does not divide P is skipped
@@ -28,6 +28,13 @@ A study file (see ``studies/`` and the README)::
     # path = "data_prepared/cora"          # or an already prepared directory
     # nodes_per_rank = 25000               # weak scaling: nodes = nodes_per_rank * P
     # sizes = { "1" = 25000, "2" = 50000 } # weak scaling, explicit
+
+Paths: ``output`` (like every output flag of ``sparse-dist``) is relative to
+the current directory, so ``sparse-dist sweep runners/study/studies/tiny.toml``
+run from the repository root writes ``results/tiny`` there, where ``plot`` and
+``model`` read it; a dataset ``path`` is relative to the study file (the study
+names its input data wherever it is run from). Both become absolute when the
+file is loaded.
 
 Plans and policies are crossed; combinations the library cannot run (BNS
 sampling on ``dense-bcast``, SANCUS caching on ``p2p``) are listed as
@@ -289,7 +296,7 @@ def load_study(path: str | Path) -> Study:
     timeout = study.get("timeout", 1800)
     _expect(f"{path}: study.timeout", timeout, (int, float), "seconds")
     return Study(source=path, name=name,
-                 output=output if output.is_absolute() else Path(os.path.normpath(path.parent / output)),
+                 output=output if output.is_absolute() else Path(os.path.normpath(Path.cwd() / output)),
                  scaling=scaling, ranks=_int_list(f"{path}: study.ranks", study.get("ranks", [1]), 1),
                  replication=_int_list(f"{path}: study.replication", study.get("replication", [1]), 1),
                  plans=plans, policies=policies, seeds=_int_list(f"{path}: study.seeds", study.get("seeds", [0]), 0),
