@@ -156,6 +156,31 @@ def test_every_documented_command_parses(command: DocCommand, monkeypatch: pytes
     assert args is not None, f"{command}\nis refused by the parser:\n{said}"
 
 
+# Flags of other programs the README names: Slurm's sbatch/srun, Open MPI's mpiexec, pip.
+OTHER_PROGRAMS_FLAGS = {"--account", "--partition", "--ntasks", "--cpus-per-task", "--gpus-per-task", "--export",
+                        "--mpi", "--kill-on-bad-exit", "--oversubscribe", "--no-binary"}
+
+
+def _all_flags(parser: argparse.ArgumentParser) -> set[str]:
+    flags: set[str] = set()
+    for action in parser._actions:
+        flags.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags |= _all_flags(sub)
+    return flags
+
+
+def test_every_flag_the_readme_names_exists() -> None:
+    """Prose and tables too: a renamed or removed flag anywhere in the README fails here."""
+    from runners import cli
+
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", README.read_text()))
+    assert len(named) > 50, named
+    unknown = sorted(named - _all_flags(cli._parser()) - OTHER_PROGRAMS_FLAGS)
+    assert not unknown, f"README.md names flags no sparse-dist command has: {unknown}"
+
+
 def test_the_documented_files_exist() -> None:
     """Study files and batch templates the README's commands name are in the repository."""
     text = README.read_text()
