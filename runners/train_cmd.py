@@ -230,11 +230,13 @@ def overlap_problems(args: argparse.Namespace) -> list[str]:
     out = _resolved(args.out) if args.out is not None else None
     checkpoint = _resolved(args.checkpoint) if args.checkpoint is not None else None
     if out is not None and _inside(out, data):
-        problems.append(f"--out {args.out} lies inside the --data dataset directory {args.data}; writing it there "
-                        f"would damage the dataset, so choose a results file outside it")
+        problems.append(f"--out {args.out} {'is' if out == data else 'lies inside'} the --data dataset directory "
+                        f"{args.data}; writing it there would damage the dataset, so choose a results file "
+                        f"outside it")
     if checkpoint is not None and _inside(checkpoint, data):
-        problems.append(f"--checkpoint {args.checkpoint} lies inside the --data dataset directory {args.data}; "
-                        f"writing it there would damage the dataset, so choose a path outside it")
+        problems.append(f"--checkpoint {args.checkpoint} {'is' if checkpoint == data else 'lies inside'} the "
+                        f"--data dataset directory {args.data}; writing it there would damage the dataset, so "
+                        f"choose a path outside it")
     elif checkpoint is not None and data.startswith(checkpoint):
         problems.append(f"--data {args.data} starts with the --checkpoint path {args.checkpoint}, whose files "
                         f"({args.checkpoint}*) belong to the checkpoint; choose another checkpoint path")

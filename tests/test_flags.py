@@ -207,6 +207,7 @@ def test_an_output_may_not_lie_inside_an_input_or_on_another_output(tmp_path: Pa
     assert _overlaps(tmp_path, "--out", str(cora / "meta.json")) == [
         f"--out {cora / 'meta.json'} lies inside the --data dataset directory {cora}; writing it there would "
         f"damage the dataset, so choose a results file outside it"]
+    assert _overlaps(tmp_path, "--out", str(cora))[0].startswith(f"--out {cora} is the --data dataset directory")
     assert len(_overlaps(tmp_path, "--out", str(tmp_path / "link" / "r.jsonl"))) == 1  # resolved through the link
     assert "--checkpoint" in _overlaps(tmp_path, "--checkpoint", str(cora / "run.ckpt"))[0]
     assert _overlaps(tmp_path, "--out", str(tmp_path / "x"), "--checkpoint", str(tmp_path / "x")) == [
