@@ -163,7 +163,8 @@ def test_each_model_trains_with_its_papers_defaults_unless_a_flag_says_otherwise
         (16, 0.5, 0.01, 5e-4, "first")
     assert (gcn["heads"], gcn["output_heads"], gcn["attention_dropout"]) == (1, 1, 0.0)
     sage = train_cmd._config(_train_args("--model", "sage")).record()
-    assert (sage["hidden"], sage["dropout"], sage["lr"], sage["weight_decay"]) == (256, 0.5, 0.01, 0.0)
+    assert (sage["hidden"], sage["dropout"], sage["lr"], sage["weight_decay"], sage["weight_decay_scope"]) == \
+        (16, 0.5, 0.01, 5e-4, "first")
     explicit = train_cmd._config(_train_args("--model", "gat", "--lr", "0.01", "--heads", "2", "--dropout", "0",
                                              "--weight-decay-scope", "first")).record()
     assert (explicit["lr"], explicit["heads"], explicit["dropout"], explicit["weight_decay_scope"]) == \
@@ -174,8 +175,8 @@ def test_each_model_trains_with_its_papers_defaults_unless_a_flag_says_otherwise
 def test_train_help_states_the_per_model_defaults() -> None:
     result = subprocess.run([SPARSE_DIST, "train", "--help"], capture_output=True, text=True, timeout=120)
     text = " ".join(result.stdout.split())
-    for needle in ("(default: per model: gcn 16, sage 256, gat 8)", "(default: per model: gcn 0.01, sage 0.01, gat 0.005)",
-                   "(default: gat 8; 1 for the others)", "(default: per model: gcn first, sage all, gat all)",
+    for needle in ("(default: per model: gcn 16, sage 16, gat 8)", "(default: per model: gcn 0.01, sage 0.01, gat 0.005)",
+                   "(default: gat 8; 1 for the others)", "(default: per model: gcn first, sage first, gat all)",
                    "(default: per model: gcn 0.5, sage 0.5, gat 0.6)"):
         assert needle in text, needle
 
