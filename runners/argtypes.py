@@ -13,7 +13,10 @@ import math
 import os
 from typing import Callable
 
-_WORLD_SIZE_VARIABLES = ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+_WORLD_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS",
+                         "SLURM_NTASKS")
+"""Where launchers announce P: MPICH/Intel MPI (hydra), Open MPI, MVAPICH, then srun's step (its task count
+before the job's, which a step may use only part of)."""
 _RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 
 

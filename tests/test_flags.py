@@ -105,6 +105,9 @@ def test_replication_must_divide_the_launchers_world_size(monkeypatch: pytest.Mo
     monkeypatch.delenv("PMI_SIZE")
     monkeypatch.setenv("PMI_RANK", "0")  # a rank but no size: an unknown launcher, checked once MPI started
     assert launcher_world_size() is None
+    monkeypatch.setenv("SLURM_NTASKS", "8")  # srun's step of 2 tasks inside a job of 8
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    assert launcher_world_size() == 2
 
 
 def test_replication_3_at_p4_is_said_once_under_mpiexec() -> None:
