@@ -23,6 +23,7 @@ import signal
 import sys
 from typing import Callable, NoReturn
 
+from runners.argtypes import launcher_world_size, replication_problem
 from sparse_dist import log
 from sparse_dist.hostmem import prefer_huge_pages
 
@@ -58,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     from runners.bench import train as bench_train
 
     parser = _Parser(prog="sparse-dist", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the installed package's version and exit")
     parser.add_argument("--log-level", default="WARNING", help="library log level (default: WARNING)")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of user errors too (bad input, unusable paths); internal "
@@ -86,8 +89,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_CHECKS: dict[object, tuple[Callable[[argparse.Namespace], str | None], argparse.ArgumentParser]] = {}
-"""A subcommand's ``main`` -> its ``check_arguments`` and its parser (which says the error)."""
+def _version() -> str:
+    """The installed distribution's version (package metadata), or a note where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sparse-dist")
+    except PackageNotFoundError:
+        return "(not installed: no package metadata)"
+
+
+_CHECKS: dict[object, tuple[Callable[[argparse.Namespace], str | None] | None, argparse.ArgumentParser]] = {}
+"""A subcommand's ``main`` -> its ``check_arguments`` (or None) and its parser (which says the error)."""
 
 
 def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object,
@@ -106,9 +119,7 @@ def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, mo
                                    else argparse.HelpFormatter)
     module.add_arguments(parser)  # type: ignore[attr-defined]
     parser.set_defaults(func=module.main, mpi=mpi)  # type: ignore[attr-defined]
-    check = getattr(module, "check_arguments", None)
-    if check is not None:
-        _CHECKS[module.main] = (check, parser)  # type: ignore[attr-defined]
+    _CHECKS[module.main] = (getattr(module, "check_arguments", None), parser)  # type: ignore[attr-defined]
 
 
 def _info(comm: object, args: argparse.Namespace) -> int:
@@ -172,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     check, command_parser = _CHECKS.get(getattr(args, "func", None), (None, None))
     problem = check(args) if check is not None else None
+    if not problem and getattr(args, "mpi", False) and isinstance(getattr(args, "replication", None), int):
+        problem = replication_problem(args.replication, launcher_world_size())
     if problem:
-        command_parser.error(problem)
+        (command_parser or _parser()).error(problem)
     log.configure(args.log_level)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     if not getattr(args, "mpi", True):
@@ -188,6 +201,14 @@ def main(argv: list[str] | None = None) -> int:
             # rank exits 2 on its own (no traceback, no MPI_Abort).
             if world_rank() == 0:
                 print(f"sparse-dist: error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        # Where the launcher did not announce P (launcher_world_size() None), c is checked here: comm.size
+        # is the same on every rank, so every rank decides alike before any collective, and rank 0 says it.
+        problem = replication_problem(getattr(args, "replication", 1), comm.size) \
+            if isinstance(getattr(args, "replication", None), int) else None
+        if problem:
+            if comm.rank == 0:
+                print(f"sparse-dist {args.command}: error: {problem}", file=sys.stderr, flush=True)
             return 2
         return args.func(comm, args)
 

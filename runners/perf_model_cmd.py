@@ -23,13 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from runners.argtypes import at_least, fraction, int_list, non_negative, positive
 from runners.study.collect import ResultsError, read_csv, write_csv_rows
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
 from sparse_dist.cost import NETWORKS, Network
 from sparse_dist.layout import Grid
 from sparse_dist.predict import predict_halo_bytes
-from sparse_dist.plans import PointToPointPlan
+from sparse_dist.plans import PLAN_NAMES, PointToPointPlan
 from runners.perf.cost_model import (ModelShape, ExpectedTraffic, Prediction, Rates, Workload, cores_per_rank,
                                 predict_epoch, workload_analytic, workload_from_shards)
 from runners.data.shards import read_meta
@@ -53,44 +54,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _network_arguments(compare, "shm")
     predict = modes.add_parser("predict", help="predictions for a graph and rank counts beyond this machine")
     predict.add_argument("--graph", choices=sorted(GRAPHS), default=None, help="a known graph's sizes")
-    predict.add_argument("--nodes", type=int, help="number of nodes (instead of --graph)")
-    predict.add_argument("--nnz", type=int, help="nonzeros of the symmetrised adjacency (instead of --graph)")
-    predict.add_argument("--features", type=int)
-    predict.add_argument("--classes", type=int)
-    predict.add_argument("--hidden", type=int, default=128)
-    predict.add_argument("--layers", type=int, default=3)
-    predict.add_argument("--model", choices=MODEL_KINDS, default="gcn")
-    predict.add_argument("--ranks", default="64,256,1024", help="comma-separated P")
-    predict.add_argument("--plans", default="dense-bcast,sparse-bcast,p2p")
+    predict.add_argument("--nodes", type=at_least(1), help="number of nodes, >= 1 (instead of --graph)")
+    predict.add_argument("--nnz", type=at_least(0),
+                         help="nonzeros of the symmetrised adjacency, >= 0 (instead of --graph)")
+    predict.add_argument("--features", type=at_least(1), help="input feature width, >= 1 (with --nodes)")
+    predict.add_argument("--classes", type=at_least(1), help="number of classes, >= 1 (with --nodes)")
+    predict.add_argument("--hidden", type=at_least(1), default=128, help="hidden width, >= 1 (default: %(default)s)")
+    predict.add_argument("--layers", type=at_least(1), default=3, help="layers, >= 1 (default: %(default)s)")
+    predict.add_argument("--model", choices=MODEL_KINDS, default="gcn", help="(default: %(default)s)")
+    predict.add_argument("--ranks", type=_rank_list, default="64,256,1024",
+                         help="comma-separated P, each >= 1 (default: %(default)s)")
+    predict.add_argument("--plans", type=_plan_list, default="dense-bcast,sparse-bcast,p2p",
+                         help="comma-separated plans (default: %(default)s)")
     predict.add_argument("--policies", default=None, type=policy_list_arg,
                          help="policies separated by ',' (or ';'); a policy's own parameters may use ',' too; "
                               "a run's two axes joined by '+' (bns:p=0.1+sancus-e:eps=1) (default: "
                               f"{DEFAULT_POLICIES}, leaving out, with a note, a data-dependent staleness rule "
                               "that --calibrate-from has no measured run of and --active does not give)")
-    predict.add_argument("--active", type=float, default=None,
+    predict.add_argument("--active", type=fraction, default=None,
                          help="share of forward broadcasts a data-dependent staleness rule sends "
                               "(default: measured in --calibrate-from's runs)")
-    predict.add_argument("--cut", type=float, default=None,
+    predict.add_argument("--cut", type=fraction, default=None,
                          help="edge-cut fraction of the partition (default: random partition, (P-1)/P)")
-    predict.add_argument("--neighbour-parts", type=int, default=None,
+    predict.add_argument("--neighbour-parts", type=at_least(1), default=None,
                          help="parts the cut edges of one part spread over (default: all others)")
     predict.add_argument("--input-exchange", choices=("per-epoch", "once"), default="per-epoch",
                          help="layer 0: exchange dropout(X)W every epoch (default), or read X's halo fetched once "
                               "(the epoch figures then leave layer 0 out; the one-time halo is printed per P)")
     predict.add_argument("--calibrate-from", required=True,
                          help="a study's output directory; its P=1 exact p2p run gives the per-core rates")
-    predict.add_argument("--threads", type=int, default=None, help="cores per rank (default: the network's "
+    predict.add_argument("--threads", type=at_least(1), default=None, help="cores per rank (default: the network's "
                          "cores per node / ranks per node)")
     _network_arguments(predict, "ib-hdr")
+
+
+def _rank_list(text: str) -> str:
+    """argparse type of ``--ranks``: comma-separated integers >= 1, kept as text."""
+    return ",".join(map(str, int_list(1)(text)))
+
+
+def _plan_list(text: str) -> str:
+    """argparse type of ``--plans``: comma-separated plan names, kept as text."""
+    plans = [plan.strip() for plan in text.split(",")]
+    unknown = [plan for plan in plans if plan not in PLAN_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown plan(s) {unknown}; expected names from {list(PLAN_NAMES)}")
+    return ",".join(plans)
 
 
 def _network_arguments(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--network", choices=sorted(NETWORKS), default=default,
                         help=f"alpha-beta preset (default: {default}); see runners/perf/cost_model.py")
-    parser.add_argument("--alpha", type=float, help="override alpha (s) on and off node")
-    parser.add_argument("--beta-gbs", type=float, help="override bandwidth (GB/s) on and off node")
-    parser.add_argument("--ranks-per-node", type=int, help="override ranks per node")
-    parser.add_argument("--cores-per-node", type=int, help="override cores per node")
+    parser.add_argument("--alpha", type=non_negative, help="override alpha (s) on and off node, >= 0")
+    parser.add_argument("--beta-gbs", type=positive, help="override bandwidth (GB/s) on and off node, > 0")
+    parser.add_argument("--ranks-per-node", type=at_least(1), help="override ranks per node, >= 1")
+    parser.add_argument("--cores-per-node", type=at_least(1), help="override cores per node, >= 1")
 
 
 def network_from(args: argparse.Namespace) -> Network:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
 from runners.data.partition import AUTO, PARTITIONERS, resolve_partitioner
 from runners.data.stream_synthetic import write_streamed_synthetic
-from runners.data.shards import ShardError, write_shards
+from runners.argtypes import at_least
+from runners.argtypes import seed as seed_number
+from runners.data.shards import ShardError, output_problem, write_shards
 
 EPILOG = """\
 edge-list input (prepare edgelist --edges E --node-features X.npy --labels Y [options]):
@@ -55,21 +56,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default=None,
                         help=f"planetoid: directory of the ind.NAME.* files (default: built-in {BUILTIN_PLANETOID}); "
                              "ogb: the directory holding ogbn_NAME/")
-    parser.add_argument("--parts", type=int, default=2, help="number of shards (default: 2)")
+    parser.add_argument("--parts", type=at_least(1), default=2, help="number of shards, >= 1 (default: 2)")
     parser.add_argument("--partitioner", choices=(AUTO, *PARTITIONERS), default=AUTO,
                         help="how nodes are split into parts (default: auto = metis when pymetis imports, "
                              "else block with a printed note; synthetic --stream always writes contiguous "
                              "blocks). metis: small boundary, fewest exchange bytes; block: contiguous ranges "
                              "of the input ids; random: balanced random")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the partitioner and the synthetic graph")
-    parser.add_argument("--nodes", type=int, default=100_000, help="synthetic: number of nodes")
-    parser.add_argument("--classes", type=int, default=8, help="synthetic: number of classes")
-    parser.add_argument("--degree", type=int, default=10, help="synthetic: out-edges per node before symmetrising")
-    parser.add_argument("--features", type=int, default=128, help="synthetic: feature width")
+    parser.add_argument("--seed", type=seed_number, default=0,
+                        help="seed of the partitioner, the random split and the synthetic graph, >= 0 (default: 0)")
+    parser.add_argument("--nodes", type=at_least(1), default=100_000,
+                        help="synthetic: number of nodes, >= 1 (default: %(default)s)")
+    parser.add_argument("--classes", type=at_least(2), default=8,
+                        help="synthetic: number of classes, >= 2 (default: %(default)s)")
+    parser.add_argument("--degree", type=at_least(1), default=10,
+                        help="synthetic: out-edges per node before symmetrising, >= 1 (default: %(default)s)")
+    parser.add_argument("--features", type=at_least(1), default=128,
+                        help="synthetic: feature width, >= 1 (default: %(default)s)")
     parser.add_argument("--edges", help="edgelist: 'src dst' pairs (text, .npy or .npz; format below)")
     parser.add_argument("--node-features", help="edgelist: features .npy (nodes x width)")
     parser.add_argument("--labels", help="edgelist: class ids (.npy or text, one per node), or nodes x classes of 0/1")
-    parser.add_argument("--num-classes", type=int, default=None,
+    parser.add_argument("--num-classes", type=at_least(1), default=None,
                         help="edgelist: number of classes C, ids 0..C-1 (default: the number of distinct ids, "
                              "which must then be 0..C-1)")
     parser.add_argument("--masks", help="edgelist: .npz with boolean train/val/test (default: random split)")
@@ -82,7 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(block partition), for graphs larger than memory")
     parser.add_argument("--graph", choices=("clustered", "rmat"), default="clustered",
                         help="synthetic --stream: clustered communities or R-MAT skewed degrees")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing dataset directory made by prepare (one holding only the files "
+                             "its meta.json lists); anything else at --out is refused, never removed")
 
 
 def _split(text: str) -> tuple[float, ...] | None:
@@ -94,9 +102,11 @@ def _split(text: str) -> tuple[float, ...] | None:
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
-    """Flag combinations argparse cannot check (refused before MPI starts)."""
-    if args.parts < 1:
-        return f"--parts must be at least 1, got {args.parts}"
+    """Flag combinations argparse cannot check, and an ``--out`` prepare may not write (refused before MPI starts
+    and before any input is read; checked again when the new dataset is swapped into place)."""
+    problem = output_problem(args.out, args.overwrite)
+    if problem:
+        return f"--out {problem}"
     if args.source == "synthetic" and args.stream and args.partitioner not in (AUTO, "block"):
         return ("prepare synthetic --stream writes contiguous blocks; use --partitioner block "
                 "(or leave --partitioner out)")
@@ -110,8 +120,6 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         if _split(args.split) is None:
             return (f"--split {args.split}: expected three non-negative fractions train,val,test summing to "
                     f"at most 1, e.g. 0.1,0.1,0.8")
-        if args.num_classes is not None and args.num_classes < 1:
-            return f"--num-classes must be at least 1, got {args.num_classes}"
     return None
 
 
@@ -120,8 +128,9 @@ def main(comm: object, args: argparse.Namespace) -> int:
     if rank != 0:
         return 0  # prepare is a single-process step; extra ranks have nothing to do
     start = time.perf_counter()
-    if Path(args.out).exists() and not args.overwrite:  # before any input is read
-        raise ShardError(f"--out {args.out} already exists; pass --overwrite to replace it")
+    problem = output_problem(args.out, args.overwrite)  # before any input is read
+    if problem:
+        raise ShardError(f"--out {problem}")
     streamed = args.source == "synthetic" and args.stream
     partitioner, note = resolve_partitioner(args.partitioner, contiguous_only=streamed)
     if note:

@@ -31,7 +31,7 @@ from typing import Any
 
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
 from runners.data.shards import read_meta
-from runners.study.spec import Run, Study, StudyError, load_study
+from runners.study.spec import Run, Study, StudyError, load_study, train_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,18 +64,6 @@ def launch_prefix(launcher: str, ranks: int, extra: list[str]) -> list[str]:
     if launcher == "srun":
         return ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-n", str(ranks), *extra]
     return [_mpiexec(), "-n", str(ranks), *extra]
-
-
-def train_flags(options: dict[str, object]) -> list[str]:
-    """``[train]`` table -> ``sparse-dist train`` flags (``true`` -> bare flag, ``false`` -> left out)."""
-    flags: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is not False:
-            flags += [flag, str(value)]
-    return flags
 
 
 def run_command(study: Study, run: Run, launcher: str) -> list[str]:

@@ -24,8 +24,9 @@ dense matmuls, activations, loss).
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import combination_problem, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
+from runners.argtypes import at_least, non_negative, positive, probability
+from runners.argtypes import seed as seed_number
+from runners.model_defaults import fill_model_defaults, help_for
 from runners.results import ResultsWriter, environment, output_path_problem, peak_memory_bytes, spread
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
@@ -45,60 +49,70 @@ from sparse_dist.layout import Grid
 from sparse_dist.plans import PLAN_NAMES
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """argparse type: an integer ``>= low``."""
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    return parse
+def add_attention_arguments(parser: argparse.ArgumentParser, defaults: dict[str, object] | None = None) -> None:
+    """``--heads``, ``--output-heads``, ``--attention-dropout`` (GAT only; see :func:`attention_problem`).
+
+    ``defaults`` None: left at None and filled from ``--model``'s row of :data:`MODEL_DEFAULTS` after parsing
+    (train); else these fixed defaults (bench train keeps 1, 1, 0 whatever the model).
+    """
+    fixed = defaults or {}
+    parser.add_argument("--heads", type=at_least(1), default=fixed.get("heads"),
+                        help="gat: attention heads of each hidden layer, concatenated (default: "
+                             + (f"{fixed['heads']})" if fixed else f"{help_for('heads')})"))
+    parser.add_argument("--output-heads", type=at_least(1), default=fixed.get("output_heads"),
+                        help="gat: attention heads of the output layer, averaged (default: "
+                             + (f"{fixed['output_heads']})" if fixed else f"{help_for('output_heads')})"))
+    parser.add_argument("--attention-dropout", type=probability, default=fixed.get("attention_dropout"),
+                        help="gat: dropout probability on the attention weights, in [0, 1) (default: "
+                             + (f"{fixed['attention_dropout']})" if fixed else f"{help_for('attention_dropout')})"))
 
 
-def probability(text: str) -> float:
-    """argparse type: a probability in ``[0, 1)``."""
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {value}")
-    return value
-
-
-def add_attention_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--heads``, ``--output-heads``, ``--attention-dropout`` (GAT only; see :func:`attention_problem`)."""
-    parser.add_argument("--heads", type=at_least(1), default=1,
-                        help="gat: attention heads of each hidden layer, concatenated (default 1)")
-    parser.add_argument("--output-heads", type=at_least(1), default=1,
-                        help="gat: attention heads of the output layer, averaged (default 1)")
-    parser.add_argument("--attention-dropout", type=probability, default=0.0,
-                        help="gat: dropout probability on the attention weights (default 0)")
+_NO_ATTENTION = {"heads": 1, "output_heads": 1, "attention_dropout": 0.0}
 
 
 def attention_problem(args: argparse.Namespace) -> str | None:
-    """Why the attention flags do not fit ``--model``, or None."""
-    if args.model != "gat" and (args.heads != 1 or args.output_heads != 1 or args.attention_dropout != 0.0):
+    """Why the attention flags do not fit ``--model``, or None (a flag left at its default or None is fine)."""
+    given = {key: getattr(args, key) for key, neutral in _NO_ATTENTION.items()
+             if getattr(args, key) is not None and getattr(args, key) != neutral}
+    if args.model != "gat" and given:
         return (f"--heads, --output-heads and --attention-dropout are for --model gat; --model {args.model} "
-                f"has no attention (got --heads {args.heads} --output-heads {args.output_heads} "
-                f"--attention-dropout {args.attention_dropout})")
+                f"has no attention (got " + " ".join(f"--{key.replace('_', '-')} {value}"
+                                                     for key, value in given.items()) + ")")
     return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
-    parser.add_argument("--model", choices=MODEL_KINDS, default="gcn")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=16, help="hidden width (gat: per head)")
-    parser.add_argument("--dropout", type=float, default=0.5)
+    """Every flag of ``train``, each checked by its type while the command line is parsed (before MPI)."""
+    parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare` (required)")
+    parser.add_argument("--model", choices=MODEL_KINDS, default="gcn",
+                        help="layer kind; it also picks the defaults of --hidden, --dropout, --lr, --weight-decay, "
+                             "--weight-decay-scope and the attention flags, each from the model's paper "
+                             "(default: %(default)s)")
+    parser.add_argument("--layers", type=at_least(1), default=2, help="number of layers, >= 1 (default: %(default)s)")
+    parser.add_argument("--hidden", type=at_least(1), default=None,
+                        help=f"hidden width, >= 1; gat: per head (default: {help_for('hidden')})")
+    parser.add_argument("--dropout", type=probability, default=None,
+                        help=f"dropout probability on every layer's input, in [0, 1) (default: {help_for('dropout')})")
     add_attention_arguments(parser)
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--weight-decay", type=float, default=5e-4)
-    parser.add_argument("--weight-decay-scope", choices=("first", "all"), default="first",
-                        help="first: first layer only, as Kipf & Welling (default)")
-    parser.add_argument("--epochs", type=int, default=200)
-    parser.add_argument("--eval-every", type=int, default=1)
-    parser.add_argument("--print-every", type=int, default=10, help="rank-0 progress line every k epochs")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
-    parser.add_argument("--replication", type=int, default=1, help="1.5D replication factor c (divides P)")
+    parser.add_argument("--lr", type=positive, default=None,
+                        help=f"Adam learning rate, > 0 (default: {help_for('lr')})")
+    parser.add_argument("--weight-decay", type=non_negative, default=None,
+                        help=f"L2 weight decay, >= 0 (default: {help_for('weight_decay')})")
+    parser.add_argument("--weight-decay-scope", choices=("first", "all"), default=None,
+                        help="first: the first layer only, as Kipf & Welling; all: every weight "
+                             f"(default: {help_for('weight_decay_scope')})")
+    parser.add_argument("--epochs", type=at_least(1), default=200,
+                        help="training epochs, >= 1 (default: %(default)s)")
+    parser.add_argument("--eval-every", type=at_least(1), default=1,
+                        help="evaluate every k epochs and after the last, k >= 1 (default: %(default)s)")
+    parser.add_argument("--print-every", type=at_least(1), default=10,
+                        help="rank-0 progress line every k epochs, k >= 1 (default: %(default)s)")
+    parser.add_argument("--seed", type=seed_number, default=0,
+                        help="seed of the weights and dropout masks, >= 0 (default: %(default)s)")
+    parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p",
+                        help="how SpMM exchanges rows (default: %(default)s)")
+    parser.add_argument("--replication", type=at_least(1), default=1,
+                        help="1.5D replication factor c; must divide the number of ranks P (default: %(default)s)")
     parser.add_argument("--sample", default="none", type=sampling_arg,
                         help="boundary sampling policy, e.g. bns:p=0.1 or bns:p=0.1,side=owner (default: none)")
     parser.add_argument("--stale", default="none", type=staleness_arg,
@@ -111,16 +125,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "after that, forward or backward); per-epoch = exchange dropout(X)W every epoch; "
                              "auto (default) = whichever the byte model says moves fewer bytes over the run")
     parser.add_argument("--dropout-side", choices=DROPOUT_SIDES, default="auto",
-                        help="receiver = exchanges carry pre-dropout rows and receivers apply the global-row "
-                             "masks (cached/stale blocks stay meaningful under dropout); owner = they carry "
-                             "masked rows; auto (default) = receiver exactly when a staleness policy is on")
+                        help="who applies dropout to exchanged rows (the product is the same): receiver = "
+                             "exchanges carry pre-dropout rows and each rank masks what it multiplies, so a "
+                             "cached or stale block stays the same rows (costs width where a layer narrows); "
+                             "owner = exchanges carry masked rows; auto (default) = receiver only under "
+                             "--stale sancus-h (its rule compares row values) with dropout > 0, owner for "
+                             "every other policy (sancus-e, sancus-a, pipe, none); receiver with --dropout 0 "
+                             "is owner")
     parser.add_argument("--halo-budget", type=halo_budget_arg, default=None, metavar="SIZE",
                         help="most bytes of X halo rows one rank may keep, e.g. 512M or 4G (default: unlimited); "
                              "auto falls back to per-epoch above it, once is refused")
-    parser.add_argument("--audit-every", type=int, default=0, metavar="K",
+    parser.add_argument("--audit-every", type=at_least(0), default=0, metavar="K",
                         help="every K epochs, one extra exact forward beside the policy's (same weights and "
                              "masks; its time and bytes recorded apart from training) and the relative error "
-                             "of each layer's output under the policy against it (default 0: never)")
+                             "of each layer's output under the policy against it, K >= 0 (default 0: never)")
     parser.add_argument("--compress", default="none", type=str, metavar="FORMAT",
                         help="compress what training exchanges send, rows and gradients: fp16, bf16, int8 "
                              "(per-row float32 scale), int8:stochastic (unbiased rounding); add ,feedback for "
@@ -130,16 +148,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of the outstanding exchanges at every layer's exchange (default); thread = also a "
                              "thread probing MPI every 100 us; none = only the MPI library's own progress "
                              "(e.g. MPICH_ASYNC_PROGRESS=1)")
-    parser.add_argument("--clip", type=float, default=0.0,
-                        help="gradient-norm bound; each row group clips locally to clip/sqrt(G) (default: off)")
+    parser.add_argument("--clip", type=non_negative, default=0.0,
+                        help="gradient-norm bound, >= 0; each row group clips locally to clip/sqrt(G) "
+                             "(default: 0, off)")
     parser.add_argument("--feature-norm", choices=("auto", "row", "none"), default="auto",
-                        help="auto: what the dataset's meta.json says (row for Planetoid and synthetic "
+                        help="auto (default): what the dataset's meta.json says (row for Planetoid and synthetic "
                              "bag-of-words, none for OGB and edge lists)")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="element type of features, weights and exchanges (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: one GPU per rank, cuda:(local rank mod GPUs)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
-    parser.add_argument("--out", default=None, help="results file (JSON lines)")
+                        help="cuda: one GPU per rank, cuda:(local rank mod GPUs) (default: %(default)s)")
+    parser.add_argument("--threads", type=at_least(0), default=0,
+                        help="torch threads per rank, >= 0 (default: 0 = cores / ranks on the node)")
+    parser.add_argument("--out", default=None,
+                        help="results file (JSON lines); not inside --data nor the checkpoint's path "
+                             "(default: none)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint file path")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="write the checkpoint every k epochs")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
@@ -151,11 +174,17 @@ class PathError(ValueError):
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
-    """Flag combinations argparse cannot check (refused before MPI starts)."""
+    """Flag combinations argparse cannot check (refused before MPI starts); then fills the flags left at None
+    with ``--model``'s defaults (:func:`runners.model_defaults.fill_model_defaults`)."""
+    problem = attention_problem(args)
+    if problem:
+        return problem
+    fill_model_defaults(args)
     if args.resume and not args.checkpoint:
         return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
-    if args.audit_every < 0:
-        return f"--audit-every must be >= 0 (0: no audit), got {args.audit_every}"
+    overlaps = overlap_problems(args)  # paths only, the same on every rank: refused before MPI starts
+    if overlaps:
+        return "; ".join(overlaps)
     try:
         Codec.parse(args.compress)
     except ValueError as exc:
@@ -174,12 +203,56 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     problem = combination_problem(args.plan, args.sample, args.stale)
     if problem:
         return f"--plan {args.plan} --sample {args.sample} --stale {args.stale}: {problem}"
-    return attention_problem(args)
+    return None
+
+
+def _resolved(path: str | Path) -> str:
+    """``path`` absolute, symbolic links and ``..`` resolved (as it will be opened), as text."""
+    return os.path.realpath(path)
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether the resolved ``path`` is ``directory`` or lies beneath it."""
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def overlap_problems(args: argparse.Namespace) -> list[str]:
+    """Outputs that would overwrite an input or each other, compared by resolved path.
+
+    Inputs: the ``--data`` directory (every file beneath it) and, with ``--resume``, the checkpoint.
+    Outputs: ``--out`` and ``--checkpoint``. A checkpoint may be a set of files, so every path whose text
+    starts with the checkpoint's resolved path (``PATH``, ``PATH.rank00001``, ``PATH.e000010/...``) counts
+    as the checkpoint's, whatever its layout. The checkpoint being resumed and rewritten is one file set
+    by design and is not a clash.
+    """
+    problems = []
+    data = _resolved(args.data)
+    out = _resolved(args.out) if args.out is not None else None
+    checkpoint = _resolved(args.checkpoint) if args.checkpoint is not None else None
+    if out is not None and _inside(out, data):
+        problems.append(f"--out {args.out} {'is' if out == data else 'lies inside'} the --data dataset directory "
+                        f"{args.data}; writing it there would damage the dataset, so choose a results file "
+                        f"outside it")
+    if checkpoint is not None and _inside(checkpoint, data):
+        problems.append(f"--checkpoint {args.checkpoint} {'is' if checkpoint == data else 'lies inside'} the "
+                        f"--data dataset directory {args.data}; writing it there would damage the dataset, so "
+                        f"choose a path outside it")
+    elif checkpoint is not None and data.startswith(checkpoint):
+        problems.append(f"--data {args.data} starts with the --checkpoint path {args.checkpoint}, whose files "
+                        f"({args.checkpoint}*) belong to the checkpoint; choose another checkpoint path")
+    if out is not None and checkpoint is not None and out.startswith(checkpoint):
+        what = "is" if out == checkpoint else "starts with"
+        problems.append(f"--out {args.out} {what} the --checkpoint path {args.checkpoint}, whose files "
+                        f"({args.checkpoint}*) belong to the checkpoint"
+                        + (" being resumed" if args.resume else "") + "; choose another results file")
+    return problems
 
 
 def _path_problems(args: argparse.Namespace) -> list[str]:
     """What is wrong with the paths of this run, found without reading any shard."""
-    problems = []
+    problems = overlap_problems(args)
+    if problems:
+        return problems  # said before anything else: the other checks would describe a path never to be used
     try:
         read_meta(args.data)
     except ShardError as exc:
@@ -211,6 +284,7 @@ def check_paths(comm: Communicator, args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
+    fill_model_defaults(args)  # done by check_arguments already; kept for callers that skip it
     return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
                        weight_decay=args.weight_decay, weight_decay_scope=args.weight_decay_scope,
                        epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,

@@ -85,6 +85,35 @@ def test_bad_study_files_name_the_file_and_field(tmp_path: Path, change: tuple[s
     assert str(path) in str(error.value) and field in str(error.value)
 
 
+@pytest.mark.parametrize("change,sentence", [
+    (("hidden = 8", "hiden = 16"), "[train] hiden: not an option of `sparse-dist train`; did you mean hidden?"),
+    (("hidden = 8", "lr = -1"), "[train] lr = -1: argument --lr: must be a finite number > 0, got -1"),
+    (("hidden = 8", "dropout = 1.0"), "[train] dropout = 1.0: argument --dropout: must be a finite number >= 0 and < 1"),
+    (("hidden = 8", 'model = "gcnn"'), "[train] model = 'gcnn': argument --model: invalid choice: 'gcnn'"),
+    (("hidden = 8", "heads = 8"), "[train] with plan dense-bcast and policy exact: --heads, --output-heads and "
+                                  "--attention-dropout are for --model gat"),
+])
+def test_train_keys_and_values_are_checked_by_trains_own_parser(tmp_path: Path, change: tuple[str, str],
+                                                                sentence: str) -> None:
+    path = _write(tmp_path, GOOD.replace(*change))
+    with pytest.raises(StudyError) as error:
+        load_study(path)
+    assert str(error.value).startswith(f"{path}: ") and sentence in str(error.value), str(error.value)
+
+
+def test_a_misspelt_train_key_stops_a_dry_run(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = _write(tmp_path, GOOD.replace("hidden = 8", "hiden = 16"))
+    result = subprocess.run([sys.executable, "-m", "runners.cli", "sweep", str(path), "--dry-run"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr == (f"sparse-dist sweep: {path}: [train] hiden: not an option of `sparse-dist train`; "
+                             f"did you mean hidden?\n")
+    assert result.stdout == ""
+
+
 def test_missing_and_invalid_files(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="not found"):
         load_study(tmp_path / "nope.toml")

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from runners.argtypes import at_least
 from sparse_dist.cost import BCAST_SHORT
 from sparse_dist.comm import Communicator
 
@@ -26,9 +27,11 @@ SIZES = [8 * 4 ** k for k in range(13)]  # 8 B .. 128 MiB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--max-bytes", type=int, default=16 * 2 ** 20,
-                        help="largest message (default 16 MiB, the size of typical exchanged blocks)")
+    parser.add_argument("--repeats", type=at_least(1), default=20,
+                        help="timed samples per message size, >= 1 (default: %(default)s)")
+    parser.add_argument("--max-bytes", type=at_least(SIZES[0]), default=16 * 2 ** 20,
+                        help=f"largest message, >= {SIZES[0]} (default 16 MiB, the size of typical exchanged "
+                             f"blocks)")
 
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:

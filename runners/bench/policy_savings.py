@@ -43,7 +43,11 @@ import torch
 
 from algorithms.train import TrainConfig, Trainer
 from runners.data.shards import load_local_graph
-from runners.train_cmd import at_least, probability
+from runners.argtypes import at_least, non_negative, number, probability
+from runners.argtypes import seed as seed_number
+
+psc_budget = number(0.0, 1.0, low_open=True)
+"""psc's budget: a share of neighbours kept, in (0, 1]."""
 from sparse_dist.comm import Communicator, default_threads_per_rank
 
 TIME_KEYS = ("total", "local_spmm", "exchange", "allreduce", "dense")
@@ -51,15 +55,20 @@ TIME_KEYS = ("total", "local_spmm", "exchange", "allreduce", "dense")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
-    parser.add_argument("--epochs", type=int, default=200)
-    parser.add_argument("--hidden", type=int, default=16)
-    parser.add_argument("--layers", type=at_least(1), default=2)
-    parser.add_argument("--dropout", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sancus-h-eps", type=float, default=0.05, help="variation-gap threshold of sancus-h")
-    parser.add_argument("--psc-budget", type=probability, default=0.1,
-                        help="psc's budget B (share of each row's neighbours kept in expectation)")
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--epochs", type=at_least(1), default=200, help="epochs per configuration, >= 1 "
+                        "(default: %(default)s)")
+    parser.add_argument("--hidden", type=at_least(1), default=16, help="hidden width, >= 1 (default: %(default)s)")
+    parser.add_argument("--layers", type=at_least(1), default=2, help="layers, >= 1 (default: %(default)s)")
+    parser.add_argument("--dropout", type=probability, default=0.5,
+                        help="dropout probability, in [0, 1) (default: %(default)s)")
+    parser.add_argument("--seed", type=seed_number, default=0, help="seed, >= 0 (default: %(default)s)")
+    parser.add_argument("--sancus-h-eps", type=non_negative, default=0.05,
+                        help="variation-gap threshold of sancus-h, >= 0 (default: %(default)s)")
+    parser.add_argument("--psc-budget", type=psc_budget, default=0.1,
+                        help="psc's budget B (share of each row's neighbours kept in expectation), in (0, 1] "
+                             "(default: %(default)s)")
+    parser.add_argument("--threads", type=at_least(0), default=0,
+                        help="torch threads per rank, >= 0 (default: 0 = cores / ranks)")
     parser.add_argument("--only", default=None,
                         help="comma-separated configuration names to run (default: all); exact p2p and "
                              "dense-bcast, the ratios' bases, always run")

@@ -34,6 +34,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from runners.argtypes import at_least, fraction
+from runners.argtypes import seed as seed_number
 from runners.results import print_report
 from runners.data.synthetic import GRAPH_KINDS, synthetic_rows
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
@@ -47,22 +49,27 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=1_000_000, help="matrix size N (default: 1000000)")
-    parser.add_argument("--degree", type=int, default=20, help="out-edges per row before merging duplicates")
-    parser.add_argument("--features", type=int, default=128, help="width F of H")
-    parser.add_argument("--graph", choices=GRAPH_KINDS, default="clustered")
-    parser.add_argument("--community-size", type=int, default=1000, help="clustered graph: nodes per community")
-    parser.add_argument("--mixing", type=float, default=0.01,
-                        help="clustered graph: probability that an edge leaves its community")
+    parser.add_argument("--nodes", type=at_least(1), default=1_000_000, help="matrix size N, >= 1 (default: 1000000)")
+    parser.add_argument("--degree", type=at_least(1), default=20,
+                        help="out-edges per row before merging duplicates, >= 1 (default: %(default)s)")
+    parser.add_argument("--features", type=at_least(1), default=128, help="width F of H, >= 1 (default: %(default)s)")
+    parser.add_argument("--graph", choices=GRAPH_KINDS, default="clustered", help="(default: %(default)s)")
+    parser.add_argument("--community-size", type=at_least(1), default=1000,
+                        help="clustered graph: nodes per community, >= 1 (default: %(default)s)")
+    parser.add_argument("--mixing", type=fraction, default=0.01,
+                        help="clustered graph: probability that an edge leaves its community, in [0, 1] "
+                             "(default: %(default)s)")
     parser.add_argument("--plan", choices=(*PLAN_NAMES, "all"), default="all")
-    parser.add_argument("--replication", type=int, default=1, help="1.5D replication factor c (divides P)")
+    parser.add_argument("--replication", type=at_least(1), default=1,
+                        help="1.5D replication factor c; must divide the number of ranks P (default: %(default)s)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, cuda:(rank mod visible GPUs); reference on cuSPARSE")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions after one warm-up")
-    parser.add_argument("--threads", type=int, default=0,
+    parser.add_argument("--repeats", type=at_least(1), default=5,
+                        help="timed repetitions after one warm-up, >= 1 (default: %(default)s)")
+    parser.add_argument("--threads", type=at_least(0), default=0,
                         help="torch threads per rank (default: cores on the node / ranks on the node)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_number, default=0, help="seed of the graph and H, >= 0 (default: 0)")
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference timing")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 

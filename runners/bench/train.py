@@ -52,7 +52,9 @@ from algorithms.model import MODEL_KINDS
 from algorithms.train import LocalGraph, TrainConfig, Trainer
 from runners.data.datasets import planted_classes
 from runners.results import print_report
-from runners.train_cmd import add_attention_arguments, at_least, attention_problem, probability
+from runners.argtypes import at_least, probability
+from runners.argtypes import seed as seed_number
+from runners.train_cmd import add_attention_arguments, attention_problem
 from runners.data.shards import load_local_graph, write_shards
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
@@ -80,13 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=at_least(1), default=3)
     parser.add_argument("--hidden", type=at_least(1), default=128, help="hidden width (gat: per head)")
     parser.add_argument("--dropout", type=probability, default=0.5)
-    add_attention_arguments(parser)
+    add_attention_arguments(parser, {"heads": 1, "output_heads": 1, "attention_dropout": 0.0})
     parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p")
     parser.add_argument("--epochs", type=at_least(1), default=10, help="timed epochs")
     parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed epochs before the timed ones")
     parser.add_argument("--threads", type=at_least(0), default=0,
                         help="torch threads per rank (default: cores / ranks); the PyG peer gets threads * P")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_number, default=0, help="seed, >= 0 (default: %(default)s)")
     parser.add_argument("--no-pyg", action="store_true", help="skip the PyG peer")
     parser.add_argument("--dropout-baseline", action="store_true",
                         help="also time sparse-dist with dropout 0 in the same run and print what dropout costs")

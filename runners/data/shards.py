@@ -39,6 +39,7 @@ from runners.data.datasets import GraphData, feature_dtype
 from runners.data.partition import BoundaryAccumulator, partition, relabel
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import RowLayout
+from sparse_dist.log import get_logger
 
 FORMAT_VERSION = 1
 META_FIELDS = ("format_version", "name", "num_nodes", "num_edges", "feature_dim", "num_classes", "multilabel",
@@ -74,12 +75,71 @@ def removed_on_failure(temporary: Path) -> Iterator[Path]:
         raise
 
 
+def _listing(paths: list[Path], shown: int = 3) -> str:
+    names = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in sorted(paths)]
+    more = f", ... ({len(names)} entries in all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def dataset_files(meta: dict[str, Any]) -> set[str]:
+    """The file names ``prepare`` wrote into a dataset directory: ``meta.json`` and every file it lists."""
+    return {"meta.json", str(meta.get("permutation_file", "permutation.npy")), *map(str, meta["files"])}
+
+
+def _not_replaceable(out_dir: Path) -> str | None:
+    """What makes ``out_dir`` more than a dataset ``prepare`` may replace, or None (absent, empty, or a dataset
+    directory holding only the files prepare wrote, as its meta.json lists them)."""
+    if out_dir.is_symlink():
+        return "a symbolic link"
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        return "a file"
+    entries = list(out_dir.iterdir())
+    if not entries:
+        return None
+    if not (out_dir / "meta.json").is_file():
+        return f"a directory with no meta.json, holding {_listing(entries)}"
+    try:
+        meta = read_meta(out_dir)
+    except ShardError as exc:
+        return f"its meta.json is not one prepare wrote: {str(exc).removeprefix(str(out_dir / 'meta.json') + ': ')}"
+    foreign = [entry for entry in entries if entry.name not in dataset_files(meta)
+               or entry.is_dir() or entry.is_symlink()]
+    if foreign:
+        return f"a dataset directory that also holds {_listing(foreign)}, which prepare did not write"
+    return None
+
+
+def output_problem(out_dir: str | Path, overwrite: bool) -> str | None:
+    """Why ``prepare`` may not write the dataset directory ``out_dir`` (one sentence naming it), or None.
+
+    ``--overwrite`` replaces only a directory that is a sparse_dist dataset (its ``meta.json`` passes
+    :func:`read_meta`) and holds nothing but the files its ``meta.json`` lists, or an empty directory;
+    anything else is refused, with or without ``--overwrite``, so no user file is ever removed.
+    """
+    out_dir = Path(out_dir)
+    found = _not_replaceable(out_dir)
+    if found is not None:
+        return (f"{out_dir} is not a dataset directory prepare may replace ({found}): --overwrite replaces only "
+                f"one holding just the files its meta.json lists, so nothing was changed; choose another --out or "
+                f"move what is there yourself")
+    if out_dir.exists() and not overwrite:
+        what = "an empty directory" if not any(out_dir.iterdir()) else "a sparse_dist dataset"
+        return f"{out_dir} already exists ({what}); pass --overwrite to replace it"
+    return None
+
+
 def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: str = "block", seed: int = 0,
                  overwrite: bool = False) -> dict[str, Any]:
-    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict."""
+    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict.
+
+    An existing ``out_dir`` is replaced only under :func:`output_problem`'s rules (checked again at the swap).
+    """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ShardError(f"{out_dir} already exists; pass --overwrite to replace it")
+    problem = output_problem(out_dir, overwrite)
+    if problem:
+        raise ShardError(problem)
     part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"])
     order, offsets = relabel(part_of, parts)
     new_id = np.empty_like(order)
@@ -118,11 +178,33 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
 
 
 def finish_dataset(temporary: Path, out_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """Write ``meta.json`` into the finished temporary directory and rename it into place."""
+    """Write ``meta.json`` into the finished temporary directory and swap it into place.
+
+    A previous dataset at ``out_dir`` (checked again now: it may have changed while the input was read)
+    is renamed aside (``.NAME.old-PID``), the new one renamed into place, then the old one's files (only
+    those its meta.json lists, and meta.json) are removed and its directory with them. A crash between the
+    two renames leaves both complete datasets beside ``out_dir``, never a half-written one.
+    """
     (temporary / "meta.json").write_text(json.dumps(meta, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
+    problem = output_problem(out_dir, overwrite=True)
+    if problem:
+        raise ShardError(problem)
+    if not out_dir.exists():
+        os.replace(temporary, out_dir)
+        return meta
+    if not any(out_dir.iterdir()):
+        os.replace(temporary, out_dir)  # rename(2) replaces an empty directory
+        return meta
+    old_files = dataset_files(read_meta(out_dir))
+    aside = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    os.replace(out_dir, aside)
     os.replace(temporary, out_dir)
+    for name in old_files:
+        (aside / name).unlink(missing_ok=True)
+    try:
+        aside.rmdir()
+    except OSError:  # something appeared there meanwhile: not ours to remove
+        get_logger(__name__).warning("kept %s: it holds files prepare did not write", aside)
     return meta
 
 

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from runners.data.partition import BoundaryAccumulator
-from runners.data.shards import FORMAT_VERSION, ShardError, finish_dataset, part_file, removed_on_failure, sha256_file
+from runners.data.shards import (FORMAT_VERSION, ShardError, finish_dataset, output_problem, part_file,
+                                 removed_on_failure, sha256_file)
 from runners.data.synthetic import CHUNK_ROWS
 
 
@@ -101,8 +102,9 @@ def write_streamed_synthetic(out_dir: str | Path, *, nodes: int, degree: int, pa
                              overwrite: bool = False, progress: bool = True) -> dict:
     """Generate and shard an undirected synthetic graph with bounded memory; returns meta."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ShardError(f"{out_dir} already exists; pass --overwrite to replace it")
+    problem = output_problem(out_dir, overwrite)
+    if problem:
+        raise ShardError(problem)
     if graph not in ("clustered", "rmat"):
         raise ValueError(f"streamed synthetic graph must be 'clustered' or 'rmat', got {graph!r}")
     offsets = np.concatenate(([0], np.cumsum([nodes // parts + (1 if i < nodes % parts else 0)

@@ -44,6 +44,8 @@ sampling and a staleness spec joined by ``+``.
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import math
 import os
 import re
@@ -248,6 +250,66 @@ def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
                        seed=int(table.get("seed", 0)))
 
 
+def train_flags(options: dict[str, object]) -> list[str]:
+    """``[train]`` table -> ``sparse-dist train`` flags (``true`` -> bare flag, ``false`` -> left out)."""
+    flags: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return flags
+
+
+class _FlagRefused(Exception):
+    """What argparse would have printed before exiting."""
+
+
+class _TrainParser(argparse.ArgumentParser):
+    """``train``'s own parser, raising instead of exiting, so a study is checked by the rules a run obeys."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _FlagRefused(message)
+
+
+def _train_parser() -> _TrainParser:
+    from runners.train_cmd import add_arguments  # imports torch: only once a study is loaded
+
+    parser = _TrainParser(prog="sparse-dist train", add_help=False, allow_abbrev=False)
+    add_arguments(parser)
+    return parser
+
+
+def check_train_table(where: str, train: dict[str, Any], plans: list[str], policies: list[PolicySpec]) -> None:
+    """Refuse a ``[train]`` key that is no ``train`` option (suggesting the nearest), a value its typed parser
+    refuses, or a combination ``train`` would refuse with one of the study's plans and policies; ``where``
+    names the file. Run when a study is loaded, so ``--dry-run`` and every sweep check it before any launch."""
+    from runners.train_cmd import check_arguments
+
+    parser = _train_parser()
+    options = sorted(action.dest for action in parser._actions if action.option_strings)
+    for key, value in train.items():
+        name = key.replace("-", "_")
+        if name not in options:
+            close = difflib.get_close_matches(name, options, n=1)
+            hint = f"; did you mean {close[0]}?" if close else f"; expected some of {options}"
+            raise StudyError(f"{where}: [train] {key}: not an option of `sparse-dist train`{hint}")
+        try:
+            parser.parse_args(["--data", ".", *train_flags({key: value})])
+        except _FlagRefused as exc:
+            raise StudyError(f"{where}: [train] {key} = {value!r}: {exc}") from None
+    for plan in plans:
+        for policy in policies:
+            if policy.refusal(plan):
+                continue  # the study skips it
+            args = parser.parse_args(["--data", ".", "--plan", plan, "--sample", str(policy.sample),
+                                      "--stale", str(policy.stale), *train_flags(train)])
+            problem = check_arguments(args)
+            if problem:
+                raise StudyError(f"{where}: [train] with plan {plan} and policy {policy.text}: {problem}")
+
+
 def load_study(path: str | Path) -> Study:
     """Parse and check a study file; every problem names the file and the field."""
     path = Path(path)
@@ -286,6 +348,7 @@ def load_study(path: str | Path) -> Study:
     clash = sorted(set(k.replace("-", "_") for k in train) & TRAIN_FLAGS_SET_BY_STUDY)
     if clash:
         raise StudyError(f"{path}: [train] sets {clash}, which the study itself decides per run")
+    check_train_table(str(path), train, plans, policies)
     tables = document.get("dataset")
     if not isinstance(tables, list) or not tables:
         raise StudyError(f"{path}: expected at least one [[dataset]] table")
