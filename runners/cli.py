@@ -17,6 +17,7 @@ that cleanup (``finally``, context managers) runs as it does for SIGINT.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import platform
 import signal
@@ -156,10 +157,45 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from runners.study.spec import StudyError
     from algorithms.static_input import HaloBudgetError
     from runners.train_cmd import PathError
+    from runners.resources import ResourceError
+    from runners.results import ResultsWriteError
     from sparse_dist.comm import GpuAwareError
 
     return (DatasetError, ShardError, CheckpointError, PathError, GpuAwareError, StudyError, ResultsError,
-            HaloBudgetError)
+            HaloBudgetError, ResultsWriteError, ResourceError)
+
+
+_MEMORY_HINTS = {
+    "train": "more ranks (on more nodes), a smaller --hidden or fewer --layers",
+    "prepare": "prepare synthetic --stream (bounded memory), or a machine with more memory",
+}
+
+
+def describe_environment_error(command: str) -> Callable[[BaseException], tuple[str, int] | None]:
+    """For :func:`sparse_dist.comm.run_or_abort`: one sentence and an exit status for what the machine, not the
+    input, caused: out of memory (status 1, with the flag that would help), a full disk, a quota or a read-only
+    file system (1), Ctrl-C (130) and SIGTERM (143). Every writer of the project writes under a temporary name
+    or, for results files, a ``.partial`` name (see :class:`runners.results.ResultsWriter`), so none of these
+    leaves a half-written output behind."""
+
+    def describe(exc: BaseException) -> tuple[str, int] | None:
+        if isinstance(exc, MemoryError):
+            detail = f" ({exc})" if str(exc) else ""
+            hint = _MEMORY_HINTS.get(command, "more ranks or a machine with more memory")
+            return f"out of memory{detail}; try {hint}", 1
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            where = f" writing {exc.filename}" if exc.filename else ""
+            what = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                    errno.EROFS: "the file system is read-only"}[exc.errno]
+            return (f"{what}{where} ({errno.errorcode[exc.errno]}); free space or write to another directory "
+                    f"(nothing half-written was kept)"), 1
+        if isinstance(exc, KeyboardInterrupt):
+            return "interrupted (Ctrl-C / SIGINT); outputs in progress were not completed", 128 + signal.SIGINT
+        if isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM:
+            return "terminated (SIGTERM); outputs in progress were not completed", 128 + signal.SIGTERM
+        return None
+
+    return describe
 
 
 def _raise_on_sigterm(signum: int, frame: object) -> NoReturn:
@@ -191,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return args.func(comm, args)
 
-    return run_or_abort(body, user_errors=user_errors(), debug=args.debug, prog=f"sparse-dist {args.command}")
+    return run_or_abort(body, user_errors=user_errors(), debug=args.debug, prog=f"sparse-dist {args.command}",
+                        describe=describe_environment_error(args.command))
 
 
 def _run_without_mpi(args: argparse.Namespace) -> int:

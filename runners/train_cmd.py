@@ -35,7 +35,8 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import combination_problem, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
-from runners.results import ResultsWriter, environment, output_path_problem, peak_memory_bytes, spread
+from runners.results import (ResultsWriteError, ResultsWriter, environment, output_path_problem, peak_memory_bytes,
+                             raise_everywhere, spread)
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.compress import Codec
@@ -337,7 +338,11 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                                           "cache_bytes": record["cache_bytes"],
                                           "feature_cache": record.get("feature_cache"),
                                           "eval_bytes": trainer.eval_bytes if evaluated else None,
-                                          "audit": record.get("audit")})
+                                          "audit": record.get("audit"),
+                                          **({"results_error": writer.error} if writer.error else {})})
+        if gathered[0].get("results_error"):  # rank 0 could not write the results file: every rank stops here
+            trainer.close()
+            raise_everywhere(ResultsWriteError(gathered[0]["results_error"]))
         if leader:
             evaluation = {"eval_bytes": _traffic_spread([g["eval_bytes"] for g in gathered])} if evaluated else {}
             if record.get("audit") is not None:  # the errors are global (the same on every rank)
