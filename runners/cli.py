@@ -20,6 +20,7 @@ import argparse
 import errno
 import os
 import platform
+import re
 import signal
 import sys
 from typing import Callable, NoReturn
@@ -179,8 +180,10 @@ def describe_environment_error(command: str) -> Callable[[BaseException], tuple[
     leaves a half-written output behind."""
 
     def describe(exc: BaseException) -> tuple[str, int] | None:
-        if isinstance(exc, MemoryError):
-            detail = f" ({exc})" if str(exc) else ""
+        if isinstance(exc, MemoryError) or _allocator_failure(exc):
+            wanted = re.search(r"allocate (\d+) bytes", str(exc))
+            detail = (f" (could not allocate {int(wanted.group(1)) / 2**30:.1f} GiB more)" if wanted
+                      else f" ({str(exc).splitlines()[0]})" if str(exc) else "")
             hint = _MEMORY_HINTS.get(command, "more ranks or a machine with more memory")
             return f"out of memory{detail}; try {hint}", 1
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
@@ -196,6 +199,12 @@ def describe_environment_error(command: str) -> Callable[[BaseException], tuple[
         return None
 
     return describe
+
+
+def _allocator_failure(exc: BaseException) -> bool:
+    """torch's way of running out of memory: ``RuntimeError`` from its CPU allocator, ``OutOfMemoryError`` on CUDA."""
+    return isinstance(exc, RuntimeError) and (type(exc).__name__ == "OutOfMemoryError"
+                                              or "can't allocate memory" in str(exc))
 
 
 def _raise_on_sigterm(signum: int, frame: object) -> NoReturn:
@@ -243,6 +252,12 @@ def _run_without_mpi(args: argparse.Namespace) -> int:
             raise
         print(f"sparse-dist {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BaseException as exc:  # out of memory, a full disk, Ctrl-C, SIGTERM: one sentence
+        described = describe_environment_error(args.command)(exc)
+        if described is None or args.debug:
+            raise
+        print(f"sparse-dist {args.command}: error: {described[0]}", file=sys.stderr)
+        return described[1]
 
 
 if __name__ == "__main__":

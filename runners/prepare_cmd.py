@@ -9,7 +9,8 @@ from pathlib import Path
 from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
 from runners.data.partition import PARTITIONERS
 from runners.data.stream_synthetic import write_streamed_synthetic
-from runners.data.shards import ShardError, write_shards
+from runners.data.shards import ShardError, dataset_problem, write_shards
+from runners.resources import check_prepare_resources, prepare_memory, shard_bytes
 
 EPILOG = """\
 edge-list input (prepare edgelist --edges E --node-features X.npy --labels Y [options]):
@@ -41,6 +42,10 @@ example:
   $ sparse-dist prepare edgelist --edges edges.txt --node-features x.npy \\
         --labels labels.txt --symmetrize --parts 2 --out data/mygraph
 """
+
+
+SYNTHETIC_WORDS = 20
+"""Words per node of the planted-classes generator (:func:`runners.data.datasets.planted_classes`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +120,13 @@ def main(comm: object, args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if Path(args.out).exists() and not args.overwrite:  # before any input is read
         raise ShardError(f"--out {args.out} already exists; pass --overwrite to replace it")
+    if args.source == "synthetic":  # its size is known from the flags: refuse before generating anything
+        problem = dataset_problem(args.nodes, args.parts, None)
+        if problem:
+            raise ShardError(f"prepare synthetic: {problem}")
+        edges = 2 * args.nodes * args.degree  # symmetrised; duplicates make it a little less
+        check_prepare_resources(args.out, None if args.stream else prepare_memory(
+            args.nodes, edges, args.features, args.parts, words=SYNTHETIC_WORDS), shard_bytes(args.nodes, edges, args.features))
     if args.source == "synthetic" and args.stream:
         meta = write_streamed_synthetic(args.out, nodes=args.nodes, degree=args.degree, parts=args.parts,
                                         graph=args.graph, classes=args.classes, features=args.features,
@@ -132,6 +144,9 @@ def main(comm: object, args: argparse.Namespace) -> int:
     else:
         data = planted_classes(nodes=args.nodes, classes=args.classes, degree=args.degree,
                                features=args.features, seed=args.seed)
+    if args.source != "synthetic":  # known once loaded: the disk the shards need
+        check_prepare_resources(args.out, None, shard_bytes(int(data.num_nodes), int(data.adjacency.nnz),
+                                                            int(data.features.shape[1])))
     meta = write_shards(data, args.out, args.parts, args.partitioner, args.seed, overwrite=args.overwrite)
     _report(meta, args.out, time.perf_counter() - start)
     return 0

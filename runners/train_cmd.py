@@ -38,6 +38,7 @@ from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phas
 from runners.results import (ResultsWriteError, ResultsWriter, environment, output_path_problem, peak_memory_bytes,
                              raise_everywhere, spread)
 from runners.data.shards import ShardError, load_local_graph, read_meta
+from runners.resources import check_train_resources, readable_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
@@ -300,6 +301,7 @@ def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     check_paths(comm, args)  # first: before the collectives below and before any shard is read
+    resources = check_train_resources(comm, args, readable_meta(args.data))  # memory estimate; may refuse
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     device = rank_device(comm, args.device)  # before any data is read
@@ -315,6 +317,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                   "device": args.device, "gpu_aware": comm.gpu_aware})
     writer.write({"type": "environment", "huge_pages": huge_page_state(),
                   **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node())})
+    if resources is not None:
+        writer.write(resources)
     setup = _setup_record(comm, trainer)
     writer.write(setup)
     if leader:

@@ -76,12 +76,31 @@ def removed_on_failure(temporary: Path) -> Iterator[Path]:
         raise
 
 
+def dataset_problem(nodes: int, parts: int, train_nodes: int | None) -> str | None:
+    """Why a graph of ``nodes`` nodes (``train_nodes`` of them in the training split, None: not known yet) cannot
+    become ``parts`` shards that ``train`` can use, or None. Said before anything is written."""
+    if nodes < 2:
+        return f"the graph has {nodes} node(s); training needs at least 2"
+    if parts > nodes:
+        return f"--parts {parts} is more than the graph's {nodes} nodes; use --parts {nodes} or fewer"
+    if train_nodes == 0:
+        return (f"the training split of the {nodes} nodes is empty; give some nodes train=True (--masks) or a "
+                f"larger training fraction (--split)")
+    return None
+
+
 def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: str = "block", seed: int = 0,
                  overwrite: bool = False) -> dict[str, Any]:
-    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict."""
+    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict.
+
+    A graph ``train`` could not use (:func:`dataset_problem`) is refused before anything is written.
+    """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise ShardError(f"{out_dir} already exists; pass --overwrite to replace it")
+    problem = dataset_problem(int(data.num_nodes), parts, int(np.count_nonzero(data.masks["train"])))
+    if problem:
+        raise ShardError(f"{data.name}: {problem}")
     part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"])
     order, offsets = relabel(part_of, parts)
     new_id = np.empty_like(order)
