@@ -176,8 +176,9 @@ def describe_environment_error(command: str) -> Callable[[BaseException], tuple[
     """For :func:`sparse_dist.comm.run_or_abort`: one sentence and an exit status for what the machine, not the
     input, caused: out of memory (status 1, with the flag that would help), a full disk, a quota or a read-only
     file system (1), Ctrl-C (130) and SIGTERM (143). Every writer of the project writes under a temporary name
-    or, for results files, a ``.partial`` name (see :class:`runners.results.ResultsWriter`), so none of these
-    leaves a half-written output behind."""
+    that is removed on failure or, for results files, streams to ``NAME.partial`` (a valid prefix of the run;
+    see :class:`runners.results.ResultsWriter`), so none of these leaves a half-written output under its
+    final name."""
 
     def describe(exc: BaseException) -> tuple[str, int] | None:
         if isinstance(exc, MemoryError) or _allocator_failure(exc):
@@ -188,14 +189,14 @@ def describe_environment_error(command: str) -> Callable[[BaseException], tuple[
             return f"out of memory{detail}; try {hint}", 1
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             where = f" writing {exc.filename}" if exc.filename else ""
-            what = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-                    errno.EROFS: "the file system is read-only"}[exc.errno]
-            return (f"{what}{where} ({errno.errorcode[exc.errno]}); free space or write to another directory "
-                    f"(nothing half-written was kept)"), 1
+            what, hint = {errno.ENOSPC: ("the disk is full", "free some space or write elsewhere"),
+                          errno.EDQUOT: ("the disk quota is exceeded", "free some space or write elsewhere"),
+                          errno.EROFS: ("the file system is read-only", "write elsewhere")}[exc.errno]
+            return f"{what}{where} ({errno.errorcode[exc.errno]}); {hint}", 1
         if isinstance(exc, KeyboardInterrupt):
-            return "interrupted (Ctrl-C / SIGINT); outputs in progress were not completed", 128 + signal.SIGINT
+            return "interrupted (SIGINT, Ctrl-C)", 128 + signal.SIGINT
         if isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM:
-            return "terminated (SIGTERM); outputs in progress were not completed", 128 + signal.SIGTERM
+            return "terminated (SIGTERM)", 128 + signal.SIGTERM
         return None
 
     return describe

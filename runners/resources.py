@@ -189,7 +189,8 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
     """Estimate every rank's memory, print it (rank 0, one line) and refuse a run its nodes cannot hold (collective).
 
     Every rank gathers every rank's estimate and its node's ``MemAvailable`` and decides the same way, so a refusal is
-    one :class:`ResourceError` raised on every rank (said once). Returns what rank 0 records in the results file.
+    one :class:`ResourceError` raised on every rank (said once). Returns the figures the results file keeps
+    (``environment`` record, key ``memory``; ``rss_at_start_per_rank`` is what the estimates add to).
     """
     estimate = None
     if meta is not None:
@@ -204,7 +205,7 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
         return None  # the dataset does not fit the run: the shard reader says why, collectively
     totals = [sum(entry["estimate"].values()) for entry in everyone]
     largest = max(range(len(everyone)), key=lambda r: totals[r])
-    record = {"type": "resources", "memory_estimate_per_rank": totals,
+    record = {"estimate_per_rank": totals, "estimate_parts_per_rank": [entry["estimate"] for entry in everyone],
               "rss_at_start_per_rank": [entry["rss_at_start"] for entry in everyone],
               "available_per_node": {entry["host"]: entry["available"] for entry in everyone}}
     nodes: dict[str, list[int]] = {}
@@ -225,9 +226,10 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
               f"{'each node' if len(nodes) > 1 else 'this node'} for {node_ranks} rank(s)", flush=True)
     if worst is not None:
         _, host, ranks, need, available = worst
+        shown = ", ".join(f"{name} {size(value)}" for name, value in biggest.parts.items() if value)
         error = ResourceError(
-            f"not enough memory: the {len(ranks)} rank(s) on {host} need about {size(need)} (largest rank "
-            f"{biggest.describe()}) but {size(available)} is available; use {_train_hint(args, biggest)}")
+            f"not enough memory: the {len(ranks)} rank(s) on {host} need about {size(need)} but {size(available)} is "
+            f"available (largest rank {size(biggest.total)}: {shown}); use {_train_hint(args, biggest)}")
         error.every_rank = True  # type: ignore[attr-defined]  # decided from gathered figures: the same everywhere
         raise error
     return record

@@ -316,9 +316,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     writer.write({"type": "config", **config.record(), "data": args.data, "world_size": comm.size,
                   "device": args.device, "gpu_aware": comm.gpu_aware})
     writer.write({"type": "environment", "huge_pages": huge_page_state(),
-                  **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node())})
-    if resources is not None:
-        writer.write(resources)
+                  **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node()),
+                  **({"memory": resources} if resources is not None else {})})
     setup = _setup_record(comm, trainer)
     writer.write(setup)
     if leader:
