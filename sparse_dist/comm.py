@@ -984,6 +984,7 @@ def run_or_abort(main: Callable[[], int], *, user_errors: tuple[type[BaseExcepti
 
 
 ABORT_GRACE_SECONDS = 0.5
+SIGNAL_GRACE_SECONDS = 2.0
 USER_ERROR_STATUS = 2
 _MPICH_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
 
@@ -1016,17 +1017,24 @@ def _report_user_error(exc: BaseException, prog: str, debug: bool) -> int:
 def _report_sentence(exc: BaseException, prog: str, debug: bool, sentence: str, status: int) -> int:
     """One line for an exception :func:`run_or_abort`'s ``describe`` explained, then end the job with ``status``.
 
-    Signals (``KeyboardInterrupt``, ``SystemExit``) reach every rank of a job, so world rank 0 alone says them;
-    anything else is said by the rank that raised it, with its rank when there are several.
+    Signals (``KeyboardInterrupt``, ``SystemExit``) reach every rank of a job, so world rank 0 says them and
+    aborts at once; another signalled rank waits :data:`SIGNAL_GRACE_SECONDS` (a little longer the higher its rank)
+    for that abort to end it, and says the sentence and aborts itself only if it is still running then (rank 0 may
+    be blocked inside a collective this rank left, where it cannot see its own signal). Anything else is said by
+    the rank that raised it, with its rank when there are several.
     """
     world_comm = _initialised()
     rank, size = world_comm.Get_rank(), world_comm.Get_size()
     signalled = isinstance(exc, (KeyboardInterrupt, SystemExit))
-    if rank == 0 or not signalled:
-        if debug:
-            _write_traceback(exc)
-        where = f" (rank {rank} of {size}; ending the job)" if size > 1 and not signalled else ""
-        sys.stderr.write(f"{prog}: error: {sentence}{where}\n")
+    if signalled and rank != 0:
+        try:
+            time.sleep(SIGNAL_GRACE_SECONDS + 0.25 * min(rank, 8))
+        except (KeyboardInterrupt, SystemExit):  # a second signal: stop waiting
+            pass
+    if debug:
+        _write_traceback(exc)
+    where = f" (rank {rank} of {size}; ending the job)" if size > 1 and not signalled else ""
+    sys.stderr.write(f"{prog}: error: {sentence}{where}\n")
     _abort_with(None, status)
     return status
 
