@@ -56,15 +56,13 @@ class ResourceError(ValueError):
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes by what needs them; :attr:`total` is the peak (their sum unless ``peak`` says otherwise: set-up
-    transients and training arrays are not alive at the same time)."""
+    """Bytes by what needs them at the peak; :attr:`total` is their sum."""
 
     parts: dict[str, int]
-    peak: int | None = None
 
     @property
     def total(self) -> int:
-        return self.peak if self.peak is not None else sum(self.parts.values())
+        return sum(self.parts.values())
 
     def describe(self) -> str:
         shown = ", ".join(f"{name} {size(value)}" for name, value in self.parts.items() if value)

@@ -3,7 +3,6 @@ problems are listed once each (capped); the job ends non-zero without MPI_Abort 
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
