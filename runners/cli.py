@@ -243,12 +243,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_without_mpi(args: argparse.Namespace) -> int:
     """Single-process tools: a user error is one line on stderr and exit status 2."""
+    from runners.results import ResultsWriteError
     from runners.study.collect import ResultsError
     from runners.study.spec import StudyError
 
     try:
         return args.func(None, args)
-    except (StudyError, ResultsError, FileNotFoundError) as exc:
+    except (StudyError, ResultsError, ResultsWriteError, FileNotFoundError) as exc:
         if args.debug:
             raise
         print(f"sparse-dist {args.command}: {exc}", file=sys.stderr)

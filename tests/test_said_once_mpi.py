@@ -33,6 +33,14 @@ def test_distinct_problems_are_listed_once_each_and_capped() -> None:
                              "messages (ranks 5-6)\n"), _said(result)
 
 
+def test_an_internal_error_every_rank_raises_shows_one_traceback() -> None:
+    result = run_case(3, "said_once.py", "internal", timeout=180)
+    assert result.returncode == 1, _said(result)
+    assert result.stderr.count("Traceback (most recent call last)") == 1 and "[rank 1]" not in result.stderr
+    assert result.stderr.endswith("[rank 0] RuntimeError: ranks 0-2: data/meta.json: 4 parts cannot be split over "
+                                  "the row groups\n"), _said(result)
+
+
 @pytest.fixture(scope="module")
 def cora_parts(tmp_path_factory) -> dict[int, object]:
     root = tmp_path_factory.mktemp("said_once")
