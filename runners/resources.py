@@ -142,14 +142,49 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
 
 
 def mem_available() -> int | None:
-    """``MemAvailable`` of this node in bytes (None where ``/proc/meminfo`` does not say)."""
+    """What this node can still give: ``MemAvailable`` (``/proc/meminfo``), or less where this process's memory
+    cgroup (a Slurm job's, a container's) has less room left under its limit; None where neither says."""
+    available = None
     try:
         with open("/proc/meminfo") as handle:
             for line in handle:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    room = cgroup_memory_room()
+    if room is not None:
+        available = room if available is None else min(available, room)
+    return available
+
+
+def _read_number(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def cgroup_memory_room(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> int | None:
+    """Bytes this process's memory cgroup may still use (its limit minus its usage, v2 or v1), or None without a
+    limit. The cgroup's own directory is tried first (``/proc/self/cgroup``), then the mount's root (a cgroup
+    namespace shows the job's own cgroup there)."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        lines = []
+    unified = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+    legacy = [line.split(":", 2)[2] for line in lines if ":memory:" in line]
+    candidates = [(root / relative.lstrip("/"), "memory.max", "memory.current") for relative in unified]
+    candidates += [(root / "memory" / relative.lstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes")
+                   for relative in legacy]
+    candidates += [(root, "memory.max", "memory.current"), (root / "memory", "memory.limit_in_bytes",
+                                                            "memory.usage_in_bytes")]
+    for directory, limit_name, usage_name in candidates:
+        limit, usage = _read_number(directory / limit_name), _read_number(directory / usage_name)
+        if limit is not None and usage is not None and limit < 1 << 60:  # v1 says "no limit" with a huge number
+            return max(limit - usage, 0)
     return None
 
 

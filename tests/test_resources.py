@@ -91,3 +91,25 @@ def test_a_one_rank_run_has_no_boundary_buffers(graphs) -> None:
     assert whole.parts["buffers"] == 0 < split.parts["buffers"]
     assert train_memory(meta, rank=0, world_size=3, replication=1, model="gcn", hidden=16, layers=2,
                         dtype="float32") is None  # 2 parts over 3 row groups: the shard reader refuses it
+
+
+def test_a_memory_cgroup_limit_counts_as_what_is_available(tmp_path: Path) -> None:
+    from runners.resources import cgroup_memory_room
+
+    job = tmp_path / "memory" / "slurm" / "job_7"
+    job.mkdir(parents=True)
+    (job / "memory.limit_in_bytes").write_text(f"{8 << 30}\n")
+    (job / "memory.usage_in_bytes").write_text(f"{3 << 30}\n")
+    membership = tmp_path / "cgroup"
+    membership.write_text("4:memory:/slurm/job_7\n1:cpu:/\n")
+    assert cgroup_memory_room(tmp_path, membership) == 5 << 30
+    (job / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert cgroup_memory_room(tmp_path, membership) is None
+    unified = tmp_path / "user.slice" / "job"
+    unified.mkdir(parents=True)
+    (unified / "memory.max").write_text(f"{4 << 30}\n")
+    (unified / "memory.current").write_text(f"{1 << 30}\n")
+    membership.write_text("0::/user.slice/job\n")
+    assert cgroup_memory_room(tmp_path, membership) == 3 << 30
+    (unified / "memory.max").write_text("max\n")
+    assert cgroup_memory_room(tmp_path, membership) is None
