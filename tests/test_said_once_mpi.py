@@ -16,7 +16,7 @@ def _said(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("ranks", [1, 3, 4, 8])
+@pytest.mark.parametrize("ranks", [1, 3, 4])  # P=8: the layout error below
 def test_the_same_problem_on_every_rank_is_said_once_with_the_ranks(ranks: int) -> None:
     result = run_case(ranks, "said_once.py", "same", timeout=180)
     assert result.returncode == 2, _said(result)
@@ -48,7 +48,7 @@ def cora_parts(tmp_path_factory) -> dict[int, object]:
     return {parts: write(graph, root / f"cora{parts}", parts=parts, partitioner="block") for parts in (3, 4)}
 
 
-@pytest.mark.parametrize("ranks, parts", [(3, 4), (4, 3), (8, 3)])
+@pytest.mark.parametrize("ranks, parts", [(3, 4), (4, 3), (8, 3)])  # 8: oversubscribed on a small machine
 def test_a_layout_error_is_said_once_naming_the_ranks(cora_parts, ranks: int, parts: int) -> None:
     data = cora_parts[parts]
     result = run_mpi(ranks, [SPARSE_DIST, "train", "--data", str(data), "--epochs", "1"], timeout=180)
