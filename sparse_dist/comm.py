@@ -949,9 +949,10 @@ def run_or_abort(main: Callable[[], int], *, user_errors: tuple[type[BaseExcepti
 
     ``describe(exc)`` may turn any other exception into ``(sentence, status)``
     (out of memory, a full disk, an interrupt): the sentence is one line
-    ``PROG: error: SENTENCE``, written by this rank (by world rank 0 alone
-    for ``KeyboardInterrupt`` and ``SystemExit``, the signals that reach
-    every rank of a job), and the job ends with ``status``.
+    ``PROG: error: SENTENCE``, written by this rank, and the job ends with
+    ``status``. ``KeyboardInterrupt`` and ``SystemExit`` (signals, which reach
+    every rank of a job) are said by world rank 0, and by another rank only if
+    rank 0's abort has not ended it within a grace (:func:`_report_sentence`).
 
     Before ``MPI_Abort`` the aborting rank unlinks the MPICH shared-memory
     segments it has mapped (``/dev/shm/mpich_shm_*``), which MPICH removes
