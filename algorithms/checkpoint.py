@@ -55,4 +55,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if digest != fields[2]:
         raise CheckpointError(f"{path}: checksum mismatch (file damaged): sha256 {digest.decode()[:16]}..., "
                               f"header says {fields[2].decode()[:16]}...")
-    return torch.load(io.BytesIO(payload), weights_only=True)
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - refused types (pickle.UnpicklingError), a damaged archive, ...
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        reason = next((line for line in lines if "unsupported" in line.lower()), lines[0])  # torch: the refused type
+        reason = reason.split(". ")[0].rstrip(".")
+        raise CheckpointError(f"{path}: refused: not a checkpoint this version can read safely ({reason})") from None

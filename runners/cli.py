@@ -17,8 +17,10 @@ that cleanup (``finally``, context managers) runs as it does for SIGINT.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import platform
+import re
 import signal
 import sys
 from typing import Callable, NoReturn
@@ -167,10 +169,54 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from runners.study.spec import StudyError
     from algorithms.static_input import HaloBudgetError
     from runners.train_cmd import PathError
+    from runners.resources import ResourceError
+    from runners.results import ResultsWriteError
     from sparse_dist.comm import GpuAwareError
 
     return (DatasetError, ShardError, CheckpointError, PathError, GpuAwareError, StudyError, ResultsError,
-            HaloBudgetError)
+            HaloBudgetError, ResultsWriteError, ResourceError)
+
+
+_MEMORY_HINTS = {
+    "train": "more ranks (on more nodes), a smaller --hidden or fewer --layers",
+    "prepare": "prepare synthetic --stream (bounded memory), or a machine with more memory",
+}
+
+
+def describe_environment_error(command: str) -> Callable[[BaseException], tuple[str, int] | None]:
+    """For :func:`sparse_dist.comm.run_or_abort`: one sentence and an exit status for what the machine, not the
+    input, caused: out of memory (status 1, with the flag that would help), a full disk, a quota or a read-only
+    file system (1), Ctrl-C (130) and SIGTERM (143). Every writer of the project writes under a temporary name
+    that is removed on failure or, for results files, streams to ``NAME.partial`` (a valid prefix of the run;
+    see :class:`runners.results.ResultsWriter`), so none of these leaves a half-written output under its
+    final name."""
+
+    def describe(exc: BaseException) -> tuple[str, int] | None:
+        if isinstance(exc, MemoryError) or _allocator_failure(exc):
+            wanted = re.search(r"allocate (\d+) bytes", str(exc))
+            detail = (f" (could not allocate {int(wanted.group(1)) / 2**30:.1f} GiB more)" if wanted
+                      else f" ({str(exc).splitlines()[0]})" if str(exc) else "")
+            hint = _MEMORY_HINTS.get(command, "more ranks or a machine with more memory")
+            return f"out of memory{detail}; try {hint}", 1
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            where = f" writing {exc.filename}" if exc.filename else ""
+            what, hint = {errno.ENOSPC: ("the disk is full", "free some space or write elsewhere"),
+                          errno.EDQUOT: ("the disk quota is exceeded", "free some space or write elsewhere"),
+                          errno.EROFS: ("the file system is read-only", "write elsewhere")}[exc.errno]
+            return f"{what}{where} ({errno.errorcode[exc.errno]}); {hint}", 1
+        if isinstance(exc, KeyboardInterrupt):
+            return "interrupted (SIGINT, Ctrl-C)", 128 + signal.SIGINT
+        if isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM:
+            return "terminated (SIGTERM)", 128 + signal.SIGTERM
+        return None
+
+    return describe
+
+
+def _allocator_failure(exc: BaseException) -> bool:
+    """torch's way of running out of memory: ``RuntimeError`` from its CPU allocator, ``OutOfMemoryError`` on CUDA."""
+    return isinstance(exc, RuntimeError) and (type(exc).__name__ == "OutOfMemoryError"
+                                              or "can't allocate memory" in str(exc))
 
 
 def _raise_on_sigterm(signum: int, frame: object) -> NoReturn:
@@ -212,21 +258,29 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return args.func(comm, args)
 
-    return run_or_abort(body, user_errors=user_errors(), debug=args.debug, prog=f"sparse-dist {args.command}")
+    return run_or_abort(body, user_errors=user_errors(), debug=args.debug, prog=f"sparse-dist {args.command}",
+                        describe=describe_environment_error(args.command))
 
 
 def _run_without_mpi(args: argparse.Namespace) -> int:
     """Single-process tools: a user error is one line on stderr and exit status 2."""
+    from runners.results import ResultsWriteError
     from runners.study.collect import ResultsError
     from runners.study.spec import StudyError
 
     try:
         return args.func(None, args)
-    except (StudyError, ResultsError, FileNotFoundError) as exc:
+    except (StudyError, ResultsError, ResultsWriteError, FileNotFoundError) as exc:
         if args.debug:
             raise
         print(f"sparse-dist {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BaseException as exc:  # out of memory, a full disk, Ctrl-C, SIGTERM: one sentence
+        described = describe_environment_error(args.command)(exc)
+        if described is None or args.debug:
+            raise
+        print(f"sparse-dist {args.command}: error: {described[0]}", file=sys.stderr)
+        return described[1]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from runners.data.partition import AUTO, PARTITIONERS, resolve_partitioner
 from runners.data.stream_synthetic import write_streamed_synthetic
 from runners.argtypes import at_least
 from runners.argtypes import seed as seed_number
-from runners.data.shards import ShardError, output_problem, write_shards
+from runners.data.shards import ShardError, dataset_problem, output_problem, write_shards
+from runners.resources import check_prepare_resources, prepare_memory, shard_bytes
 
 EPILOG = """\
 edge-list input (prepare edgelist --edges E --node-features X.npy --labels Y [options]):
@@ -44,6 +45,10 @@ example:
   $ sparse-dist prepare edgelist --edges edges.txt --node-features x.npy \\
         --labels labels.txt --symmetrize --parts 2 --out data/mygraph
 """
+
+
+SYNTHETIC_WORDS = 20
+"""Words per node of the planted-classes generator (:func:`runners.data.datasets.planted_classes`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +136,13 @@ def main(comm: object, args: argparse.Namespace) -> int:
     problem = output_problem(args.out, args.overwrite)  # before any input is read
     if problem:
         raise ShardError(f"--out {problem}")
+    if args.source == "synthetic":  # its size is known from the flags: refuse before generating anything
+        problem = dataset_problem(args.nodes, args.parts, None)
+        if problem:
+            raise ShardError(f"prepare synthetic: {problem}")
+        edges = 2 * args.nodes * args.degree  # symmetrised; duplicates make it a little less
+        check_prepare_resources(args.out, None if args.stream else prepare_memory(
+            args.nodes, edges, args.features, args.parts, words=SYNTHETIC_WORDS), shard_bytes(args.nodes, edges, args.features))
     streamed = args.source == "synthetic" and args.stream
     partitioner, note = resolve_partitioner(args.partitioner, contiguous_only=streamed)
     if note:
@@ -152,6 +164,9 @@ def main(comm: object, args: argparse.Namespace) -> int:
     else:
         data = planted_classes(nodes=args.nodes, classes=args.classes, degree=args.degree,
                                features=args.features, seed=args.seed)
+    if args.source != "synthetic":  # known once loaded: the disk the shards need
+        check_prepare_resources(args.out, None, shard_bytes(int(data.num_nodes), int(data.adjacency.nnz),
+                                                            int(data.features.shape[1])))
     meta = write_shards(data, args.out, args.parts, partitioner, args.seed, overwrite=args.overwrite)
     _report(meta, args.out, time.perf_counter() - start)
     return 0

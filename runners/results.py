@@ -1,4 +1,4 @@
-"""Results files: JSON lines kept by rank 0 and written under a temporary name, renamed when complete."""
+"""Results files: JSON lines streamed by rank 0 to ``NAME.partial``, renamed to ``NAME`` when the run is complete."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import platform
 import resource
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -40,34 +40,108 @@ def output_path_problem(path: str | Path, flag: str, what: str, example: str) ->
     return None
 
 
-class ResultsWriter:
-    """Keeps JSON lines in memory and writes them on :meth:`close`: to ``.path.tmp-PID``, renamed to ``path``.
+def partial_beside(path: Path) -> Path:
+    """Where a results file grows while its run is going: ``NAME.partial`` beside ``NAME``."""
+    return path.with_name(path.name + ".partial")
 
-    Nothing is on disk before :meth:`close`, so a run that fails, is interrupted or is killed (even by
-    ``kill -9`` or another rank's ``MPI_Abort``) leaves no partial file; a failed write removes its
-    temporary file. A results file is a few kilobytes per epoch.
+
+class ResultsWriteError(OSError):
+    """The results file could not be written (a full disk, a quota, a read-only file system); the message
+    says where the records written so far are."""
+
+
+def raise_everywhere(error: Exception) -> NoReturn:
+    """Raise ``error``, which every rank raises at this same agreed point, marked ``every_rank`` (said once by
+    rank 0; see :func:`sparse_dist.comm.run_or_abort`)."""
+    error.every_rank = True  # type: ignore[attr-defined]
+    raise error
+
+
+class ResultsWriter:
+    """Streams JSON lines to ``NAME.partial`` as they are written; :meth:`close` renames it to ``NAME``.
+
+    Every record reaches the file when :meth:`write` returns (one whole line per ``write`` system call,
+    flushed to the kernel, so it survives a crash of the process, ``kill -9`` or another rank's
+    ``MPI_Abort``). A run that ends early leaves ``NAME.partial``: a valid JSON-lines prefix of the run (the
+    ``config``, ``environment``, ``setup`` and ``epoch`` records so far) without the ``final`` record. Only a
+    complete run (its ``final`` record written, then :meth:`close`) has ``NAME``, so an existing ``NAME``
+    from an earlier run stays until the new run completes, and a reader (``sparse-dist sweep``) never
+    mistakes a partial run for a finished one. A new run truncates any ``NAME.partial`` it finds (that of an
+    earlier killed run of the same output).
+
+    A write that fails (``ENOSPC``, ``EDQUOT``, ``EROFS``, ...) cuts the file back to its last whole line,
+    stops writing and keeps the reason in :attr:`error` (one sentence); the command decides when every rank
+    learns it (``sparse-dist train``: at the end of that epoch's gather). :meth:`close` raises it.
     """
 
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None
-        self._lines: list[str] | None = [] if self.path is not None else None
+        self.partial = partial_beside(self.path) if self.path is not None else None
+        self.error: str | None = None
+        self.records = 0
+        self._fd: int | None = None
+        self._size = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._lines is not None:
-            self._lines.append(json.dumps(record) + "\n")
+        """Append one record as one line (no-op without a path, or after a failed write)."""
+        if self.partial is None or self.error is not None:
+            return
+        line = (json.dumps(record) + "\n").encode()
+        try:
+            if self._fd is None:
+                self.partial.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            view = memoryview(line)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError as exc:
+            self._fail(exc)
+            return
+        self._size += len(line)
+        self.records += 1
+
+    def _fail(self, exc: OSError) -> None:
+        """Keep the file a valid prefix (cut the partly written line off), stop, and remember why."""
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                pass
+        kept = (f"the {self.records} record(s) written so far are in {self.partial}" if self.records
+                else "no record was written")
+        self.error = f"--out {self.path}: cannot write the results file: {exc.strerror or exc}; {kept}"
+        self._close_descriptor()
+
+    def _close_descriptor(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def raise_if_failed(self) -> None:
+        """Raise :class:`ResultsWriteError` if a write failed."""
+        if self.error is not None:
+            raise ResultsWriteError(self.error)
 
     def close(self) -> None:
-        if self._lines is None or self.path is None:
+        """The run is complete: sync ``NAME.partial`` and rename it to ``NAME`` (raises if a write failed)."""
+        self.raise_if_failed()
+        if self.path is None or self.partial is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = temporary_beside(self.path)
+        if self._fd is None:  # nothing written: an empty results file
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
-            with open(temporary, "w") as handle:
-                handle.writelines(self._lines)
-            os.replace(temporary, self.path)
-        finally:
-            temporary.unlink(missing_ok=True)
-        self._lines = None
+            os.fsync(self._fd)
+            self._close_descriptor()
+            os.replace(self.partial, self.path)
+        except OSError as exc:
+            self._fail(exc)
+            self.raise_if_failed()
+        self.path = self.partial = None
 
 
 def print_report(rank: int, text: str, result: dict[str, Any], as_json: bool) -> None:

@@ -3,13 +3,17 @@
 Not an MPI program itself: it launches each run as ``mpiexec -n P`` (or
 ``srun --mpi=pmi2 -n P`` when it runs inside a Slurm allocation), one after
 the other, with a time limit per run. A run whose results file is complete
-is skipped, so a killed study resumes where it stopped (a run killed midway
-leaves no results file: its writer only renames the file into place at the
-end). Synthetic datasets are prepared once per size under ``OUTPUT/data``.
+(it exists and ends with its ``final`` record) is skipped, so a killed study
+resumes where it stopped: a run killed midway leaves only ``RUN.jsonl.partial``
+(the records it streamed; :class:`runners.results.ResultsWriter`), which does
+not count as done, and its re-run starts that file afresh (truncated, never
+appended to) and renames it to ``RUN.jsonl`` when it completes. Synthetic
+datasets are prepared once per size under ``OUTPUT/data``.
 
 Output, under the study's ``output`` directory:
 
-* ``runs/RUN.jsonl`` and ``runs/RUN.log``: each run's results and its output;
+* ``runs/RUN.jsonl`` and ``runs/RUN.log``: each run's results and its output (``runs/RUN.jsonl.partial``
+  while it runs, or after it was killed);
 * ``results.csv``: one row per finished run (:mod:`runners.study.collect`), rewritten after each run;
 * ``runs.jsonl``: every record of every run, tagged with ``run``, written when the sweep ends
   (``--collect-only`` rebuilds both from the finished runs).

@@ -39,8 +39,10 @@ from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phas
 from runners.argtypes import at_least, non_negative, positive, probability
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
-from runners.results import ResultsWriter, environment, output_path_problem, peak_memory_bytes, spread
+from runners.results import (ResultsWriteError, ResultsWriter, environment, output_path_problem, peak_memory_bytes,
+                             raise_everywhere, spread)
 from runners.data.shards import ShardError, load_local_graph, read_meta
+from runners.resources import check_train_resources, readable_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
@@ -373,6 +375,7 @@ def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     check_paths(comm, args)  # first: before the collectives below and before any shard is read
+    resources = check_train_resources(comm, args, readable_meta(args.data))  # memory estimate; may refuse
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     device = rank_device(comm, args.device)  # before any data is read
@@ -387,7 +390,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     writer.write({"type": "config", **config.record(), "data": args.data, "world_size": comm.size,
                   "device": args.device, "gpu_aware": comm.gpu_aware})
     writer.write({"type": "environment", "huge_pages": huge_page_state(),
-                  **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node())})
+                  **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node()),
+                  **({"memory": resources} if resources is not None else {})})
     setup = _setup_record(comm, trainer)
     writer.write(setup)
     if leader:
@@ -411,7 +415,11 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                                           "cache_bytes": record["cache_bytes"],
                                           "feature_cache": record.get("feature_cache"),
                                           "eval_bytes": trainer.eval_bytes if evaluated else None,
-                                          "audit": record.get("audit")})
+                                          "audit": record.get("audit"),
+                                          **({"results_error": writer.error} if writer.error else {})})
+        if gathered[0].get("results_error"):  # rank 0 could not write the results file: every rank stops here
+            trainer.close()
+            raise_everywhere(ResultsWriteError(gathered[0]["results_error"]))
         if leader:
             evaluation = {"eval_bytes": _traffic_spread([g["eval_bytes"] for g in gathered])} if evaluated else {}
             if record.get("audit") is not None:  # the errors are global (the same on every rank)

@@ -125,6 +125,43 @@ _CUDA_ENV_SWITCHES = ("MPICH_GPU_SUPPORT_ENABLED", "MV2_USE_CUDA")  # Cray MPICH
 _MPIX_GPU_SUPPORT_CUDA = 0  # MPICH mpi.h: MPIX_GPU_SUPPORT_CUDA
 
 
+DISTINCT_MESSAGES_SHOWN = 5
+"""How many distinct messages :func:`ranked_messages` lists before it only counts the rest."""
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"ranks 0-2, 5, 7-8"``; one rank: ``"rank 3"``."""
+    ordered = sorted(set(ranks))
+    spans: list[str] = []
+    start = previous = ordered[0]
+    for rank in ordered[1:] + [None]:  # type: ignore[list-item]
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        spans.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)
+
+
+def ranked_messages(failed: Sequence[tuple[int, str]], size: int) -> str:
+    """One text for the messages ``(rank, message)`` of several ranks: each distinct message once, prefixed with
+    the ranks that said it (in order of the lowest such rank), at most :data:`DISTINCT_MESSAGES_SHOWN`, then
+    ``and N more distinct messages (ranks ...)``. A job of one rank gets the bare message."""
+    if size == 1:
+        return "; ".join(message for _, message in failed)
+    by_message: dict[str, list[int]] = {}
+    for rank, message in failed:
+        by_message.setdefault(message, []).append(rank)
+    items = sorted(by_message.items(), key=lambda item: min(item[1]))
+    shown = [f"{rank_ranges(ranks)}: {message}" for message, ranks in items[:DISTINCT_MESSAGES_SHOWN]]
+    rest = items[DISTINCT_MESSAGES_SHOWN:]
+    if rest:
+        shown.append(f"and {len(rest)} more distinct message{'s' if len(rest) > 1 else ''} "
+                     f"({rank_ranges([rank for _, ranks in rest for rank in ranks])})")
+    return "; ".join(shown)
+
+
 class CollectiveError(RuntimeError):
     """Raised identically on every rank when any rank found a problem."""
 
@@ -798,14 +835,20 @@ class Communicator:
     def raise_if_any(self, error: str | None, exc_type: type[Exception] = CollectiveError) -> None:
         """Collective validation: if any rank passes an error message, every rank raises.
 
-        The raised message lists each failing rank and its message, so the
-        same error appears everywhere and no rank is left inside a collective.
+        Each distinct message is said once, with the world ranks that passed it (``ranks 0-7: MSG``; at most
+        :data:`DISTINCT_MESSAGES_SHOWN` of them, then how many more), so the same text is raised everywhere and
+        no rank is left inside a collective. On a communicator that holds every rank of the world, the
+        exception is marked ``every_rank`` so that :func:`run_or_abort` says it once (world rank 0) and ends
+        the job without ``MPI_Abort``; on a smaller communicator the ranks outside it did not raise, so it is
+        left unmarked and ends the job through ``MPI_Abort``.
         """
-        errors = self.allgather_object(error)
-        failed = [(rank, msg) for rank, msg in enumerate(errors) if msg is not None]
+        errors = self.allgather_object((_initialised().Get_rank(), error))
+        failed = [(rank, message) for rank, message in errors if message is not None]
         if failed:
-            text = "; ".join(f"rank {rank}: {msg}" for rank, msg in failed)
-            raise exc_type(text)
+            exception = exc_type(ranked_messages(failed, self.size))
+            if self.size == _initialised().Get_size():
+                exception.every_rank = True  # type: ignore[attr-defined]
+            raise exception
 
     def barrier(self) -> None:
         """Blocking barrier (collective)."""
@@ -880,8 +923,9 @@ def world_rank() -> int:
 
 
 def run_or_abort(main: Callable[[], int], *, user_errors: tuple[type[BaseException], ...] = (),
-                 debug: bool = False, prog: str = "error") -> int:
-    """Run ``main``; if it raises on any rank, end the whole job non-zero.
+                 debug: bool = False, prog: str = "error",
+                 describe: Callable[[BaseException], tuple[str, int] | None] | None = None) -> int:
+    """Run ``main``; if it raises on any rank, end the whole job non-zero, never hanging.
 
     Internal errors: the failing rank writes its traceback, prefixed with its
     rank, to stderr and calls ``MPI_Abort`` on the world communicator, so
@@ -893,12 +937,22 @@ def run_or_abort(main: Callable[[], int], *, user_errors: tuple[type[BaseExcepti
     message) are one line ``PROG: error: MESSAGE`` and exit status 2, with
     no traceback unless ``debug``:
 
-    * raised on every rank at the same point (collective validation marks
-      the exception with a true ``every_rank`` attribute): rank 0 alone
-      writes the line and every rank returns 2; no abort is needed, since no
-      rank is left inside a collective;
+    * raised on every rank at the same point (collective validation, e.g.
+      :meth:`Communicator.raise_if_any` on the world, marks the exception with
+      a true ``every_rank`` attribute; its message already names the ranks of
+      each distinct message): world rank 0 alone writes the line and every
+      rank returns 2; no abort is needed, since no rank is left inside a
+      collective. An internal error marked ``every_rank`` is likewise written
+      once (rank 0, with its traceback) and every rank returns 1;
     * otherwise (possibly this rank alone): this rank writes the line, the
       others write nothing, and the job is aborted with status 2.
+
+    ``describe(exc)`` may turn any other exception into ``(sentence, status)``
+    (out of memory, a full disk, an interrupt): the sentence is one line
+    ``PROG: error: SENTENCE``, written by this rank, and the job ends with
+    ``status``. ``KeyboardInterrupt`` and ``SystemExit`` (signals, which reach
+    every rank of a job) are said by world rank 0, and by another rank only if
+    rank 0's abort has not ended it within a grace (:func:`_report_sentence`).
 
     Before ``MPI_Abort`` the aborting rank unlinks the MPICH shared-memory
     segments it has mapped (``/dev/shm/mpich_shm_*``), which MPICH removes
@@ -909,16 +963,29 @@ def run_or_abort(main: Callable[[], int], *, user_errors: tuple[type[BaseExcepti
     except SystemExit as exc:
         if exc.code in (None, 0):
             raise
-        _abort_with(f"exit status {exc.code}", exc.code if isinstance(exc.code, int) else 1)
+        code = exc.code if isinstance(exc.code, int) else 1
+        described = describe(exc) if describe is not None else None
+        if described is not None:
+            return _report_sentence(exc, prog, debug, *described)
+        _abort_with(f"exit status {exc.code}", code)
     except user_errors as exc:
         return _report_user_error(exc, prog, debug)
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
+        described = describe(exc) if describe is not None else None
+        if described is not None:
+            return _report_sentence(exc, prog, debug, *described)
+        if getattr(exc, "every_rank", False):
+            if _initialised().Get_rank() == 0:
+                _write_traceback(exc)
+                sys.stderr.flush()
+            return 1
         _write_traceback(exc)
         _abort_with(f"{type(exc).__name__}: {exc}", 1)
     return 1
 
 
 ABORT_GRACE_SECONDS = 0.5
+SIGNAL_GRACE_SECONDS = 2.0
 USER_ERROR_STATUS = 2
 _MPICH_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
 
@@ -946,6 +1013,31 @@ def _report_user_error(exc: BaseException, prog: str, debug: bool) -> int:
     sys.stderr.write(f"{prog}: error: {exc}{where}\n")
     _abort_with(None, USER_ERROR_STATUS)
     return USER_ERROR_STATUS
+
+
+def _report_sentence(exc: BaseException, prog: str, debug: bool, sentence: str, status: int) -> int:
+    """One line for an exception :func:`run_or_abort`'s ``describe`` explained, then end the job with ``status``.
+
+    Signals (``KeyboardInterrupt``, ``SystemExit``) reach every rank of a job, so world rank 0 says them and
+    aborts at once; another signalled rank waits :data:`SIGNAL_GRACE_SECONDS` (a little longer the higher its rank)
+    for that abort to end it, and says the sentence and aborts itself only if it is still running then (rank 0 may
+    be blocked inside a collective this rank left, where it cannot see its own signal). Anything else is said by
+    the rank that raised it, with its rank when there are several.
+    """
+    world_comm = _initialised()
+    rank, size = world_comm.Get_rank(), world_comm.Get_size()
+    signalled = isinstance(exc, (KeyboardInterrupt, SystemExit))
+    if signalled and rank != 0:
+        try:
+            time.sleep(SIGNAL_GRACE_SECONDS + 0.25 * min(rank, 8))
+        except (KeyboardInterrupt, SystemExit):  # a second signal: stop waiting
+            pass
+    if debug:
+        _write_traceback(exc)
+    where = f" (rank {rank} of {size}; ending the job)" if size > 1 and not signalled else ""
+    sys.stderr.write(f"{prog}: error: {sentence}{where}\n")
+    _abort_with(None, status)
+    return status
 
 
 def _abort_with(reason: str | None, code: int) -> None:

@@ -6,7 +6,7 @@ import torch
 
 from sparse_dist.accounting import CommStats
 from sparse_dist.comm import (DEFAULT_REDUCE_SEGMENT_BYTES, CollectiveError, StagingPool, _reduce_segment_setting,
-                              _ring_allreduce_bytes, _segments, world)
+                              _ring_allreduce_bytes, _segments, rank_ranges, ranked_messages, world)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +54,30 @@ def test_unsupported_dtype_and_layout_are_named(comm) -> None:
         comm.bcast_(torch.zeros(4, 4).t(), root=0, phase="forward")
 
 
-def test_raise_if_any_names_the_failing_rank(comm) -> None:
+def test_raise_if_any_says_the_message_and_marks_it_said_by_every_rank(comm) -> None:
     comm.raise_if_any(None)
-    with pytest.raises(CollectiveError, match="rank 0: broken shard"):
+    with pytest.raises(CollectiveError) as info:
         comm.raise_if_any("broken shard")
+    assert str(info.value) == "broken shard"  # one rank: no rank list
+    assert info.value.every_rank  # type: ignore[attr-defined]
+
+
+def test_rank_ranges_are_compact() -> None:
+    assert rank_ranges([3]) == "rank 3"
+    assert rank_ranges([7, 0, 1, 2, 5, 8]) == "ranks 0-2, 5, 7-8"
+    assert rank_ranges(range(1024)) == "ranks 0-1023"
+
+
+def test_distinct_messages_are_said_once_each_with_their_ranks_and_capped() -> None:
+    same = [(rank, "4 parts cannot be split over 8 row groups") for rank in range(8)]
+    assert ranked_messages(same, 8) == "ranks 0-7: 4 parts cannot be split over 8 row groups"
+    mixed = [(0, "a"), (1, "b"), (2, "a"), (3, "a")]
+    assert ranked_messages(mixed, 4) == "ranks 0, 2-3: a; rank 1: b"
+    many = [(rank, f"part {rank % 8} damaged") for rank in range(16)]
+    assert ranked_messages(many, 16) == ("ranks 0, 8: part 0 damaged; ranks 1, 9: part 1 damaged; ranks 2, 10: part 2 "
+                                         "damaged; ranks 3, 11: part 3 damaged; ranks 4, 12: part 4 damaged; and 3 "
+                                         "more distinct messages (ranks 5-7, 13-15)")
+    assert ranked_messages([(0, "x")], 1) == "x"
 
 
 def test_unknown_phase_is_refused() -> None:

@@ -73,12 +73,16 @@ def test_a_killed_study_resumes_with_the_missing_runs_only(study: Path) -> None:
     runs = study.parent / "out" / "runs"
     victim = runs / "directed_P3_c1_p2p_exact_s0.jsonl"
     victim.unlink()
-    (runs / ".directed_P3_c1_p2p_exact_s0.jsonl.tmp-1").write_text('{"type": "config"}\n')  # a killed run's leftover
+    leftover = runs / "directed_P3_c1_p2p_exact_s0.jsonl.partial"  # what a killed run streamed so far
+    leftover.write_text('{"type": "config", "killed": true}\n{"type": "epoch", "epoch": 1}\n')
     result = _sweep(study)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("done before, skipped") == 9
     assert "directed_P3_c1_p2p_exact_s0  ran" in result.stdout
     assert victim.is_file() and len(_rows(study.parent / "out" / "results.csv")) == 10
+    text = victim.read_text()
+    assert '"killed"' not in text and text.count('"type": "config"') == 1  # started afresh, not appended to
+    assert not leftover.exists()
 
 
 def test_model_predicts_the_exact_bytes_of_every_exact_run(study: Path) -> None:

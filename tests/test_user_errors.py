@@ -175,10 +175,10 @@ def test_a_failed_streamed_prepare_leaves_no_temporary_directory(tmp_path: Path,
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_results_writer_leaves_nothing_until_it_is_closed(tmp_path: Path) -> None:
+def test_a_results_writer_streams_to_a_partial_name_until_it_is_closed(tmp_path: Path) -> None:
     writer = ResultsWriter(tmp_path / "r.jsonl")
     writer.write({"type": "config"})
-    assert list(tmp_path.iterdir()) == []  # a run killed now (even kill -9) leaves no partial file
+    assert [p.name for p in tmp_path.iterdir()] == ["r.jsonl.partial"]  # a run killed now keeps this record
     writer.close()
     assert [p.name for p in tmp_path.iterdir()] == ["r.jsonl"]
     assert (tmp_path / "r.jsonl").read_text() == '{"type": "config"}\n'

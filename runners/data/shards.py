@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -45,6 +46,9 @@ FORMAT_VERSION = 1
 META_FIELDS = ("format_version", "name", "num_nodes", "num_edges", "feature_dim", "num_classes", "multilabel",
                "partitioner", "num_parts", "row_offsets", "permutation_file", "files")
 PART_ARRAYS = ("indptr", "indices", "data", "features", "labels", "train", "val", "test")
+PART_KINDS = {"indptr": "iu", "indices": "iu", "data": "fiu", "features": "fiu", "labels": "iub",
+              "train": "biu", "val": "biu", "test": "biu"}
+"""numpy dtype kinds each shard array may have (anything else is refused before it is used)."""
 
 
 class ShardError(ValueError):
@@ -130,16 +134,33 @@ def output_problem(out_dir: str | Path, overwrite: bool) -> str | None:
     return None
 
 
+def dataset_problem(nodes: int, parts: int, train_nodes: int | None) -> str | None:
+    """Why a graph of ``nodes`` nodes (``train_nodes`` of them in the training split, None: not known yet) cannot
+    become ``parts`` shards that ``train`` can use, or None. Said before anything is written."""
+    if nodes < 2:
+        return f"the graph has {nodes} node(s); training needs at least 2"
+    if parts > nodes:
+        return f"--parts {parts} is more than the graph's {nodes} nodes; use --parts {nodes} or fewer"
+    if train_nodes == 0:
+        return (f"the training split of the {nodes} nodes is empty; give some nodes train=True (--masks) or a "
+                f"larger training fraction (--split)")
+    return None
+
+
 def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: str = "block", seed: int = 0,
                  overwrite: bool = False) -> dict[str, Any]:
     """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict.
 
-    An existing ``out_dir`` is replaced only under :func:`output_problem`'s rules (checked again at the swap).
+    An existing ``out_dir`` is replaced only under :func:`output_problem`'s rules (checked again at the swap);
+    a graph ``train`` could not use (:func:`dataset_problem`) is refused before anything is written.
     """
     out_dir = Path(out_dir)
     problem = output_problem(out_dir, overwrite)
     if problem:
         raise ShardError(problem)
+    problem = dataset_problem(int(data.num_nodes), parts, int(np.count_nonzero(data.masks["train"])))
+    if problem:
+        raise ShardError(f"{data.name}: {problem}")
     part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"])
     order, offsets = relabel(part_of, parts)
     new_id = np.empty_like(order)
@@ -240,15 +261,26 @@ def _read_part(data_dir: Path, meta: dict[str, Any], index: int) -> dict[str, np
     expected = meta["files"].get(name)
     if expected is None or sha256_file(path) != expected:
         raise ShardError(f"{path}: checksum does not match meta.json (file damaged or replaced)")
-    with np.load(path, allow_pickle=False) as archive:
-        missing = [key for key in PART_ARRAYS if key not in archive.files]
-        if missing:
-            raise ShardError(f"{path}: missing arrays {missing}")
-        arrays = {key: archive[key] for key in PART_ARRAYS}
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            missing = [key for key in PART_ARRAYS if key not in archive.files]
+            if missing:
+                raise ShardError(f"{path}: missing arrays {missing}")
+            arrays = {key: archive[key] for key in PART_ARRAYS}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # pickled objects, not an .npz, truncated
+        raise ShardError(f"{path}: not a shard written by `sparse-dist prepare` ({exc})") from None
+    wrong = [f"{key} ({arrays[key].dtype})" for key, kinds in PART_KINDS.items() if arrays[key].dtype.kind not in kinds]
+    if wrong:
+        raise ShardError(f"{path}: arrays of the wrong type: {', '.join(wrong)}; expected integer indptr and indices, "
+                         f"numeric data, features and labels, and boolean (or 0/1) masks")
     n_rows = meta["row_offsets"][index + 1] - meta["row_offsets"][index]
     if arrays["indptr"].size != n_rows + 1 or arrays["features"].shape != (n_rows, meta["feature_dim"]):
         raise ShardError(f"{path}: expected {n_rows} rows and feature_dim {meta['feature_dim']}, found "
                          f"indptr of {arrays['indptr'].size} and features {arrays['features'].shape}")
+    short = [f"{key} ({arrays[key].shape[0] if arrays[key].ndim else 0})" for key in ("labels", "train", "val", "test")
+             if not arrays[key].ndim or arrays[key].shape[0] != n_rows]
+    if short:
+        raise ShardError(f"{path}: expected {n_rows} rows in every per-node array, found {', '.join(short)}")
     if not np.all(np.isfinite(arrays["features"])):
         raise ShardError(f"{path}: field 'features' has non-finite values")
     labels = arrays["labels"]

@@ -53,7 +53,10 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def is_complete(path: Path) -> bool:
-    """A results file that exists and ends with its ``final`` record (the run finished)."""
+    """A results file that exists and ends with its ``final`` record (the run finished).
+
+    A run in progress or killed has only ``NAME.partial`` (:class:`runners.results.ResultsWriter`), so ``path``
+    does not exist; a file cut inside a line, or one without its ``final`` record, is not complete either."""
     try:
         records = read_records(path)
     except (OSError, ResultsError):
