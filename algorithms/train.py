@@ -25,6 +25,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from algorithms.checkpoint import checkpoint_mismatch
 from algorithms.dgs import Explainer, MaskedHalo
 from algorithms.gat import cached_structure_bytes
 from algorithms.model import GraphModel
@@ -91,7 +92,8 @@ class TrainConfig:
         return LayerOptions(self.heads, self.output_heads, self.attention_dropout)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fields a checkpoint must agree with (plan and c change no math; attention options where set)."""
+        """The fields a checkpoint must agree with (P, plan and c change no math of the replicated weights and
+        Adam state, so a checkpoint resumes at any of them; attention options where set)."""
         keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
                 "feature_norm", "dtype", "sample", "stale", "clip", "dropout_side", "compress")
         if not self.layer_options().is_default():
@@ -429,10 +431,17 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoint
     def state(self) -> dict[str, Any]:
-        """Everything needed to continue exactly: weights, optimiser, epoch, RNG, config."""
+        """Everything needed to continue exactly, the same on every rank and at any ``P`` (weights and Adam
+        state are replicated, dropout masks and sampling decisions are counter-based per global row): weights,
+        optimiser, epoch, RNG, fingerprint, and where it was written."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch,
                 "torch_rng": torch.get_rng_state(), "config": self.config.fingerprint(),
-                "graph": {"name": self.graph.name, "nodes": self.graph.layout.n_rows}}
+                "graph": {"name": self.graph.name, "nodes": self.graph.layout.n_rows},
+                "written_at": self.written_at()}
+
+    def written_at(self) -> dict[str, Any]:
+        """What per-rank policy state depends on: world size, replication and plan."""
+        return {"world_size": self.comm.size, "replication": self.config.replication, "plan": self.config.plan}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -467,10 +476,7 @@ class Trainer:
         return None
 
     def mismatch(self, state: dict[str, Any]) -> str | None:
-        """Why a checkpoint does not belong to this run, or None."""
-        mine = {"config": self.config.fingerprint(), "graph": {"name": self.graph.name,
-                                                               "nodes": self.graph.layout.n_rows}}
-        for key in ("config", "graph"):
-            if state.get(key) != mine[key]:
-                return f"checkpoint {key} {state.get(key)} differs from this run's {mine[key]}"
-        return None
+        """Why a checkpoint does not belong to this run (the differing fields, both values), or None."""
+        return checkpoint_mismatch(state, self.config.fingerprint(), {"name": self.graph.name,
+                                                                       "nodes": self.graph.layout.n_rows})
+
