@@ -64,7 +64,7 @@ def test_a_kill_at_any_point_of_a_commit_leaves_a_set_that_resumes_bitwise(data:
     outcomes = []
     for point, rank, commit, expected in SCENARIOS:
         directory = tmp_path / f"{point}-{rank}-{commit}"
-        path = directory / "run.ckpt"
+        path, out = directory / "run.ckpt", tmp_path / f"{directory.name}.jsonl"
         with monkeypatch.context() as patch:
             patch.setenv(KILL_ENV, f"{point}:{rank}:{commit}")
             killed = _train(data, *KILL_RUN, "--checkpoint", str(path))
@@ -73,17 +73,17 @@ def test_a_kill_at_any_point_of_a_commit_leaves_a_set_that_resumes_bitwise(data:
         if expected is None:
             assert not path.exists(), scenario
             current_epoch = None
-            resumed = _train(data, *KILL_RUN, "--checkpoint", str(path), "--out", str(directory / "r.jsonl"))
+            resumed = _train(data, *KILL_RUN, "--checkpoint", str(path), "--out", str(out))
         else:
             current = read_pointer(path)  # the pointer names a complete set whose every file verifies
             for name in current.files:
                 current.load(name)
             current_epoch = current.epoch
             assert current_epoch in (expected if isinstance(expected, tuple) else (expected,)), scenario
-            resumed = _train(data, *KILL_RUN, "--checkpoint", str(path), "--resume", "--out", str(directory / "r.jsonl"))
+            resumed = _train(data, *KILL_RUN, "--checkpoint", str(path), "--resume", "--out", str(out))
             assert f"at epoch {current_epoch}" in resumed.stdout, resumed.stdout
         assert resumed.returncode == 0, f"{scenario}\n{resumed.stdout}\n{resumed.stderr}"
-        losses = _losses(directory / "r.jsonl")
+        losses = _losses(out)
         assert sorted(losses) == list(range((current_epoch or 0) + 1, 7)), scenario
         assert all(losses[epoch] == expected_losses[epoch] for epoch in losses), f"{scenario}: losses differ"
         weights = _weights(path)
