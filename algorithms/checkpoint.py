@@ -382,9 +382,11 @@ def dropped_policy_state(config: "TrainConfig") -> list[str]:
         dropped.append(f"{stale} caches (they refill at the next exchange)")
     if stale == "pipe" and int(dict(config.stale.params).get("tau", 0)) > 0:
         dropped.append("pipelined flights and averages (the next tau epochs exchange exactly, as a run's first do)")
-    if config.sample.name in ("psc", "dgs"):
-        dropped.append(f"{config.sample.name} sampling probabilities (the starting ones until the next "
-                       f"recomputation)")
+    if config.sample.name == "psc":
+        dropped.append("psc sampling probabilities (the starting ones until the next recomputation)")
+    if config.sample.name == "dgs":
+        dropped.append("dgs node probabilities and last received rows (the starting ones until the next "
+                       "explanation; its feature probabilities are kept)")
     codec = Codec.parse(config.compress)
     if codec is not None and codec.feedback:
         dropped.append("error-feedback residuals (they restart at zero)")

@@ -437,7 +437,13 @@ class Trainer:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch,
                 "torch_rng": torch.get_rng_state(), "config": self.config.fingerprint(),
                 "graph": {"name": self.graph.name, "nodes": self.graph.layout.n_rows},
-                "written_at": self.written_at()}
+                "written_at": self.written_at(), "feature_p": self._feature_p()}
+
+    def _feature_p(self) -> torch.Tensor | None:
+        """DGS: the feature columns' probabilities of the last explanation (the same on every rank, so they
+        belong to the replicated state and survive a resume at another ``P``)."""
+        feature_p = getattr(self.sampler, "feature_p", None) if self.explainer is not None else None
+        return None if feature_p is None else torch.from_numpy(np.array(feature_p, copy=True))
 
     def written_at(self) -> dict[str, Any]:
         """What per-rank policy state depends on: world size, replication and plan."""
@@ -448,6 +454,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
         torch.set_rng_state(state["torch_rng"])
+        if self.explainer is not None and state.get("feature_p") is not None:
+            self.sampler.feature_p = state["feature_p"].numpy().copy()
 
     @property
     def has_policy_state(self) -> bool:
@@ -461,12 +469,27 @@ class Trainer:
         """This rank's policy state (caches and versions); per rank, unlike :meth:`state`."""
         return {"rank": self.comm.rank, "world_size": self.comm.size, "epoch": self.epoch,
                 "strategy": self.spmm.strategy.state_dict(),
-                "codec": self.codec.state_dict() if self.codec is not None else None}
+                "codec": self.codec.state_dict() if self.codec is not None else None,
+                "explanation": self._explanation_state()}
+
+    def _explanation_state(self) -> dict[str, Any] | None:
+        """DGS: this rank's node probabilities and the latest received rows its explanations read."""
+        if self.explainer is None:
+            return None
+        node_p, rows = self.sampler.node_p, getattr(self.spmm.strategy, "inner", self.spmm.strategy).last_rows
+        return {"node_p": None if node_p is None else torch.from_numpy(np.array(node_p, copy=True)),
+                "last_rows": {layer: values.cpu() for layer, values in rows.items()}}
 
     def load_policy_state(self, state: dict[str, Any]) -> None:
         self.spmm.strategy.load_state_dict(state["strategy"])
         if self.codec is not None and state.get("codec") is not None:
             self.codec.load_state_dict(state["codec"], self.device)
+        explanation = state.get("explanation")
+        if self.explainer is not None and explanation is not None:
+            self.sampler.node_p = None if explanation["node_p"] is None else explanation["node_p"].numpy().copy()
+            rows = getattr(self.spmm.strategy, "inner", self.spmm.strategy).last_rows  # the explainer holds it
+            rows.clear()
+            rows.update({int(layer): values.to(self.device) for layer, values in explanation["last_rows"].items()})
 
     def policy_mismatch(self, state: dict[str, Any]) -> str | None:
         expected = (self.comm.rank, self.comm.size, self.epoch)

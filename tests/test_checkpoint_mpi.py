@@ -152,3 +152,15 @@ def test_per_rank_policy_state_is_dropped_with_one_note_at_another_p(data: Path,
     assert sorted(losses) == [5, 6, 7, 8] and all(math.isfinite(v) for v in losses.values())
     current = read_pointer(path)  # the next set holds the P = 2 run's own per-rank state
     assert current.epoch == 8 and sorted(current.files) == [MAIN_FILE, rank_file(0), rank_file(1)]
+
+
+def test_a_dgs_run_resumes_at_the_same_p_to_the_same_weights(data: Path, tmp_path: Path) -> None:
+    # its explanation's node and feature probabilities and the rows it reads are part of the checkpoint
+    dgs = ["--sample", "dgs:nodes=0.5,features=0.8,every=4,steps=2"]
+    whole, split = str(tmp_path / "whole.ckpt"), str(tmp_path / "split.ckpt")
+    assert _train(data, *dgs, "--epochs", "10", "--checkpoint", whole).returncode == 0
+    assert _train(data, *dgs, "--epochs", "5", "--checkpoint", split).returncode == 0  # explained at epoch 4
+    resumed = _train(data, *dgs, "--epochs", "10", "--checkpoint", split, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = _weights(Path(whole)), _weights(Path(split))
+    assert all(torch.equal(a[name], b[name]) for name in a)
