@@ -164,3 +164,35 @@ def test_a_dgs_run_resumes_at_the_same_p_to_the_same_weights(data: Path, tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     a, b = _weights(Path(whole)), _weights(Path(split))
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_checkpoint_without_an_interval_writes_every_10_epochs(data: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "run.ckpt"
+    monkeypatch.setenv(KILL_ENV, "current:0:1")  # stop right after the first set became current
+    assert _train(data, "--epochs", "12", "--checkpoint", str(path)).returncode != 0
+    assert read_pointer(path).epoch == 10
+
+
+def test_a_bad_checkpoint_is_refused_once_before_any_shard_is_read(data: Path, tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    assert _train(data, "--epochs", "2", "--checkpoint", str(path)).returncode == 0
+    damaged = tmp_path / "damaged"
+    shutil.copytree(data, damaged)
+    for part in damaged.glob("part-*.npz"):  # reading any shard first would report this instead
+        blob = bytearray(part.read_bytes())
+        blob[200] ^= 0xFF
+        part.write_bytes(bytes(blob))
+    foreign = _train(damaged, "--epochs", "4", "--hidden", "32", "--lr", "0.02", "--checkpoint", str(path), "--resume",
+                     ranks=3)
+    assert foreign.returncode == 2, foreign.stderr
+    assert foreign.stderr.count(f"sparse-dist train: error: --checkpoint {path}: the checkpoint (epoch 2) belongs to "
+                                f"another run: hidden 16 in the checkpoint, 32 in this run; lr 0.01 in the "
+                                f"checkpoint, 0.02 in this run\n") == 1, foreign.stderr
+    main = read_pointer(path).directory / MAIN_FILE
+    blob = bytearray(main.read_bytes())
+    blob[-10] ^= 0xFF
+    main.write_bytes(bytes(blob))
+    broken = _train(damaged, "--epochs", "4", "--checkpoint", str(path), "--resume", ranks=3)
+    assert broken.returncode == 2 and broken.stderr.count("checksum mismatch (file damaged)") == 1, broken.stderr
+    assert "part-" not in broken.stderr + foreign.stderr and "Traceback" not in broken.stderr + foreign.stderr
