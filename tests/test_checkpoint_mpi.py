@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,38 @@ def _train(data: Path, *extra: str, ranks: int = 2):
     return run_mpi(ranks, [SPARSE_DIST, "train", "--data", str(data), "--print-every", "1000", *extra], timeout=240)
 
 
+def _segments() -> set[Path]:
+    return set(Path("/dev/shm").glob("mpich_shm_*"))
+
+
+def _killed(data: Path, *extra: str):
+    """``_train`` for a run the test hook kills; removes the MPICH shared-memory segments that the killed job
+    left (it cannot: README, Leftovers): those that appeared during the run and no live process maps."""
+    before = _segments()
+    result = _train(data, *extra)
+    left = _segments() - before
+    for _ in range(50):  # the killed job's last processes may still be exiting: up to 5 s
+        mapped = _mapped_segments()
+        for segment in [segment for segment in left if segment.name not in mapped]:
+            segment.unlink(missing_ok=True)
+            left.discard(segment)
+        if not left:
+            break
+        time.sleep(0.1)
+    return result
+
+
+def _mapped_segments() -> set[str]:
+    """Names of the MPICH segments some live process maps."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(re.findall(r"/dev/shm/(mpich_shm_\S+)", maps.read_text()))
+        except OSError:
+            continue
+    return mapped
+
+
 def _losses(out: Path) -> dict[int, float]:
     records = [json.loads(line) for line in out.read_text().splitlines()]
     return {r["epoch"]: r["loss"] for r in records if r["type"] == "epoch"}
@@ -67,7 +101,7 @@ def test_a_kill_at_any_point_of_a_commit_leaves_a_set_that_resumes_bitwise(data:
         path, out = directory / "run.ckpt", tmp_path / f"{directory.name}.jsonl"
         with monkeypatch.context() as patch:
             patch.setenv(KILL_ENV, f"{point}:{rank}:{commit}")
-            killed = _train(data, *KILL_RUN, "--checkpoint", str(path))
+            killed = _killed(data, *KILL_RUN, "--checkpoint", str(path))
         scenario = f"kill rank {rank} at {point} of commit {commit}"
         assert killed.returncode != 0, f"{scenario}: the run was not killed\n{killed.stdout}"
         if expected is None:
@@ -170,7 +204,7 @@ def test_checkpoint_without_an_interval_writes_every_10_epochs(data: Path, tmp_p
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "run.ckpt"
     monkeypatch.setenv(KILL_ENV, "current:0:1")  # stop right after the first set became current
-    assert _train(data, "--epochs", "12", "--checkpoint", str(path)).returncode != 0
+    assert _killed(data, "--epochs", "12", "--checkpoint", str(path)).returncode != 0
     assert read_pointer(path).epoch == 10
 
 
