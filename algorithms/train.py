@@ -25,6 +25,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from algorithms.checkpoint import checkpoint_mismatch
 from algorithms.dgs import Explainer, MaskedHalo
 from algorithms.gat import cached_structure_bytes
 from algorithms.model import GraphModel
@@ -91,7 +92,8 @@ class TrainConfig:
         return LayerOptions(self.heads, self.output_heads, self.attention_dropout)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fields a checkpoint must agree with (plan and c change no math; attention options where set)."""
+        """The fields a checkpoint must agree with (P, plan and c change no math of the replicated weights and
+        Adam state, so a checkpoint resumes at any of them; attention options where set)."""
         keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
                 "feature_norm", "dtype", "sample", "stale", "clip", "dropout_side", "compress")
         if not self.layer_options().is_default():
@@ -429,16 +431,31 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoint
     def state(self) -> dict[str, Any]:
-        """Everything needed to continue exactly: weights, optimiser, epoch, RNG, config."""
+        """Everything needed to continue exactly, the same on every rank and at any ``P`` (weights and Adam
+        state are replicated, dropout masks and sampling decisions are counter-based per global row): weights,
+        optimiser, epoch, RNG, fingerprint, and where it was written."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch,
                 "torch_rng": torch.get_rng_state(), "config": self.config.fingerprint(),
-                "graph": {"name": self.graph.name, "nodes": self.graph.layout.n_rows}}
+                "graph": {"name": self.graph.name, "nodes": self.graph.layout.n_rows},
+                "written_at": self.written_at(), "feature_p": self._feature_p()}
+
+    def _feature_p(self) -> torch.Tensor | None:
+        """DGS: the feature columns' probabilities of the last explanation (the same on every rank, so they
+        belong to the replicated state and survive a resume at another ``P``)."""
+        feature_p = getattr(self.sampler, "feature_p", None) if self.explainer is not None else None
+        return None if feature_p is None else torch.from_numpy(np.array(feature_p, copy=True))
+
+    def written_at(self) -> dict[str, Any]:
+        """What per-rank policy state depends on: world size, replication and plan."""
+        return {"world_size": self.comm.size, "replication": self.config.replication, "plan": self.config.plan}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
         torch.set_rng_state(state["torch_rng"])
+        if self.explainer is not None and state.get("feature_p") is not None:
+            self.sampler.feature_p = state["feature_p"].numpy().copy()
 
     @property
     def has_policy_state(self) -> bool:
@@ -452,12 +469,27 @@ class Trainer:
         """This rank's policy state (caches and versions); per rank, unlike :meth:`state`."""
         return {"rank": self.comm.rank, "world_size": self.comm.size, "epoch": self.epoch,
                 "strategy": self.spmm.strategy.state_dict(),
-                "codec": self.codec.state_dict() if self.codec is not None else None}
+                "codec": self.codec.state_dict() if self.codec is not None else None,
+                "explanation": self._explanation_state()}
+
+    def _explanation_state(self) -> dict[str, Any] | None:
+        """DGS: this rank's node probabilities and the latest received rows its explanations read."""
+        if self.explainer is None:
+            return None
+        node_p, rows = self.sampler.node_p, getattr(self.spmm.strategy, "inner", self.spmm.strategy).last_rows
+        return {"node_p": None if node_p is None else torch.from_numpy(np.array(node_p, copy=True)),
+                "last_rows": {layer: values.cpu() for layer, values in rows.items()}}
 
     def load_policy_state(self, state: dict[str, Any]) -> None:
         self.spmm.strategy.load_state_dict(state["strategy"])
         if self.codec is not None and state.get("codec") is not None:
             self.codec.load_state_dict(state["codec"], self.device)
+        explanation = state.get("explanation")
+        if self.explainer is not None and explanation is not None:
+            self.sampler.node_p = None if explanation["node_p"] is None else explanation["node_p"].numpy().copy()
+            rows = getattr(self.spmm.strategy, "inner", self.spmm.strategy).last_rows  # the explainer holds it
+            rows.clear()
+            rows.update({int(layer): values.to(self.device) for layer, values in explanation["last_rows"].items()})
 
     def policy_mismatch(self, state: dict[str, Any]) -> str | None:
         expected = (self.comm.rank, self.comm.size, self.epoch)
@@ -467,10 +499,7 @@ class Trainer:
         return None
 
     def mismatch(self, state: dict[str, Any]) -> str | None:
-        """Why a checkpoint does not belong to this run, or None."""
-        mine = {"config": self.config.fingerprint(), "graph": {"name": self.graph.name,
-                                                               "nodes": self.graph.layout.n_rows}}
-        for key in ("config", "graph"):
-            if state.get(key) != mine[key]:
-                return f"checkpoint {key} {state.get(key)} differs from this run's {mine[key]}"
-        return None
+        """Why a checkpoint does not belong to this run (the differing fields, both values), or None."""
+        return checkpoint_mismatch(state, self.config.fingerprint(), {"name": self.graph.name,
+                                                                       "nodes": self.graph.layout.n_rows})
+

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from algorithms.checkpoint import (MAIN_FILE, CheckpointError, CheckpointSet, SetWriter, agree, checkpoint_mismatch,
+                                   dropped_policy_state, rank_file, read_pointer, remove_leftovers)
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import combination_problem, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
@@ -49,6 +51,10 @@ from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import huge_page_state
 from sparse_dist.layout import Grid
 from sparse_dist.plans import PLAN_NAMES
+
+
+DEFAULT_CHECKPOINT_EVERY = 10
+"""Epochs between checkpoints when ``--checkpoint`` is given without ``--checkpoint-every``."""
 
 
 def add_attention_arguments(parser: argparse.ArgumentParser, defaults: dict[str, object] | None = None) -> None:
@@ -165,9 +171,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="results file (JSON lines); not inside --data nor the checkpoint's path "
                              "(default: none)")
-    parser.add_argument("--checkpoint", default=None, help="checkpoint file path")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="write the checkpoint every k epochs")
-    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    parser.add_argument("--checkpoint", default=None, metavar="PATH",
+                        help="write checkpoints: PATH is a small pointer naming the current set of files, "
+                             "PATH.eEPOCH.TOKEN/ beside it (README: Checkpoints); default: none")
+    parser.add_argument("--checkpoint-every", type=at_least(1), default=None, metavar="K",
+                        help=f"with --checkpoint: a checkpoint every K >= 1 epochs and after the last epoch "
+                             f"(default: every {DEFAULT_CHECKPOINT_EVERY})")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from --checkpoint's current set, at any P, --replication and --plan "
+                             "(default: off, start at epoch 0)")
 
 
 class PathError(ValueError):
@@ -187,6 +199,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     overlaps = overlap_problems(args)  # paths only, the same on every rank: refused before MPI starts
     if overlaps:
         return "; ".join(overlaps)
+    if args.checkpoint_every is not None and not args.checkpoint:
+        return f"--checkpoint-every {args.checkpoint_every} needs --checkpoint PATH (where to write the checkpoints)"
     try:
         Codec.parse(args.compress)
     except ValueError as exc:
@@ -265,8 +279,8 @@ def _path_problems(args: argparse.Namespace) -> list[str]:
         checkpoint = Path(args.checkpoint)
         if args.resume and not checkpoint.is_file():
             problems.append(f"--checkpoint {checkpoint}: no such file to --resume from; expected a checkpoint "
-                            f"written by --checkpoint-every")
-        elif args.checkpoint_every:
+                            f"written by a run with --checkpoint")
+        else:
             problems.append(output_path_problem(checkpoint, "--checkpoint", "a checkpoint file", "run.ckpt"))
     return [problem for problem in problems if problem]
 
@@ -297,35 +311,85 @@ def _config(args: argparse.Namespace) -> TrainConfig:
                        output_heads=args.output_heads, attention_dropout=args.attention_dropout)
 
 
-def policy_file(path: str, rank: int) -> str:
-    """Per-rank file of policy state (historical-block caches) beside the checkpoint."""
-    return f"{path}.rank{rank:05d}"
+@dataclass
+class Resumption:
+    """A checkpoint set read and checked before any shard is read: its main state, this rank's policy state
+    (None where the set has none or it does not fit this run) and, where per-rank state was dropped because
+    the set was written at another world size, replication or plan, the note rank 0 prints."""
+
+    current: CheckpointSet
+    state: dict[str, Any]
+    policy: dict[str, Any] | None
+    note: str | None
 
 
-def _load_agreed(comm: Communicator, path: str | None, mismatch) -> dict[str, Any]:
-    """Load a checkpoint file on every rank; any rank's problem raises the same error everywhere."""
-    state, error = None, None
+def _layout_text(layout: dict[str, Any], other: dict[str, Any]) -> str:
+    """``P=4`` (and ``c=2``, ``plan p2p`` where they differ from ``other``)."""
+    text = f"P={layout['world_size']}"
+    if layout["replication"] != other["replication"]:
+        text += f" c={layout['replication']}"
+    if layout["plan"] != other["plan"]:
+        text += f" plan {layout['plan']}"
+    return text
+
+
+def open_resume(comm: Communicator, args: argparse.Namespace) -> Resumption:
+    """Read ``--checkpoint``'s current set on every rank and check it against this run: pointer, headers,
+    checksums, the fingerprint of configuration and graph (from ``meta.json``). Collective, before any shard
+    is read; any rank's problem is one :class:`CheckpointError` everywhere, said once."""
+    result, error = None, None
     try:
-        if path is None:
-            raise CheckpointError("--resume needs --checkpoint PATH")
-        state = load_checkpoint(path)
-        error = mismatch(state)
-    except CheckpointError as exc:
+        current = read_pointer(args.checkpoint)
+        state = current.load(MAIN_FILE)
+        meta = read_meta(args.data)
+        config = _config(args)
+        if config.feature_norm == "auto":
+            config = replace(config, feature_norm=meta.get("feature_norm", "row"))
+        problem = checkpoint_mismatch(state, config.fingerprint(), {"name": meta["name"], "nodes": meta["num_nodes"]})
+        if problem:
+            raise CheckpointError(f"--checkpoint {args.checkpoint}: {problem}")
+        here = {"world_size": comm.size, "replication": args.replication, "plan": args.plan}
+        policy, note = None, None
+        if current.has_rank_files and current.written_at() == here:
+            policy = current.load(rank_file(comm.rank))
+        elif current.has_rank_files:
+            note = (f"resumed at {_layout_text(here, current.written_at())} from a "
+                    f"{_layout_text(current.written_at(), here)} checkpoint: dropped "
+                    f"{', '.join(dropped_policy_state(config))}")
+        result = Resumption(current, state, policy, note)
+    except (CheckpointError, ShardError) as exc:
         error = str(exc)
-    try:
-        comm.raise_if_any(error, CheckpointError)
-    except CheckpointError as exc:
-        exc.every_rank = True  # type: ignore[attr-defined]  # raised identically on every rank: said once
-        raise
-    assert state is not None
-    return state
+    agree(comm, error)
+    assert result is not None
+    return result
 
 
-def _resume(comm: Communicator, trainer: Trainer, path: str | None) -> None:
-    trainer.load_state(_load_agreed(comm, path, trainer.mismatch))
-    if trainer.has_policy_state:
-        assert path is not None
-        trainer.load_policy_state(_load_agreed(comm, policy_file(path, comm.rank), trainer.policy_mismatch))
+def _remove_leftovers(comm: Communicator, args: argparse.Namespace, resumption: Resumption | None) -> None:
+    """Rank 0 removes what an interrupted checkpoint write left (never the current set; with a pointer that
+    cannot be read, only temporaries) and says what it removed."""
+    if comm.rank != 0 or not args.checkpoint:
+        return
+    keep, sets = (resumption.current.directory.name, True) if resumption is not None else (None, True)
+    if resumption is None and Path(args.checkpoint).exists():
+        try:
+            keep = read_pointer(args.checkpoint).directory.name
+        except CheckpointError:
+            sets = False
+    removed = remove_leftovers(args.checkpoint, keep, sets=sets)
+    if removed:
+        print(f"checkpoint: removed {len(removed)} leftover(s) of an interrupted checkpoint write: "
+              f"{', '.join(removed)}", flush=True)
+
+
+def _resume(comm: Communicator, trainer: Trainer, resumption: Resumption) -> None:
+    """Load a checked set into the trainer: the replicated state, then this rank's policy state where it fits
+    (collective: its check is agreed)."""
+    trainer.load_state(resumption.state)
+    if resumption.policy is None and resumption.note is None and trainer.has_policy_state:
+        agree(comm, f"--checkpoint {resumption.current.pointer}: its set holds no policy state, which this run keeps")
+    if resumption.policy is not None:
+        agree(comm, trainer.policy_mismatch(resumption.policy))
+        trainer.load_policy_state(resumption.policy)
 
 
 def _ogb_metric(comm: Communicator, trainer: Trainer, meta: dict[str, Any]) -> dict[str, float] | None:
@@ -375,6 +439,11 @@ def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     check_paths(comm, args)  # first: before the collectives below and before any shard is read
+    resumption = open_resume(comm, args) if args.resume else None  # also before any shard is read
+    _remove_leftovers(comm, args, resumption)
+    checkpoints = (SetWriter(comm, args.checkpoint, replication=args.replication, plan=args.plan)
+                   if args.checkpoint else None)
+    every = args.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
     resources = check_train_resources(comm, args, readable_meta(args.data))  # memory estimate; may refuse
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
@@ -399,10 +468,13 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         if trainer.receiver_dropout:
             print("dropout: receiver side (exchanges carry pre-dropout rows; each rank masks what it multiplies)",
                   flush=True)
-    if args.resume:
-        _resume(comm, trainer, args.checkpoint)
+    if resumption is not None:
+        _resume(comm, trainer, resumption)
         if leader:
-            print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}", flush=True)
+            print(f"resumed from {args.checkpoint} (set {resumption.current.directory.name}) at epoch "
+                  f"{trainer.epoch}", flush=True)
+            if resumption.note:
+                print(resumption.note, flush=True)
     metrics: dict[str, float] = {}
     while trainer.epoch < config.epochs:
         record = trainer.train_epoch()
@@ -438,11 +510,9 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                 shown = " ".join(f"{key} {value:.4f}" for key, value in metrics.items())
                 wall = max(g["time"]["total"] for g in gathered)
                 print(f"epoch {epoch:4d} loss {record['loss']:.4f} {shown} time {wall:.4f}s", flush=True)
-        if args.checkpoint and args.checkpoint_every and (epoch % args.checkpoint_every == 0 or last):
-            if leader:
-                save_checkpoint(args.checkpoint, trainer.state())
-            if trainer.has_policy_state:
-                save_checkpoint(policy_file(args.checkpoint, comm.rank), trainer.policy_state())
+        if checkpoints is not None and (epoch % every == 0 or last):  # collective: one set, current at once
+            checkpoints.commit(epoch, trainer.state() if leader else None,
+                               trainer.policy_state() if trainer.has_policy_state else None)
     trainer.close()  # collective: the last pipelined flights complete before the totals are counted
     ogb_metric = _ogb_metric(comm, trainer, graph.extra["meta"]) if "ogb_name" in graph.extra["meta"] else None
     if ogb_metric is not None:

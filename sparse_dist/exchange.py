@@ -662,8 +662,8 @@ class PipelinedStrategy(ExchangeStrategy):
             return flight
         queue = queues.setdefault(context.layer, deque())
         queue.append(flight)
-        if context.epoch < self.tau:
-            return flight  # warm-up: exact now, and kept for epoch + tau
+        if context.epoch < self.tau or queue[0].epoch > context.epoch - self.tau:
+            return flight  # warm-up (the first tau epochs, or after a resume that dropped the flights): exact now
         used = queue.popleft()
         if used.epoch != context.epoch - self.tau:
             raise RuntimeError(f"pipe: layer {context.layer} in epoch {context.epoch} found the flight of epoch "

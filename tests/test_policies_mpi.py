@@ -10,7 +10,7 @@ import torch
 from datasets_for_tests import cora, write
 from mpirun import BIN, run_case, run_mpi
 
-from algorithms.checkpoint import load_checkpoint
+from algorithms.checkpoint import MAIN_FILE, read_pointer, rank_file
 from algorithms.policies import BnsSampler, SancusRule, parse_sampler, parse_staleness
 
 SPARSE_DIST = str(BIN / "sparse-dist")
@@ -40,11 +40,11 @@ def test_cache_state_survives_checkpoint_and_resume(cora_shards: Path, tmp_path:
     assert _train(cora_shards, *policy, "--checkpoint", str(whole)).returncode == 0
     first = _train(cora_shards, *policy[:-4], "--epochs", "6", "--checkpoint-every", "6", "--checkpoint", str(split))
     assert first.returncode == 0, first.stderr
-    assert (tmp_path / "split.ckpt.rank00001").is_file()  # per-rank cache state
+    assert (read_pointer(split).directory / rank_file(1)).is_file()  # per-rank cache state
     # resume at epoch 6 with blocks cached at epoch 3: the cache must come back for the same weights
     resumed = _train(cora_shards, *policy, "--checkpoint", str(split), "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    a, b = load_checkpoint(whole), load_checkpoint(split)
+    a, b = read_pointer(whole).load(MAIN_FILE), read_pointer(split).load(MAIN_FILE)
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
 
