@@ -128,7 +128,9 @@ def hydra_mpiexec() -> str:
 def network_record(args: argparse.Namespace, link: LinkSpec) -> dict[str, Any]:
     """What ``SPARSE_DIST_NETWORK`` says: the runs' results keep it beside their environment."""
     return {"emulated": True, "nodes": args.nodes, "ranks_per_node": args.ranks_per_node, **link.describe(),
-            "transport": "MPICH ofi/tcp between nodes, shared memory inside one", "qdisc": "tbf both directions",
+            "transport": "MPICH ofi/tcp between nodes, shared memory inside one",
+            "qdisc": ("netem (node egress) + " if link.latency else "")
+            + ("tbf both directions" if link.rate_bits is not None else "no cap"),
             "pinned": not args.no_pin}
 
 
