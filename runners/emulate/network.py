@@ -286,10 +286,31 @@ class EmulatedCluster:
         until it is done."""
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            remove_namespaces(list(self.created))
+            _kill_children()  # a helper pyroute2 forked may still be creating a namespace (interrupted build)
+            names = os.listdir(NETNS_DIR) if os.path.isdir(NETNS_DIR) else []
+            remove_namespaces(sorted({*self.created, *(name for name in names if name.startswith(self.prefix))}))
             self.created.clear()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _kill_children() -> None:
+    """SIGKILL and reap this process's children still running (by then only pyroute2's helpers)."""
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = handle.read().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        if parent == me:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                os.waitpid(int(entry), 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
 
 def kill_inside(names: list[str]) -> None:
