@@ -258,3 +258,44 @@ def test_two_emulated_nodes_train_exactly_as_plain_mpiexec(tmp_path: Path) -> No
         assert link["tx_bytes"] >= least and link["rx_bytes"] >= least, (links, least)
         assert link["sent_capped_bytes"] >= link["tx_bytes"] and link["received_capped_bytes"] >= link["rx_bytes"]
     assert _ours(process.pid) == []
+
+
+NETWORK_STUDY = """
+[study]
+name = "net"
+ranks = [1, 2, 3, 4]
+plans = ["p2p"]
+policies = ["exact"]
+epochs = 2
+timeout = 100
+
+[network]
+bandwidth = ["unlimited", "1gbit"]
+ranks_per_node = 2
+
+[[dataset]]
+name = "cora"
+path = "cora"
+"""
+
+
+def test_network_table_runs_each_job_through_emulate_once_per_bandwidth(tmp_path: Path) -> None:
+    from runners.study.spec import StudyError, load_study
+    from runners.sweep_cmd import launcher_for, run_command
+
+    path = tmp_path / "net.toml"
+    path.write_text(NETWORK_STUDY)
+    study = load_study(path)
+    runs, skipped = study.runs()
+    assert [(r.ranks, r.bandwidth) for r in runs] == [(2, "unlimited"), (2, "1gbit"), (4, "unlimited"), (4, "1gbit")]
+    assert [line.split(":")[0] for line in skipped] == ["P=1", "P=3"]
+    assert runs[1].run_id.endswith("_bw1gbit")
+    command = run_command(study, runs[3], launcher_for(study))
+    emulate = command[command.index("emulate"):command.index("--")]
+    assert emulate[emulate.index("--nodes") + 1] == "2" and emulate[emulate.index("--ranks-per-node") + 1] == "2"
+    assert emulate[emulate.index("--bandwidth") + 1] == "1gbit" and "mpiexec" not in " ".join(command)
+    for bad, field in (('bandwidth = ["1gbyte"]', "bandwidth"), ('bandwidth = ["1gbit"]\nlatency = "fast"', "latency"),
+                       ('bandwidth = ["1gbit"]\nspeed = 1', "unknown field")):
+        path.write_text(NETWORK_STUDY.replace('bandwidth = ["unlimited", "1gbit"]', bad))
+        with pytest.raises(StudyError, match=field):
+            load_study(path)
