@@ -4,7 +4,6 @@ P = 2 run over two emulated nodes that moves the same bytes and computes the sam
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
