@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,mpich,pyg]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,mpich,pyg,emulate]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     from runners.bench import policy_savings as bench_policies
     from runners.bench import spmm as bench_spmm
     from runners.bench import train as bench_train
+    from runners.emulate import command as emulate_cmd
 
     parser = _Parser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
@@ -80,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     _command(commands, "plot", "PNG figures of one or more studies", plot_cmd, mpi=False)
     _command(commands, "model", "alpha-beta performance model: compare with a study, or predict large P",
              perf_model_cmd, mpi=False)
+    _command(commands, "emulate", "an MPI job over emulated nodes: namespaces, capped links, TCP", emulate_cmd,
+             mpi=False)
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     _command(bench_kinds, "spmm", "distributed SpMM vs single-process torch SpMM", bench_spmm)

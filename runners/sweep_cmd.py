@@ -2,7 +2,11 @@
 
 Not an MPI program itself: it launches each run as ``mpiexec -n P`` (or
 ``srun --mpi=pmi2 -n P`` when it runs inside a Slurm allocation), one after
-the other, with a time limit per run. A run whose results file is complete
+the other, with a time limit per run. A study with a ``[network]`` table runs
+each job through ``sparse-dist emulate`` instead (an emulated cluster of
+P / ranks_per_node nodes at the run's bandwidth; ``runs/RUN.network.json``
+keeps the links' byte counters), with the study's timeout given to
+``emulate`` so that it tears its network down before the sweep would kill it. A run whose results file is complete
 (it exists and ends with its ``final`` record) is skipped, so a killed study
 resumes where it stopped: a run killed midway leaves only ``RUN.jsonl.partial``
 (the records it streamed; :class:`runners.results.ResultsWriter`), which does
@@ -61,6 +65,8 @@ def launcher_for(study: Study) -> str:
     """``srun`` inside a Slurm allocation (when ``launcher = "auto"``), else ``mpiexec``."""
     if study.launcher != "auto":
         return study.launcher
+    if study.network is not None:
+        return "mpiexec"  # through `sparse-dist emulate`, which drives hydra's mpiexec itself
     return "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "mpiexec"
 
 
@@ -70,8 +76,25 @@ def launch_prefix(launcher: str, ranks: int, extra: list[str]) -> list[str]:
     return [_mpiexec(), "-n", str(ranks), *extra]
 
 
+EMULATE_GRACE = 30.0
+"""Seconds the sweep waits beyond the study's timeout for ``emulate`` to stop the job and tear down."""
+
+
+def emulate_prefix(study: Study, run: Run) -> list[str]:
+    """``sparse-dist emulate ... --`` for a run of a study with a ``[network]`` table."""
+    network = study.network
+    assert network is not None and run.bandwidth is not None
+    nodes = network.nodes_for(run.ranks)
+    latency = ["--latency", network.latency] if network.latency else []
+    return [*_python_command(), "emulate", "--nodes", str(nodes), "--ranks-per-node", str(network.ranks_per_node),
+            "--bandwidth", run.bandwidth, *latency, "--timeout", f"{study.timeout:g}",
+            "--report", str(study.runs_dir / f"{run.run_id}.network.json"), "--"]
+
+
 def run_command(study: Study, run: Run, launcher: str) -> list[str]:
-    return [*launch_prefix(launcher, run.ranks, study.launcher_args), *_python_command(), "train",
+    prefix = (emulate_prefix(study, run) if run.bandwidth is not None
+              else launch_prefix(launcher, run.ranks, study.launcher_args))
+    return [*prefix, *_python_command(), "train",
             "--data", str(study.prepared_dir(run).resolve()), "--out", str(study.results_file(run)),
             "--plan", run.plan, "--replication", str(run.replication), "--sample", run.sample,
             "--stale", run.stale, "--seed", str(run.seed), "--epochs", str(study.epochs),
@@ -138,6 +161,7 @@ class StudyTable:
             extra = {"study": self.study.name, "run": run.run_id, "dataset": run.dataset.name,
                      "nodes": meta.get("num_nodes", run.nodes), "edges": meta.get("num_edges"),
                      "scaling": self.study.scaling, "policy": run.policy, "launcher": self.launcher,
+                     "bandwidth": run.bandwidth,
                      "results_file": str(path.relative_to(self.study.output))}
             self.rows[run.run_id] = summarise_run(records, self.study.warmup, extra)
             self.records[run.run_id] = records
@@ -201,7 +225,8 @@ def main(comm: object, args: argparse.Namespace) -> int:
             failures.append(run.run_id)
             print(f"{label}  FAILED: {data_dir} is not a prepared dataset", flush=True)
             continue
-        rc, seconds = _execute(run_command(study, run, launcher), study.log_file(run), study.timeout)
+        rc, seconds = _execute(run_command(study, run, launcher), study.log_file(run),
+                               study.timeout + (EMULATE_GRACE if run.bandwidth is not None else 0.0))
         row = table.add(run) if rc == 0 else None
         if row is not None:
             shown = f"  test {row['final_test']:.4f}" if row["final_test"] is not None else ""

@@ -31,7 +31,7 @@ CSV_COLUMNS = (
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
     "t_dropout", "t_optimizer", "exchange_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "peak_rss_max",
-    "threads_per_rank", "ranks_on_node", "cpu_count", "launcher", "results_file", "data",
+    "threads_per_rank", "ranks_on_node", "cpu_count", "launcher", "bandwidth", "results_file", "data",
 )
 
 

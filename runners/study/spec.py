@@ -29,6 +29,12 @@ A study file (see ``studies/`` and the README)::
     # nodes_per_rank = 25000               # weak scaling: nodes = nodes_per_rank * P
     # sizes = { "1" = 25000, "2" = 50000 } # weak scaling, explicit
 
+    [network]                              # optional: every run over an emulated cluster (`sparse-dist emulate`)
+    bandwidth = ["unlimited", "1gbit", "200mbit"]   # each node's link, both directions; crossed with the runs
+    ranks_per_node = 1                     # emulated nodes = P / ranks_per_node
+    # nodes = 2                            # or a fixed node count: runs with P != nodes * ranks_per_node are skipped
+    # latency = "50us"                     # one-way, needs the netem qdisc
+
 Paths: ``output`` (like every output flag of ``sparse-dist``) is relative to
 the current directory, so ``sparse-dist sweep runners/study/studies/tiny.toml``
 run from the repository root writes ``results/tiny`` there, where ``plot`` and
@@ -39,7 +45,9 @@ file is loaded.
 Plans and policies are crossed; combinations the library cannot run (BNS
 sampling on ``dense-bcast``, SANCUS caching on ``p2p``) are listed as
 skipped with the reason. A policy is ``exact``, one policy spec, or a
-sampling and a staleness spec joined by ``+``.
+sampling and a staleness spec joined by ``+``. With a ``[network]`` table each run
+is launched through ``sparse-dist emulate`` (hydra ``mpiexec`` only), once per
+bandwidth; its run id ends in ``_bw<bandwidth>`` and its results record the network.
 """
 
 from __future__ import annotations
@@ -55,12 +63,14 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.policies import PolicySpec
+from runners.emulate.network import parse_bandwidth, parse_latency
 from sparse_dist.plans import PLAN_NAMES
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "seeds", "epochs",
               "warmup", "timeout", "launcher", "launcher_args"}
 DATASET_KEYS = {"name", "path", "synthetic", "partitioner", "parts", "nodes_per_rank", "sizes", "seed"}
 SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
+NETWORK_KEYS = {"nodes", "ranks_per_node", "bandwidth", "latency"}
 LAUNCHERS = ("auto", "mpiexec", "srun")
 TRAIN_FLAGS_SET_BY_STUDY = {"data", "out", "plan", "replication", "sample", "stale", "seed", "epochs"}
 
@@ -96,8 +106,30 @@ class DatasetSpec:
 
 
 @dataclass(frozen=True)
+class NetworkSpec:
+    """The ``[network]`` table: the emulated cluster every run goes over, one run per bandwidth."""
+
+    bandwidths: list[str]
+    ranks_per_node: int = 1
+    nodes: int | None = None
+    latency: str | None = None
+
+    def nodes_for(self, ranks: int) -> int | None:
+        """Emulated nodes of a run with ``ranks`` ranks; None if the table's node count does not fit."""
+        if ranks % self.ranks_per_node:
+            return None
+        nodes = ranks // self.ranks_per_node
+        return nodes if self.nodes is None or self.nodes == nodes else None
+
+    def misfit(self, ranks: int) -> str:
+        if self.nodes is not None:
+            return f"[network] has {self.nodes} node(s) x {self.ranks_per_node} rank(s), not {ranks} ranks"
+        return f"not a multiple of [network] ranks_per_node = {self.ranks_per_node}"
+
+
+@dataclass(frozen=True)
 class Run:
-    """One training job of the study."""
+    """One training job of the study (``bandwidth``: the emulated network's, None without ``[network]``)."""
 
     dataset: DatasetSpec
     nodes: int | None
@@ -108,6 +140,7 @@ class Run:
     sample: str
     stale: str
     seed: int
+    bandwidth: str | None = None
 
     @property
     def data_name(self) -> str:
@@ -116,7 +149,8 @@ class Run:
     @property
     def run_id(self) -> str:
         policy = re.sub(r"[^A-Za-z0-9.=-]+", "_", self.policy)
-        return f"{self.data_name}_P{self.ranks}_c{self.replication}_{self.plan}_{policy}_s{self.seed}"
+        network = "" if self.bandwidth is None else f"_bw{self.bandwidth}"
+        return f"{self.data_name}_P{self.ranks}_c{self.replication}_{self.plan}_{policy}_s{self.seed}{network}"
 
 
 @dataclass
@@ -139,6 +173,7 @@ class Study:
     launcher_args: list[str]
     train: dict[str, Any]
     datasets: list[DatasetSpec]
+    network: NetworkSpec | None = None
 
     def runs(self) -> tuple[list[Run], list[str]]:
         """Every run in a fixed order, and a line for each combination skipped (with the reason)."""
@@ -151,6 +186,11 @@ class Study:
                     if ranks % c:
                         skipped.append(f"P={ranks} c={c}: c does not divide P")
                         continue
+                    if self.network is not None and self.network.nodes_for(ranks) is None:
+                        if dataset is self.datasets[0] and c == self.replication[0]:
+                            skipped.append(f"P={ranks}: {self.network.misfit(ranks)}")
+                        continue
+                    bandwidths = self.network.bandwidths if self.network is not None else [None]
                     for plan in self.plans:
                         for policy in self.policies:
                             problem = policy.refusal(plan)
@@ -159,7 +199,8 @@ class Study:
                                     skipped.append(f"{plan} + {policy}: {problem}")
                                 continue
                             runs.extend(Run(dataset, nodes, ranks, c, plan, policy.text, str(policy.sample),
-                                            str(policy.stale), seed) for seed in self.seeds)
+                                            str(policy.stale), seed, bandwidth)
+                                        for bandwidth in bandwidths for seed in self.seeds)
         return runs, skipped
 
     def parts_for(self, dataset: DatasetSpec) -> int:
@@ -310,6 +351,30 @@ def check_train_table(where: str, train: dict[str, Any], plans: list[str], polic
                 raise StudyError(f"{where}: [train] with plan {plan} and policy {policy.text}: {problem}")
 
 
+def _network(path: Path, table: Any) -> NetworkSpec:
+    where = f"{path}: [network]"
+    _expect(where, table, dict, "a table")
+    _unknown(where, table, NETWORK_KEYS)
+    bandwidths = _str_list(f"{where}.bandwidth", table.get("bandwidth"))
+    for bandwidth in bandwidths:
+        try:
+            parse_bandwidth(bandwidth)
+        except ValueError as exc:
+            raise StudyError(f"{where}.bandwidth: {exc}") from None
+    if len(set(bandwidths)) != len(bandwidths):
+        raise StudyError(f"{where}.bandwidth: each bandwidth once, found {bandwidths!r}")
+    latency = table.get("latency")
+    if latency is not None:
+        try:
+            parse_latency(_expect(f"{where}.latency", latency, str, "a delay such as '50us'"))
+        except ValueError as exc:
+            raise StudyError(f"{where}.latency: {exc}") from None
+    nodes = table.get("nodes")
+    return NetworkSpec(bandwidths=bandwidths,
+                       ranks_per_node=_int_list(f"{where}.ranks_per_node", table.get("ranks_per_node", 1), 1)[0],
+                       nodes=None if nodes is None else _int_list(f"{where}.nodes", nodes, 1)[0], latency=latency)
+
+
 def load_study(path: str | Path) -> Study:
     """Parse and check a study file; every problem names the file and the field."""
     path = Path(path)
@@ -319,7 +384,7 @@ def load_study(path: str | Path) -> Study:
         raise StudyError(f"{path}: study file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise StudyError(f"{path}: not valid TOML ({exc})") from None
-    _unknown(str(path), document, {"study", "train", "dataset"})
+    _unknown(str(path), document, {"study", "train", "dataset", "network"})
     study = _expect(f"{path}: [study]", document.get("study"), dict, "a [study] table")
     _unknown(f"{path}: [study]", study, STUDY_KEYS)
     name = _expect(f"{path}: study.name", study.get("name", path.stem), str, "a name")
@@ -358,6 +423,10 @@ def load_study(path: str | Path) -> Study:
     output = Path(_expect(f"{path}: study.output", study.get("output", f"results/{name}"), str, "a directory"))
     timeout = study.get("timeout", 1800)
     _expect(f"{path}: study.timeout", timeout, (int, float), "seconds")
+    network = _network(path, document["network"]) if "network" in document else None
+    if network is not None and (launcher == "srun" or study.get("launcher_args")):
+        raise StudyError(f"{path}: [network] runs go through `sparse-dist emulate`, which launches hydra's mpiexec "
+                         f"itself; leave study.launcher at auto or mpiexec and study.launcher_args empty")
     return Study(source=path, name=name,
                  output=output if output.is_absolute() else Path(os.path.normpath(Path.cwd() / output)),
                  scaling=scaling, ranks=_int_list(f"{path}: study.ranks", study.get("ranks", [1]), 1),
@@ -366,4 +435,4 @@ def load_study(path: str | Path) -> Study:
                  epochs=epochs, warmup=warmup, timeout=float(timeout), launcher=launcher,
                  launcher_args=_str_list(f"{path}: study.launcher_args", study["launcher_args"])
                  if study.get("launcher_args") else [],
-                 train=dict(train), datasets=datasets)
+                 train=dict(train), datasets=datasets, network=network)
