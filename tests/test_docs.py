@@ -156,9 +156,9 @@ def test_every_documented_command_parses(command: DocCommand, monkeypatch: pytes
     assert args is not None, f"{command}\nis refused by the parser:\n{said}"
 
 
-# Flags of other programs the README names: Slurm's sbatch/srun, Open MPI's mpiexec, pip.
+# Flags of other programs the README names: Slurm's sbatch/srun, Open MPI's mpiexec and mpirun, pip.
 OTHER_PROGRAMS_FLAGS = {"--account", "--partition", "--ntasks", "--cpus-per-task", "--gpus-per-task", "--export",
-                        "--mpi", "--kill-on-bad-exit", "--oversubscribe", "--no-binary"}
+                        "--mpi", "--kill-on-bad-exit", "--oversubscribe", "--no-binary", "--host", "--mca"}
 
 
 def _all_flags(parser: argparse.ArgumentParser) -> set[str]:
