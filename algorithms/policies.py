@@ -52,7 +52,8 @@ import numpy as np
 
 from algorithms.hashing import row_hash
 from sparse_dist.comm import Communicator
-from sparse_dist.exchange import BoundarySampler, StalenessRule, StalenessView, make_strategy
+from sparse_dist.exchange import BoundarySampler, StalenessRule, StalenessView
+from sparse_dist.factory import make_strategy
 from sparse_dist.plans import plan_class
 
 @dataclass(frozen=True)

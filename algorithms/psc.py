@@ -37,6 +37,7 @@ import numpy as np
 
 from algorithms.hashing import uniforms
 from algorithms.policies import register_sampler
+from sparse_dist.csr import entry_rows
 from sparse_dist.importance import EdgeProblem
 
 _SALT = 0x505343  # "PSC": its uniforms apart from BNS's hashes of the same rows
@@ -130,7 +131,7 @@ class PscSampler:
         importance = weight * np.abs(problem.values) * problem.column_norms
         off = ~diagonal
         counts = np.diff(indptr)
-        rows = np.repeat(np.arange(counts.size), counts)
+        rows = entry_rows(indptr)
         kept_indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[off], minlength=counts.size))))
         off_counts = np.diff(kept_indptr)
         p = np.ones(problem.values.size)
