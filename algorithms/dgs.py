@@ -18,8 +18,8 @@ rate 0.1) from ``m = f = 1`` (``sigma = 0.73``). Remote rows come from the rows 
 sampling, a row arrives only when sampled: its last value; never: zero); layer 0 read from a halo uses the
 halo's rows. The explanation's wall time is booked as ``explain`` in the epoch breakdown.
 
-Probabilities: node ``j`` is kept with ``r_j``, the water-filling of :func:`algorithms.psc.water_fill` over
-the importances ``sigma(m_j)`` with budget ``nodes * |remote rows|`` (so ``r_j`` is proportional to the
+Probabilities: node ``j`` is kept with ``r_j``, the water-filling of :func:`algorithms.water_fill.water_fill`
+over the importances ``sigma(m_j)`` with budget ``nodes * |remote rows|`` (so ``r_j`` is proportional to the
 mask, capped at 1, and at least a small floor: every row stays possible, the estimator unbiased); column
 ``k`` with ``s_k``, the same over the ranks' MEAN ``sigma(f_k)`` (one allreduce of ``F_0`` floats per
 explanation, phase ``sample``: every rank uses the same columns) with budget ``features * F_0``. Until the
@@ -48,8 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.hashing import uniforms
-from algorithms.policies import register_sampler
-from algorithms.psc import water_fill
+from algorithms.water_fill import water_fill
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.importance import EdgeProblem
 
@@ -194,8 +193,3 @@ class Explainer:
         sampler.feature_p = water_fill(np.array([0, width]), features, np.array([sampler.features * width]))
         return {"loss": float(loss.detach()), "node_mask": float(nodes.mean()) if nodes.size else math.nan,
                 "feature_mask": float(features.mean())}
-
-
-register_sampler("dgs", lambda seed, **params: DgsSampler(seed=seed, **params),
-                 {"nodes": float, "features": float, "every": int, "steps": int},
-                 "dgs:nodes=R[,features=Q,every=10,steps=20] with 0 < R, Q <= 1")

@@ -85,6 +85,7 @@ from algorithms.layers import GraphLayer, LayerOptions, glorot, register_layer
 from algorithms.hashing import splitmix64
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.comm import Communicator
+from sparse_dist.csr import entry_rows
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.halo import StaticHalo
 from sparse_dist.layout import RowLayout
@@ -107,7 +108,7 @@ def attention_adjacency(rows: sp.csr_matrix, first_row: int) -> sp.csr_matrix:
     rows = sp.csr_matrix(rows, dtype=np.float64, copy=True)
     rows.sum_duplicates()
     n = rows.shape[0]
-    row_of_entry = np.repeat(np.arange(n), np.diff(rows.indptr))
+    row_of_entry = entry_rows(rows.indptr)
     rows.data = np.where(rows.indices == row_of_entry + first_row, 0.0, 1.0)
     rows.eliminate_zeros()
     loops = sp.csr_matrix((np.ones(n), (np.arange(n), np.arange(n) + first_row)), shape=rows.shape)
@@ -217,7 +218,7 @@ class _Edges:
         matrix.sort_indices()
         s = matrix.shape[1]
         col = matrix.indices.astype(np.int64)
-        row = np.repeat(np.arange(n, dtype=np.int64), np.diff(matrix.indptr))
+        row = entry_rows(matrix.indptr)
         order_t = np.argsort(col, kind="stable")
         crow_t = np.concatenate(([0], np.cumsum(np.bincount(col, minlength=s)))).astype(np.int64)
         ones = matrix.nnz == 0 or bool(np.all(matrix.data == 1.0))

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparse_dist.comm import Communicator
+from sparse_dist.csr import entry_rows
 from sparse_dist.gather import fetch_by_global_id
 from sparse_dist.layout import RowLayout
 
@@ -29,7 +30,7 @@ def add_remaining_self_loops(rows: sp.csr_matrix, first_row: int) -> sp.csr_matr
     rows = sp.csr_matrix(rows, dtype=np.float64)
     rows.sum_duplicates()
     n = rows.shape[0]
-    row_ids = np.repeat(np.arange(n), np.diff(rows.indptr))
+    row_ids = entry_rows(rows.indptr)
     has_loop = np.zeros(n, dtype=bool)
     has_loop[row_ids[rows.indices == row_ids + first_row]] = True
     missing = np.flatnonzero(~has_loop)

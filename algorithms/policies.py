@@ -7,6 +7,9 @@ one with :func:`register_sampler` / :func:`register_staleness` (name,
 builder, typed parameters, accepted form) without touching the SpMM. All
 policy text, on the command line and in study files, goes through one
 parser, :meth:`AxisSpec.parse` (joined forms through :meth:`PolicySpec.parse`).
+The built-in ``psc`` (:mod:`algorithms.psc`) and ``dgs`` (:mod:`algorithms.dgs`) samplers live in their own
+modules, which do not import this one; they are registered here, explicitly, after ``bns`` (that order is
+the order of the accepted forms in messages).
 
 Sampling (BNS-GCN): a boundary row is kept in epoch ``e`` when a 64-bit
 hash (splitmix64 chain of seed, epoch, stream, global row id) falls below
@@ -50,9 +53,12 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from algorithms.dgs import DgsSampler
 from algorithms.hashing import row_hash
+from algorithms.psc import PscSampler
 from sparse_dist.comm import Communicator
-from sparse_dist.exchange import BoundarySampler, StalenessRule, StalenessView, make_strategy
+from sparse_dist.exchange import BoundarySampler, StalenessRule, StalenessView
+from sparse_dist.factory import make_strategy
 from sparse_dist.plans import plan_class
 
 @dataclass(frozen=True)
@@ -206,6 +212,12 @@ def _flag(value: str) -> bool:
 _flag.__name__ = "0 or 1"
 register_sampler("bns", lambda seed, **params: BnsSampler(seed=seed, **params), {"p": float, "side": str},
                  "bns:p=P[,side=receiver|owner] with 0 <= P <= 1")
+register_sampler("psc", lambda seed, **params: PscSampler(seed=seed, **params),
+                 {"budget": float, "a_inner": float, "a_boundary": float, "every": int, "cache": float},
+                 "psc:budget=B[,a_inner=1.1,a_boundary=1,every=10,cache=C] with 0 < B <= 1, 0 <= C <= 1")
+register_sampler("dgs", lambda seed, **params: DgsSampler(seed=seed, **params),
+                 {"nodes": float, "features": float, "every": int, "steps": int},
+                 "dgs:nodes=R[,features=Q,every=10,steps=20] with 0 < R, Q <= 1")
 for _kind in ("e", "a", "h"):
     register_staleness(f"sancus-{_kind}", lambda _k=_kind, **params: SancusRule(_k, **params),
                        {"eps": float, "skip_backward": _flag}, f"sancus-{_kind}:eps=E[,skip_backward=0|1] with E >= 0")
@@ -380,7 +392,3 @@ def policy_list_arg(text: str) -> list[PolicySpec]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{exc} (accepted: 'exact', {AxisSpec('sample').accepted()}, "
                                          f"{AxisSpec('stale').accepted()}, or one of each joined by '+')") from None
-
-
-import algorithms.dgs  # noqa: E402,F401  (registers the ``dgs`` sampler; it builds on this module)
-import algorithms.psc  # noqa: E402,F401  (registers the ``psc`` sampler; it builds on this module)

@@ -14,7 +14,8 @@ layer multiplies (the latest this rank saw: its own rows every epoch, a boundary
 a boundary row never seen counts as the mean of those seen). The KKT solution (Theorem 2) is water-filling:
 with ``v_ij = sqrt(a_j) |A_ij| c_j`` sorted descending, the ``m`` largest get ``p = 1`` and the rest
 ``p_ij = (B_i - m) v_ij / sum_{uncapped} v``, ``m`` the smallest count for which that is at most 1
-(:func:`water_fill`). A row's diagonal entry (its self-loop) is always kept and is not part of ``N_i``.
+(:func:`algorithms.water_fill.water_fill`). A row's diagonal entry (its self-loop) is always kept and is not
+part of ``N_i``.
 Probabilities are recomputed every ``every`` epochs; until the first recomputation every edge has ``budget``
 (Algorithm 2's initialisation).
 
@@ -36,50 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from algorithms.hashing import uniforms
-from algorithms.policies import register_sampler
+from algorithms.water_fill import water_fill
+from sparse_dist.csr import entry_rows
 from sparse_dist.importance import EdgeProblem
 
 _SALT = 0x505343  # "PSC": its uniforms apart from BNS's hashes of the same rows
-_FLOOR = 1e-3  # an edge's importance is at least this share of its row's mean: every p_ij > 0 (unbiased)
-
-
-def water_fill(indptr: np.ndarray, importance: np.ndarray, budget: np.ndarray) -> np.ndarray:
-    """Per-entry ``p`` minimising ``sum v^2 / p`` per row subject to ``sum p = budget[row]``, ``0 < p <= 1``.
-
-    ``indptr``: CSR row pointers of the entries; ``importance``: ``v >= 0`` per entry; ``budget``: ``B`` per
-    row. A row whose budget covers all its entries keeps them all; a row of zero importance spreads its
-    budget evenly. Vectorised over rows (one sort of all entries).
-    """
-    indptr = np.asarray(indptr, dtype=np.int64)
-    counts = np.diff(indptr)
-    rows = np.repeat(np.arange(counts.size), counts)
-    v = np.asarray(importance, dtype=np.float64)
-    p = np.ones(v.size)
-    if v.size == 0:
-        return p
-    mean = np.bincount(rows, weights=v, minlength=counts.size) / np.maximum(counts, 1)
-    v = np.where(mean[rows] > 0, np.maximum(v, _FLOOR * mean[rows]), 1.0)  # zero rows: uniform
-    b = np.minimum(np.asarray(budget, dtype=np.float64), counts)
-    order = np.lexsort((-v, rows))                # by row, then importance descending (rows stay in place)
-    vs = v[order]
-    position = np.arange(v.size) - indptr[rows]
-    before = np.concatenate(([0.0], np.cumsum(vs)))  # before[x] = sum of vs[:x]
-    suffix = before[indptr[1:]][rows] - before[:-1]  # this entry and the smaller ones of its row
-    # with the `position` largest capped at 1, entry `position` is the first uncapped: valid if its p <= 1
-    left = b[rows] - position
-    valid = (left > 0) & (left * vs <= suffix * (1 + 1e-12))
-    first = np.full(counts.size, np.iinfo(np.int64).max)
-    np.minimum.at(first, rows[valid], position[valid])
-    capped = np.minimum(first, counts)            # rows without a valid split keep everything
-    m = capped[rows]
-    at_split = position == m
-    s_m_row = np.zeros(counts.size)
-    s_m_row[rows[at_split]] = suffix[at_split]
-    s_m = s_m_row[rows]
-    share = np.divide((b[rows] - m) * vs, s_m, out=np.ones(v.size), where=s_m > 0)
-    ps = np.where(position < m, 1.0, np.minimum(share, 1.0))
-    p[order] = ps
-    return np.where(counts[rows] <= b[rows], 1.0, p)
 
 
 @dataclass(frozen=True)
@@ -130,7 +92,7 @@ class PscSampler:
         importance = weight * np.abs(problem.values) * problem.column_norms
         off = ~diagonal
         counts = np.diff(indptr)
-        rows = np.repeat(np.arange(counts.size), counts)
+        rows = entry_rows(indptr)
         kept_indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[off], minlength=counts.size))))
         off_counts = np.diff(kept_indptr)
         p = np.ones(problem.values.size)
@@ -140,8 +102,3 @@ class PscSampler:
     def uniforms(self, epoch: int, stream: int, global_columns: np.ndarray) -> np.ndarray:
         """``u_j``: one ``U[0, 1)`` per column, the same on the owner and the receiver (:mod:`algorithms.hashing`)."""
         return uniforms(self.seed, epoch, stream, global_columns, salt=_SALT)
-
-
-register_sampler("psc", lambda seed, **params: PscSampler(seed=seed, **params),
-                 {"budget": float, "a_inner": float, "a_boundary": float, "every": int, "cache": float},
-                 "psc:budget=B[,a_inner=1.1,a_boundary=1,every=10,cache=C] with 0 < B <= 1, 0 <= C <= 1")

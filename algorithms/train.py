@@ -35,7 +35,7 @@ from algorithms.static_input import HaloBudgetError, choose_input_exchange, eval
 from sparse_dist.comm import Communicator, ProgressThread
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
-from sparse_dist.exchange import make_strategy
+from sparse_dist.factory import make_strategy
 from sparse_dist.halo import CachedInput, StaticHalo
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.spmm import DistSpMM

@@ -18,6 +18,7 @@ from sparse_dist.comm import Communicator
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import PLAN_NAMES
+from sparse_dist.predict import predict_spmm_bytes
 from sparse_dist.spmm import DistSpMM
 
 BUILTIN = {"kind": "clustered", "nodes": 20_000, "degree": 10, "community_size": 500, "mixing": 0.02, "seed": 0}
@@ -48,7 +49,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         error = max(float(np.abs(t.numpy() - expect_t).max(initial=0.0)),
                     float(np.abs(dh.numpy() - expect_dh).max(initial=0.0)))
         counted = [comm.stats.counter(p).bytes_recv for p in ("forward", "backward")]
-        predicted = matrix.predict_bytes(plan, args.features, 8)
+        predicted = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
+                                       plan, args.features, 8)
         gathered = comm.allgather_object((error, counted))
         max_error = max(e for e, _ in gathered)
         total = [sum(c[k] for _, c in gathered) for k in range(2)]

@@ -23,6 +23,17 @@ import torch
 PHASES: tuple[str, ...] = ("forward", "backward", "grad_allreduce", "halo", "sample", "other")
 
 
+def ring_allreduce_bytes(numel: int, group_size: int, index: int, itemsize: int) -> int:
+    """Bytes one rank sends (and receives) in a ring allreduce of ``numel`` elements over ``group_size`` ranks,
+    this rank at ``index``: the byte convention of :meth:`sparse_dist.comm.Communicator.allreduce` (chunks as
+    ``numpy.array_split``), shared with the analytic model of :mod:`sparse_dist.predict`."""
+    if group_size <= 1:
+        return 0
+    base, extra = divmod(numel, group_size)
+    own_chunk = base + (1 if index < extra else 0)
+    return 2 * (numel - own_chunk) * itemsize
+
+
 @dataclass
 class PhaseCounter:
     """What one rank moved and how long it waited in one phase."""

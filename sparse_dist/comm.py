@@ -97,7 +97,7 @@ mpi4py.rc.initialize = False  # started by _initialised() on first use, not at i
 mpi4py.rc.finalize = True     # still finalised by mpi4py at exit once started
 from mpi4py import MPI  # noqa: E402
 
-from sparse_dist.accounting import CommStats
+from sparse_dist.accounting import CommStats, ring_allreduce_bytes
 from sparse_dist.log import get_logger, set_rank
 
 _log = get_logger(__name__)
@@ -339,15 +339,6 @@ def _segments(numel: int, itemsize: int, segment_bytes: int) -> list[tuple[int, 
         return [(0, numel)]
     step = max(1, segment_bytes // itemsize)
     return [(lo, min(numel, lo + step)) for lo in range(0, numel, step)]
-
-
-def _ring_allreduce_bytes(numel: int, group_size: int, index: int, itemsize: int) -> int:
-    """Bytes one rank sends (and receives) in a ring allreduce of ``numel`` elements."""
-    if group_size <= 1:
-        return 0
-    base, extra = divmod(numel, group_size)
-    own_chunk = base + (1 if index < extra else 0)
-    return 2 * (numel - own_chunk) * itemsize
 
 
 def _mpi_type(tensor: torch.Tensor) -> Any:
@@ -798,7 +789,7 @@ class Communicator:
     def allreduce_(self, tensor: torch.Tensor, phase: str, op: str = "sum") -> None:
         """In-place allreduce (``sum``, ``max`` or ``min``) of a contiguous tensor."""
         _mpi_type(tensor)
-        moved = _ring_allreduce_bytes(tensor.numel(), self.size, self.rank, tensor.element_size())
+        moved = ring_allreduce_bytes(tensor.numel(), self.size, self.rank, tensor.element_size())
 
         def build(pending: Pending) -> list[Callable[[], Any]]:
             buf, mpi_type = self._buffer(pending, tensor, reads=True, writes_back=True)

@@ -24,15 +24,18 @@ On the 1.5D grid replica ``r`` of group ``g`` keeps only the column blocks
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.comm import Communicator
+from sparse_dist.csr import entry_rows
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.log import get_logger
-from sparse_dist.predict import predict_spmm_bytes
+
+if TYPE_CHECKING:  # annotations only: the byte model (sparse_dist.predict) loads without MPI
+    from sparse_dist.comm import Communicator
 
 _log = get_logger(__name__)
 
@@ -132,7 +135,7 @@ class DistCSR:
         owners = self.layout.owner_of(local.indices)
         order = np.argsort(owners, kind="stable")
         starts = np.searchsorted(owners[order], np.arange(groups + 1))
-        row_of_entry = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(local.indptr))
+        row_of_entry = entry_rows(local.indptr)
         share = set(self.grid.column_share(self.replica))
         for j in range(groups):
             lo, hi = starts[j], starts[j + 1]
@@ -193,11 +196,6 @@ class DistCSR:
     def column_share(self) -> list[int]:
         """Column blocks this rank multiplies (all groups in 1D)."""
         return self.grid.column_share(self.replica)
-
-    def predict_bytes(self, plan: str, width: int, itemsize: int) -> dict[str, np.ndarray]:
-        """Analytic bytes per world rank of one forward and one transpose with ``plan`` (see predict.py)."""
-        return predict_spmm_bytes(self.grid, self.layout, self.boundary_counts, self.union_sizes, plan, width,
-                                  itemsize)
 
     def total_boundary(self) -> int:
         """Sum over owners of |B_j|: the distinct rows that must leave their owner."""

@@ -33,10 +33,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.comm import Communicator, Pending
+from sparse_dist.csr import keep_columns
 
-if TYPE_CHECKING:
-    from sparse_dist.plans import BroadcastView
+if TYPE_CHECKING:  # annotations only: the byte model (sparse_dist.predict) loads without MPI
+    from sparse_dist.comm import Communicator, Pending
 
 
 class RowMasks(Protocol):
@@ -218,6 +218,22 @@ class Flight:
             part.wait()
 
 
+class BroadcastView(Protocol):
+    """What a strategy may ask a broadcast plan (see :class:`sparse_dist.plans._BroadcastPlan`)."""
+
+    group: int
+    groups: int
+    owners: list[int]
+    col_comm: Any
+    device: torch.device
+
+    def exact_message(self, owner: int) -> Message: ...
+    def sampled_message(self, owner: int, kept: np.ndarray, scale: float) -> Message: ...
+    def boundary_rows(self, owner: int) -> np.ndarray: ...
+    def broadcastable(self, h: torch.Tensor) -> torch.Tensor: ...
+    def csr(self, matrix: sp.csr_matrix) -> torch.Tensor: ...
+
+
 class ExchangeStrategy:
     """Exact exchange: every owner sends the plan's whole message. The base of the other strategies.
 
@@ -259,8 +275,6 @@ class ExchangeStrategy:
     def sampled_block(self, epoch: int, block: sp.csr_matrix, kept_columns: np.ndarray) -> sp.csr_matrix:
         """``block`` (rows of ``A`` over the exact receive buffer's rows) restricted to the kept columns,
         renumbered, kept entries scaled: here every kept column's entries by ``1/p``."""
-        from sparse_dist.plans import keep_columns  # plans imports this module
-
         return keep_columns(block, kept_columns, self.scale)
 
     def local_blocks(self, context: ExchangeContext) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -772,18 +786,3 @@ class PipelinedStrategy(ExchangeStrategy):
             for key, values in saved.items():
                 table[tuple(key)] = average = _Average(self.gamma)
                 average.values = values.to(device)
-
-
-def make_strategy(sampler: BoundarySampler | None = None, staleness: StalenessRule | None = None) -> ExchangeStrategy:
-    """The strategy of a run's policies; a row sampler with ``p = 1`` is the exact path; a per-edge sampler
-    (``per_edge``, e.g. ``psc``) gets an :class:`~sparse_dist.importance.ImportanceStrategy`."""
-    inner: ExchangeStrategy
-    if sampler is not None and getattr(sampler, "per_edge", False):
-        from sparse_dist.importance import ImportanceStrategy  # it builds on this module
-
-        inner = ImportanceStrategy(sampler)
-    else:
-        inner = SampledStrategy(sampler) if sampler is not None and sampler.p < 1.0 else ExactStrategy()
-    if staleness is None:
-        return inner
-    return PipelinedStrategy(staleness, inner) if staleness.pipelined else CachedStrategy(staleness, inner)

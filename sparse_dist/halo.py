@@ -29,14 +29,15 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from sparse_dist.csr import csr_bytes, entry_rows
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.layout import RowLayout
-from sparse_dist.plans import ExchangePlan, csr_bytes
+from sparse_dist.plans import ExchangePlan
 
 
 def _column_part(rows: sp.csr_matrix, keep: np.ndarray, new_columns: np.ndarray, width: int) -> sp.csr_matrix:
     """The entries of ``rows`` where ``keep`` (per stored entry), with column ids ``new_columns`` (per entry)."""
-    row_of_entry = np.repeat(np.arange(rows.shape[0]), np.diff(rows.indptr))
+    row_of_entry = entry_rows(rows.indptr)
     indptr = np.concatenate(([0], np.cumsum(np.bincount(row_of_entry[keep], minlength=rows.shape[0]))))
     return sp.csr_matrix((rows.data[keep], new_columns[keep], indptr), shape=(rows.shape[0], width))
 

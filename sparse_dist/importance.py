@@ -34,6 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from sparse_dist.csr import entry_rows, keep_entries
 from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Part
 
 _VERSIONS_KEPT = 4
@@ -84,19 +85,6 @@ class Probabilities:
     q_send: dict[int, np.ndarray]  # receiver group -> float32 q per row of this owner's send list to it
     cached_recv: np.ndarray | None = None        # feature cache: which receive rows this rank keeps
     cached_send: dict[int, np.ndarray] | None = None  # receiver group -> which of its send rows that receiver keeps
-
-
-def keep_entries(block: sp.csr_matrix, kept: np.ndarray, probabilities: np.ndarray,
-                 kept_columns: np.ndarray | None = None) -> sp.csr_matrix:
-    """The entries of ``block`` where ``kept``, each divided by its probability; columns renumbered densely
-    over ``kept_columns`` (which must hold every kept entry's column; None: columns unchanged)."""
-    rows = np.repeat(np.arange(block.shape[0]), np.diff(block.indptr))
-    indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[kept], minlength=block.shape[0]))))
-    columns, width = block.indices[kept], block.shape[1]
-    if kept_columns is not None:
-        columns = (np.cumsum(kept_columns) - 1)[columns]
-        width = int(kept_columns.sum())
-    return sp.csr_matrix((block.data[kept] / probabilities[kept], columns, indptr), shape=(block.shape[0], width))
 
 
 class ImportanceStrategy(ExchangeStrategy):
@@ -155,8 +143,7 @@ class ImportanceStrategy(ExchangeStrategy):
         # One CSR per row over [own entries, remote entries], where the probabilities are solved.
         own_counts, remote_counts = np.diff(self._own_block.indptr), np.diff(self._remote.indptr)
         indptr = np.concatenate(([0], np.cumsum(own_counts + remote_counts)))
-        own_rows = np.repeat(np.arange(plan.n_rows), own_counts)
-        remote_rows = np.repeat(np.arange(plan.n_rows), remote_counts)
+        own_rows, remote_rows = entry_rows(self._own_block.indptr), entry_rows(self._remote.indptr)
         self._own_slot = indptr[own_rows] + (np.arange(own_rows.size) - self._own_block.indptr[own_rows])
         self._remote_slot = (indptr[remote_rows] + own_counts[remote_rows]
                              + (np.arange(remote_rows.size) - self._remote.indptr[remote_rows]))

@@ -33,76 +33,24 @@ the one home of its semantics: which strategies it can carry
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from sparse_dist.accounting import ComputeTimer
-from sparse_dist.comm import Pending
 from sparse_dist.compress import Codec
 from sparse_dist.cost import Network, alltoallv_time, bcast_time
+from sparse_dist.csr import csr_bytes, is_symmetric, keep_columns, remap_columns, torch_csr
+from sparse_dist.dcsr import DistCSR
 from sparse_dist.exchange import ExactStrategy, ExchangeContext, ExchangeStrategy, Flight, Message, Part
 from sparse_dist.layout import Grid
 
-if TYPE_CHECKING:  # dcsr imports the byte model, which asks the plan classes
-    from sparse_dist.dcsr import DistCSR
-
-
-def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A torch sparse CSR tensor with the same structure (shares index memory on CPU)."""
-    matrix = sp.csr_matrix(matrix)
-    index_dtype = np.int64 if max(matrix.nnz, *matrix.shape) >= 2**31 - 1 else np.int32
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-        tensor = torch.sparse_csr_tensor(
-            torch.from_numpy(np.ascontiguousarray(matrix.indptr, dtype=index_dtype)),
-            torch.from_numpy(np.ascontiguousarray(matrix.indices, dtype=index_dtype)),
-            torch.from_numpy(np.ascontiguousarray(matrix.data)).to(dtype),
-            size=matrix.shape, check_invariants=False,
-        )
-    return tensor.to(device)
-
-
-def csr_bytes(tensor: torch.Tensor) -> int:
-    """Bytes of a torch sparse CSR tensor's three arrays."""
-    parts = (tensor.crow_indices(), tensor.col_indices(), tensor.values())
-    return sum(part.numel() * part.element_size() for part in parts)
-
-
-def is_symmetric(matrix: sp.csr_matrix) -> bool:
-    """Whether ``matrix`` equals its transpose bitwise (structure and values)."""
-    if matrix.shape[0] != matrix.shape[1]:
-        return False
-    mine = sp.csr_matrix(matrix)
-    mine.sort_indices()
-    flipped = sp.csr_matrix(matrix.T)
-    flipped.sort_indices()
-    return (mine.nnz == flipped.nnz and np.array_equal(mine.indptr, flipped.indptr)
-            and np.array_equal(mine.indices, flipped.indices) and np.array_equal(mine.data, flipped.data))
-
-
-def remap_columns(block: sp.csr_matrix, positions: np.ndarray, width: int) -> sp.csr_matrix:
-    """``block`` with its columns renumbered: old column ``ids[k]`` becomes ``positions[k]``.
-
-    ``positions`` is indexed by the block's sorted distinct column ids.
-    """
-    ids = np.unique(block.indices)
-    new_indices = positions[np.searchsorted(ids, block.indices)]
-    return sp.csr_matrix((block.data, new_indices, block.indptr), shape=(block.shape[0], width))
-
-
-def keep_columns(block: sp.csr_matrix, keep: np.ndarray, scale: float) -> sp.csr_matrix:
-    """``block`` restricted to the columns where ``keep`` is true, renumbered densely, values times ``scale``."""
-    kept_entry = keep[block.indices]
-    new_position = np.cumsum(keep) - 1
-    cumulative = np.concatenate(([0], np.cumsum(kept_entry)))
-    return sp.csr_matrix((block.data[kept_entry] * scale, new_position[block.indices[kept_entry]],
-                          cumulative[block.indptr]), shape=(block.shape[0], int(keep.sum())))
+if TYPE_CHECKING:  # annotations only: the byte model (sparse_dist.predict) loads without MPI
+    from sparse_dist.comm import Pending
 
 
 class _Output:
@@ -478,22 +426,6 @@ class ExchangePlan(ABC):
         for part, rows in self._arrived_gradients(piece_of, width, phase, context, lambda: None):
             self._add_gradient(out, part, rows)
         return out.tensor()
-
-
-class BroadcastView(Protocol):
-    """What a strategy may ask a broadcast plan (see :class:`_BroadcastPlan`)."""
-
-    group: int
-    groups: int
-    owners: list[int]
-    col_comm: Any
-    device: torch.device
-
-    def exact_message(self, owner: int) -> Message: ...
-    def sampled_message(self, owner: int, kept: np.ndarray, scale: float) -> Message: ...
-    def boundary_rows(self, owner: int) -> np.ndarray: ...
-    def broadcastable(self, h: torch.Tensor) -> torch.Tensor: ...
-    def csr(self, matrix: sp.csr_matrix) -> torch.Tensor: ...
 
 
 class _BroadcastPlan(ExchangePlan):
@@ -947,10 +879,3 @@ def plan_class(name: str) -> type[ExchangePlan]:
         return PLANS[name]
     except KeyError:
         raise ValueError(f"unknown exchange plan {name!r}; expected one of {PLAN_NAMES}") from None
-
-
-def make_plan(name: str, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
-              strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> ExchangePlan:
-    """The exchange plan called ``name`` carrying ``strategy`` (exact when None); ``row_masks``: see
-    :class:`ExchangePlan`."""
-    return plan_class(name)(matrix, dtype, device, timer, strategy, row_masks=row_masks)

@@ -1,8 +1,10 @@
 """Analytic communication volume of each exchange plan, from layout and boundary sets alone.
 
-The prediction follows the byte convention of :mod:`sparse_dist.comm`, so
+The prediction follows the byte convention of :mod:`sparse_dist.comm` (the
+ring allreduce's is :func:`sparse_dist.accounting.ring_allreduce_bytes`), so
 for every rank and phase the bytes a :class:`~sparse_dist.spmm.DistSpMM`
-call counts must equal it exactly (the tests check this).
+call counts must equal it exactly (the tests check this). It loads without
+MPI: a single-process tool may import it.
 
 Inputs are global metadata every rank holds after building a
 :class:`~sparse_dist.dcsr.DistCSR`: the row counts per group, the ``G x G``
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparse_dist.comm import _ring_allreduce_bytes
+from sparse_dist.accounting import ring_allreduce_bytes
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import plan_class
 
@@ -54,7 +56,7 @@ def predict_spmm_bytes(grid: Grid, layout: RowLayout, boundary_counts: np.ndarra
         for rank in range(grid.world_size):
             g, r = grid.group_of(rank), grid.replica_of(rank)
             n_g = layout.count(g)
-            moved_rows = _ring_allreduce_bytes(n_g * width, c, r, itemsize)
+            moved_rows = ring_allreduce_bytes(n_g * width, c, r, itemsize)
             forward[rank] += moved_rows
             if r == grid.replica_for_block(g):
                 backward[rank, SENT] += n_g * width * itemsize * (c - 1)

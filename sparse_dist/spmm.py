@@ -23,8 +23,9 @@ import torch
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR
-from sparse_dist.exchange import BoundarySampler, ExchangeContext, ExchangeStrategy, StalenessRule, make_strategy
-from sparse_dist.plans import ExchangePlan, make_plan
+from sparse_dist.exchange import BoundarySampler, ExchangeContext, ExchangeStrategy, StalenessRule
+from sparse_dist.factory import make_plan, make_strategy
+from sparse_dist.plans import ExchangePlan
 
 
 class DistSpMM:
@@ -35,7 +36,7 @@ class DistSpMM:
                  staleness: StalenessRule | None = None, strategy: ExchangeStrategy | None = None,
                  row_masks: bool = False, codec: Codec | None = None) -> None:
         """``strategy`` decides what training exchanges carry; by default the one ``sampler`` and
-        ``staleness`` make (:func:`~sparse_dist.exchange.make_strategy`; exact when both are None).
+        ``staleness`` make (:func:`~sparse_dist.factory.make_strategy`; exact when both are None).
         ``row_masks``: training calls may carry receiver-side dropout (``ExchangeContext.dropout``).
         ``codec``: compress what training exchanges send (None: no compression)."""
         self.matrix = matrix

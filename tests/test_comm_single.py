@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from sparse_dist.accounting import CommStats
+from sparse_dist.accounting import CommStats, ring_allreduce_bytes
 from sparse_dist.comm import (DEFAULT_REDUCE_SEGMENT_BYTES, CollectiveError, StagingPool, _reduce_segment_setting,
-                              _ring_allreduce_bytes, _segments, rank_ranges, ranked_messages, world)
+                              _segments, rank_ranges, ranked_messages, world)
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +17,9 @@ def comm():
 
 
 def test_ring_allreduce_bytes_use_array_split_chunks() -> None:
-    assert _ring_allreduce_bytes(10, 3, 0, 4) == 2 * (10 - 4) * 4
-    assert _ring_allreduce_bytes(10, 3, 2, 4) == 2 * (10 - 3) * 4
-    assert _ring_allreduce_bytes(10, 1, 0, 4) == 0
+    assert ring_allreduce_bytes(10, 3, 0, 4) == 2 * (10 - 4) * 4
+    assert ring_allreduce_bytes(10, 3, 2, 4) == 2 * (10 - 3) * 4
+    assert ring_allreduce_bytes(10, 1, 0, 4) == 0
 
 
 def test_single_rank_collectives_move_no_bytes(comm) -> None:

@@ -5,8 +5,10 @@ import pytest
 import scipy.sparse as sp
 
 from algorithms.policies import AxisSpec
-from algorithms.psc import PscSampler, water_fill
-from sparse_dist.importance import EdgeProblem, keep_entries
+from algorithms.psc import PscSampler
+from algorithms.water_fill import water_fill
+from sparse_dist.csr import keep_entries
+from sparse_dist.importance import EdgeProblem
 
 
 def test_water_filling_meets_the_kkt_conditions() -> None:

@@ -42,7 +42,9 @@ from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
 from sparse_dist.layout import Grid, RowLayout
-from sparse_dist.plans import PLAN_NAMES, torch_csr
+from sparse_dist.csr import torch_csr
+from sparse_dist.plans import PLAN_NAMES
+from sparse_dist.predict import predict_spmm_bytes
 from sparse_dist.spmm import DistSpMM
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -179,7 +181,8 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     for plan in plans:
         op = DistSpMM(matrix, plan, dtype=dtype, device=device)
         summary = _time_distributed(comm, op, h, args.repeats)
-        predicted = matrix.predict_bytes(plan, args.features, itemsize)
+        predicted = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
+                                       plan, args.features, itemsize)
         summary["predicted_bytes"] = {phase: predicted[phase].tolist() for phase in ("forward", "backward")}
         summary["bytes_match"] = all(summary["counted_bytes"][phase] == summary["predicted_bytes"][phase]
                                      for phase in ("forward", "backward"))

@@ -42,7 +42,8 @@ from row_groups import check_loss, close  # noqa: E402
 from row_groups import local_graph as row_graph  # noqa: E402
 
 from algorithms.train import LocalGraph, TrainConfig, Trainer  # noqa: E402
-from sparse_dist.comm import _ring_allreduce_bytes, run_or_abort, world  # noqa: E402
+from sparse_dist.accounting import ring_allreduce_bytes  # noqa: E402
+from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.exchange import ExchangeContext  # noqa: E402
 from sparse_dist.layout import Grid, RowLayout  # noqa: E402
 from sparse_dist.plans import PLAN_NAMES  # noqa: E402
@@ -90,16 +91,16 @@ def expected_bytes(trainer: Trainer, training: bool) -> dict[str, np.ndarray]:
                                     trainer.config.plan, width, itemsize)
         forward, backward = volume["forward"][comm.rank].copy(), volume["backward"][comm.rank].copy()
         if c > 1:  # the SpMM's own replica completion is not what attention does: replace it
-            forward -= _ring_allreduce_bytes(n * width, c, r, itemsize)
+            forward -= ring_allreduce_bytes(n * width, c, r, itemsize)
             if r == grid.replica_for_block(g):
                 backward[0] -= n * width * itemsize * (c - 1)
             else:
                 backward[1] -= n * width * itemsize
-            forward += _ring_allreduce_bytes(n * layer.heads, c, r, itemsize)  # row maxima
-            forward += _ring_allreduce_bytes(n * (layer.heads * layer.head_width + layer.heads), c, r, itemsize)
+            forward += ring_allreduce_bytes(n * layer.heads, c, r, itemsize)  # row maxima
+            forward += ring_allreduce_bytes(n * (layer.heads * layer.head_width + layer.heads), c, r, itemsize)
             partial = layer.weight.numel() + layer.att_src.numel() + layer.att_dst.numel()
             partial += n * layer.fan_in if index > 0 else 0                     # the layer input's gradient
-            backward += _ring_allreduce_bytes(partial, c, r, itemsize)
+            backward += ring_allreduce_bytes(partial, c, r, itemsize)
         out["forward"] += forward
         if training and (index > 0 or not receiver):
             out["backward"] += backward

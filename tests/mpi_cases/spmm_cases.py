@@ -18,7 +18,9 @@ import torch
 from sparse_dist.comm import run_or_abort, world
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.layout import RowLayout
-from sparse_dist.plans import PLAN_NAMES, is_symmetric
+from sparse_dist.csr import is_symmetric
+from sparse_dist.plans import PLAN_NAMES
+from sparse_dist.predict import predict_spmm_bytes
 from sparse_dist.spmm import DistSpMM
 
 TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
@@ -103,7 +105,8 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
             failures.append(f"{name}: forward differs by {np.abs(got_t.numpy() - expect_t).max():.3e}")
         if not np.allclose(got_dh.numpy(), expect_dh, rtol=tol, atol=tol * scale):
             failures.append(f"{name}: transpose differs by {np.abs(got_dh.numpy() - expect_dh).max():.3e}")
-        predicted = matrix.predict_bytes(plan, width, torch.empty(0, dtype=dtype).element_size())
+        predicted = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
+                                       plan, width, torch.empty(0, dtype=dtype).element_size())
         for phase in ("forward", "backward"):
             want = tuple(int(x) for x in predicted[phase][comm.rank])
             got = (counted[phase]["bytes_sent"], counted[phase]["bytes_recv"])

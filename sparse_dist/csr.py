@@ -1,0 +1,83 @@
+"""Local CSR helpers: pure functions of one rank's scipy / torch CSR blocks (no communication).
+
+A leaf of the package (numpy, scipy and torch only), so the plans, the exchange strategies, the halo and
+the layers share one copy of each helper without importing one another.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+
+def entry_rows(indptr: np.ndarray) -> np.ndarray:
+    """The row of each stored entry of a CSR matrix with row pointers ``indptr`` (int64, entry order)."""
+    return np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
+
+
+def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A torch sparse CSR tensor with the same structure (shares index memory on CPU)."""
+    matrix = sp.csr_matrix(matrix)
+    index_dtype = np.int64 if max(matrix.nnz, *matrix.shape) >= 2**31 - 1 else np.int32
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        tensor = torch.sparse_csr_tensor(
+            torch.from_numpy(np.ascontiguousarray(matrix.indptr, dtype=index_dtype)),
+            torch.from_numpy(np.ascontiguousarray(matrix.indices, dtype=index_dtype)),
+            torch.from_numpy(np.ascontiguousarray(matrix.data)).to(dtype),
+            size=matrix.shape, check_invariants=False,
+        )
+    return tensor.to(device)
+
+
+def csr_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of a torch sparse CSR tensor's three arrays."""
+    parts = (tensor.crow_indices(), tensor.col_indices(), tensor.values())
+    return sum(part.numel() * part.element_size() for part in parts)
+
+
+def is_symmetric(matrix: sp.csr_matrix) -> bool:
+    """Whether ``matrix`` equals its transpose bitwise (structure and values)."""
+    if matrix.shape[0] != matrix.shape[1]:
+        return False
+    mine = sp.csr_matrix(matrix)
+    mine.sort_indices()
+    flipped = sp.csr_matrix(matrix.T)
+    flipped.sort_indices()
+    return (mine.nnz == flipped.nnz and np.array_equal(mine.indptr, flipped.indptr)
+            and np.array_equal(mine.indices, flipped.indices) and np.array_equal(mine.data, flipped.data))
+
+
+def remap_columns(block: sp.csr_matrix, positions: np.ndarray, width: int) -> sp.csr_matrix:
+    """``block`` with its columns renumbered: old column ``ids[k]`` becomes ``positions[k]``.
+
+    ``positions`` is indexed by the block's sorted distinct column ids.
+    """
+    ids = np.unique(block.indices)
+    new_indices = positions[np.searchsorted(ids, block.indices)]
+    return sp.csr_matrix((block.data, new_indices, block.indptr), shape=(block.shape[0], width))
+
+
+def keep_columns(block: sp.csr_matrix, keep: np.ndarray, scale: float) -> sp.csr_matrix:
+    """``block`` restricted to the columns where ``keep`` is true, renumbered densely, values times ``scale``."""
+    kept_entry = keep[block.indices]
+    new_position = np.cumsum(keep) - 1
+    cumulative = np.concatenate(([0], np.cumsum(kept_entry)))
+    return sp.csr_matrix((block.data[kept_entry] * scale, new_position[block.indices[kept_entry]],
+                          cumulative[block.indptr]), shape=(block.shape[0], int(keep.sum())))
+
+
+def keep_entries(block: sp.csr_matrix, kept: np.ndarray, probabilities: np.ndarray,
+                 kept_columns: np.ndarray | None = None) -> sp.csr_matrix:
+    """The entries of ``block`` where ``kept``, each divided by its probability; columns renumbered densely
+    over ``kept_columns`` (which must hold every kept entry's column; None: columns unchanged)."""
+    rows = entry_rows(block.indptr)
+    indptr = np.concatenate(([0], np.cumsum(np.bincount(rows[kept], minlength=block.shape[0]))))
+    columns, width = block.indices[kept], block.shape[1]
+    if kept_columns is not None:
+        columns = (np.cumsum(kept_columns) - 1)[columns]
+        width = int(kept_columns.sum())
+    return sp.csr_matrix((block.data[kept] / probabilities[kept], columns, indptr), shape=(block.shape[0], width))
