@@ -47,7 +47,7 @@ import secrets
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -55,7 +55,6 @@ from sparse_dist.compress import Codec
 from sparse_dist.log import get_logger
 
 if TYPE_CHECKING:
-    from algorithms.train import TrainConfig
     from sparse_dist.comm import Communicator
 
 MAGIC = b"SPARSE_DIST_CHECKPOINT"
@@ -376,7 +375,16 @@ def _shown(table: dict[str, Any], key: str) -> str:
     return repr(table[key]) if key in table else "(not set)"
 
 
-def dropped_policy_state(config: "TrainConfig") -> list[str]:
+class PolicyChoice(Protocol):
+    """The policy fields of a training configuration (``algorithms.train.TrainConfig`` has them; named by
+    shape here so that this module, which the trainer imports, imports no trainer)."""
+
+    stale: Any
+    sample: Any
+    compress: str
+
+
+def dropped_policy_state(config: PolicyChoice) -> list[str]:
     """What per-rank policy state a run of ``config`` keeps, each as it is named when a resume at another
     world size, replication or plan drops it (and what happens then)."""
     dropped = []
