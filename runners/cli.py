@@ -16,6 +16,8 @@ that cleanup (``finally``, context managers) runs as it does for SIGINT.
 
 from __future__ import annotations
 
+from runners import launch as _launch  # noqa: F401  first: its fallback launch time is this import (runners.launch)
+
 import argparse
 import errno
 import os

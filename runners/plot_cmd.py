@@ -18,7 +18,16 @@ from ``sparse-dist sweep``). Figures, written to ``--out`` (default
 * ``audit.png`` (runs trained with ``--audit-every``): per layer, the
   relative error of the layer's output under the run's policy against an
   exact forward with the same weights and masks, over epochs, one panel per
-  layer and one line per configuration, at the largest P.
+  layer and one line per configuration, at the largest P;
+* ``accuracy-time.png`` (runs whose results carry ``wall``): validation
+  accuracy (micro-F1 for multi-label) against wall seconds since launch,
+  one line per plan and policy at the largest P (lowest seed), one panel
+  per bandwidth in a ``[network]`` study; the dotted line is the target of
+  ``results.csv``'s ``time_to_target``;
+* ``tta-bandwidth.png`` (``[network]`` studies, ``bandwidth`` column):
+  time to that target against the emulated bandwidth, one line per plan and
+  policy, one panel per dataset and P (a run that never reached the target
+  has no point; ``unlimited`` is drawn right of the fastest cap).
 """
 
 from __future__ import annotations
@@ -36,7 +45,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from algorithms.policies import AxisSpec  # noqa: E402
+from runners.emulate.network import parse_bandwidth  # noqa: E402
 from runners.study.collect import ResultsError, read_csv  # noqa: E402
+from runners.time_to_accuracy import curve  # noqa: E402
 
 PARTS = (("t_local_spmm", "local SpMM"), ("t_dense", "dense"), ("t_exchange", "exchange"),
          ("t_allreduce", "allreduce"))
@@ -273,6 +284,78 @@ def plot_audit(rows: list[dict[str, Any]], epochs: dict[str, list[dict[str, Any]
     return True
 
 
+def _bandwidths(rows: list[dict[str, Any]]) -> list[Any]:
+    """The study's bandwidths, slowest first, ``unlimited`` last; ``[None]`` without a ``[network]`` table."""
+    found = {r.get("bandwidth") for r in rows}
+    if found == {None}:
+        return [None]
+    return sorted(found - {None}, key=lambda b: parse_bandwidth(str(b)) or float("inf"))
+
+
+def plot_accuracy_time(rows: list[dict[str, Any]], epochs: dict[str, list[dict[str, Any]]], path: Path,
+                       dpi: int) -> bool:
+    """Validation accuracy against wall seconds since launch; False (nothing written) where no run has ``wall``."""
+    largest = max(int(r["world_size"]) for r in rows)
+    seed = min(int(r["seed"]) for r in rows)
+    chosen = [r for r in rows if int(r["world_size"]) == largest and int(r["seed"]) == seed
+              and curve(epochs.get(r["run"], []))]
+    if not chosen:
+        return False
+    bandwidths = [b for b in _bandwidths(rows) if any(r.get("bandwidth") == b for r in chosen)]
+    fig, axes = plt.subplots(1, len(bandwidths), figsize=(6.5 * len(bandwidths), 4.4), squeeze=False, sharey=True)
+    for ax, bandwidth in zip(axes[0], bandwidths):
+        for row in (r for r in chosen if r.get("bandwidth") == bandwidth):
+            points = curve(epochs[row["run"]])
+            ax.plot([p[1] for p in points], [p[2] for p in points], lw=1.2, ls=_style(row),
+                            label=f"{label(row)} ({row['dataset']})" if len({r["dataset"] for r in chosen}) > 1
+                            else label(row))
+        for target in {float(r["target_acc"]) for r in chosen if r.get("target_acc") is not None}:
+            ax.axhline(target, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("wall seconds since launch (slowest rank, evaluation included)")
+        ax.set_title(f"P={largest}" + (f", bandwidth {bandwidth}" if bandwidth is not None else ""), fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_ylabel("validation accuracy")
+    axes[0, -1].legend(fontsize=7)
+    fig.suptitle(f"validation accuracy against wall time ({', '.join(sorted({r['dataset'] for r in chosen}))}); "
+                 "dotted: time-to-accuracy target", fontsize=10)
+    _save(fig, path, dpi)
+    return True
+
+
+def plot_tta_bandwidth(rows: list[dict[str, Any]], path: Path, dpi: int) -> bool:
+    """Time to the target against bandwidth; False (nothing written) without a ``bandwidth`` column or a TTA."""
+    networked = [r for r in rows if r.get("bandwidth") is not None and r.get("time_to_target") is not None]
+    if not networked:
+        return False
+    bandwidths = _bandwidths(networked)
+    positions = {b: k for k, b in enumerate(bandwidths)}  # evenly spaced, slowest left, unlimited right
+    panels = sorted({(r["dataset"], int(r["world_size"])) for r in networked})
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.4), squeeze=False)
+    for ax, (dataset, ranks) in zip(axes[0], panels):
+        grouped: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
+        styles: dict[str, str] = {}
+        for row in networked:
+            if row["dataset"] == dataset and int(row["world_size"]) == ranks:
+                grouped[label(row)][row["bandwidth"]].append(float(row["time_to_target"]))  # seeds averaged
+                styles[label(row)] = _style(row)
+        for name, by_bandwidth in grouped.items():
+            ordered = sorted(by_bandwidth, key=positions.__getitem__)
+            ax.plot([positions[b] for b in ordered], [float(np.mean(by_bandwidth[b])) for b in ordered],
+                    marker="o", ls=styles[name], label=name)
+        ax.set_xticks(range(len(bandwidths)), [str(b) for b in bandwidths])
+        ax.set_xlabel("emulated bandwidth per node link")
+        ax.set_yscale("log")
+        ax.set_title(f"{dataset}, P={ranks}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0, 0].set_ylabel("time to target validation accuracy (s since launch)")
+    axes[0, -1].legend(fontsize=7)
+    targets = sorted({round(float(r["target_acc"]), 4) for r in networked if r.get("target_acc") is not None})
+    fig.suptitle(f"time-to-accuracy against bandwidth (target {', '.join(map(str, targets))}; "
+                 "no point: never reached)", fontsize=10)
+    _save(fig, path, dpi)
+    return True
+
+
 def _save(fig: plt.Figure, path: Path, dpi: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.stem}.tmp.png")
@@ -310,6 +393,10 @@ def main(comm: object, args: argparse.Namespace) -> int:
         written.append(out / "sancus-broadcasts.png")
     if plot_audit(strong_or_all, epochs, out / "audit.png", args.dpi):
         written.append(out / "audit.png")
+    if plot_accuracy_time(strong_or_all, epochs, out / "accuracy-time.png", args.dpi):
+        written.append(out / "accuracy-time.png")
+    if plot_tta_bandwidth(rows, out / "tta-bandwidth.png", args.dpi):
+        written.append(out / "tta-bandwidth.png")
     for path in written:
         print(path)
     return 0

@@ -170,7 +170,7 @@ class StudyTable:
     def write_csv(self, runs: list[Run]) -> int:
         """``results.csv`` in the study's run order; returns the row count."""
         rows = [self.rows[r.run_id] for r in runs if r.run_id in self.rows]
-        write_csv(self.study.output / "results.csv", rows)
+        write_csv(self.study.output / "results.csv", rows, self.study.target_acc)
         return len(rows)
 
     def write_raw(self, runs: list[Run]) -> None:

@@ -19,6 +19,16 @@ Time breakdown per epoch: ``local_spmm`` (local sparse multiplies),
 (gradient allreduce), ``dropout`` (masks and their application, forward
 and backward), ``optimizer`` (the Adam step), ``dense`` (everything else:
 dense matmuls, activations, loss).
+
+Time-to-accuracy: every ``epoch`` record carries ``wall``, seconds since launch (:mod:`runners.launch`: rank 0's
+process start, recorded as ``launch`` in the ``environment`` record) at the end of that epoch, evaluation
+included, read by rank 0 after the epoch's allgather, so it is the slowest rank's time and counts every second
+before it (start-up, data loading, halo, evaluation, checkpoints, policy bookkeeping). ``final`` carries
+``wall_total``, ``best_val``, ``best_epoch``, ``time_to_best`` and, with ``--target-acc A``, ``time_to_target``
+and ``target_epoch``: the ``wall`` and epoch of the first epoch whose validation metric (``val_acc``, or
+``val_f1`` multi-label) is at least A (null if none is). Without ``--target-acc`` only the curve is recorded
+(time-to-accuracy needs a target). Training runs its ``--epochs`` unless ``--stop-at-target`` ends it cleanly
+after the first epoch at the target. After ``--resume``, ``wall`` counts from the resumed process's launch.
 """
 
 from __future__ import annotations
@@ -38,13 +48,15 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import combination_problem, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
-from runners.argtypes import at_least, non_negative, positive, probability
+from runners.argtypes import at_least, non_negative, number, positive, probability
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
 from runners.results import (ResultsWriteError, ResultsWriter, environment, output_path_problem, peak_memory_bytes,
                              raise_everywhere, spread)
 from runners.data.shards import ShardError, load_local_graph, read_meta
+from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME, since_launch
 from runners.resources import check_train_resources, readable_meta
+from runners.time_to_accuracy import AccuracyClock, at_target, validation_name, validation_value
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
@@ -55,6 +67,9 @@ from sparse_dist.plans import PLAN_NAMES
 
 DEFAULT_CHECKPOINT_EVERY = 10
 """Epochs between checkpoints when ``--checkpoint`` is given without ``--checkpoint-every``."""
+
+target_accuracy = number(0.0, 1.0, low_open=True)
+"""A validation accuracy (or micro-F1) to time training to, in ``(0, 1]``."""
 
 
 def add_attention_arguments(parser: argparse.ArgumentParser, defaults: dict[str, object] | None = None) -> None:
@@ -177,6 +192,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=at_least(1), default=None, metavar="K",
                         help=f"with --checkpoint: a checkpoint every K >= 1 epochs and after the last epoch "
                              f"(default: every {DEFAULT_CHECKPOINT_EVERY})")
+    parser.add_argument("--target-acc", type=target_accuracy, default=None, metavar="A",
+                        help="record time-to-accuracy: the final record's time_to_target is the wall time from "
+                             "launch to the end of the first epoch whose validation accuracy (val_f1 for "
+                             "multi-label) is >= A, A in (0, 1] (default: none, the curve only)")
+    parser.add_argument("--stop-at-target", action="store_true",
+                        help="with --target-acc: stop after the first epoch that reaches it (still writing the "
+                             "final record and, with --checkpoint, a checkpoint); default: run every --epochs")
     parser.add_argument("--resume", action="store_true",
                         help="continue from --checkpoint's current set, at any P, --replication and --plan "
                              "(default: off, start at epoch 0)")
@@ -194,6 +216,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if problem:
         return problem
     fill_model_defaults(args)
+    if args.stop_at_target and args.target_acc is None:
+        return "--stop-at-target needs --target-acc A (the validation accuracy to stop at)"
     if args.resume and not args.checkpoint:
         return "--resume needs --checkpoint PATH (the checkpoint to continue from)"
     overlaps = overlap_problems(args)  # paths only, the same on every rank: refused before MPI starts
@@ -457,10 +481,12 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     leader = comm.rank == 0
     writer = ResultsWriter(args.out if leader else None)
     writer.write({"type": "config", **config.record(), "data": args.data, "world_size": comm.size,
-                  "device": args.device, "gpu_aware": comm.gpu_aware})
+                  "device": args.device, "gpu_aware": comm.gpu_aware, "target_acc": args.target_acc,
+                  "stop_at_target": args.stop_at_target})
     writer.write({"type": "environment", "huge_pages": huge_page_state(),
                   **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node()),
-                  **({"memory": resources} if resources is not None else {})})
+                  **({"memory": resources} if resources is not None else {}),
+                  "launch": {"time": LAUNCH_TIME, "source": LAUNCH_SOURCE}})
     setup = _setup_record(comm, trainer)
     writer.write(setup)
     if leader:
@@ -476,7 +502,9 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
             if resumption.note:
                 print(resumption.note, flush=True)
     metrics: dict[str, float] = {}
-    while trainer.epoch < config.epochs:
+    clock = AccuracyClock(args.target_acc)  # rank 0's: the wall times are rank 0's clock after each allgather
+    stopped = False
+    while trainer.epoch < config.epochs and not stopped:
         record = trainer.train_epoch()
         epoch = record["epoch"]
         last = epoch == config.epochs
@@ -488,11 +516,17 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                                           "feature_cache": record.get("feature_cache"),
                                           "eval_bytes": trainer.eval_bytes if evaluated else None,
                                           "audit": record.get("audit"),
+                                          "at_target": at_target(args.target_acc, metrics, evaluated),
                                           **({"results_error": writer.error} if writer.error else {})})
+        elapsed = since_launch()  # after the allgather: every rank has finished this epoch and its evaluation
+        # rank 0's verdict, seen alike by every rank (the metric is global, but one boolean decides for all)
+        stopped = bool(args.stop_at_target and gathered[0]["at_target"])
         if gathered[0].get("results_error"):  # rank 0 could not write the results file: every rank stops here
             trainer.close()
             raise_everywhere(ResultsWriteError(gathered[0]["results_error"]))
         if leader:
+            if evaluated:
+                clock.observe(epoch, elapsed, metrics)
             evaluation = {"eval_bytes": _traffic_spread([g["eval_bytes"] for g in gathered])} if evaluated else {}
             if record.get("audit") is not None:  # the errors are global (the same on every rank)
                 evaluation["audit"] = {"layer_error": record["audit"]["layer_error"],
@@ -503,14 +537,17 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
             if record.get("feature_cache") is not None:  # summed over ranks: needed boundary rows and cache hits
                 totals = {key: sum(g["feature_cache"][key] for g in gathered) for key in ("needed", "hits")}
                 evaluation["feature_cache"] = {**totals, "hit_rate": totals["hits"] / max(totals["needed"], 1)}
-            writer.write({"type": "epoch", "epoch": epoch, "loss": record["loss"], **metrics,
+            writer.write({"type": "epoch", "epoch": epoch, "wall": elapsed, "loss": record["loss"], **metrics,
                           **_summarise(gathered), **evaluation, "broadcasts": record["broadcasts"],
                           "cache_bytes": spread([g["cache_bytes"] for g in gathered])})
-            if epoch % args.print_every == 0 or last or epoch == 1:
+            if epoch % args.print_every == 0 or last or epoch == 1 or stopped:
                 shown = " ".join(f"{key} {value:.4f}" for key, value in metrics.items())
                 wall = max(g["time"]["total"] for g in gathered)
                 print(f"epoch {epoch:4d} loss {record['loss']:.4f} {shown} time {wall:.4f}s", flush=True)
-        if checkpoints is not None and (epoch % every == 0 or last):  # collective: one set, current at once
+        if stopped and leader:
+            print(f"stopped at epoch {epoch}: {validation_name(metrics)} {validation_value(metrics):.4f} >= "
+                  f"--target-acc {args.target_acc:g}", flush=True)
+        if checkpoints is not None and (epoch % every == 0 or last or stopped):  # collective: one set, current at once
             checkpoints.commit(epoch, trainer.state() if leader else None,
                                trainer.policy_state() if trainer.has_policy_state else None)
     trainer.close()  # collective: the last pipelined flights complete before the totals are counted
@@ -522,13 +559,15 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     attention = comm.allgather_object(trainer.attention_bytes())
     if leader:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
-                      "attention_structure_bytes_per_rank": attention, "bytes_total": _traffic_spread(totals)})
+                      "attention_structure_bytes_per_rank": attention, "bytes_total": _traffic_spread(totals),
+                      **clock.record(), "stopped_at_target": stopped, "wall_total": since_launch()})
         writer.close()
         final = metrics.get("test_acc", metrics.get("test_f1"))
         label = "test accuracy" if "test_acc" in metrics else "test micro-F1"
         if final is not None:
             print(f"final {label}: {final:.4f} ({config.model}, P={comm.size}, c={config.replication}, "
                   f"plan {config.plan})", flush=True)
+        print(clock.describe(trainer.epoch), flush=True)
         for key, value in metrics.items():
             if key.startswith("test_ogb_"):
                 print(f"OGB Evaluator {key.removeprefix('test_ogb_')} on the test split: {value:.4f}", flush=True)

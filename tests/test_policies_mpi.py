@@ -139,3 +139,13 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
         assert report[name + "+fb"]["bytes"] == report[name]["bytes"], name
     for name in compressed:  # rounding the exchanged rows barely moves the model (1000 test nodes: 20 of them)
         assert abs(report[name]["test_acc"] - report["exact p2p"]["test_acc"]) <= 0.02, name
+    # time-to-accuracy: one target for every row (0.98 of exact p2p's best), each row's time that of its first
+    # epoch at it; exact p2p reaches its own target by construction
+    target = report["exact p2p"]["target_acc"]
+    assert target == pytest.approx(0.98 * report["exact p2p"]["best_val"]) and report["exact p2p"]["time_to_target"]
+    for name, row in report.items():
+        reaching = [point for point in row["curve"] if point[2] >= target]
+        assert row["target_acc"] == target, name
+        assert (row["time_to_target"], row["target_epoch"]) == ((reaching[0][1], reaching[0][0]) if reaching
+                                                                else (None, None)), name
+        assert [point[0] for point in row["curve"]] == [1, 2, 3] and row["best_val"] == max(p[2] for p in row["curve"])

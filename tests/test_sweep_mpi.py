@@ -65,6 +65,11 @@ def test_sweep_runs_every_configuration_and_collects_one_table(study: Path) -> N
         assert (float(row["exchange_bytes"]) == 0) == (row["world_size"] == "1")
     sancus = next(r for r in rows if r["policy"] == "sancus-e:eps=1" and r["world_size"] == "3")
     assert 0 < float(sancus["broadcast_fraction"]) < 1
+    for ranks in ("1", "3"):  # every run at a P races to 0.98 x that P's exact p2p best; that run reaches it
+        exact = next(r for r in rows if r["policy"] == "exact" and r["plan"] == "p2p" and r["world_size"] == ranks)
+        assert float(exact["target_acc"]) == pytest.approx(0.98 * float(exact["best_val"]))
+        assert 0 < float(exact["time_to_target"]) <= float(exact["wall_total"])
+        assert {r["target_acc"] for r in rows if r["world_size"] == ranks} == {exact["target_acc"]}
     raw = (study.parent / "out" / "runs.jsonl").read_text().splitlines()
     assert len({line.split('"run": "')[1].split('"')[0] for line in raw}) == 10
 
@@ -125,7 +130,8 @@ def test_plot_writes_every_figure(study: Path, tmp_path: Path) -> None:
     result = subprocess.run([SPARSE_DIST, "plot", str(study.parent / "out"), "--out", str(tmp_path), "--dpi", "50"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    names = {"scaling-strong.png", "breakdown.png", "bytes.png", "accuracy.png", "sancus-broadcasts.png", "audit.png"}
+    names = {"scaling-strong.png", "breakdown.png", "bytes.png", "accuracy.png", "sancus-broadcasts.png", "audit.png",
+             "accuracy-time.png"}  # no tta-bandwidth.png: this study has no [network] table
     assert {Path(line).name for line in result.stdout.split()} == names
     for name in names:
         header = (tmp_path / name).read_bytes()[:24]

@@ -30,6 +30,17 @@ that part). Ratios are taken within this one run: bytes and epoch time
 relative to exact ``p2p`` and to ``dense-bcast``. ``--only`` runs a subset.
 Bytes also count the ``sample`` phase (psc's and dgs's agreements with the
 owners), so a sampling policy pays for what its sample costs to agree.
+
+Time-to-accuracy (``tta_s``): every configuration evaluates after every epoch (as ``train`` does by default;
+the epoch-time columns leave evaluation out, TTA counts it). Its "launch" is the start of that configuration
+in this one process group (before its shards are loaded: loading, halo, set-up, training, evaluation and
+policy bookkeeping all count; MPI and Python start-up do not, being paid once for all rows). ``tta_s`` is the
+seconds from there to the end of the first epoch whose validation accuracy reaches the target, read by rank 0
+after that epoch's evaluation (whose allreduce waits for the slowest rank); ``-`` if never. The target is
+``--target-acc``, else 0.98 of exact ``p2p``'s best validation accuracy in this run
+(:data:`runners.time_to_accuracy.DEFAULT_TARGET_FRACTION`), the same for every row. The first configuration
+(exact ``p2p``) also pays the process's one-time warm-ups (first kernels, lazy imports), so its ``tta_s`` reads
+high beside the others; ``sparse-dist train --target-acc`` (one launch per run) is the fair comparison.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from typing import Any
 
 import torch
@@ -49,6 +61,7 @@ from runners.argtypes import seed as seed_number
 psc_budget = number(0.0, 1.0, low_open=True)
 """psc's budget: a share of neighbours kept, in (0, 1]."""
 from sparse_dist.comm import Communicator, default_threads_per_rank
+from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, first_reaching, validation_value
 
 TIME_KEYS = ("total", "local_spmm", "exchange", "allreduce", "dense")
 
@@ -72,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=None,
                         help="comma-separated configuration names to run (default: all); exact p2p and "
                              "dense-bcast, the ratios' bases, always run")
+    parser.add_argument("--target-acc", type=psc_budget, default=None, metavar="A",  # (0, 1] like a budget
+                        help="validation accuracy in (0, 1] that tta_s times each configuration to (default: "
+                             f"{DEFAULT_TARGET_FRACTION:g} x exact p2p's best in this run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
@@ -120,11 +136,16 @@ def _selected(args: argparse.Namespace) -> list[str]:
 
 
 def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
+    started = time.perf_counter()  # this configuration's "launch" (see the module docstring)
     graph = load_local_graph(comm, args.data, comm.size, 1)
     config = TrainConfig(hidden=args.hidden, layers=args.layers, dropout=args.dropout, seed=args.seed,
                          epochs=args.epochs, **settings)
     trainer = Trainer(comm, graph, config)
-    records = [trainer.train_epoch() for _ in range(args.epochs)]
+    records, points = [], []
+    for _ in range(args.epochs):
+        records.append(trainer.train_epoch())
+        value = validation_value(trainer.evaluate())  # collective: its allreduce waits for the slowest rank
+        points.append((records[-1]["epoch"], time.perf_counter() - started, value))
     trainer.close()  # collective: pipelined flights still outstanding complete before the next configuration
     metrics = trainer.evaluate()
     halo = trainer.setup_bytes["halo"]["recv"]
@@ -137,7 +158,19 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
     return {"bytes": int(sum(g["moved"] for g in gathered)), "halo_bytes": int(sum(g["halo"] for g in gathered)),
             "input_exchange": trainer.input_exchange.mode, "receiver_dropout": trainer.receiver_dropout,
             "time": times, "test_acc": metrics["test_acc"],
-            "active_broadcasts": broadcasts, "cache_bytes_max": max(g["cache"] for g in gathered), **settings}
+            "active_broadcasts": broadcasts, "cache_bytes_max": max(g["cache"] for g in gathered),
+            "curve": points, "best_val": max(p[2] for p in points), "wall_total": time.perf_counter() - started,
+            **settings}
+
+
+def add_time_to_target(results: dict[str, dict[str, Any]], target_acc: float | None) -> float:
+    """Each row's ``time_to_target`` and ``target_epoch`` (rank 0's clock) at ``target_acc``, else at the
+    default fraction of exact p2p's best validation accuracy; returns the target used."""
+    target = target_acc if target_acc is not None else DEFAULT_TARGET_FRACTION * results["exact p2p"]["best_val"]
+    for row in results.values():
+        row["target_acc"] = target
+        row["time_to_target"], row["target_epoch"] = first_reaching(row["curve"], target)
+    return target
 
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
@@ -146,18 +179,22 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     results = {name: _run_one(comm, args, settings)
                for name, settings in configurations(args.sancus_h_eps, args.psc_budget) if name in chosen}
     if comm.rank == 0:
+        target = add_time_to_target(results, args.target_acc)
         exact, dense = results["exact p2p"], results["dense-bcast"]
         print(f"policies on {args.data}: P={comm.size}, {args.epochs} epochs, GCN hidden {args.hidden}, "
-              f"{args.layers} layers, dropout {args.dropout}, seed {args.seed}")
+              f"{args.layers} layers, dropout {args.dropout}, seed {args.seed}; tta_s: seconds from each "
+              f"configuration's start to val_acc >= {target:.4f}"
+              + ("" if args.target_acc is not None else f" ({DEFAULT_TARGET_FRACTION:g} x exact p2p's best)"))
         print(f"{'config':<15}{'exchange MB':>12}{'halo MB':>9}{'/p2p':>7}{'/dense':>8}{'epoch_s':>9}{'local':>8}"
-              f"{'exch':>8}{'allred':>8}{'dense':>8}{'t/p2p':>7}{'t/dense':>8}{'test_acc':>9}")
+              f"{'exch':>8}{'allred':>8}{'dense':>8}{'t/p2p':>7}{'t/dense':>8}{'test_acc':>9}{'tta_s':>8}")
         for name, r in results.items():
             t = r["time"]
             print(f"{name:<15}{r['bytes'] / 1e6:>12.2f}{r['halo_bytes'] / 1e6:>9.2f}{r['bytes'] / max(exact['bytes'], 1):>7.3f}"
                   f"{r['bytes'] / max(dense['bytes'], 1):>8.3f}{t['total']:>9.4f}{t['local_spmm']:>8.4f}"
                   f"{t['exchange']:>8.4f}{t['allreduce']:>8.4f}{t['dense']:>8.4f}"
                   f"{t['total'] / exact['time']['total']:>7.2f}{t['total'] / dense['time']['total']:>8.2f}"
-                  f"{r['test_acc']:>9.4f}")
+                  f"{r['test_acc']:>9.4f}"
+                  + (f"{r['time_to_target']:>8.2f}" if r["time_to_target"] is not None else f"{'-':>8}"))
         if args.json:
             print(json.dumps({"world_size": comm.size, "config": {k: v for k, v in vars(args).items()
                                                                   if k != "func"}, "results": results}))

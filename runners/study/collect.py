@@ -11,6 +11,17 @@ of its parts (0 in results files older than them). Bytes are
 per epoch, averaged over the timed epochs: ``exchange_bytes`` is what all
 ranks sent in forward and backward SpMM exchanges together,
 ``exchange_bytes_max_rank`` the largest sent + received of one rank.
+
+Time-to-accuracy (every epoch counted, warm-up included: it is time from launch): ``wall_total`` is the run's
+wall seconds from launch to its ``final`` record; ``best_val`` the best validation accuracy (micro-F1 for
+multi-label) of any epoch; ``time_to_target`` the ``wall`` (seconds since launch, slowest rank, evaluation
+included; :mod:`runners.launch`) of the first epoch whose validation metric reaches ``target_acc``, at
+``target_epoch``; empty if the run never reached it. ``target_acc`` is the study's ``target_acc`` where it sets
+one; otherwise :data:`~runners.time_to_accuracy.DEFAULT_TARGET_FRACTION` (0.98) of the best validation value of
+the study's exact p2p run on the same dataset and P (the highest, where several seeds, replications or
+bandwidths give several), computed here from each run's epoch curve, so that every policy at that dataset and
+P races to the same target. Without such a run (and without ``target_acc``) the three are empty; so is
+``time_to_target`` for results files older than the ``wall`` field.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from runners.results import ResultsWriter, temporary_beside
+from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, curve, first_reaching
 
 DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
 CSV_COLUMNS = (
@@ -30,7 +42,8 @@ CSV_COLUMNS = (
     "stale", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
     "t_dropout", "t_optimizer", "exchange_bytes",
-    "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "peak_rss_max",
+    "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "best_val", "target_acc",
+    "time_to_target", "target_epoch", "wall_total", "peak_rss_max",
     "threads_per_rank", "ranks_on_node", "cpu_count", "launcher", "bandwidth", "results_file", "data",
 )
 
@@ -98,11 +111,39 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
         "threads_per_rank": environment.get("threads_per_rank"),
         "ranks_on_node": environment.get("ranks_on_node"), "cpu_count": environment.get("cpu_count"),
     }
+    points = curve(epochs)
+    row["best_val"] = max((value for _, _, value in points), default=final.get("best_val"))
+    row["wall_total"] = final.get("wall_total", points[-1][1] if points else None)
+    row[CURVE] = points  # not a CSV column: add_time_to_target reads it
     for part in ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer"):
         row[f"t_{part}"] = _mean([e["time"].get(part, {"mean": 0.0})["mean"] for e in timed])
     row["t_dense"] = _mean([sum(e["time"].get(part, {"mean": 0.0})["mean"] for part in DENSE_PARTS) for e in timed])
     row.update(extra)
     return row
+
+
+CURVE = "_validation_curve"
+"""The key of a row's ``(epoch, wall, validation value)`` points (left out of the CSV)."""
+
+
+def default_targets(rows: list[dict[str, Any]]) -> dict[tuple[Any, int], float]:
+    """Per (dataset, P): :data:`DEFAULT_TARGET_FRACTION` of the best validation value of its exact p2p run(s)."""
+    best: dict[tuple[Any, int], float] = {}
+    for row in rows:
+        if row.get("plan") == "p2p" and row.get("policy") == "exact" and row.get("best_val") is not None:
+            key = (row.get("dataset"), int(row["world_size"]))
+            best[key] = max(best.get(key, float("-inf")), float(row["best_val"]))
+    return {key: DEFAULT_TARGET_FRACTION * value for key, value in best.items()}
+
+
+def add_time_to_target(rows: list[dict[str, Any]], target_acc: float | None = None) -> None:
+    """Fill ``target_acc``, ``time_to_target`` and ``target_epoch`` of every row (see the module docstring):
+    the study's ``target_acc``, else the default target of the row's dataset and P."""
+    defaults = default_targets(rows) if target_acc is None else {}
+    for row in rows:
+        target = target_acc if target_acc is not None else defaults.get((row.get("dataset"), int(row["world_size"])))
+        row["target_acc"] = target
+        row["time_to_target"], row["target_epoch"] = first_reaching(row.get(CURVE, []), target)
 
 
 def max_rank_traffic(epoch: dict[str, Any]) -> float:
@@ -131,8 +172,10 @@ def write_atomically(path: Path, write: Any) -> None:
     os.replace(temporary, path)
 
 
-def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """The study table (:data:`CSV_COLUMNS`)."""
+def write_csv(path: Path, rows: Iterable[dict[str, Any]], target_acc: float | None = None) -> None:
+    """The study table (:data:`CSV_COLUMNS`), time-to-target filled first (:func:`add_time_to_target`)."""
+    rows = list(rows)
+    add_time_to_target(rows, target_acc)
     write_csv_rows(path, CSV_COLUMNS, rows)
 
 

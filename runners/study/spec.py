@@ -16,6 +16,8 @@ A study file (see ``studies/`` and the README)::
     timeout = 900                          # seconds per run
     launcher = "auto"                      # auto | mpiexec | srun
     launcher_args = []                     # e.g. ["--oversubscribe"] for Open MPI's mpiexec
+    # target_acc = 0.78                    # results.csv's time_to_target: validation accuracy in (0, 1]
+                                           # (default: 0.98 x the best of the exact p2p run, same dataset and P)
 
     [train]                                # any `sparse-dist train` option, by its long name
     hidden = 64
@@ -67,7 +69,7 @@ from runners.emulate.network import parse_bandwidth, parse_latency
 from sparse_dist.plans import PLAN_NAMES
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "seeds", "epochs",
-              "warmup", "timeout", "launcher", "launcher_args"}
+              "warmup", "timeout", "launcher", "launcher_args", "target_acc"}
 DATASET_KEYS = {"name", "path", "synthetic", "partitioner", "parts", "nodes_per_rank", "sizes", "seed"}
 SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
 NETWORK_KEYS = {"nodes", "ranks_per_node", "bandwidth", "latency"}
@@ -174,6 +176,7 @@ class Study:
     train: dict[str, Any]
     datasets: list[DatasetSpec]
     network: NetworkSpec | None = None
+    target_acc: float | None = None  # results.csv's time-to-target; None: runners.study.collect's default
 
     def runs(self) -> tuple[list[Run], list[str]]:
         """Every run in a fixed order, and a line for each combination skipped (with the reason)."""
@@ -424,6 +427,10 @@ def load_study(path: str | Path) -> Study:
     timeout = study.get("timeout", 1800)
     _expect(f"{path}: study.timeout", timeout, (int, float), "seconds")
     network = _network(path, document["network"]) if "network" in document else None
+    target_acc = study.get("target_acc")
+    if target_acc is not None and (isinstance(target_acc, bool) or not isinstance(target_acc, (int, float))
+                                   or not 0 < target_acc <= 1):
+        raise StudyError(f"{path}: study.target_acc: expected a validation accuracy in (0, 1], found {target_acc!r}")
     if network is not None and (launcher == "srun" or study.get("launcher_args")):
         raise StudyError(f"{path}: [network] runs go through `sparse-dist emulate`, which launches hydra's mpiexec "
                          f"itself; leave study.launcher at auto or mpiexec and study.launcher_args empty")
@@ -435,4 +442,5 @@ def load_study(path: str | Path) -> Study:
                  epochs=epochs, warmup=warmup, timeout=float(timeout), launcher=launcher,
                  launcher_args=_str_list(f"{path}: study.launcher_args", study["launcher_args"])
                  if study.get("launcher_args") else [],
-                 train=dict(train), datasets=datasets, network=network)
+                 train=dict(train), datasets=datasets, network=network,
+                 target_acc=float(target_acc) if target_acc is not None else None)
