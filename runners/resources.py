@@ -266,7 +266,7 @@ def disk_problem(args: Any, figures: dict[str, int]) -> str | None:
         if need > free:
             what = " and ".join(_disk_text(args, figures) if flag == "--checkpoint" else "the results file (--out)"
                                 for flag in flags)
-            return (f"not enough disk: {what} need{'s' if len(flags) == 1 else ''} about {size(need)} in {directory} "
+            return (f"not enough disk: {what} {'needs' if flags == ['--out'] else 'need'} about {size(need)} in {directory} "
                     f"but it has {size(free)} free; free space there or choose another {'/'.join(flags)} directory "
                     f"(a larger --checkpoint-every does not lower the peak)")
     return None

@@ -160,7 +160,7 @@ def test_train_refuses_checkpoints_larger_than_the_free_space_before_any_epoch(g
         assert len(lines) == 1, lines
         assert lines[0].startswith("sparse-dist train: error: not enough disk: the checkpoints (--checkpoint, 2 sets "
                                    "of "), lines
-        assert ") needs about " in lines[0]
+        assert ") need about " in lines[0]
         assert f" in {tiny} but it has " in lines[0]
         assert lines[0].endswith("free space there or choose another --checkpoint directory (a larger "
                                  "--checkpoint-every does not lower the peak)"), lines
