@@ -186,17 +186,33 @@ def _stale_name(stale: Any) -> str:
 
 
 def policy_state_copies(stale: Any, compress: str) -> tuple[int, bool]:
-    """Arrays of cached-rows x width per cached layer a rank's policy file holds, and whether it also holds the
-    cached block's structure (sancus); (0, False) for a run without per-rank policy state."""
+    """Arrays of exchanged-rows x width per exchanged layer a rank's policy file holds, and whether it also holds
+    the cached blocks' structure (sancus); (0, False) for a run without per-rank policy state. Read off the files
+    (Cora at P = 4): sancus keeps one received block per layer; pipe keeps its last flight of rows and of
+    gradients per layer; error feedback a residual of the rows and of the gradients per layer."""
     name, copies, structure = _stale_name(stale), 0, False
     if name.startswith("sancus"):
         copies, structure = 1, True
     elif name == "pipe" and int(dict(getattr(stale, "params", {}) or {}).get("tau", 1)) > 0:
-        copies = 2  # the flight in progress and the average
+        copies = 2  # rows and gradients in flight
     codec = Codec.parse(compress)
     if codec is not None and codec.feedback:
-        copies += 1  # error-feedback residuals
+        copies += 2  # residuals of the rows and of the gradients
     return copies, structure
+
+
+def exchanged_rows(meta: dict[str, Any], plan: str, groups: int, counts: dict[str, int]) -> int:
+    """Rows a rank of a row group exchanges per layer and direction: under dense-bcast every other group's rows;
+    otherwise, where the run has one group per prepared part, the average from ``prepare``'s predicted bytes per
+    feature for the plan (float32: 4 bytes a row), else the group's boundary rows."""
+    if groups < 2:
+        return 0
+    if plan == "dense-bcast":
+        return int(meta["num_nodes"]) - counts["rows"]
+    predicted = meta.get("partition_stats", {}).get("predicted_forward_bytes_per_feature", {}).get(plan)
+    if predicted and groups == int(meta["num_parts"]):
+        return int(predicted) // 4 // groups
+    return counts["boundary"]
 
 
 def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, int]:
@@ -220,15 +236,15 @@ def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, in
             counts = group_counts(meta, groups, rank // args.replication)
             if counts is None:
                 continue
-            rows = (int(meta["num_nodes"]) - counts["rows"] if args.plan == "dense-bcast" and groups > 1
-                    else counts["boundary"])
+            rows = exchanged_rows(meta, args.plan, groups, counts)
             ranks += RANK_FILE_FIXED_BYTES + copies * rows * sum(cached) * itemsize
             if structure and groups > 1:
                 cut = stats.get("cut_edges")
                 per_group = int(meta["num_parts"]) // groups
                 group = rank // args.replication
                 edges = int(sum(cut[group * per_group:(group + 1) * per_group])) if cut else counts["edges"]
-                ranks += len(cached) * (12 * edges + 4 * (counts["rows"] + 1))  # int32 ids, float64 values
+                # per layer, the blocks of every other group: int32 ids and float64 values per cut edge, row pointers
+                ranks += len(cached) * (12 * edges + 4 * (counts["rows"] + 1) * (groups - 1))
         figures["set"] = main + ranks
         figures["checkpoint"] = figures["set"] * (1 if args.resume else 2)
     if args.out:

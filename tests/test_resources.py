@@ -21,7 +21,8 @@ SPARSE_DIST = str(BIN / "sparse-dist")
 def graphs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("resources")
     return {"cora": write(cora(), root / "cora", parts=2, partitioner="block"),
-            "planted-50k": write(planted_classes(nodes=50_000), root / "planted", parts=2, partitioner="block")}
+            "planted-50k": write(planted_classes(nodes=50_000), root / "planted", parts=2, partitioner="block"),
+            "cora-4": write(cora(), root / "cora4", parts=4, partitioner="block")}
 
 
 @pytest.mark.parametrize("name", ["cora", "planted-50k"])
@@ -118,13 +119,15 @@ def test_a_memory_cgroup_limit_counts_as_what_is_available(tmp_path: Path) -> No
 POLICY = ["--plan", "dense-bcast", "--stale", "sancus-e:eps=2", "--dropout-side", "receiver"]
 
 
-@pytest.mark.parametrize("policy", [False, True], ids=["weights-only", "sancus-caches"])
-def test_the_disk_estimate_is_close_to_what_a_run_writes(graphs, policy: bool, tmp_path: Path) -> None:
-    """A checkpoint set (main file, and per-rank policy files with ``policy``) within 25% of the estimate; the
-    results file within 50%; the estimate printed on start with the memory line."""
+@pytest.mark.parametrize("ranks, flags", [(2, []), (2, POLICY), (4, ["--compress", "int8,feedback"])],
+                         ids=["weights-only", "sancus-caches", "feedback-residuals-P4"])
+def test_the_disk_estimate_is_close_to_what_a_run_writes(graphs, ranks: int, flags: list[str], tmp_path: Path) -> None:
+    """A checkpoint set (main file, and per-rank policy files where the run keeps policy state) within 25% of the
+    estimate; the results file within 50%; the estimate printed on start with the memory line."""
     out, checkpoint = tmp_path / "r.jsonl", tmp_path / "ck" / "run.ckpt"
-    result = run_mpi(2, [SPARSE_DIST, "train", "--data", str(graphs["cora"]), "--epochs", "3", "--out", str(out),
-                         "--checkpoint", str(checkpoint), "--checkpoint-every", "1", *(POLICY if policy else [])])
+    data = graphs["cora" if ranks == 2 else "cora-4"]
+    result = run_mpi(ranks, [SPARSE_DIST, "train", "--data", str(data), "--epochs", "3", "--out", str(out),
+                             "--checkpoint", str(checkpoint), "--checkpoint-every", "1", *flags])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("memory: about ") and lines[1].startswith("disk: about "), lines[:2]
@@ -134,7 +137,7 @@ def test_the_disk_estimate_is_close_to_what_a_run_writes(graphs, policy: bool, t
     sets = [entry for entry in checkpoint.parent.iterdir() if entry.is_dir()]
     assert len(sets) == 1, sets
     files = sorted(entry.name for entry in sets[0].iterdir())
-    assert files == (["main.ckpt", "rank00000.ckpt", "rank00001.ckpt"] if policy else ["main.ckpt"])
+    assert files == ["main.ckpt", *([f"rank{r:05d}.ckpt" for r in range(ranks)] if flags else [])], files
     written = sum(entry.stat().st_size for entry in sets[0].iterdir())
     assert abs(estimate["set"] - written) <= 0.25 * written, (estimate, written)
     assert estimate["checkpoint"] == 2 * estimate["set"]
