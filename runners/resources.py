@@ -9,6 +9,15 @@ caches. :func:`check_train_resources` (collective) prints the estimate (rank 0, 
 one sentence, with the flag that would help, when the ranks of a node together need more than its
 ``MemAvailable`` (``/proc/meminfo``).
 
+``train``'s disk: :func:`train_disk` estimates the checkpoint sets (``main.ckpt``: the parameters, counted
+exactly from the layer widths, three times (weights and Adam's two moments) plus a small fixed part; a
+``rankNNNNN.ckpt`` per rank where the run keeps policy state: its cached rows x the exchanged width per
+cached layer, plus sancus' cached block structure) and the results file; while a new set is committed the
+previous one still exists, so the checkpoint's peak is two sets (one more beside the one already there when
+resuming). :func:`check_train_resources` also checks these against the free space of the directories they
+go to (summed where both are on one file system), from rank 0's view (shared file system assumed: every
+rank's policy file goes to the checkpoint's directory).
+
 ``prepare``: :func:`prepare_memory` (whole-graph sources: the synthetic generator's arrays and the shard
 writer's copies) and :func:`shard_bytes` (the disk the shards take); :func:`check_prepare_resources` prints
 both and refuses a need above ``MemAvailable`` (pointing at ``--stream``) or the free space of the output's
@@ -26,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from algorithms.static_input import receiver_side
 from runners.data.shards import ShardError, read_meta
 from sparse_dist.comm import Communicator
+from sparse_dist.compress import Codec
 
 GIB = 1 << 30
 
@@ -48,6 +59,21 @@ ACTIVATION_COPIES = 3
 their gradients, not all alive at once)."""
 OPTIMIZER_COPIES = 4
 """A parameter, its gradient and Adam's two moments."""
+
+CHECKPOINT_FIXED_BYTES = 12 << 10
+"""``main.ckpt`` beyond weights and Adam's moments: torch's RNG state (5,056 bytes), the configuration, the
+optimiser's groups, the zip archive and the header line (Cora, GCN 2 x 16, float32: 288,074 bytes written
+against 276,756 of parameters x 3)."""
+RANK_FILE_FIXED_BYTES = 4 << 10
+"""A ``rankNNNNN.ckpt`` beyond its cached arrays: versions, counts and the archive (Cora at P = 2,
+dense-bcast, sancus-e: 126,259 bytes written against 123,312 of arrays)."""
+EPOCH_RECORD_BYTES = 2600
+"""One ``epoch`` record of the results file: measured 2,461 to 2,501 bytes (Cora, P = 2, GCN, p2p and
+dense-bcast + sancus-e, 3 epochs: ``awk '{print length($0)+1}' r.jsonl``)."""
+RESULTS_FIXED_BYTES = 3 << 10
+RESULTS_BYTES_PER_RANK = 512
+"""The results file's config, environment, setup and final records: 3,670 and 3,894 bytes in the same runs
+(the environment and final records hold per-rank figures)."""
 
 
 class ResourceError(ValueError):
@@ -141,6 +167,127 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     return Estimate(parts)
 
 
+def parameter_count(model: str, widths: list[tuple[int, int]], output_heads: int = 1) -> int:
+    """The model's trainable values, exactly as its layers hold them: W and b per layer (SAGE: two W; GAT: the
+    heads' W side by side, the source and destination attention vectors, and a bias as wide as the layer's
+    output, which for the output layer is one head's, its heads being averaged)."""
+    count = 0
+    for index, (d_in, d_out) in enumerate(widths):
+        if model == "gat":
+            last = index == len(widths) - 1
+            count += d_in * d_out + 2 * d_out + (d_out // max(output_heads, 1) if last else d_out)
+        else:
+            count += d_in * d_out * (2 if model == "sage" else 1) + d_out
+    return count
+
+
+def _stale_name(stale: Any) -> str:
+    return str(getattr(stale, "name", stale)).split(":")[0]
+
+
+def policy_state_copies(stale: Any, compress: str) -> tuple[int, bool]:
+    """Arrays of exchanged-rows x width per exchanged layer a rank's policy file holds, and whether it also holds
+    the cached blocks' structure (sancus); (0, False) for a run without per-rank policy state. Read off the files
+    (Cora at P = 4): sancus keeps one received block per layer; pipe keeps its last flight of rows and of
+    gradients per layer; error feedback a residual of the rows and of the gradients per layer."""
+    name, copies, structure = _stale_name(stale), 0, False
+    if name.startswith("sancus"):
+        copies, structure = 1, True
+    elif name == "pipe" and int(dict(getattr(stale, "params", {}) or {}).get("tau", 1)) > 0:
+        copies = 2  # rows and gradients in flight
+    codec = Codec.parse(compress)
+    if codec is not None and codec.feedback:
+        copies += 2  # residuals of the rows and of the gradients
+    return copies, structure
+
+
+def exchanged_rows(meta: dict[str, Any], plan: str, groups: int, counts: dict[str, int]) -> int:
+    """Rows a rank of a row group exchanges per layer and direction: under dense-bcast every other group's rows;
+    otherwise, where the run has one group per prepared part, the average from ``prepare``'s predicted bytes per
+    feature for the plan (float32: 4 bytes a row), else the group's boundary rows."""
+    if groups < 2:
+        return 0
+    if plan == "dense-bcast":
+        return int(meta["num_nodes"]) - counts["rows"]
+    predicted = meta.get("partition_stats", {}).get("predicted_forward_bytes_per_feature", {}).get(plan)
+    if predicted and groups == int(meta["num_parts"]):
+        return int(predicted) // 4 // groups
+    return counts["boundary"]
+
+
+def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, int]:
+    """Bytes ``train`` writes: ``set`` (one checkpoint set: ``main.ckpt`` and every rank's policy file),
+    ``checkpoint`` (its peak: two sets, one while resuming) and ``results``; 0 where nothing is written."""
+    figures = {"set": 0, "checkpoint": 0, "results": 0}
+    itemsize = 8 if args.dtype == "float64" else 4
+    widths = layer_widths(args.model, int(meta["feature_dim"]), args.hidden, args.layers, int(meta["num_classes"]),
+                          args.heads, args.output_heads)
+    if args.checkpoint:
+        main = 3 * parameter_count(args.model, widths, args.output_heads) * itemsize + CHECKPOINT_FIXED_BYTES
+        copies, structure = policy_state_copies(args.stale, str(getattr(args, "compress", "none")))
+        receiver = receiver_side(args.dropout_side, args.dropout, args.stale)
+        skip_first = args.input_exchange == "once" or (args.input_exchange == "auto" and receiver)
+        cached = [(d_in if receiver else (d_out if args.model == "gat" else min(d_in, d_out)))
+                  for index, (d_in, d_out) in enumerate(widths) if not (skip_first and index == 0)]
+        ranks = 0
+        groups = world_size // max(args.replication, 1)
+        stats = meta.get("partition_stats", {})
+        for rank in range(world_size if copies else 0):
+            counts = group_counts(meta, groups, rank // args.replication)
+            if counts is None:
+                continue
+            rows = exchanged_rows(meta, args.plan, groups, counts)
+            ranks += RANK_FILE_FIXED_BYTES + copies * rows * sum(cached) * itemsize
+            if structure and groups > 1:
+                cut = stats.get("cut_edges")
+                per_group = int(meta["num_parts"]) // groups
+                group = rank // args.replication
+                edges = int(sum(cut[group * per_group:(group + 1) * per_group])) if cut else counts["edges"]
+                # per layer, the blocks of every other group: int32 ids and float64 values per cut edge, row pointers
+                ranks += len(cached) * (12 * edges + 4 * (counts["rows"] + 1) * (groups - 1))
+        figures["set"] = main + ranks
+        figures["checkpoint"] = figures["set"] * (1 if args.resume else 2)
+    if args.out:
+        figures["results"] = (RESULTS_FIXED_BYTES + RESULTS_BYTES_PER_RANK * world_size
+                              + EPOCH_RECORD_BYTES * args.epochs)
+    return figures
+
+
+def _existing(path: str | Path) -> Path:
+    """The directory ``path`` will be written into, or its nearest existing ancestor."""
+    target = Path(path).resolve().parent
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    return target
+
+
+def _disk_text(args: Any, figures: dict[str, int]) -> str:
+    sets = f"1 set of {size(figures['set'])} beside the current one" if args.resume else f"2 sets of {size(figures['set'])}"
+    return f"the checkpoints (--checkpoint, {sets})"
+
+
+def disk_problem(args: Any, figures: dict[str, int]) -> str | None:
+    """The sentence refusing ``figures`` where they exceed the free space (rank 0's view), or None."""
+    needs: dict[int, tuple[Path, int, list[str]]] = {}
+    for flag, path, need in (("--checkpoint", args.checkpoint, figures["checkpoint"]),
+                             ("--out", args.out, figures["results"])):
+        if not path or not need:
+            continue
+        directory = _existing(path)
+        device = directory.stat().st_dev
+        shown, total, flags = needs.get(device, (directory, 0, []))
+        needs[device] = (shown, total + need, flags + [flag])
+    for directory, need, flags in needs.values():
+        free = shutil.disk_usage(directory).free
+        if need > free:
+            what = " and ".join(_disk_text(args, figures) if flag == "--checkpoint" else "the results file (--out)"
+                                for flag in flags)
+            return (f"not enough disk: {what} {'needs' if flags == ['--out'] else 'need'} about {size(need)} in {directory} "
+                    f"but it has {size(free)} free; free space there or choose another {'/'.join(flags)} directory "
+                    f"(a larger --checkpoint-every does not lower the peak)")
+    return None
+
+
 def mem_available() -> int | None:
     """What this node can still give: ``MemAvailable`` (``/proc/meminfo``), or less where this process's memory
     cgroup (a Slurm job's, a container's) has less room left under its limit; None where neither says."""
@@ -231,8 +378,12 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
                                 model=args.model, hidden=args.hidden, layers=args.layers, dtype=args.dtype,
                                 heads=args.heads, output_heads=args.output_heads,
                                 input_exchange=args.input_exchange, stale=str(args.stale))
+    disk, disk_error = None, None
+    if comm.rank == 0 and meta is not None and (args.checkpoint or args.out):
+        disk = train_disk(meta, args, comm.size)
+        disk_error = disk_problem(args, disk)
     mine = {"host": socket.gethostname(), "rss_at_start": current_rss(), "available": mem_available(),
-            "estimate": estimate.parts if estimate is not None else None}
+            "estimate": estimate.parts if estimate is not None else None, "disk_error": disk_error}
     everyone = comm.allgather_object(mine)
     if any(entry["estimate"] is None for entry in everyone):
         return None  # the dataset does not fit the run: the shard reader says why, collectively
@@ -257,6 +408,13 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
         print(f"memory: about {biggest.describe()} on the largest rank, beyond the {size(everyone[largest]['rss_at_start'])} "
               f"it holds at start; {size(available) if available else 'unknown memory'} available on "
               f"{'each node' if len(nodes) > 1 else 'this node'} for {node_ranks} rank(s)", flush=True)
+        if disk is not None:
+            sets = (f"1 set of {size(disk['set'])} beside the current one" if args.resume
+                    else f"2 sets of {size(disk['set'])}")
+            shown = [f"{size(disk['checkpoint'])} for checkpoints ({sets})"] if disk["set"] else []
+            shown += [f"{size(disk['results'])} for the results file"] if disk["results"] else []
+            print(f"disk: about {' and '.join(shown)}", flush=True)
+            record["disk_estimate"] = disk
     if worst is not None:
         _, host, ranks, need, available = worst
         shown = ", ".join(f"{name} {size(value)}" for name, value in biggest.parts.items() if value)
@@ -264,6 +422,10 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
             f"not enough memory: the {len(ranks)} rank(s) on {host} need about {size(need)} but {size(available)} is "
             f"available (largest rank {size(biggest.total)}: {shown}); use {_train_hint(args, biggest)}")
         error.every_rank = True  # type: ignore[attr-defined]  # decided from gathered figures: the same everywhere
+        raise error
+    if everyone[0]["disk_error"] is not None:  # rank 0 looked (it writes the main file and the results)
+        error = ResourceError(everyone[0]["disk_error"])
+        error.every_rank = True  # type: ignore[attr-defined]
         raise error
     return record
 

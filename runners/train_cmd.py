@@ -468,7 +468,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     checkpoints = (SetWriter(comm, args.checkpoint, replication=args.replication, plan=args.plan)
                    if args.checkpoint else None)
     every = args.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
-    resources = check_train_resources(comm, args, readable_meta(args.data))  # memory estimate; may refuse
+    resources = check_train_resources(comm, args, readable_meta(args.data))  # memory and disk estimates; may refuse
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     device = rank_device(comm, args.device)  # before any data is read

@@ -21,7 +21,8 @@ SPARSE_DIST = str(BIN / "sparse-dist")
 def graphs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("resources")
     return {"cora": write(cora(), root / "cora", parts=2, partitioner="block"),
-            "planted-50k": write(planted_classes(nodes=50_000), root / "planted", parts=2, partitioner="block")}
+            "planted-50k": write(planted_classes(nodes=50_000), root / "planted", parts=2, partitioner="block"),
+            "cora-4": write(cora(), root / "cora4", parts=4, partitioner="block")}
 
 
 @pytest.mark.parametrize("name", ["cora", "planted-50k"])
@@ -113,3 +114,95 @@ def test_a_memory_cgroup_limit_counts_as_what_is_available(tmp_path: Path) -> No
     assert cgroup_memory_room(tmp_path, membership) == 3 << 30
     (unified / "memory.max").write_text("max\n")
     assert cgroup_memory_room(tmp_path, membership) is None
+
+
+POLICY = ["--plan", "dense-bcast", "--stale", "sancus-e:eps=2", "--dropout-side", "receiver"]
+
+
+@pytest.mark.parametrize("ranks, flags", [(2, []), (2, POLICY), (4, ["--compress", "int8,feedback"])],
+                         ids=["weights-only", "sancus-caches", "feedback-residuals-P4"])
+def test_the_disk_estimate_is_close_to_what_a_run_writes(graphs, ranks: int, flags: list[str], tmp_path: Path) -> None:
+    """A checkpoint set (main file, and per-rank policy files where the run keeps policy state) within 25% of the
+    estimate; the results file within 50%; the estimate printed on start with the memory line."""
+    out, checkpoint = tmp_path / "r.jsonl", tmp_path / "ck" / "run.ckpt"
+    data = graphs["cora" if ranks == 2 else "cora-4"]
+    result = run_mpi(ranks, [SPARSE_DIST, "train", "--data", str(data), "--epochs", "3", "--out", str(out),
+                             "--checkpoint", str(checkpoint), "--checkpoint-every", "1", *flags])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("memory: about ") and lines[1].startswith("disk: about "), lines[:2]
+    assert "for checkpoints (2 sets of " in lines[1] and lines[1].endswith(" for the results file"), lines[1]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    estimate = next(r for r in records if r["type"] == "environment")["memory"]["disk_estimate"]
+    sets = [entry for entry in checkpoint.parent.iterdir() if entry.is_dir()]
+    assert len(sets) == 1, sets
+    files = sorted(entry.name for entry in sets[0].iterdir())
+    assert files == ["main.ckpt", *([f"rank{r:05d}.ckpt" for r in range(ranks)] if flags else [])], files
+    written = sum(entry.stat().st_size for entry in sets[0].iterdir())
+    assert abs(estimate["set"] - written) <= 0.25 * written, (estimate, written)
+    assert estimate["checkpoint"] == 2 * estimate["set"]
+    assert abs(estimate["results"] - out.stat().st_size) <= 0.5 * out.stat().st_size, (estimate, out.stat().st_size)
+
+
+def _tiny_filesystem(directory: Path, size: str = "64k") -> None:
+    directory.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {(mounted.stderr or mounted.stdout).strip()}")
+
+
+def test_train_refuses_checkpoints_larger_than_the_free_space_before_any_epoch(graphs, tmp_path: Path) -> None:
+    tiny = tmp_path / "tiny"
+    _tiny_filesystem(tiny)
+    try:
+        result = run_mpi(2, [SPARSE_DIST, "train", "--data", str(graphs["cora"]), "--epochs", "3",
+                             "--checkpoint", str(tiny / "run.ckpt"), "--checkpoint-every", "1", *POLICY])
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("sparse-dist train: error: not enough disk: the checkpoints (--checkpoint, 2 sets "
+                                   "of "), lines
+        assert ") need about " in lines[0]
+        assert f" in {tiny} but it has " in lines[0]
+        assert lines[0].endswith("free space there or choose another --checkpoint directory (a larger "
+                                 "--checkpoint-every does not lower the peak)"), lines
+        assert "epoch" not in result.stdout, result.stdout
+        assert list(tiny.iterdir()) == []  # nothing written, not even a set directory
+    finally:
+        subprocess.run(["umount", str(tiny)], check=False)
+
+
+def test_checkpoints_and_results_on_one_file_system_are_counted_together(graphs, tmp_path: Path) -> None:
+    """Each alone fits the 64 KiB file system, both together do not: the refusal names both flags."""
+    import shutil
+
+    from runners.cli import _parser
+    from runners.model_defaults import fill_model_defaults
+    from runners.resources import train_disk
+
+    def figures(epochs: int) -> dict[str, int]:
+        args = _parser().parse_args(["train", *argv, "--epochs", str(epochs)])
+        fill_model_defaults(args)
+        return train_disk(meta, args, 2)
+
+    meta = json.loads((graphs["cora"] / "meta.json").read_text())
+    tiny = tmp_path / "tiny"
+    _tiny_filesystem(tiny)
+    try:
+        free = shutil.disk_usage(tiny).free
+        argv = ["--data", str(graphs["cora"]), "--hidden", "1", "--out", str(tiny / "r.jsonl"),
+                "--checkpoint", str(tiny / "run.ckpt"), "--checkpoint-every", "1"]
+        epochs = next(e for e in range(1, 100) if figures(e)["checkpoint"] + figures(e)["results"] > free)
+        disk = figures(epochs)
+        assert disk["checkpoint"] <= free and disk["results"] <= free, (disk, free)  # each alone would fit
+        result = run_mpi(2, [SPARSE_DIST, "train", *argv, "--epochs", str(epochs)])
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            "sparse-dist train: error: not enough disk: the checkpoints (--checkpoint, 2 sets of "), lines
+        assert ") and the results file (--out) need about " in lines[0]
+        assert "choose another --checkpoint/--out directory" in lines[0]
+        assert list(tiny.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(tiny)], check=False)
