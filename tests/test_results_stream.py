@@ -124,31 +124,57 @@ def test_a_run_killed_midway_keeps_a_valid_prefix_of_its_records(cora_data: Path
     assert not out.exists() and not is_complete(out)
 
 
-def _mount_tiny_tmpfs(directory: Path) -> None:
+def _mount_tiny_tmpfs(directory: Path, size: str = "64k") -> None:
     directory.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(directory)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
 
 
+def _fill(directory: Path) -> None:
+    """Write zeros into ``directory`` until its file system is full (as another process filling the disk would)."""
+    with open(directory / "filler", "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+
+
 def test_a_full_disk_is_one_sentence_as_soon_as_it_happens(cora_data: Path, tmp_path: Path) -> None:
+    """The disk fills up while the run writes (train's estimate before work passed: the disk had room then)."""
     tiny = tmp_path / "tiny"
-    _mount_tiny_tmpfs(tiny)  # 64 KiB: about 25 epoch records of Cora
+    _mount_tiny_tmpfs(tiny, "4m")  # room for the estimate of 400 epoch records; filled once 3 are written
     try:
         out = tiny / "r.jsonl"
-        result = subprocess.run([mpiexec_path(), "-n", "2", SPARSE_DIST, "train", "--data", str(cora_data),
-                                 "--epochs", "400", "--print-every", "1", "--out", str(out)], cwd=ROOT,
-                                capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        assert result.returncode == 2, result.stderr
-        said = result.stdout + result.stderr
+        process = subprocess.Popen([mpiexec_path(), "-n", "2", SPARSE_DIST, "train", "--data", str(cora_data),
+                                    "--epochs", "400", "--print-every", "1", "--out", str(out)], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                   env=dict(os.environ, OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT="240"))
+        try:
+            deadline = time.monotonic() + 200
+            partial = partial_beside(out)
+            while time.monotonic() < deadline and process.poll() is None:
+                if partial.exists() and partial.read_text().count('"type": "epoch"') >= 3:
+                    break
+                time.sleep(0.05)
+            _fill(tiny)
+            stdout, stderr = process.communicate(timeout=240)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+        assert process.returncode == 2, stderr
+        said = stdout + stderr
         assert said.count("No space left on device") == 1 and "Traceback" not in said, said
         assert (f"sparse-dist train: error: --out {out}: cannot write the results file: No space left on device; "
-                f"the ") in result.stderr
+                f"the ") in stderr
         records = _records(partial_beside(out))
         written = [r["epoch"] for r in records if r["type"] == "epoch"]
-        assert written and f"epoch {written[-1] + 2:4d}" not in result.stdout  # stopped at the next epoch's gather
+        assert len(written) >= 3 and written == list(range(1, len(written) + 1))
+        assert f"epoch {written[-1] + 2:4d}" not in stdout  # stopped at the next epoch's gather
         assert "final" not in [r["type"] for r in records] and not out.exists()
     finally:
         subprocess.run(["umount", str(tiny)], check=False)
