@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -219,6 +220,8 @@ def test_cleanup_removes_what_a_killed_run_left(tmp_path: Path) -> None:
     assert cleanup.returncode == 0, cleanup.stderr
     assert f"{prefix_of(process.pid)}n0" in cleanup.stdout
     assert _ours(process.pid) == []
+    scratch = list(Path(tempfile.gettempdir()).glob(f"{prefix_of(process.pid)}*"))
+    assert scratch == [], scratch  # the killed run's launcher wrapper directory went with its namespaces
     _wait_for(lambda: _processes_with(marker) == [], seconds=10)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -41,7 +42,7 @@ from typing import Any
 
 from runners.emulate.network import (HEAD_ADDRESS, MAX_NODES, NODE_INTERFACE, EmulatedCluster, EmulationUnavailable,
                                      LinkSpec, check_privileges, leftovers, node_address, parse_bandwidth,
-                                     parse_latency, prefix_of, remove_namespaces)
+                                     PREFIX, owner_alive, parse_latency, prefix_of, remove_namespaces)
 
 TIMEOUT_STATUS = 124
 MAX_RATE_BITS = 8 * (2 ** 32 - 1)  # tbf's 32-bit rate field, in bytes per second
@@ -205,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     check_privileges()
     mpiexec = hydra_mpiexec()
     stale = leftovers()
+    _remove_stale_scratch()
     if stale:
         remove_namespaces(stale)
         print(f"sparse-dist emulate: removed {len(stale)} namespace(s) a killed run left: {' '.join(stale)}",
@@ -236,6 +238,21 @@ def run(args: argparse.Namespace) -> int:
     return rc
 
 
+def _remove_stale_scratch() -> list[str]:
+    """Remove the scratch directories (``TMPDIR/sdemu-PID-*`` holding only the launcher wrapper ``ssh``) of runs
+    whose ``emulate`` no longer runs: a SIGKILLed run cannot remove its own. Anything else there is left alone."""
+    removed = []
+    for directory in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        match = re.fullmatch(re.escape(PREFIX) + r"(\d+)-.*", directory.name)
+        if (not match or not directory.is_dir() or directory.is_symlink() or owner_alive(int(match.group(1)))
+                or sorted(p.name for p in directory.iterdir()) != ["ssh"]):
+            continue
+        (directory / "ssh").unlink()
+        directory.rmdir()
+        removed.append(str(directory))
+    return removed
+
+
 def main(comm: object, args: argparse.Namespace) -> int:
     _owner_only_signals()
     try:
@@ -243,8 +260,9 @@ def main(comm: object, args: argparse.Namespace) -> int:
             check_privileges()
             stale = leftovers()
             remove_namespaces(stale)
-            print(f"sparse-dist emulate: removed {len(stale)} namespace(s) left by killed runs"
-                  + (f": {' '.join(stale)}" if stale else ""))
+            scratch = _remove_stale_scratch()
+            print(f"sparse-dist emulate: removed {len(stale)} namespace(s) and {len(scratch)} scratch "
+                  f"directory(ies) left by killed runs" + (f": {' '.join(stale + scratch)}" if stale or scratch else ""))
             return 0
         return run(args)
     except EmulationUnavailable as exc:

@@ -346,7 +346,7 @@ def remove_namespaces(names: list[str]) -> None:
             pass
 
 
-def _owner_alive(pid: int) -> bool:
+def owner_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             return b"emulate" in handle.read()
@@ -360,6 +360,6 @@ def leftovers() -> list[str]:
     found = []
     for name in names:
         match = re.fullmatch(re.escape(PREFIX) + r"(\d+)-.*", name)
-        if match and not _owner_alive(int(match.group(1))):
+        if match and not owner_alive(int(match.group(1))):
             found.append(name)
     return sorted(found)
