@@ -18,19 +18,31 @@ def mpiexec_path() -> str:
     return str(candidate) if candidate.exists() else "mpiexec"
 
 
-def run_mpi(ranks: int, argv: list[str], timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
-    """Run ``mpiexec -n ranks argv...``; kill the whole process group if it outlives ``timeout``."""
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(int(timeout)), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    command = [mpiexec_path(), "-n", str(ranks), *argv]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+def finish(process: subprocess.Popen[str], timeout: float, what: str) -> subprocess.CompletedProcess[str]:
+    """Wait for ``process`` (started with ``start_new_session=True``); past ``timeout`` kill its whole process
+    group and fail naming ``what``, so a hang is a failed test, never a hung suite."""
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        raise AssertionError(f"{' '.join(command)} did not finish within {timeout} s\n{stdout}\n{stderr}") from None
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+        raise AssertionError(f"{what} did not finish within {timeout} s\n{stdout}\n{stderr}") from None
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def run_with_timeout(argv: list[str], *, timeout: float, cwd: Path = ROOT,
+                     env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in its own process group with ``env`` (default: this one, one OpenMP thread, unbuffered
+    Python, ``MPIEXEC_TIMEOUT``), under :func:`finish`'s timeout."""
+    env = env or dict(os.environ, MPIEXEC_TIMEOUT=str(int(timeout)), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    return finish(process, timeout, " ".join(argv))
+
+
+def run_mpi(ranks: int, argv: list[str], timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
+    """Run ``mpiexec -n ranks argv...``; kill the whole process group if it outlives ``timeout``."""
+    return run_with_timeout([mpiexec_path(), "-n", str(ranks), *argv], timeout=timeout)
 
 
 def run_case(ranks: int, script: str, *args: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:

@@ -16,16 +16,14 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import re
 import shlex
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from mpirun import BIN, ROOT
+from mpirun import BIN, ROOT, run_with_timeout
 
 README = ROOT / "README.md"
 MAKEFILE = ROOT / "Makefile"
@@ -227,16 +225,7 @@ def _run(command: DocCommand, cwd: Path, *, ranks: int | None = None, extra: tup
     argv = [str(BIN / PROGRAM), *command.argv, *extra]
     if ranks is not None:
         argv = [str(BIN / "mpiexec"), "-n", str(ranks), *argv]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(int(timeout)), PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        raise AssertionError(f"{command} did not finish within {timeout} s\n{stdout}\n{stderr}") from None
-    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+    return run_with_timeout(argv, timeout=timeout, cwd=cwd)
 
 
 def _ok(command: DocCommand, result: subprocess.CompletedProcess[str]) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from datasets_for_tests import cora, write
-from mpirun import BIN, ROOT, run_mpi
+from mpirun import BIN, ROOT, finish, run_mpi
 
 from runners import cli
 from runners.emulate import command as emulate_command
@@ -77,13 +77,8 @@ def _emulate(*args: str, timeout: float = 120.0) -> subprocess.Popen[str]:
 
 
 def _finish(process: subprocess.Popen[str], timeout: float = 120.0) -> tuple[int, str, str]:
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        raise AssertionError(f"emulate did not finish within {timeout} s\n{stdout}\n{stderr}") from None
-    return process.returncode, stdout, stderr
+    result = finish(process, timeout, "emulate")
+    return result.returncode, result.stdout, result.stderr
 
 
 def _wait_for(condition, seconds: float = 60.0) -> None:  # type: ignore[no-untyped-def]
