@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runners.launcher_path import find_mpiexec
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
 from runners.data.shards import read_meta
 from runners.study.spec import Run, Study, StudyError, load_study, train_flags
@@ -53,8 +54,7 @@ def _python_command() -> list[str]:
 
 
 def _mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    found = find_mpiexec()
     if found is None:
         raise StudyError("no mpiexec found beside the Python interpreter or on PATH; install an MPI "
                          "(pip install mpich) or run the study inside a Slurm allocation")

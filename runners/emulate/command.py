@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 from runners.emulate.network import (HEAD_ADDRESS, MAX_NODES, NODE_INTERFACE, EmulatedCluster, EmulationUnavailable,
                                      LinkSpec, check_privileges, leftovers, node_address, parse_bandwidth,
                                      PREFIX, owner_alive, parse_latency, prefix_of, remove_namespaces)
+from runners.launcher_path import find_mpiexec
 
 TIMEOUT_STATUS = 124
 MAX_RATE_BITS = 8 * (2 ** 32 - 1)  # tbf's 32-bit rate field, in bytes per second
@@ -110,8 +110,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 
 def hydra_mpiexec() -> str:
     """The hydra ``mpiexec`` beside this Python (or on PATH); :class:`EmulationUnavailable` if there is none."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    found = find_mpiexec()
     if found is None:
         raise EmulationUnavailable("emulate needs MPICH's mpiexec (hydra) and found no mpiexec beside "
                                    "the Python interpreter or on PATH; pip install mpich")
