@@ -1,0 +1,39 @@
+"""Starting MPI: mpi4py is told not to initialise at import, and the first use starts it.
+
+See "Initialisation" in :mod:`sparse_dist.comm`. Every module of the package takes ``MPI`` from here, so the
+``mpi4py.rc`` settings are in place before ``mpi4py.MPI`` is first imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mpi4py
+
+mpi4py.rc.initialize = False  # started by _initialised() on first use, not at import
+mpi4py.rc.finalize = True     # still finalised by mpi4py at exit once started
+from mpi4py import MPI  # noqa: E402
+
+__all__ = ["MPI", "mpi_library_version", "mpi_vendor_details", "world_rank"]
+
+
+def mpi_library_version() -> str:
+    """The MPI library's own version string (first line)."""
+    return MPI.Get_library_version().strip().splitlines()[0]
+
+
+def mpi_vendor_details() -> dict[str, str]:
+    """MPI standard version, library version line and mpi4py version, for results files."""
+    major, minor = MPI.Get_version()
+    return {"mpi_standard": f"{major}.{minor}", "mpi_library": mpi_library_version(), "mpi4py": mpi4py.__version__}
+
+
+def _initialised() -> Any:
+    """``MPI.COMM_WORLD``, starting MPI first if this process has not yet."""
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    return MPI.COMM_WORLD
+
+
+def world_rank() -> int:
+    return _initialised().Get_rank()
