@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from datasets_for_tests import cora, write
+from datasets_for_tests import cora, random_directed, write
 from mpirun import BIN, run_case, run_mpi
 
 from algorithms.checkpoint import MAIN_FILE, read_pointer, rank_file
@@ -149,3 +149,32 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
         assert (row["time_to_target"], row["target_epoch"]) == ((reaching[0][1], reaching[0][0]) if reaching
                                                                 else (None, None)), name
         assert [point[0] for point in row["curve"]] == [1, 2, 3] and row["best_val"] == max(p[2] for p in row["curve"])
+
+
+@pytest.fixture(scope="module")
+def shrinking_shards(tmp_path_factory) -> Path:
+    """12 features -> 64 hidden -> 4 classes: layer 1 shrinks the width 16x (the issue's 64 -> 4)."""
+    return write(random_directed(400, classes=4, seed=3), tmp_path_factory.mktemp("shrink") / "g", parts=4,
+                 partitioner="block")
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("side", ["auto", "owner"])
+def test_sancus_h_costs_no_more_than_its_plan_and_skips_when_weights_stand_still(
+        shrinking_shards: Path, tmp_path: Path, side: str, ranks: int) -> None:
+    # Weights all but frozen (Adam moves each by ~lr a step) and layer 0 exchanging X every epoch: its unmasked
+    # rows stand still, only the dropout masks change. auto must keep layer 1 owner-side (64 pre-dropout columns
+    # would travel instead of 4), and owner-side the gap must compare the unmasked rows (X, H W), not the masked
+    # ones, whose masks change every epoch (before: auto moved more bytes than the plan, owner never skipped).
+    common = ["--plan", "dense-bcast", "--model", "gcn", "--layers", "2", "--hidden", "64", "--dropout", "0.5",
+              "--lr", "1e-12", "--epochs", "6", "--eval-every", "6", "--seed", "2", "--input-exchange", "per-epoch"]
+    plain_out, policy_out = tmp_path / "plain.jsonl", tmp_path / "policy.jsonl"
+    plain = _train(shrinking_shards, *common, "--out", str(plain_out), ranks=ranks)
+    assert plain.returncode == 0, plain.stderr
+    run = _train(shrinking_shards, *common, "--stale", "sancus-h:eps=0.05", "--dropout-side", side,
+                 "--out", str(policy_out), ranks=ranks)
+    assert run.returncode == 0, run.stderr
+    assert _exchange_bytes(policy_out) <= _exchange_bytes(plain_out)
+    epochs = [r for r in (json.loads(line) for line in policy_out.read_text().splitlines()) if r["type"] == "epoch"]
+    skipped = [b for e in epochs[1:] for b in e["broadcasts"] if len(b["active"]) < b["owners"]]
+    assert skipped, [e["broadcasts"] for e in epochs]
