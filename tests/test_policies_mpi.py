@@ -122,7 +122,9 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
     # 3 epochs: fetching X's halo would cost more than 3 epochs of layer-0 exchanges, so auto keeps per-epoch
     assert report["exact p2p"]["input_exchange"] == "per-epoch" and report["exact p2p"]["halo_bytes"] == 0
     assert report["p2p X/epoch"]["bytes"] == report["exact p2p"]["bytes"]
-    assert report["sancus-h0.05"]["receiver_dropout"] and not report["sancus-e1"]["receiver_dropout"]
+    # Cora's layers shrink the width (1433 -> 16 -> 7): receiver-side would widen every exchange, so auto stays owner
+    assert not report["sancus-h0.05"]["receiver_dropout"] and not report["sancus-e1"]["receiver_dropout"]
+    assert report["sancus-h0.05"]["bytes"] <= report["dense-bcast"]["bytes"]
     assert report["bns p=0"]["bytes"] == 0
     assert 0 < report["bns p=0.1"]["bytes"] < report["exact p2p"]["bytes"] < report["dense-bcast"]["bytes"]
     assert report["sancus-e1"]["bytes"] < report["dense-bcast"]["bytes"]  # epoch 1 reuses the epoch-0 blocks
