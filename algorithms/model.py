@@ -108,7 +108,8 @@ class GraphModel(nn.Module):
         passes). ``exact_exchange``: exchange exactly although training (same masks; the audit's forward).
         ``trace``: each layer's output rows (before its activation) are appended to it, detached.
         Under owner-side dropout each exchanging SpMM layer's context also says how to make its input
-        without the mask (``ExchangeContext.unmasked``: what ``sancus-h`` compares; made only if asked).
+        without the mask (``ExchangeContext.unmasked``: what ``sancus-h`` compares; made only if asked);
+        layer 1 after a static halo, on either side, without any mask (layer 0 recomputed locally, unmasked).
         Collective: every exchanging layer calls the SpMM.
         """
         dropout = (GlobalRowDropout(self.dropout, self.seed, epoch, first_row, timer)
@@ -118,8 +119,12 @@ class GraphModel(nn.Module):
         h = x
         for index, layer in enumerate(self.layers):
             local = index == 0 and halo is not None
-            unmasked = (self._unmasked(h, self.layers[index - 1].activation if index > 0 else None)
-                        if dropout is not None and not receiver and not local and not layer.takes_operator else None)
+            unmasked = None
+            if dropout is not None and not local and not layer.takes_operator:
+                if index == 1 and isinstance(halo, StaticHalo) and not self.layers[0].takes_operator:
+                    unmasked = self._mask_free_after_halo(x, halo, epoch)
+                elif not receiver:
+                    unmasked = self._unmasked(h, self.layers[index - 1].activation if index > 0 else None)
             if index > 0:
                 h = self._activate(h, self.layers[index - 1].activation, index,
                                    dropout if not receiver else None)
@@ -134,6 +139,14 @@ class GraphModel(nn.Module):
             if trace is not None:
                 trace.append(h.detach())
         return h
+
+    def _mask_free_after_halo(self, x: torch.Tensor, halo: StaticHalo, epoch: int) -> Callable[[], torch.Tensor]:
+        """Makes, on demand, layer 1's input with no dropout mask anywhere (layer 0 recomputed locally from
+        the halo, unmasked; no exchange): still whenever the weights are, on either dropout side."""
+        first = self.layers[0]
+        context = ExchangeContext(epoch=epoch, layer=0, training=False, halo_rows=halo.count)
+        activation = first.activation
+        return lambda: self._unmasked(first(x, halo.multiply, context, 1.0), activation)()
 
     @staticmethod
     def _unmasked(h: torch.Tensor, activation: str | None) -> Callable[[], torch.Tensor]:
