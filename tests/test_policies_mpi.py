@@ -161,15 +161,16 @@ def shrinking_shards(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("side", ["auto", "owner"])
+@pytest.mark.parametrize("side,input_exchange", [("auto", "per-epoch"), ("owner", "per-epoch"), ("auto", "once")])
 def test_sancus_h_costs_no_more_than_its_plan_and_skips_when_weights_stand_still(
-        shrinking_shards: Path, tmp_path: Path, side: str, ranks: int) -> None:
-    # Weights all but frozen (Adam moves each by ~lr a step) and layer 0 exchanging X every epoch: its unmasked
-    # rows stand still, only the dropout masks change. auto must keep layer 1 owner-side (64 pre-dropout columns
+        shrinking_shards: Path, tmp_path: Path, side: str, input_exchange: str, ranks: int) -> None:
+    # Weights all but frozen (Adam moves each by ~lr a step). Layer 0 exchanging X every epoch: its unmasked rows
+    # stand still, only the dropout masks change; layer 0 from a halo fetched once: layer 1 compares its input
+    # with no mask anywhere (layer 0's masks would move it otherwise). auto must keep layer 1 owner-side (64 pre-dropout columns
     # would travel instead of 4), and owner-side the gap must compare the unmasked rows (X, H W), not the masked
     # ones, whose masks change every epoch (before: auto moved more bytes than the plan, owner never skipped).
     common = ["--plan", "dense-bcast", "--model", "gcn", "--layers", "2", "--hidden", "64", "--dropout", "0.5",
-              "--lr", "1e-12", "--epochs", "6", "--eval-every", "6", "--seed", "2", "--input-exchange", "per-epoch"]
+              "--lr", "1e-12", "--epochs", "6", "--eval-every", "6", "--seed", "2", "--input-exchange", input_exchange]
     plain_out, policy_out = tmp_path / "plain.jsonl", tmp_path / "policy.jsonl"
     plain = _train(shrinking_shards, *common, "--out", str(plain_out), ranks=ranks)
     assert plain.returncode == 0, plain.stderr
