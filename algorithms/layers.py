@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import scipy.sparse as sp
@@ -91,9 +91,14 @@ def propagate(spmm: SpMM, h: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     Under receiver-side dropout (``context.dropout``) the exchange must carry ``h`` itself (the
     receivers mask its rows before anything multiplies them), so it aggregates first whatever
     the widths. The bias rides on an op that writes a fresh tensor anyway (``addmm``, or in
-    place on the SpMM's own output). Collective (the SpMM is).
+    place on the SpMM's own output). ``context.unmasked`` (``h`` without its dropout mask, owner side)
+    becomes the unmasked value of what travels (``unmasked @ W`` where ``h W`` does). Collective
+    (the SpMM is).
     """
     if weight.shape[1] < weight.shape[0] and context.dropout is None:
+        unmasked = context.unmasked
+        if unmasked is not None:
+            context = replace(context, unmasked=lambda: unmasked() @ weight)
         out = spmm(h @ weight, context)
         return out if bias is None else out.add_(bias)
     aggregated = spmm(h, context)

@@ -19,6 +19,8 @@ are replicated without a broadcast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -105,6 +107,9 @@ class GraphModel(nn.Module):
         first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
         passes). ``exact_exchange``: exchange exactly although training (same masks; the audit's forward).
         ``trace``: each layer's output rows (before its activation) are appended to it, detached.
+        Under owner-side dropout each exchanging SpMM layer's context also says how to make its input
+        without the mask (``ExchangeContext.unmasked``: what ``sancus-h`` compares; made only if asked);
+        layer 1 after a static halo, on either side, without any mask (layer 0 recomputed locally, unmasked).
         Collective: every exchanging layer calls the SpMM.
         """
         dropout = (GlobalRowDropout(self.dropout, self.seed, epoch, first_row, timer)
@@ -114,6 +119,12 @@ class GraphModel(nn.Module):
         h = x
         for index, layer in enumerate(self.layers):
             local = index == 0 and halo is not None
+            unmasked = None
+            if dropout is not None and not local and not layer.takes_operator:
+                if index == 1 and isinstance(halo, StaticHalo) and not self.layers[0].takes_operator:
+                    unmasked = self._mask_free_after_halo(x, halo, epoch)
+                elif not receiver:
+                    unmasked = self._unmasked(h, self.layers[index - 1].activation if index > 0 else None)
             if index > 0:
                 h = self._activate(h, self.layers[index - 1].activation, index,
                                    dropout if not receiver else None)
@@ -122,12 +133,28 @@ class GraphModel(nn.Module):
             context = ExchangeContext(epoch=epoch, layer=index, training=training,
                                       halo_rows=halo.count if local else 0,
                                       dropout=dropout.masks(index) if receiver and not local else None,
-                                      exact=exact_exchange)
+                                      exact=exact_exchange, unmasked=unmasked)
             operator = (halo if layer.takes_operator else halo.multiply) if local else spmm
             h = layer(h, operator, context, scale)
             if trace is not None:
                 trace.append(h.detach())
         return h
+
+    def _mask_free_after_halo(self, x: torch.Tensor, halo: StaticHalo, epoch: int) -> Callable[[], torch.Tensor]:
+        """Makes, on demand, layer 1's input with no dropout mask anywhere (layer 0 recomputed locally from
+        the halo, unmasked; no exchange): still whenever the weights are, on either dropout side."""
+        first = self.layers[0]
+        context = ExchangeContext(epoch=epoch, layer=0, training=False, halo_rows=halo.count)
+        activation = first.activation
+        return lambda: self._unmasked(first(x, halo.multiply, context, 1.0), activation)()
+
+    @staticmethod
+    def _unmasked(h: torch.Tensor, activation: str | None) -> Callable[[], torch.Tensor]:
+        """Makes, on demand, the layer input without its dropout mask: ``activation(h)`` (``h`` itself for
+        layer 0). What a value-comparing staleness rule looks at under owner-side dropout."""
+        if activation is None:
+            return lambda: h
+        return lambda: F.elu(h) if activation == "elu" else torch.relu(h)
 
     @staticmethod
     def _activate(h: torch.Tensor, activation: str, layer: int, dropout: GlobalRowDropout | None) -> torch.Tensor:

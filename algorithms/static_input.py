@@ -19,8 +19,10 @@ faster one; the start-up line says how many more rows layer 0 computes.
 Receiver-side dropout (``--dropout-side``): exchanges carry pre-dropout rows and
 every rank masks what it multiplies, so a cached (SANCUS) or stale (pipelined)
 block stays the same rows from one epoch to the next and only its mask changes.
-``auto`` turns it on where dropout is on and a staleness rule compares the rows'
-values (``sancus-h``).
+``auto`` turns it on where dropout is on, a staleness rule compares the rows'
+values (``sancus-h``), and no exchanging layer then sends more columns than
+owner-side (:func:`receiver_side`: no policy may cost more bytes than the plan
+it wraps, and ``sancus-h``'s skip share is not assumed).
 The product is the same either way; the cost is that a layer that shrinks the
 width then exchanges its input (``F_in`` columns) instead of ``H W``.
 """
@@ -29,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from algorithms.layers import GraphLayer
 from algorithms.policies import AxisSpec
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import SENT, predict_halo_bytes, predict_spmm_bytes
@@ -66,20 +70,56 @@ def halo_budget_arg(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def receiver_side(dropout_side: str, dropout: float, stale: AxisSpec) -> bool:
+def receiver_side(dropout_side: str, dropout: float, stale: AxisSpec,
+                  widths: Sequence[tuple[int, int]] | None = None) -> bool:
     """Whether exchanges carry pre-dropout rows.
 
     ``auto``: where a staleness rule looks at the rows' values (``sancus-h``'s variation gap) under
-    dropout. Rules that look only at epochs (``sancus-e``, ``sancus-a``) stay owner-side: a stale
-    block is then an earlier epoch's masked rows, and the exchange keeps its narrower width (on
+    dropout, and only if that costs no bytes: ``widths`` holds, per layer that exchanges every epoch,
+    ``(receiver-side width, owner-side width)`` of its exchange, and ``auto`` stays owner-side when any
+    receiver-side width is larger (a layer that shrinks the width, e.g. 64 hidden -> 4 classes, would
+    send its 64 input columns instead of 4). ``sancus-h``'s share of skipped blocks is data dependent,
+    so none is assumed. None: no layer known to widen (callers that know the model pass its widths,
+    :func:`exchange_widths`). Rules that look only at epochs (``sancus-e``, ``sancus-a``) stay owner-side:
+    a stale block is then an earlier epoch's masked rows, and the exchange keeps its narrower width (on
     Cora at P = 4, ``sancus-e:eps=1`` moved 138.5 MB owner-side against 226.2 MB receiver-side).
     """
     if dropout_side not in DROPOUT_SIDES:
         raise ValueError(f"dropout side must be one of {DROPOUT_SIDES}, got {dropout_side!r}")
     if dropout_side == "auto":
         rule = stale.build()
-        return dropout > 0 and rule is not None and bool(getattr(rule, "needs_gap", False))
+        wants = dropout > 0 and rule is not None and bool(getattr(rule, "needs_gap", False))
+        return wants and all(receiver <= owner for receiver, owner in (widths or ()))
     return dropout_side == "receiver" and dropout > 0
+
+
+def exchange_widths(layers: Sequence[tuple[int, int]], input_exchange: str,
+                    shapes: Sequence[tuple[int, int] | None] | None = None) -> list[tuple[int, int]]:
+    """``(receiver-side, owner-side)`` columns of each layer's per-epoch exchange, for :func:`receiver_side`.
+
+    ``layers``: ``(F_in, F_out)`` per layer. SpMM layers exchange ``F_in`` receiver-side and
+    ``min(F_in, F_out)`` owner-side (:func:`algorithms.layers.propagate`); ``shapes`` gives, per layer, the
+    two widths where the layer says otherwise (attention, :meth:`GraphLayer.exchange_shape`). Layer 0 is
+    left out when ``input_exchange`` is ``once`` (it never exchanges); under ``auto`` it is counted, since
+    whether it exchanges depends on the side chosen here.
+    """
+    pairs = []
+    for index, (f_in, f_out) in enumerate(layers):
+        if index == 0 and input_exchange == "once":
+            continue
+        shape = shapes[index] if shapes is not None else None
+        pairs.append(shape if shape is not None else (f_in, min(f_in, f_out)))
+    return pairs
+
+
+def model_exchange_widths(layers: Iterable[GraphLayer], input_exchange: str) -> list[tuple[int, int]]:
+    """:func:`exchange_widths` of a built model's layers (each layer's own declaration where it makes one)."""
+    layers = list(layers)
+    shapes = []
+    for layer in layers:
+        receiver, owner = layer.exchange_shape(True), layer.exchange_shape(False)
+        shapes.append(None if receiver is None or owner is None else (receiver[0], owner[0]))
+    return exchange_widths([(layer.fan_in, layer.fan_out) for layer in layers], input_exchange, shapes)
 
 
 def evaluations(epochs: int, eval_every: int) -> int:

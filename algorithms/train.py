@@ -31,7 +31,8 @@ from algorithms.gat import cached_structure_bytes
 from algorithms.model import GraphModel
 from algorithms.layers import LayerOptions, layer_type
 from algorithms.policies import AxisSpec
-from algorithms.static_input import HaloBudgetError, choose_input_exchange, evaluations, receiver_side
+from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, model_exchange_widths,
+                                     receiver_side)
 from sparse_dist.comm import Communicator, ProgressThread
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
@@ -168,10 +169,12 @@ class Trainer:
                               grid_comms=grid_comms)
         sampler = config.sample.build(seed=config.seed)
         strategy = make_strategy(sampler, config.stale.build())
-        self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale)
         dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
         self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=self.dtype,
                                 options=config.layer_options()).to(self.device)
+        caching = sampler is not None and getattr(sampler, "cache", -1.0) >= 0  # psc's feature cache feeds layer 0
+        self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale, model_exchange_widths(
+            self.model.layers, "per-epoch" if caching else config.input_exchange))
         self.codec = Codec.parse(config.compress, seed=config.seed)
         self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy,
                              row_masks=self.receiver_dropout or self.model.needs_source_ids, codec=self.codec)
@@ -198,7 +201,6 @@ class Trainer:
         if self.global_counts["train"] == 0:
             raise ValueError(f"{graph.name}: the training split is empty")
 
-        caching = sampler is not None and getattr(sampler, "cache", -1.0) >= 0  # psc's feature cache feeds layer 0
         try:
             self.input_exchange = choose_input_exchange(
                 "per-epoch" if caching else config.input_exchange, grid=self.matrix.grid, layout=graph.layout,

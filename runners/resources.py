@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algorithms.static_input import receiver_side
+from algorithms.static_input import exchange_widths, receiver_side
 from runners.data.shards import ShardError, read_meta
 from sparse_dist.comm import Communicator
 from sparse_dist.compress import Codec
@@ -225,7 +225,10 @@ def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, in
     if args.checkpoint:
         main = 3 * parameter_count(args.model, widths, args.output_heads) * itemsize + CHECKPOINT_FIXED_BYTES
         copies, structure = policy_state_copies(args.stale, str(getattr(args, "compress", "none")))
-        receiver = receiver_side(args.dropout_side, args.dropout, args.stale)
+        heads = [args.heads] * (len(widths) - 1) + [args.output_heads]
+        receiver = receiver_side(args.dropout_side, args.dropout, args.stale, exchange_widths(
+            widths, args.input_exchange,
+            [(d_in, d_out + h) for (d_in, d_out), h in zip(widths, heads)] if args.model == "gat" else None))
         skip_first = args.input_exchange == "once" or (args.input_exchange == "auto" and receiver)
         cached = [(d_in if receiver else (d_out if args.model == "gat" else min(d_in, d_out)))
                   for index, (d_in, d_out) in enumerate(widths) if not (skip_first and index == 0)]

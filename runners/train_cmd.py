@@ -152,9 +152,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "exchanges carry pre-dropout rows and each rank masks what it multiplies, so a "
                              "cached or stale block stays the same rows (costs width where a layer narrows); "
                              "owner = exchanges carry masked rows; auto (default) = receiver only under "
-                             "--stale sancus-h (its rule compares row values) with dropout > 0, owner for "
-                             "every other policy (sancus-e, sancus-a, pipe, none); receiver with --dropout 0 "
-                             "is owner")
+                             "--stale sancus-h (its rule compares row values) with dropout > 0 and only where "
+                             "no exchanging layer then sends more columns than owner-side (byte model, no skips "
+                             "assumed: a layer that shrinks the width, e.g. 64 -> 4 classes, keeps auto on "
+                             "owner), owner for every other policy (sancus-e, sancus-a, pipe, none); receiver "
+                             "with --dropout 0 is owner. Owner-side, sancus-h compares the rows without their "
+                             "dropout mask (H W, not dropout(H) W)")
     parser.add_argument("--halo-budget", type=halo_budget_arg, default=None, metavar="SIZE",
                         help="most bytes of X halo rows one rank may keep, e.g. 512M or 4G (default: unlimited); "
                              "auto falls back to per-epoch above it, once is refused")

@@ -63,7 +63,10 @@ class ExchangeContext:
     ``dropout``: the input is pre-dropout and the SpMM applies these masks to every row it
     multiplies (receiver-side dropout); None when the input arrives already masked (or in evaluation).
     ``exact``: a training-time forward that exchanges exactly whatever the policy (the audit's forward);
-    the policy's state is not touched.
+    the policy's state is not touched. ``unmasked``: under owner-side dropout, makes (on demand) what
+    the exchanged rows would be without this epoch's dropout masks (``H W`` where ``dropout(H) W``
+    travels, ``H`` where ``dropout(H)`` does); a staleness rule that compares values (``sancus-h``)
+    compares these, which this layer's fresh masks do not move, where the masked rows never stay still.
     """
 
     epoch: int
@@ -72,6 +75,7 @@ class ExchangeContext:
     halo_rows: int = 0
     dropout: RowMasks | None = None
     exact: bool = False
+    unmasked: Callable[[], torch.Tensor] | None = None
 
     def self_rows(self, h: torch.Tensor) -> torch.Tensor:
         """This rank's own rows of the layer input ``h`` as a self term uses them: halo rows cut off,
@@ -448,7 +452,8 @@ class HistoryCache:
         return cached
 
     def gap(self, layer: int, current: torch.Tensor) -> float:
-        """Relative Frobenius change of this owner's rows since its last broadcast (inf: never sent)."""
+        """Relative Frobenius change ``||H_j - H~_j||_F / ||H~_j||_F`` of this owner's compared rows (the
+        exchanged rows, unmasked under owner-side dropout) since its last broadcast (inf: never sent)."""
         reference = self.sent_reference.get(layer)
         if reference is None:
             return float("inf")
@@ -536,20 +541,32 @@ class CachedStrategy(ExchangeStrategy):
     def scale(self) -> float:
         return self.inner.scale
 
-    def _active(self, plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> np.ndarray:
+    @staticmethod
+    def _compared_rows(plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> torch.Tensor:
+        """The owner's rows the variation gap compares: the exchanged rows ``h``, or, under owner-side dropout,
+        their unmasked values (``context.unmasked``), which this layer's fresh masks do not move (still only
+        where the weights and earlier layers' masks are: those reach a layer's input through the aggregation)."""
+        with torch.no_grad():
+            source = context.unmasked() if context.unmasked is not None else h
+            return plan.broadcastable(source.detach())
+
+    def _active(self, plan: BroadcastView, context: ExchangeContext,
+                h: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
+        """ACTIVE owners of this layer, and the rows the gap compared (None where no gap was taken)."""
         history, owners = self.history, plan.owners
         versions = history.versions_of(context.layer, plan.groups)
-        gap = None
+        gap, compared = None, None
         if self.rule.needs_gap and plan.group in owners:
-            gap = history.gap(context.layer, plan.broadcastable(h.detach()))
+            compared = self._compared_rows(plan, context, h)
+            gap = history.gap(context.layer, compared)
         view = StalenessView(context.epoch, context.layer, plan.group, owners, versions.copy(),
                              history.cached_versions(context.layer, owners, plan.groups), gap)
         active = np.asarray(self.rule.decide(view, plan.col_comm), dtype=bool).copy()
-        return active | (versions < 0)  # nothing cached yet: the owner must send
+        return active | (versions < 0), compared  # nothing cached yet: the owner must send
 
     def forward_messages(self, plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> dict[int, Message]:
         layer, epoch, history = context.layer, context.epoch, self.history
-        active = self._active(plan, context, h)
+        active, compared = self._active(plan, context, h)
         messages: dict[int, Message] = {}
         for j in plan.owners:
             if active[j]:
@@ -561,7 +578,8 @@ class CachedStrategy(ExchangeStrategy):
         if own is not None and own.fresh:
             history.sent_rows[layer] = own.owner_rows
             if self.rule.needs_gap:
-                history.sent_reference[layer] = plan.broadcastable(h.detach()).clone()
+                rows = compared if compared is not None else self._compared_rows(plan, context, h)
+                history.sent_reference[layer] = rows.clone()
         history.log(epoch, layer, plan.owners, active)
         return messages
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from datasets_for_tests import cora, write
+from datasets_for_tests import cora, random_directed, write
 from mpirun import BIN, run_case, run_mpi
 
 from algorithms.checkpoint import MAIN_FILE, read_pointer, rank_file
@@ -122,7 +122,9 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
     # 3 epochs: fetching X's halo would cost more than 3 epochs of layer-0 exchanges, so auto keeps per-epoch
     assert report["exact p2p"]["input_exchange"] == "per-epoch" and report["exact p2p"]["halo_bytes"] == 0
     assert report["p2p X/epoch"]["bytes"] == report["exact p2p"]["bytes"]
-    assert report["sancus-h0.05"]["receiver_dropout"] and not report["sancus-e1"]["receiver_dropout"]
+    # Cora's layers shrink the width (1433 -> 16 -> 7): receiver-side would widen every exchange, so auto stays owner
+    assert not report["sancus-h0.05"]["receiver_dropout"] and not report["sancus-e1"]["receiver_dropout"]
+    assert report["sancus-h0.05"]["bytes"] <= report["dense-bcast"]["bytes"]
     assert report["bns p=0"]["bytes"] == 0
     assert 0 < report["bns p=0.1"]["bytes"] < report["exact p2p"]["bytes"] < report["dense-bcast"]["bytes"]
     assert report["sancus-e1"]["bytes"] < report["dense-bcast"]["bytes"]  # epoch 1 reuses the epoch-0 blocks
@@ -149,3 +151,33 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
         assert (row["time_to_target"], row["target_epoch"]) == ((reaching[0][1], reaching[0][0]) if reaching
                                                                 else (None, None)), name
         assert [point[0] for point in row["curve"]] == [1, 2, 3] and row["best_val"] == max(p[2] for p in row["curve"])
+
+
+@pytest.fixture(scope="module")
+def shrinking_shards(tmp_path_factory) -> Path:
+    """12 features -> 64 hidden -> 4 classes: layer 1 shrinks the width 16x (the issue's 64 -> 4)."""
+    return write(random_directed(400, classes=4, seed=3), tmp_path_factory.mktemp("shrink") / "g", parts=4,
+                 partitioner="block")
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("side,input_exchange", [("auto", "per-epoch"), ("owner", "per-epoch"), ("auto", "once")])
+def test_sancus_h_costs_no_more_than_its_plan_and_skips_when_weights_stand_still(
+        shrinking_shards: Path, tmp_path: Path, side: str, input_exchange: str, ranks: int) -> None:
+    # Weights all but frozen (Adam moves each by ~lr a step). Layer 0 exchanging X every epoch: its unmasked rows
+    # stand still, only the dropout masks change; layer 0 from a halo fetched once: layer 1 compares its input
+    # with no mask anywhere (layer 0's masks would move it otherwise). auto must keep layer 1 owner-side (64 pre-dropout columns
+    # would travel instead of 4), and owner-side the gap must compare the unmasked rows (X, H W), not the masked
+    # ones, whose masks change every epoch (before: auto moved more bytes than the plan, owner never skipped).
+    common = ["--plan", "dense-bcast", "--model", "gcn", "--layers", "2", "--hidden", "64", "--dropout", "0.5",
+              "--lr", "1e-12", "--epochs", "6", "--eval-every", "6", "--seed", "2", "--input-exchange", input_exchange]
+    plain_out, policy_out = tmp_path / "plain.jsonl", tmp_path / "policy.jsonl"
+    plain = _train(shrinking_shards, *common, "--out", str(plain_out), ranks=ranks)
+    assert plain.returncode == 0, plain.stderr
+    run = _train(shrinking_shards, *common, "--stale", "sancus-h:eps=0.05", "--dropout-side", side,
+                 "--out", str(policy_out), ranks=ranks)
+    assert run.returncode == 0, run.stderr
+    assert _exchange_bytes(policy_out) <= _exchange_bytes(plain_out)
+    epochs = [r for r in (json.loads(line) for line in policy_out.read_text().splitlines()) if r["type"] == "epoch"]
+    skipped = [b for e in epochs[1:] for b in e["broadcasts"] if len(b["active"]) < b["owners"]]
+    assert skipped, [e["broadcasts"] for e in epochs]

@@ -12,8 +12,8 @@ from mpirun import BIN, run_mpi
 
 from algorithms.dropout import keep_mask, keep_mask_rows
 from algorithms.policies import AxisSpec
-from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, parse_byte_size,
-                                     receiver_side)
+from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, exchange_widths,
+                                     parse_byte_size, receiver_side)
 from runners.perf.cost_model import ModelShape
 from sparse_dist.layout import Grid, RowLayout
 
@@ -51,6 +51,22 @@ def test_evaluations_and_dropout_side() -> None:
     assert not receiver_side("auto", 0.0, sancus)  # no dropout: nothing to move to the receiver
     assert not receiver_side("auto", 0.5, AxisSpec.parse("stale", "sancus-e:eps=1"))  # looks at epochs only
     assert receiver_side("receiver", 0.5, none) and not receiver_side("owner", 0.5, sancus)
+
+
+def test_auto_dropout_side_never_widens_an_exchange() -> None:
+    """auto goes receiver-side under sancus-h only where no exchanging layer then sends more columns
+    (sancus-h's skip share is data dependent: none is assumed)."""
+    sancus = AxisSpec.parse("stale", "sancus-h:eps=0.05")
+    issue = exchange_widths([(64, 64), (64, 4)], "auto")  # 64 features -> 64 hidden -> 4 classes
+    assert issue == [(64, 64), (64, 4)]
+    assert not receiver_side("auto", 0.5, sancus, issue)  # layer 1 would send 64 columns instead of 4
+    assert receiver_side("receiver", 0.5, sancus, issue)  # asked for: kept
+    widening = exchange_widths([(12, 64), (64, 64), (64, 64)], "per-epoch")
+    assert receiver_side("auto", 0.5, sancus, widening)  # equal or narrower everywhere
+    # layer 0 counts unless it never exchanges; a layer that says its widths (attention) is taken at its word
+    assert not receiver_side("auto", 0.5, sancus, exchange_widths([(1433, 64), (64, 64)], "auto"))
+    assert receiver_side("auto", 0.5, sancus, exchange_widths([(1433, 64), (64, 64)], "once"))
+    assert exchange_widths([(8, 16), (16, 4)], "auto", [None, (16, 20)]) == [(8, 8), (16, 20)]
 
 
 def _choose(requested: str, epochs: int, budget: int | None = None):

@@ -17,8 +17,9 @@ P = 3 one row group is EMPTY, the others uneven), for every plan:
 * compression (``--compress``): counted bytes equal the byte model's with the coded row size, every plan;
   evaluation stays exact; with bns or sancus-e the compressed run moves the uncompressed run's rows, coded;
 * SANCUS under dropout 0.5 (dense-bcast, sancus-h:eps=0.5, a wider graph):
-  with receiver-side dropout owners skip broadcasts, with owner-side
-  dropout the fresh masks make every owner broadcast every epoch.
+  owners skip broadcasts on either dropout side (owner-side, the gap
+  compares the rows without their fresh masks, ``H W``; before, the masks
+  made every owner broadcast every epoch).
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ def check_compressed(comm, data: dict, layout: RowLayout, replication: int, fail
 
 def check_sancus(comm, replication: int, failures: list[str]) -> None:
     """On a wider, denser graph (200 nodes, 64 features, degree about 10), where layer 0's own input
-    dropout moves ``H_1`` little from one epoch to the next but a fresh mask on ``H_1`` moves it a lot."""
+    dropout moves ``H_1`` little from one epoch to the next but a fresh mask on ``H_1`` moves it a lot:
+    the gap must not look at the mask (owner-side it compares ``H_1 W``, unmasked)."""
     groups = comm.size // replication
     if groups < 2:
         return
@@ -216,8 +218,8 @@ def check_sancus(comm, replication: int, failures: list[str]) -> None:
         sent[side] = (active, owners)
     owner_active, owner_total = sent["owner"]
     receiver_active, receiver_total = sent["receiver"]
-    if owner_total == 0 or owner_active != owner_total:
-        failures.append(f"sancus-h, owner-side dropout: expected every owner to broadcast, got {sent['owner']}")
+    if owner_total == 0 or owner_active >= owner_total:
+        failures.append(f"sancus-h, owner-side dropout: expected skipped broadcasts, got {sent['owner']}")
     if receiver_total == 0 or receiver_active >= receiver_total:
         failures.append(f"sancus-h, receiver-side dropout: expected skipped broadcasts, got {sent['receiver']}")
 
