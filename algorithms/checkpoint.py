@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from sparse_dist.comm import ranked_messages, said_once
 from sparse_dist.compress import Codec
 from sparse_dist.log import get_logger
 
@@ -256,34 +257,16 @@ def _remove_set(directory: Path) -> None:
     directory.rmdir()  # OSError (not empty) when something else is in it: the caller logs and leaves it
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ",".join(str(r) for r in ranks)
-
-
-def _raise_gathered(errors: list[str | None], shown: int = 4) -> None:
-    """Raise the :class:`CheckpointError` that ``errors`` (one per rank, gathered) make, if any; marked
-    ``every_rank`` (every rank raises it: said once). A message every rank gave is said alone; distinct ones
-    once each with the ranks that gave them (at most ``shown``)."""
-    by_message: dict[str, list[int]] = {}
-    for rank, message in enumerate(errors):
-        if message is not None:
-            by_message.setdefault(message, []).append(rank)
-    if not by_message:
+def _raise_gathered(errors: list[str | None]) -> None:
+    """Raise the :class:`CheckpointError` that ``errors`` (one per rank, gathered) make, if any, said once (every
+    rank raises it). A message every rank gave is said alone; distinct ones once each with the ranks that gave
+    them (:func:`sparse_dist.comm.ranked_messages`)."""
+    failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
+    if not failed:
         return
-    if len(by_message) == 1 and len(next(iter(by_message.values()))) == len(errors):
-        text = next(iter(by_message))
-    else:
-        items = list(by_message.items())
-        text = "; ".join(f"{_ranks_text(ranks)}: {message}" for message, ranks in items[:shown])
-        if len(items) > shown:
-            text += f"; and {len(items) - shown} more distinct errors"
-    exc = CheckpointError(text)
-    exc.every_rank = True  # type: ignore[attr-defined]
-    raise exc
+    messages = {message for _, message in failed}
+    text = failed[0][1] if len(failed) == len(errors) and len(messages) == 1 else ranked_messages(failed, len(errors))
+    raise said_once(CheckpointError(text))
 
 
 def agree(comm: Communicator, error: str | None) -> None:

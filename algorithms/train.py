@@ -33,7 +33,7 @@ from algorithms.layers import LayerOptions, layer_type
 from algorithms.policies import AxisSpec
 from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, model_exchange_widths,
                                      receiver_side)
-from sparse_dist.comm import Communicator, ProgressThread
+from sparse_dist.comm import Communicator, ProgressThread, said_once
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.factory import make_strategy
@@ -210,8 +210,7 @@ class Trainer:
                 sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
                 budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout))
         except HaloBudgetError as exc:
-            exc.every_rank = True  # type: ignore[attr-defined]  # decided from global metadata: said once
-            raise
+            raise said_once(exc) from None  # decided from global metadata
         self.halo = (StaticHalo(self.spmm.plan, graph.layout, normalized, features_tensor, self.matrix.boundary_counts)
                      if self.input_exchange.mode == "once" else None)  # collective over the replica column
         self.cached_input = None

@@ -37,7 +37,7 @@ from typing import Any
 
 from algorithms.static_input import exchange_widths, receiver_side
 from runners.data.shards import ShardError, read_meta
-from sparse_dist.comm import Communicator
+from sparse_dist.comm import Communicator, said_once
 from sparse_dist.compress import Codec
 
 GIB = 1 << 30
@@ -424,12 +424,10 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
         error = ResourceError(
             f"not enough memory: the {len(ranks)} rank(s) on {host} need about {size(need)} but {size(available)} is "
             f"available (largest rank {size(biggest.total)}: {shown}); use {_train_hint(args, biggest)}")
-        error.every_rank = True  # type: ignore[attr-defined]  # decided from gathered figures: the same everywhere
-        raise error
+        raise said_once(error)  # decided from gathered figures: the same everywhere
     if everyone[0]["disk_error"] is not None:  # rank 0 looked (it writes the main file and the results)
         error = ResourceError(everyone[0]["disk_error"])
-        error.every_rank = True  # type: ignore[attr-defined]
-        raise error
+        raise said_once(error)
     return record
 
 

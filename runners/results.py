@@ -8,7 +8,7 @@ import platform
 import resource
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,13 +48,6 @@ def partial_beside(path: Path) -> Path:
 class ResultsWriteError(OSError):
     """The results file could not be written (a full disk, a quota, a read-only file system); the message
     says where the records written so far are."""
-
-
-def raise_everywhere(error: Exception) -> NoReturn:
-    """Raise ``error``, which every rank raises at this same agreed point, marked ``every_rank`` (said once by
-    rank 0; see :func:`sparse_dist.comm.run_or_abort`)."""
-    error.every_rank = True  # type: ignore[attr-defined]
-    raise error
 
 
 class ResultsWriter:

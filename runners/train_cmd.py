@@ -52,12 +52,13 @@ from runners.argtypes import at_least, non_negative, number, positive, probabili
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
 from runners.results import (ResultsWriteError, ResultsWriter, environment, output_path_problem, peak_memory_bytes,
-                             raise_everywhere, spread)
+                             spread)
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME, since_launch
 from runners.resources import check_train_resources, readable_meta
 from runners.time_to_accuracy import AccuracyClock, at_target, validation_name, validation_value
-from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
+from sparse_dist.comm import (Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node,
+                             said_once)
 from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import huge_page_state
@@ -321,9 +322,7 @@ def check_paths(comm: Communicator, args: argparse.Namespace) -> None:
     """
     problems = comm.allgather_object(_path_problems(args) if comm.rank == 0 else None)[0]
     if problems:
-        error = PathError("; ".join(problems))
-        error.every_rank = True  # type: ignore[attr-defined]
-        raise error
+        raise said_once(PathError("; ".join(problems)))
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
@@ -526,7 +525,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         stopped = bool(args.stop_at_target and gathered[0]["at_target"])
         if gathered[0].get("results_error"):  # rank 0 could not write the results file: every rank stops here
             trainer.close()
-            raise_everywhere(ResultsWriteError(gathered[0]["results_error"]))
+            raise said_once(ResultsWriteError(gathered[0]["results_error"]))
         if leader:
             if evaluated:
                 clock.observe(epoch, elapsed, metrics)

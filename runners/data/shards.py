@@ -38,7 +38,7 @@ import scipy.sparse as sp
 from algorithms.train import LocalGraph
 from runners.data.datasets import GraphData, feature_dtype
 from runners.data.partition import BoundaryAccumulator, partition, relabel
-from sparse_dist.comm import Communicator
+from sparse_dist.comm import Communicator, said_once
 from sparse_dist.layout import RowLayout
 from sparse_dist.log import get_logger
 
@@ -301,8 +301,7 @@ def _raise_if_any(comm: Communicator, error: str | None) -> None:
     try:
         comm.raise_if_any(error, ShardError)
     except ShardError as exc:
-        exc.every_rank = True  # type: ignore[attr-defined]
-        raise
+        raise said_once(exc) from None
 
 
 def load_local_graph(comm: Communicator, data_dir: str | Path, groups: int, replication: int) -> LocalGraph:

@@ -86,7 +86,8 @@ the default thread count) and :mod:`~sparse_dist.comm.abort`
 """
 
 from sparse_dist.comm.abort import (ABORT_GRACE_SECONDS, DISTINCT_MESSAGES_SHOWN, SIGNAL_GRACE_SECONDS,
-                                    USER_ERROR_STATUS, CollectiveError, rank_ranges, ranked_messages, run_or_abort)
+                                    USER_ERROR_STATUS, CollectiveError, rank_ranges, ranked_messages, run_or_abort,
+                                    said_once)
 # _reduce_segment_setting and _segments are private; tests/test_comm_single.py imports them from here.
 from sparse_dist.comm.communicator import (DEFAULT_REDUCE_SEGMENT_BYTES, REDUCE_SEGMENT_ENV, Communicator,  # noqa: F401
                                            _reduce_segment_setting, _segments, world)
@@ -103,6 +104,6 @@ __all__ = [
     "GPU_AWARE_SETTINGS", "REDUCE_SEGMENT_ENV", "SIGNAL_GRACE_SECONDS", "STAGING_IDLE_LIMIT_BYTES",
     "USER_ERROR_STATUS", "CollectiveError", "Communicator", "CudaAwareness", "GpuAwareError", "Pending",
     "ProgressThread", "StagingPool", "default_threads_per_rank", "detect_cuda_aware_mpi", "gpu_path_report",
-    "mpi_library_version", "mpi_vendor_details", "rank_ranges", "ranked_messages", "ranks_on_this_node",
+    "mpi_library_version", "mpi_vendor_details", "rank_ranges", "ranked_messages", "said_once", "ranks_on_this_node",
     "run_or_abort", "world", "world_rank",
 ]

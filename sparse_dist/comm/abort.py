@@ -51,6 +51,13 @@ def ranked_messages(failed: Sequence[tuple[int, str]], size: int) -> str:
     return "; ".join(shown)
 
 
+def said_once(error: BaseException) -> BaseException:
+    """``error`` marked as raised by every rank at the same agreed point, so :func:`run_or_abort` has rank 0 say it
+    once and no rank aborts the job; returns it (``raise said_once(SomeError(...))``)."""
+    error.every_rank = True  # type: ignore[attr-defined]
+    return error
+
+
 class CollectiveError(RuntimeError):
     """Raised identically on every rank when any rank found a problem."""
 

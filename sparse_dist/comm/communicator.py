@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from sparse_dist.accounting import CommStats, ring_allreduce_bytes
-from sparse_dist.comm.abort import CollectiveError, ranked_messages
+from sparse_dist.comm.abort import CollectiveError, ranked_messages, said_once
 from sparse_dist.comm.cuda_aware import gpu_path_report
 from sparse_dist.comm.requests import Pending, _deferred, _deferred_lock, _start_deferred
 from sparse_dist.comm.staging import FORCE_HOST_STAGING_ENV, StagingPool, _Loan
@@ -397,9 +397,7 @@ class Communicator:
         failed = [(rank, message) for rank, message in errors if message is not None]
         if failed:
             exception = exc_type(ranked_messages(failed, self.size))
-            if self.size == _initialised().Get_size():
-                exception.every_rank = True  # type: ignore[attr-defined]
-            raise exception
+            raise said_once(exception) if self.size == _initialised().Get_size() else exception
 
     def barrier(self) -> None:
         """Blocking barrier (collective)."""
