@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 RANKS  ?= 2
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv clean
+.PHONY: run test test-fast venv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m compileall -q sparse_dist algorithms runners tests > /dev/null  # every mpiexec rank imports them
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q tests
+
+# The unit lane: in-process tests only (tests/unit, no mpiexec), seconds.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -76,7 +76,7 @@ class GraphModel(nn.Module):
         return list(self.layers[layer].parameters())
 
     # Views kept for code written against the former parallel lists
-    # (tests/mpi_cases/train_parity.py, runners/bench/pyg_peer.py).
+    # (tests/mpi/cases/train_parity.py, runners/bench/pyg_peer.py).
     @property
     def weights(self) -> list[nn.Parameter]:
         """Each layer's ``weight`` (GCN ``W``, SAGE ``W_self``)."""

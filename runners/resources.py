@@ -24,7 +24,7 @@ both and refuses a need above ``MemAvailable`` (pointing at ``--stream``) or the
 file system.
 
 The multipliers (how many copies of an array live at the peak) were read off the code and checked against
-measured peak RSS (``tests/test_resources.py``: within 25% of ``ru_maxrss`` minus the RSS at start).
+measured peak RSS (``tests/cli/test_resources.py``: within 25% of ``ru_maxrss`` minus the RSS at start).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ the default thread count) and :mod:`~sparse_dist.comm.abort`
 from sparse_dist.comm.abort import (ABORT_GRACE_SECONDS, DISTINCT_MESSAGES_SHOWN, SIGNAL_GRACE_SECONDS,
                                     USER_ERROR_STATUS, CollectiveError, rank_ranges, ranked_messages, run_or_abort,
                                     said_once)
-# _reduce_segment_setting and _segments are private; tests/test_comm_single.py imports them from here.
+# _reduce_segment_setting and _segments are private; tests/unit/sparse_dist/test_comm_single.py imports them from here.
 from sparse_dist.comm.communicator import (DEFAULT_REDUCE_SEGMENT_BYTES, REDUCE_SEGMENT_ENV, Communicator,  # noqa: F401
                                            _reduce_segment_setting, _segments, world)
 from sparse_dist.comm.cuda_aware import (GPU_AWARE_SETTINGS, CudaAwareness, GpuAwareError, detect_cuda_aware_mpi,

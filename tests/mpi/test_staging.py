@@ -1,4 +1,4 @@
-"""Host staging and segmented reduce under real mpiexec (tests/mpi_cases/staging_cases.py, reduce_segments.py).
+"""Host staging and segmented reduce under real mpiexec (tests/mpi/cases/staging_cases.py, reduce_segments.py).
 
 Staging: results through the staging pool (deferred starts, write-back,
 several requests outstanding, rank-dependent wait order) equal the direct

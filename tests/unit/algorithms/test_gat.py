@@ -1,5 +1,5 @@
 """GAT pieces in one process: the attention-dropout hash, the attention structure, the custom backward,
-model widths and refused options. (Distributed exactness: tests/test_gat_mpi.py.)"""
+model widths and refused options. (Distributed exactness: tests/mpi/test_gat.py.)"""
 
 from __future__ import annotations
 

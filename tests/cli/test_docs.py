@@ -214,7 +214,7 @@ def _find(prefix: str) -> DocCommand:
     for command in COMMANDS:
         if command.argv[:len(wanted)] == wanted:
             return command
-    raise AssertionError(f"README.md has no `sparse-dist {prefix} ...` command any more; update tests/test_docs.py")
+    raise AssertionError(f"README.md has no `sparse-dist {prefix} ...` command any more; update tests/cli/test_docs.py")
 
 
 def _run(command: DocCommand, cwd: Path, *, ranks: int | None = None, extra: tuple[str, ...] = (),
@@ -280,7 +280,7 @@ def test_the_worked_example_and_the_model_commands_run(tmp_path: Path) -> None:
     # Scaling studies: the model commands read results/clustered-strong, as the sweep writes it when run
     # from this directory. A one-run study under that name stands in for the long clustered-strong.
     (tmp_path / "calibration.toml").write_text(CALIBRATION_STUDY)
-    sweep = DocCommand("tests/test_docs.py", "sparse-dist sweep calibration.toml", ("sweep", "calibration.toml"), None)
+    sweep = DocCommand("tests/cli/test_docs.py", "sparse-dist sweep calibration.toml", ("sweep", "calibration.toml"), None)
     _ok(sweep, _run(sweep, tmp_path, timeout=180))
     assert (tmp_path / "results" / "clustered-strong" / "results.csv").is_file()
     compare = _find("model compare results/clustered-strong")

@@ -1,4 +1,4 @@
-"""The in-memory training checks under real mpiexec, one launch per rank count (tests/mpi_cases/training_cases.py):
+"""The in-memory training checks under real mpiexec, one launch per rank count (tests/mpi/cases/training_cases.py):
 
 * layer 0 from a halo fetched once, receiver-side dropout, compression (static_input_cases.py): exact against
   the single-process reference, counted == predicted bytes (coded sizes), an EMPTY row group at P = 3;
@@ -6,7 +6,7 @@
   simulation of T-stale rows and gradients, each epoch uses exactly the flight of epoch t - tau, bytes equal the
   exact (or sampled) path's, a checkpoint with flights outstanding resumes bitwise; at c = 1 psc's feature
   cache (psc_cases.py) and dgs (R = Q = 1 bitwise exact, its explanation time booked apart);
-* GAT (gat_cases.py): exact against tests/reference_gat.py with predicted bytes, and with ``--gat-policies`` its
+* GAT (gat_cases.py): exact against tests/support/reference_gat.py with predicted bytes, and with ``--gat-policies`` its
   sampling and staleness checks.
 """
 

@@ -2,7 +2,7 @@
 the random directed graph of static_input_cases.py over the launch's row groups (P = 3: one row group EMPTY):
 
 * with ``budget = 1`` (nothing sampled) and half the boundary rows cached, training equals the independent
-  single-process reference (tests/reference_gcn.py): the cached and fetched rows of X, masked by the
+  single-process reference (tests/support/reference_gcn.py): the cached and fetched rows of X, masked by the
   receiver, give the exact layer 0;
 * with ``budget = 0.4`` (probabilities recomputed every 2 epochs, so the cache set changes), the cache budget
   changes nothing but where rows come from: the losses with ``cache = 0, 0.5, 1`` are bitwise equal; no cache
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from reference_gcn import Reference  # noqa: E402
 from static_input_cases import C, close, local_graph  # noqa: E402
 

@@ -3,7 +3,7 @@
 Each launch checks 6 matrices (random directed with empty rows, a group with
 zero rows, mostly empty blocks, fewer rows than groups, no nonzeros, symmetric) x
 F in {1, 64} x {float32, float64} x 3 plans: forward, transpose, autograd,
-and counted bytes == predicted bytes on every rank (tests/mpi_cases/spmm_cases.py).
+and counted bytes == predicted bytes on every rank (tests/mpi/cases/spmm_cases.py).
 """
 
 import pytest

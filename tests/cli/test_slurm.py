@@ -21,7 +21,7 @@ import pytest
 
 from slurm_cluster import LocalSlurm, ensure_slurm_installed
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "slurm"
 JOB_TIMEOUT = 300
 

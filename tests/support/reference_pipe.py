@@ -1,7 +1,7 @@
 """Single-process simulation of pipelined stale exchange (PipeGCN / PSC-GCN), for the exactness tests.
 
 Written from the documented rule, on dense matrices, on top of the plain-torch reference
-(tests/reference_gcn.py; neither imports the project). Nodes are split into row groups; for each
+(tests/support/reference_gcn.py; neither imports the project). Nodes are split into row groups; for each
 layer that exchanges, ``A = A_in + A_out`` where ``A_in`` holds the entries whose row and column
 lie in the same group. The layer's message ``M`` (what an owner sends: ``dropout(H) W`` when the
 layer shrinks the width, else ``dropout(H)``; under receiver-side dropout the pre-dropout ``H``,

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CASES = Path(__file__).resolve().parent / "mpi_cases"
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "tests" / "mpi" / "cases"
 BIN = Path(sys.executable).parent
 
 
@@ -46,5 +46,5 @@ def run_mpi(ranks: int, argv: list[str], timeout: float = 240.0) -> subprocess.C
 
 
 def run_case(ranks: int, script: str, *args: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/mpi_cases/<script>`` on ``ranks`` ranks."""
+    """Run ``tests/mpi/cases/<script>`` on ``ranks`` ranks."""
     return run_mpi(ranks, [sys.executable, str(CASES / script), *args], timeout=timeout)

@@ -1,4 +1,4 @@
-"""The end of every tests/mpi_cases script: each rank says its failures, all ranks agree, rank 0 sums up."""
+"""The end of every tests/mpi/cases script: each rank says its failures, all ranks agree, rank 0 sums up."""
 
 from __future__ import annotations
 

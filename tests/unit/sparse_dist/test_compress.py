@@ -1,6 +1,6 @@
 """Compressed messages (sparse_dist/compress.py): round-trip error per format, unbiased stochastic rounding,
 error feedback over many exchanges, and the flag's parser. Multi-rank bytes and exactness of evaluation run
-in tests/mpi_cases/static_input_cases.py."""
+in tests/mpi/cases/static_input_cases.py."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """Multi-rank check of the distributed SpMM against a single-process scipy reference.
 
-Run under mpiexec (tests/test_spmm_mpi.py does): every rank builds the same
+Run under mpiexec (tests/mpi/test_spmm.py does): every rank builds the same
 small global matrices from fixed seeds, keeps its own rows, and compares
 forward, transpose, autograd and counted-vs-predicted bytes for each plan.
 All ranks agree on pass/fail (collective) and the job exits 1 on any failure.

@@ -6,7 +6,7 @@ On the random directed graph of static_input_cases.py laid out over this launch'
 * ``tau = 0`` is bitwise the exact path (every plan; and with BNS sampling, bitwise ``bns`` alone);
 * ``tau = 1, 2`` (with and without ``gamma`` smoothing, owner- and receiver-side dropout, layer 0 exchanged
   per epoch or read from its halo, GCN and SAGE) equal the single-process simulation of T-stale boundary
-  rows and gradients (tests/reference_pipe.py): 5 losses, the first step's gradients, the final weights;
+  rows and gradients (tests/support/reference_pipe.py): 5 losses, the first step's gradients, the final weights;
 * each epoch's forward uses the flight of exactly epoch ``t - tau`` (epoch ``t`` in the first ``tau``):
   never an older one; and moves exactly the exact path's bytes (the byte model), with sampling the
   sampled path's bytes;
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from case_report import finish  # noqa: E402
 from reference_pipe import PipelinedReference  # noqa: E402
 from psc_cases import check_cache_budgets, check_exact_through_the_cache  # noqa: E402

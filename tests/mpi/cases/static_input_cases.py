@@ -5,7 +5,7 @@ P = 3 one row group is EMPTY, the others uneven), for every plan:
 
 * exactness: 3 training losses, the first step's weight gradients and the
   evaluation logits equal the independent single-process reference
-  (tests/reference_gcn.py) for input modes (once, receiver), (once, owner)
+  (tests/support/reference_gcn.py) for input modes (once, receiver), (once, owner)
   and (per-epoch, receiver);
 * bytes: the one-time halo exchange counts exactly what
   ``predict_halo_bytes`` says on every rank; each training epoch's forward
@@ -32,7 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from case_report import finish  # noqa: E402
 from reference_gcn import Reference  # noqa: E402
 from row_groups import check_loss, close  # noqa: E402

@@ -1,6 +1,6 @@
 """Layer 0's input fetched once (halo) and receiver-side dropout: the decision, the masks, the byte model.
 Exactness against the single-process reference and counted == predicted bytes under mpiexec run in
-tests/test_training_cases.py (tests/mpi_cases/static_input_cases.py)."""
+tests/mpi/test_training_cases.py (tests/mpi/cases/static_input_cases.py)."""
 
 from pathlib import Path
 

@@ -202,7 +202,7 @@ def test_output_is_relative_to_the_current_directory_and_a_dataset_path_to_the_s
 
 
 def test_the_shipped_studies_write_where_the_readme_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
     for name in ("tiny", "clustered-strong", "clustered-weak"):
         study = load_study(root / "runners" / "study" / "studies" / f"{name}.toml")

@@ -1,4 +1,4 @@
-"""Exactness contract: distributed training == the single-process reference (tests/reference_gcn.py).
+"""Exactness contract: distributed training == the single-process reference (tests/support/reference_gcn.py).
 
 For each dataset (a random directed graph; Cora), model (GCN, SAGE-mean)
 and exchange plan, on this launch's P and c: the evaluation logits, the
@@ -9,7 +9,7 @@ dropout (the classic path), and ``X``'s boundary rows fetched once (halo)
 with receiver-side dropout on the later layers. Each plan runs each model in
 both modes, one per dataset (GCN takes the first mode on the random graph
 and the second on Cora, SAGE the other way round), so a launch stays at 12
-runs; tests/mpi_cases/static_input_cases.py covers the other combinations. Shards are
+runs; tests/mpi/cases/static_input_cases.py covers the other combinations. Shards are
 written once per dataset by the pytest process (12 parts, random
 partitioner, so every P in 1..4 and c = 2 merges parts).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from reference_gcn import Reference  # noqa: E402
 
 from algorithms.train import TrainConfig, Trainer  # noqa: E402

@@ -1,4 +1,4 @@
-"""GAT over the distributed exchange, under mpiexec, against the independent reference (tests/reference_gat.py).
+"""GAT over the distributed exchange, under mpiexec, against the independent reference (tests/support/reference_gat.py).
 
 A random directed graph (isolated nodes, a few existing self-loops) is laid out over this
 launch's row groups, uneven, with an EMPTY row group at P = 3. With input dropout 0.5 and
@@ -35,7 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from case_report import finish  # noqa: E402
 from reference_gat import GATReference  # noqa: E402
 from row_groups import check_loss, close  # noqa: E402
