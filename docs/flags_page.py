@@ -54,24 +54,26 @@ def _help(action: argparse.Action) -> str:
     return text.replace(str(ROOT) + "/", "")  # defaults inside the checkout are shown relative to it
 
 
-def _section(parser: argparse.ArgumentParser, words: list[str], lines: list[str]) -> None:
-    """One command's section, then its subcommands' in parser order."""
+def _section(parser: argparse.ArgumentParser, words: list[str], lines: list[str], summary: str | None = None) -> None:
+    """One command's section (``summary``: its one line in the parent's list, where it has no description),
+    then its subcommands' in parser order."""
     subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     rows = [a for a in parser._actions
             if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and a.help != argparse.SUPPRESS]
     title = " ".join(["sparse-dist", *words]) if words else "sparse-dist (global flags)"
     if rows or not subcommands:
         lines += ["", f"## `{title}`", ""]
-        if parser.description:
-            lines += [parser.description, ""]
+        if parser.description or summary:
+            lines += [parser.description or summary, ""]
         if rows:
             lines += ["| flag | default | what |", "|---|---|---|"]
             lines += [f"| {_flag(a)} | {_cell(_default(a))} | {_cell(_help(a))} |" for a in rows]
         if parser.epilog:
             lines += ["", "```text", parser.epilog.strip("\n"), "```"]
     for action in subcommands:
+        summaries = {choice.dest: choice.help for choice in action._choices_actions}
         for name, sub in action.choices.items():
-            _section(sub, [*words, name], lines)
+            _section(sub, [*words, name], lines, summaries.get(name))
 
 
 def render() -> str:
