@@ -7,8 +7,8 @@ Commands are found in fenced code blocks: lines (joined at a trailing backslash,
 ``#`` comments removed) whose program is ``sparse-dist`` (bare, ``$B/``, ``.venv/bin/``), alone or after
 ``mpiexec -n P``. Each is parsed by ``runners.cli._parser()`` and checked by its command's
 ``check_arguments``, as ``sparse-dist`` itself does before MPI starts; a failure names the file and line.
-The runs use a temporary directory as the working directory (the README's relative paths land there)
-and this environment's ``bin`` for ``$B`` and ``.venv/bin``; where a run departs from the README
+The runs use a temporary directory as the working directory (the pages' relative paths land there)
+and this environment's ``bin`` for ``$B`` and ``.venv/bin``; where a run departs from the page
 (fewer ranks, fewer epochs, a small calibration study instead of a long one) the test says so.
 """
 
@@ -361,15 +361,16 @@ path = "data/cora"
 
 
 def test_the_worked_example_and_the_model_commands_run(tmp_path: Path) -> None:
-    # Worked example, verbatim: prepare the built-in Cora.
+    # The README tour, verbatim: prepare the built-in Cora.
     prepare = _find("prepare planetoid --out data/cora --parts 4")
+    assert prepare.where.startswith("README.md:"), prepare  # the tour's own command, not a guide page's
     assert "(metis)" in _ok(prepare, _run(prepare, tmp_path))  # the default partitioner when pymetis imports
     assert json.loads((tmp_path / "data" / "cora" / "meta.json").read_text())["num_parts"] == 4
 
-    # Worked example's training run: as written except 2 ranks (not 4) and --epochs 50 appended (not 200),
+    # The tour's training run: as written except 2 ranks (not 4) and --epochs 50 appended (not 200),
     # so that its --checkpoint-every 50 still writes a checkpoint.
     train = _find("train --data data/cora --plan p2p --out cora.jsonl")
-    assert "--checkpoint-every" in train.argv
+    assert "--checkpoint-every" in train.argv and train.where.startswith("README.md:"), train
     text = _ok(train, _run(train, tmp_path, ranks=2, extra=("--epochs", "50")))
     assert "final test accuracy" in text
     records = [json.loads(line) for line in (tmp_path / "cora.jsonl").read_text().splitlines()]
