@@ -192,7 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: none)")
     parser.add_argument("--checkpoint", default=None, metavar="PATH",
                         help="write checkpoints: PATH is a small pointer naming the current set of files, "
-                             "PATH.eEPOCH.TOKEN/ beside it (README: Checkpoints); default: none")
+                             "PATH.eEPOCH.TOKEN/ beside it (docs/reference/checkpoints.md); default: none")
     parser.add_argument("--checkpoint-every", type=at_least(1), default=None, metavar="K",
                         help=f"with --checkpoint: a checkpoint every K >= 1 epochs and after the last epoch "
                              f"(default: every {DEFAULT_CHECKPOINT_EVERY})")

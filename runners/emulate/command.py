@@ -120,7 +120,7 @@ def hydra_mpiexec() -> str:
         version = ""
     if "HYDRA" not in version:
         raise EmulationUnavailable(f"emulate drives MPICH's hydra mpiexec and {found} is not one (Open MPI's "
-                                   f"btl tcp would need its own launcher, see the README)")
+                                   f"btl tcp would need its own launcher, see docs/guide/emulate.md)")
     return found
 
 
