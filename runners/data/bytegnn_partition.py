@@ -62,6 +62,15 @@ def _labelled_kinds(masks: dict[str, np.ndarray], n: int) -> np.ndarray:
                      else np.zeros(n, dtype=bool) for name in KINDS], axis=1)
 
 
+def row_entries(rows: sp.csr_matrix, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(position, columns)``: every entry of the ``selected`` rows, ``position`` its row's index in ``selected``."""
+    starts, stops = rows.indptr[selected], rows.indptr[selected + 1]
+    lengths = (stops - starts).astype(np.int64)
+    position = np.repeat(np.arange(selected.size, dtype=np.int64), lengths)
+    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+    return position, rows.indices[np.arange(lengths.sum(), dtype=np.int64) + offsets].astype(np.int64)
+
+
 def khop_blocks(adjacency: sp.spmatrix, centres: np.ndarray, hops: int) -> np.ndarray:
     """``block_of[node]``: the index in ``centres`` of the block that reached the node first, -1 if none did.
 
@@ -76,11 +85,8 @@ def khop_blocks(adjacency: sp.spmatrix, centres: np.ndarray, hops: int) -> np.nd
     for _ in range(hops):
         if not frontier.size:
             break
-        starts, stops = rows.indptr[frontier], rows.indptr[frontier + 1]
-        lengths = (stops - starts).astype(np.int64)
-        owner = np.repeat(block_of[frontier], lengths)
-        offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
-        reached = rows.indices[np.arange(lengths.sum(), dtype=np.int64) + offsets].astype(np.int64)
+        position, reached = row_entries(rows, frontier)
+        owner = block_of[frontier][position]
         fresh = block_of[reached] < 0
         reached, owner = reached[fresh], owner[fresh]
         order = np.lexsort((owner, reached))

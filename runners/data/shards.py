@@ -37,7 +37,7 @@ import scipy.sparse as sp
 
 from algorithms.train import LocalGraph
 from runners.data.datasets import GraphData, feature_dtype
-from runners.data.partition import BoundaryAccumulator, partition, relabel
+from runners.data.partition import DEFAULT_HOPS, BoundaryAccumulator, partition, relabel
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.layout import RowLayout
 from sparse_dist.log import get_logger
@@ -148,8 +148,8 @@ def dataset_problem(nodes: int, parts: int, train_nodes: int | None) -> str | No
 
 
 def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: str = "block", seed: int = 0,
-                 overwrite: bool = False) -> dict[str, Any]:
-    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict.
+                 overwrite: bool = False, hops: int = DEFAULT_HOPS) -> dict[str, Any]:
+    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict (``hops``: bytegnn's K).
 
     An existing ``out_dir`` is replaced only under :func:`output_problem`'s rules (checked again at the swap);
     a graph ``train`` could not use (:func:`dataset_problem`) is refused before anything is written.
@@ -161,7 +161,7 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
     problem = dataset_problem(int(data.num_nodes), parts, int(np.count_nonzero(data.masks["train"])))
     if problem:
         raise ShardError(f"{data.name}: {problem}")
-    part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"])
+    part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"], masks=data.masks, hops=hops)
     order, offsets = relabel(part_of, parts)
     new_id = np.empty_like(order)
     new_id[order] = np.arange(order.size)
