@@ -66,10 +66,11 @@ def sample_batch(rows: sp.csr_matrix, seeds: np.ndarray, fanouts: list[int],
         frontiers.append(frontier)
         position, columns = row_entries(rows, frontier)
         if fanout > 0 and columns.size:
-            order = np.lexsort((rng.random(columns.size), position))
-            position, columns = position[order], columns[order]
-            starts = np.searchsorted(position, position, side="left")
-            columns = columns[np.arange(columns.size) - starts < fanout]
+            # entries come grouped by row; a random key inside each group and the first ``fanout`` of each
+            order = np.argsort(position + rng.random(columns.size), kind="stable")
+            counts = np.bincount(position, minlength=frontier.size)
+            first = np.repeat(np.cumsum(counts) - counts, counts)
+            columns = columns[order][np.arange(columns.size) - first < fanout]
         frontier = np.unique(columns)
         seen.append(frontier)
     return np.unique(np.concatenate(seen)), frontiers
