@@ -217,3 +217,14 @@ def test_shards_of_the_new_partitioners_train_exactly(tmp_path: Path, cora_data)
     result = run_case(3, "partitioner_cases.py", *directories, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "partitioner shards P=3: 4 runs, all equal the reference" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_guide_commands_parse() -> None:
+    """Every ``sparse-dist`` line in docs/guide/partitioning.md's code blocks is accepted as ``sparse-dist`` would."""
+    guide = Path(__file__).resolve().parent.parent / "docs" / "guide" / "partitioning.md"
+    commands = [line.split()[1:] for line in guide.read_text().splitlines() if line.startswith("sparse-dist ")]
+    assert len(commands) >= 2
+    for argv in commands:
+        args = cli._parser().parse_args(argv)
+        check, _ = cli._CHECKS[args.func]
+        assert check is None or check(args) is None, argv
