@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 from pathlib import Path
 
 import numpy as np
@@ -228,3 +229,22 @@ def test_the_guide_commands_parse() -> None:
         args = cli._parser().parse_args(argv)
         check, _ = cli._CHECKS[args.func]
         assert check is None or check(args) is None, argv
+
+
+def test_bench_partition_prints_one_line_per_partitioner_and_json(tmp_path: Path, capsys, cora_data) -> None:
+    from runners.bench import partition as bench_partition
+
+    write_shards(cora_data, tmp_path / "cora", 2, "block")
+    args = cli._parser().parse_args(["bench", "partition", "--data", str(tmp_path / "cora"), "--parts", "3",
+                                     "--partitioners", "random,bytegnn", "--hops", "1", "--fanouts", "5",
+                                     "--batch-size", "16", "--json"])
+    assert bench_partition.main(None, args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("cora: 2708 nodes, 3 parts, hops 1; per batch: 16 seeds, fanouts 5")
+    assert lines[2].startswith("random ") and lines[3].startswith("bytegnn ")
+    report = json.loads(lines[-1])
+    assert report["parts"] == 3 and set(report["results"]) == {"random", "bytegnn"}
+    for name, stats in report["results"].items():
+        assert sum(stats["nodes"]) == 2708 and sum(stats["train"]) == int(cora_data.masks["train"].sum()), name
+        assert all(0 < rows <= 16 * 6 for rows in stats["batch_input_rows"]), name  # seeds + 5 each at most
+    assert report["results"]["bytegnn"]["train_balance"] < report["results"]["random"]["train_balance"]
