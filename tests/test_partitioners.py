@@ -162,7 +162,7 @@ def test_sample_batch_takes_at_most_the_fanout_per_node() -> None:
 def test_read_graph_undoes_the_permutation(tmp_path: Path, cora_data) -> None:
     write_shards(cora_data, tmp_path / "cora", 3, "bytegnn", seed=2)
     adjacency, masks, meta = read_graph(tmp_path / "cora")
-    assert meta["partitioner"] == "bytegnn"
+    assert meta["partitioner"] == "bytegnn" and meta["partition_hops"] == 2
     assert (adjacency != sp.csr_matrix(cora_data.adjacency)).nnz == 0
     for name in ("train", "val", "test"):
         assert np.array_equal(masks[name], cora_data.masks[name])

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from runners.data.bytegnn_partition import bytegnn_partition
 from runners.data.metis_train import metis_train_partition, symmetric_pattern
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import predict_spmm_bytes
@@ -145,7 +146,6 @@ def partition(kind: str, adjacency: sp.csr_matrix, parts: int, seed: int = 0,
             masks = {"train": np.zeros(n, dtype=bool) if train_mask is None else np.asarray(train_mask, dtype=bool)}
         if kind == "metis-train":
             return metis_train_partition(adjacency, parts, masks, seed)
-        from runners.data.bytegnn_partition import bytegnn_partition
         return bytegnn_partition(adjacency, parts, masks, hops, seed)
     if kind == "metis":
         part_of = metis_partition(adjacency, parts, seed)

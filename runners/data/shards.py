@@ -8,7 +8,8 @@ A dataset directory holds:
   ``files`` (file name -> SHA-256), ``partition_stats``
   (:func:`runners.data.partition.partition_statistics`), ``feature_dtype``
   (``float32``, or ``float64`` when the input's features were float64: they
-  are kept, not rounded; ``train`` casts them to its ``--dtype``);
+  are kept, not rounded; ``train`` casts them to its ``--dtype``), and for
+  ``bytegnn`` its block radius ``partition_hops``;
 * ``permutation.npy``: new node id -> original node id;
 * ``part-NNNNN.npz`` per part: ``indptr``, ``indices`` (GLOBAL new ids),
   ``data`` (edge weights), ``features``, ``labels``, ``train``, ``val``,
@@ -193,6 +194,7 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
                 "feature_dtype": np.dtype(features_dtype).name,
                 "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel),
                 "partitioner": partitioner, "partition_seed": seed, "num_parts": parts,
+                **({"partition_hops": hops} if partitioner == "bytegnn" else {}),
                 "row_offsets": offsets.tolist(), "permutation_file": "permutation.npy", "files": files,
                 "partition_stats": stats, **data.meta_extra}
         return finish_dataset(temporary, out_dir, meta)
