@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
+
+import numpy as np
 
 from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
-from runners.data.partition import AUTO, PARTITIONERS, resolve_partitioner
+from runners.data.partition import AUTO, DEFAULT_HOPS, PARTITIONERS, resolve_partitioner
+from runners.data.sampling_stats import DEFAULT_BATCH_SIZE, DEFAULT_FANOUT, format_part_table, sampling_statistics
 from runners.data.stream_synthetic import write_streamed_synthetic
 from runners.argtypes import at_least
 from runners.argtypes import seed as seed_number
@@ -65,8 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitioner", choices=(AUTO, *PARTITIONERS), default=AUTO,
                         help="how nodes are split into parts (default: auto = metis when pymetis imports, "
                              "else block with a printed note; synthetic --stream always writes contiguous "
-                             "blocks). metis: small boundary, fewest exchange bytes; block: contiguous ranges "
-                             "of the input ids; random: balanced random")
+                             "blocks). metis: small boundary, fewest exchange bytes; metis-train: DistDGL's "
+                             "multi-constraint METIS (training/validation/test/other nodes and edges balanced); "
+                             "bytegnn: ByteGNN's K-hop blocks around labelled nodes (--hops); block: contiguous "
+                             "ranges of the input ids; random: balanced random")
+    parser.add_argument("--hops", type=at_least(1), default=None,
+                        help=f"K: bytegnn's block radius and the depth of the K-hop sampling statistics printed "
+                             f"at the end, >= 1 (default: {DEFAULT_HOPS})")
     parser.add_argument("--seed", type=seed_number, default=0,
                         help="seed of the partitioner, the random split and the synthetic graph, >= 0 (default: 0)")
     parser.add_argument("--nodes", type=at_least(1), default=100_000,
@@ -115,6 +124,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if args.source == "synthetic" and args.stream and args.partitioner not in (AUTO, "block"):
         return ("prepare synthetic --stream writes contiguous blocks; use --partitioner block "
                 "(or leave --partitioner out)")
+    if args.source == "synthetic" and args.stream and args.hops is not None:
+        return "prepare synthetic --stream prints no K-hop statistics and uses no bytegnn blocks; leave --hops out"
     if args.source == "ogb" and (not args.name or not args.root):
         return "prepare ogb needs --name (e.g. ogbn-arxiv) and --root DIR"
     if args.source == "edgelist":
@@ -167,9 +178,24 @@ def main(comm: object, args: argparse.Namespace) -> int:
     if args.source != "synthetic":  # known once loaded: the disk the shards need
         check_prepare_resources(args.out, None, shard_bytes(int(data.num_nodes), int(data.adjacency.nnz),
                                                             int(data.features.shape[1])))
-    meta = write_shards(data, args.out, args.parts, partitioner, args.seed, overwrite=args.overwrite)
+    hops = args.hops or DEFAULT_HOPS
+    meta = write_shards(data, args.out, args.parts, partitioner, args.seed, overwrite=args.overwrite, hops=hops)
     _report(meta, args.out, time.perf_counter() - start)
+    _report_sampling(data, meta, args.out, hops, args.seed)
     return 0
+
+
+def _report_sampling(data: object, meta: dict, out: str, hops: int, seed: int) -> None:
+    """The partition as mini-batch training sees it (:mod:`runners.data.sampling_stats`), from the written shards'
+    permutation, so it describes exactly the partition on disk."""
+    order = np.load(Path(out) / meta["permutation_file"], allow_pickle=False)
+    part_of = np.repeat(np.arange(meta["num_parts"]), np.diff(meta["row_offsets"]))[np.argsort(order)]
+    stats = sampling_statistics(data.adjacency, part_of, data.masks, hops, seed=seed)
+    print(f"K-hop sampling view ({meta['partitioner']}, hops {hops}): khop-remote = rows of X other parts own in "
+          f"the {hops}-hop in-neighbourhood of the part's training nodes; per batch of {DEFAULT_BATCH_SIZE} seeds "
+          f"with fanout {DEFAULT_FANOUT} per hop (mean of {stats['batches']}): input rows, remote ones, remote "
+          f"adjacency rows sampled (`sparse-dist bench partition` compares partitioners)")
+    print("\n".join(format_part_table(stats)))
 
 
 def _report(meta: dict, out: str, seconds: float) -> None:

@@ -9,6 +9,10 @@ deterministic for a seed.
   imports, else ``block`` (:func:`resolve_partitioner` says which, and why).
 * ``block``: contiguous balanced ranges of the original ids.
 * ``random``: a balanced random assignment.
+* ``metis-train``: DistDGL's partitioner, METIS k-way with several balance
+  constraints at once (:mod:`runners.data.metis_train`).
+* ``bytegnn``: ByteGNN's K-hop blocks around the labelled nodes
+  (:mod:`runners.data.bytegnn_partition`).
 * ``metis``: METIS k-way through pymetis on the symmetrised graph, with the
   communication-volume objective (``OBJTYPE=VOL``, the bytes a p2p exchange
   moves) and node balance; then training nodes are balanced too (as
@@ -17,7 +21,8 @@ deterministic for a seed.
   offers no ``ncon`` and reads a two-column weight array as one constraint,
   which left both nodes and training nodes 20-30% out of balance in our
   tests; so the second constraint is enforced afterwards by swaps that keep
-  the node counts.
+  the node counts. ``metis-train`` is DistDGL's real multi-constraint METIS,
+  reached past pymetis's Python layer (:mod:`runners.data.metis_train`).
 
 :func:`partition_statistics` gives the BNS-GCN Table 1 view of a partition:
 per part inner nodes, boundary nodes (rows others need), their ratio,
@@ -33,10 +38,14 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from runners.data.bytegnn_partition import bytegnn_partition
+from runners.data.metis_train import metis_train_partition, symmetric_pattern
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import predict_spmm_bytes
 
-PARTITIONERS = ("block", "random", "metis")
+PARTITIONERS = ("block", "random", "metis", "metis-train", "bytegnn")
+DEFAULT_HOPS = 2
+"""K of ``bytegnn``'s K-hop blocks and of the sampling statistics, unless told."""
 AUTO = "auto"
 
 
@@ -77,11 +86,7 @@ def metis_partition(adjacency: sp.spmatrix, parts: int, seed: int = 0) -> np.nda
     n = adjacency.shape[0]
     if parts == 1:
         return np.zeros(n, dtype=np.int64)
-    pattern = sp.csr_matrix(adjacency, dtype=np.float64)
-    symmetric = ((pattern + pattern.T) != 0).astype(np.int8).tocsr()
-    symmetric.setdiag(0)
-    symmetric.eliminate_zeros()
-    symmetric.sort_indices()
+    symmetric = symmetric_pattern(adjacency)
     options = pymetis.Options()
     options.seed = seed
     options.objtype = pymetis.ObjType.VOL
@@ -126,11 +131,22 @@ def balance_training_nodes(adjacency: sp.spmatrix, part_of: np.ndarray, train_ma
 
 
 def partition(kind: str, adjacency: sp.csr_matrix, parts: int, seed: int = 0,
-              train_mask: np.ndarray | None = None) -> np.ndarray:
-    """``part_of`` for every node (METIS also balances ``train_mask`` when given)."""
+              train_mask: np.ndarray | None = None, masks: dict[str, np.ndarray] | None = None,
+              hops: int = DEFAULT_HOPS) -> np.ndarray:
+    """``part_of`` for every node (METIS also balances ``train_mask`` when given).
+
+    ``masks`` (boolean ``train``/``val``/``test``; default: ``train_mask`` alone) are what ``metis-train``
+    balances and what ``bytegnn`` grows its ``hops``-hop blocks around.
+    """
     n = adjacency.shape[0]
     if parts < 1:
         raise ValueError(f"number of parts must be >= 1, got {parts}")
+    if kind in ("metis-train", "bytegnn"):
+        if masks is None:
+            masks = {"train": np.zeros(n, dtype=bool) if train_mask is None else np.asarray(train_mask, dtype=bool)}
+        if kind == "metis-train":
+            return metis_train_partition(adjacency, parts, masks, seed)
+        return bytegnn_partition(adjacency, parts, masks, hops, seed)
     if kind == "metis":
         part_of = metis_partition(adjacency, parts, seed)
         if train_mask is not None and parts > 1:

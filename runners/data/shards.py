@@ -8,7 +8,8 @@ A dataset directory holds:
   ``files`` (file name -> SHA-256), ``partition_stats``
   (:func:`runners.data.partition.partition_statistics`), ``feature_dtype``
   (``float32``, or ``float64`` when the input's features were float64: they
-  are kept, not rounded; ``train`` casts them to its ``--dtype``);
+  are kept, not rounded; ``train`` casts them to its ``--dtype``), and for
+  ``bytegnn`` its block radius ``partition_hops``;
 * ``permutation.npy``: new node id -> original node id;
 * ``part-NNNNN.npz`` per part: ``indptr``, ``indices`` (GLOBAL new ids),
   ``data`` (edge weights), ``features``, ``labels``, ``train``, ``val``,
@@ -37,7 +38,7 @@ import scipy.sparse as sp
 
 from algorithms.train import LocalGraph
 from runners.data.datasets import GraphData, feature_dtype
-from runners.data.partition import BoundaryAccumulator, partition, relabel
+from runners.data.partition import DEFAULT_HOPS, BoundaryAccumulator, partition, relabel
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.layout import RowLayout
 from sparse_dist.log import get_logger
@@ -148,8 +149,8 @@ def dataset_problem(nodes: int, parts: int, train_nodes: int | None) -> str | No
 
 
 def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: str = "block", seed: int = 0,
-                 overwrite: bool = False) -> dict[str, Any]:
-    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict.
+                 overwrite: bool = False, hops: int = DEFAULT_HOPS) -> dict[str, Any]:
+    """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict (``hops``: bytegnn's K).
 
     An existing ``out_dir`` is replaced only under :func:`output_problem`'s rules (checked again at the swap);
     a graph ``train`` could not use (:func:`dataset_problem`) is refused before anything is written.
@@ -161,7 +162,7 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
     problem = dataset_problem(int(data.num_nodes), parts, int(np.count_nonzero(data.masks["train"])))
     if problem:
         raise ShardError(f"{data.name}: {problem}")
-    part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"])
+    part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"], masks=data.masks, hops=hops)
     order, offsets = relabel(part_of, parts)
     new_id = np.empty_like(order)
     new_id[order] = np.arange(order.size)
@@ -193,6 +194,7 @@ def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: 
                 "feature_dtype": np.dtype(features_dtype).name,
                 "num_classes": int(data.num_classes), "multilabel": bool(data.multilabel),
                 "partitioner": partitioner, "partition_seed": seed, "num_parts": parts,
+                **({"partition_hops": hops} if partitioner == "bytegnn" else {}),
                 "row_offsets": offsets.tolist(), "permutation_file": "permutation.npy", "files": files,
                 "partition_stats": stats, **data.meta_extra}
         return finish_dataset(temporary, out_dir, meta)
