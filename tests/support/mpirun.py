@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,9 +36,22 @@ def run_with_timeout(argv: list[str], *, timeout: float, cwd: Path = ROOT,
     """Run ``argv`` in its own process group with ``env`` (default: this one, one OpenMP thread, unbuffered
     Python, ``MPIEXEC_TIMEOUT``), under :func:`finish`'s timeout."""
     env = env or dict(os.environ, MPIEXEC_TIMEOUT=str(int(timeout)), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    began = time.perf_counter()
     process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
-    return finish(process, timeout, " ".join(argv))
+    try:
+        return finish(process, timeout, " ".join(argv))
+    finally:
+        _log_launch(argv, time.perf_counter() - began)
+
+
+def _log_launch(argv: list[str], seconds: float) -> None:
+    """With SPARSE_DIST_TEST_LAUNCH_LOG=FILE, append ``seconds test argv`` per launch (where suite time goes)."""
+    path = os.environ.get("SPARSE_DIST_TEST_LAUNCH_LOG")
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(path, "a") as log:
+            log.write(f"{seconds:.2f}\t{test}\t{' '.join(argv)[:300]}\n")
 
 
 def run_mpi(ranks: int, argv: list[str], timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
