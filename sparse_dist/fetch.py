@@ -41,7 +41,8 @@ def inclusion_estimate(rows: sp.csr_matrix, first_row: int, seed_probability: np
     (global ids with a positive estimate, sorted; their probabilities).
     """
     own = rows.shape[0]
-    ids = np.arange(first_row, first_row + own, dtype=np.int64)
+    ids_own = np.arange(first_row, first_row + own, dtype=np.int64)
+    ids = ids_own
     probability = np.asarray(seed_probability, dtype=np.float64)
     degrees = np.diff(rows.indptr)
     for fanout in fanouts:
@@ -50,6 +51,7 @@ def inclusion_estimate(rows: sp.csr_matrix, first_row: int, seed_probability: np
         own_p[ids[inside] - first_row] = probability[inside]
         keep = np.ones(own) if fanout is None else np.minimum(1.0, fanout / np.maximum(degrees, 1))
         edge_p = np.repeat(own_p * keep, degrees)
+        edge_p[rows.indices == np.repeat(ids_own, degrees)] = 0.0  # a self loop adds nothing to being a destination
         columns = np.concatenate([rows.indices.astype(np.int64), ids])
         log_miss = np.concatenate([np.log1p(-np.minimum(edge_p, 1.0 - 1e-12)),
                                    np.log1p(-np.minimum(probability, 1.0 - 1e-12))])
@@ -71,8 +73,8 @@ class FeatureFetcher:
     """This rank's rows of ``X`` (``own``, ``n_g x F``) and the way to the others' (module docstring).
 
     ``cache_ids``: the remote global ids to keep (at most ``cache_rows``, chosen by the caller from
-    :func:`inclusion_estimate`; the same call on every rank). After each :meth:`fetch`: ``last_asked``,
-    ``last_answered`` (rows per peer), ``last_needed`` (remote rows the batch needed) and ``last_hits``
+    :func:`inclusion_estimate`; the same call on every rank). After each :meth:`fetch`: ``last_requests``
+    (the ids asked of each rank), ``last_asked``, ``last_answered`` (rows per peer), ``last_needed`` (remote rows the batch needed) and ``last_hits``
     (of them, found in the cache).
     """
 
@@ -83,6 +85,7 @@ class FeatureFetcher:
         self.last_asked: list[int] = [0] * comm.size
         self.last_answered: list[int] = [0] * comm.size
         self.last_needed = self.last_hits = 0
+        self.last_requests: list[np.ndarray] = []
         ids = np.unique(np.asarray(cache_ids if cache_ids is not None else [], dtype=np.int64))
         self.cache_ids = ids
         self.cache_values = self._pull(ids)  # collective even when empty: every rank enters it
@@ -106,6 +109,7 @@ class FeatureFetcher:
         send = torch.cat(answers).contiguous() if answers else self.own[:0]
         recv = torch.empty(int(ids.size), self.width, dtype=self.own.dtype, device=self.own.device)
         self.comm.alltoallv(send, [len(w) for w in incoming], recv, [len(r) for r in requests], self.phase)
+        self.last_requests = requests
         self.last_asked = [len(r) for r in requests]
         self.last_answered = [len(w) for w in incoming]
         out = torch.empty_like(recv)

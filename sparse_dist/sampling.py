@@ -194,7 +194,8 @@ class DistributedSampler:
 
     ``rows``: this rank's rows of the normalised adjacency (global column ids); ``fanouts[h]``: hop ``h``
     from the seeds (``fanouts[0]`` builds the LAST layer's block, as PyG's ``NeighborLoader`` and DistDGL
-    count), None for "all". ``last_traffic`` keeps the last call's :class:`HopTraffic` per hop (layer order).
+    count), None for "all". ``last_traffic`` keeps the last call's :class:`HopTraffic` per hop and
+    ``last_requests`` the ids it asked each rank for per hop (both in layer order).
     """
 
     def __init__(self, comm: Communicator, layout: RowLayout, group: int, rows: sp.csr_matrix,
@@ -203,23 +204,27 @@ class DistributedSampler:
         self.first_row = int(layout.offsets[group])
         self.fanouts, self.seed, self.phase = list(fanouts), seed, phase
         self.last_traffic: list[HopTraffic] = []
+        self.last_requests: list[list[np.ndarray]] = []
 
     def sample(self, seeds: np.ndarray, epoch: int, step: int) -> list[SampledBlock]:
         """Blocks of layers ``0 .. L-1`` for this rank's ``seeds`` (global ids it owns; may be empty). Collective."""
         blocks: list[SampledBlock] = []
         traffic: list[HopTraffic] = []
+        requests: list[list[np.ndarray]] = []
         dst = np.asarray(seeds, dtype=np.int64)
         layers = len(self.fanouts)
         for hop, fanout in enumerate(self.fanouts):
             layer = layers - 1 - hop
-            block, hop_traffic = self._hop(dst, fanout, sampling_key(self.seed, epoch, step, layer))
+            block, hop_traffic, asked = self._hop(dst, fanout, sampling_key(self.seed, epoch, step, layer))
             blocks.append(block)
             traffic.append(hop_traffic)
+            requests.append(asked)
             dst = block.src
-        self.last_traffic = traffic[::-1]
+        self.last_traffic, self.last_requests = traffic[::-1], requests[::-1]
         return blocks[::-1]
 
-    def _hop(self, dst: np.ndarray, fanout: int | None, key: np.ndarray) -> tuple[SampledBlock, HopTraffic]:
+    def _hop(self, dst: np.ndarray, fanout: int | None,
+             key: np.ndarray) -> tuple[SampledBlock, HopTraffic, list[np.ndarray]]:
         size = self.comm.size
         owners = self.layout.owner_of(dst) if dst.size else np.zeros(0, dtype=np.int64)
         order = np.argsort(owners, kind="stable")
@@ -245,7 +250,7 @@ class DistributedSampler:
         inverse[order] = np.arange(order.size)
         kept_all, columns_all, values_all = reorder_rows(grouped, inverse)
         traffic = HopTraffic([len(r) for r in requests], kept_asked, [len(r) for r in incoming], kept_answered)
-        return assemble_block(dst, kept_all, columns_all, values_all), traffic
+        return assemble_block(dst, kept_all, columns_all, values_all), traffic, requests
 
 
 def reorder_rows(rows: tuple[np.ndarray, np.ndarray, np.ndarray], new_order: np.ndarray) -> tuple[
