@@ -31,7 +31,7 @@ def fanouts_arg(text: str) -> tuple[int | None, ...]:
 
 
 def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache`` (docs/guide/minibatch.md)."""
+    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache``, ``--prefetch`` (docs/guide/minibatch.md)."""
     parser.add_argument("--mode", choices=MODES, default="full",
                         help="full: full-graph training (default); minibatch: sampled mini-batches (DistDGL's "
                              "synchronous SGD), evaluated exactly on the full graph")
@@ -44,6 +44,10 @@ def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feature-cache", type=at_least(0), default=0, metavar="ROWS",
                         help="minibatch: remote input rows each rank keeps, chosen by estimated inclusion "
                              "probability, >= 0 (default: 0, none)")
+    parser.add_argument("--prefetch", type=at_least(0), default=0, metavar="N",
+                        help="minibatch: sample and fetch up to N batches ahead on a worker thread while the "
+                             "current one trains (needs MPI_THREAD_MULTIPLE; results are bitwise those of 0), "
+                             ">= 0 (default: 0, no overlap)")
 
 
 DEFAULT_BATCH_SIZE = 512
@@ -52,7 +56,8 @@ DEFAULT_BATCH_SIZE = 512
 def minibatch_flag_problem(args: argparse.Namespace) -> str | None:
     """Why the mini-batch flags do not fit (checked before MPI starts), or None; fills their defaults."""
     given = [flag for flag, value in (("--fanouts", args.fanouts), ("--batch-size", args.batch_size),
-                                      ("--feature-cache", args.feature_cache or None)) if value is not None]
+                                      ("--feature-cache", args.feature_cache or None),
+                                      ("--prefetch", args.prefetch or None)) if value is not None]
     if args.mode == "full":
         return f"{', '.join(given)} need --mode minibatch" if given else None
     if args.checkpoint or args.resume:
@@ -70,7 +75,7 @@ def _shape_only(args: argparse.Namespace) -> TrainConfig:
 
 
 def minibatch_config(args: argparse.Namespace) -> MinibatchConfig:
-    return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache)
+    return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache, args.prefetch)
 
 
 def make_trainer(comm: Communicator, graph: LocalGraph, config: TrainConfig, device: torch.device,

@@ -19,6 +19,15 @@ Decisions (docs/guide/minibatch.md says the same for users):
   costs (normalisation, plans, perhaps a layer-0 halo).
 * Step breakdown (seconds, summed over the epoch's steps): ``sample``, ``fetch``, ``compute`` (forward,
   backward, optimiser), ``allreduce`` (gradient allreduce), ``wait`` (0 without prefetch).
+* Prefetch (``prefetch = N > 0``; ByteGNN's overlap of sampling with training): a worker thread samples and
+  fetches the epoch's batches in order on its own duplicate of the communicator (``MPI_THREAD_MULTIPLE``),
+  into a queue of at most ``N`` finished batches, while the main thread trains; ``wait`` is the main
+  thread's time blocked on the queue, and ``sample``/``fetch`` are the worker's seconds (overlapped).
+  The pipeline starts and drains inside each epoch (batch 0 of an epoch is not overlapped), so evaluation
+  never runs beside it and each epoch's bytes are its own. Batches are pure functions of (seed, epoch,
+  step), so the run is bitwise the unpipelined one. Of ByteGNN's two-level scheduling it keeps only the
+  coarse level with a fixed depth (how many batches may be ready ahead); no DAG of sub-tasks, no
+  adaptive launch score.
 
 Collective: construction, :meth:`MinibatchTrainer.train_epoch`, :meth:`MinibatchTrainer.evaluate` and
 :meth:`MinibatchTrainer.step_gradients`, every rank in the same order.
@@ -26,8 +35,12 @@ Collective: construction, :meth:`MinibatchTrainer.train_epoch`, :meth:`Minibatch
 
 from __future__ import annotations
 
+import copy
 import math
+import queue
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,7 +51,7 @@ from algorithms.dropout import GlobalRowDropout
 from algorithms.layers import layer_type
 from algorithms.minibatch.config import MinibatchConfig
 from algorithms.train import LocalGraph, SPLITS, TrainConfig, Trainer, bytes_by_phase
-from sparse_dist.comm import Communicator
+from sparse_dist.comm import CollectiveError, Communicator, threads_may_call_mpi
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.fetch import FeatureFetcher, inclusion_estimate
 from sparse_dist.sampling import DistributedSampler, SampledBlock
@@ -95,6 +108,11 @@ class MinibatchTrainer:
         self.steps_per_epoch = max(1, math.ceil(self.train_ids.size / self.global_batch))
         self.fetcher = FeatureFetcher(comm, graph.layout, self.group, self.full.features,
                                       self._cache_choice(normalized, own_train))
+        self.worker_comm: Communicator | None = None
+        if minibatch.prefetch > 0:
+            if not threads_may_call_mpi():  # the same answer on every rank (one MPI library)
+                raise CollectiveError("--prefetch needs an MPI library with MPI_THREAD_MULTIPLE")
+            self.worker_comm = comm.split(0, comm.rank)  # collective; books into the same counters
         self.epoch = 0
         self.setup_bytes = bytes_by_phase({phase: {k: v - built_from[phase][k] for k, v in counters.items()}
                                            for phase, counters in comm.stats.snapshot().items()})
@@ -122,17 +140,51 @@ class MinibatchTrainer:
         last = self.first_row + self.graph.layout.count(self.group)
         return batch[(batch >= self.first_row) & (batch < last)], int(batch.size)
 
-    def make_batch(self, epoch: int, step: int) -> Batch:
-        """Sample the blocks of one step and fetch its input rows (collective)."""
+    def make_batch(self, epoch: int, step: int, sampler: DistributedSampler | None = None,
+                   fetcher: FeatureFetcher | None = None) -> Batch:
+        """Sample the blocks of one step and fetch its input rows (collective over the sampler's and
+        fetcher's communicator; by default this trainer's own)."""
+        sampler, fetcher = sampler or self.sampler, fetcher or self.fetcher
         seeds, global_count = self.batch_seeds(epoch, step)
         start = time.perf_counter()
-        blocks = self.sampler.sample(seeds, epoch, step)
+        blocks = sampler.sample(seeds, epoch, step)
         sampled = time.perf_counter()
-        inputs = self.fetcher.fetch(blocks[0].src)
+        inputs = fetcher.fetch(blocks[0].src)
         fetched = time.perf_counter()
         return Batch(step, seeds, global_count, blocks, inputs,
                      {"sample": sampled - start, "fetch": fetched - sampled},
-                     (self.fetcher.last_needed, self.fetcher.last_hits))
+                     (fetcher.last_needed, fetcher.last_hits))
+
+    def batches(self, epoch: int, waited: list[float]) -> Iterator[Batch]:
+        """The epoch's batches in step order; with prefetch, made ahead by a worker thread (collective).
+
+        ``waited[0]`` gathers the seconds the caller spent blocked on the queue.
+        """
+        if self.worker_comm is None:
+            for step in range(self.steps_per_epoch):
+                yield self.make_batch(epoch, step)
+            return
+        sampler, fetcher = copy.copy(self.sampler), copy.copy(self.fetcher)
+        sampler.comm = fetcher.comm = self.worker_comm
+        ready: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=self.minibatch.prefetch)
+
+        def work() -> None:
+            try:
+                for step in range(self.steps_per_epoch):
+                    ready.put(self.make_batch(epoch, step, sampler, fetcher))
+            except BaseException as exc:  # handed to the main thread, which raises it
+                ready.put(exc)
+
+        worker = threading.Thread(target=work, name="minibatch-prefetch", daemon=True)
+        worker.start()
+        for _ in range(self.steps_per_epoch):
+            start = time.perf_counter()
+            item = ready.get()
+            waited[0] += time.perf_counter() - start
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        worker.join()
 
     # -------------------------------------------------------------- compute
     def forward(self, batch: Batch, dropout_epoch: int, training: bool) -> torch.Tensor:
@@ -186,8 +238,9 @@ class MinibatchTrainer:
         start = time.perf_counter()
         parts = {"sample": 0.0, "fetch": 0.0, "compute": 0.0, "allreduce": 0.0, "wait": 0.0}
         weighted_loss, needed, hits = 0.0, 0, 0
-        for step in range(self.steps_per_epoch):
-            batch = self.make_batch(self.epoch, step)
+        waited = [0.0]
+        for batch in self.batches(self.epoch, waited):
+            step = batch.step
             for key, seconds in batch.seconds.items():
                 parts[key] += seconds
             needed, hits = needed + batch.cache[0], hits + batch.cache[1]
@@ -202,6 +255,7 @@ class MinibatchTrainer:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         wall = time.perf_counter() - start
+        parts["wait"] = waited[0]
         self.epoch += 1
         self.full.epoch = self.epoch
         after = self.comm.stats.snapshot()
@@ -230,6 +284,13 @@ class MinibatchTrainer:
     @property
     def has_policy_state(self) -> bool:
         return False
+
+    def close(self) -> None:
+        """End the run (collective): the full-graph trainer's exchanges, then the worker's communicator."""
+        self.full.close()
+        if self.worker_comm is not None:
+            self.worker_comm.free()
+            self.worker_comm = None
 
     def split_counts(self) -> dict[str, int]:
         """Global node counts per split (from the full-graph trainer)."""

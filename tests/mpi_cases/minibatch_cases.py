@@ -9,6 +9,7 @@ unevenly: P = 3 has an EMPTY row group, P = 4 an empty one and one with rows but
 * bytes: per batch, the counted ``sample`` and ``fetch`` bytes of every rank equal a prediction written here
   from the requested ids, every rank's requests (gathered) and the global degrees; and equal the library's
   own predictions (:func:`predict_hop_bytes`, :func:`predict_fetch_bytes`);
+* prefetch 2 (worker thread on its own communicator) is bitwise the unpipelined run, bytes included;
 * P-invariance: with the same global batch size (12 = P x 12/P), fanouts 3,2 and dropout, the first step's
   loss and gradients and two epochs' losses equal those of a run on one rank holding the whole graph
   (a communicator of this rank alone), to float tolerance.
@@ -51,11 +52,11 @@ def data_set() -> dict:
 
 
 def trainer(comm, data: dict, counts: list[int], model: str, layers: int, fanouts: tuple,
-            batch_size: int, cache: int = 0) -> MinibatchTrainer:
+            batch_size: int, cache: int = 0, prefetch: int = 0) -> MinibatchTrainer:
     layout = RowLayout.from_counts(counts)
     graph = row_graph(data, layout, comm.rank, C, "minibatch")
     return MinibatchTrainer(comm, graph, TrainConfig(model=model, layers=layers, epochs=2),
-                            MinibatchConfig(fanouts, batch_size, cache))
+                            MinibatchConfig(fanouts, batch_size, cache, prefetch))
 
 
 def gradients(mb: MinibatchTrainer) -> tuple[float, list[torch.Tensor]]:
@@ -176,6 +177,26 @@ def check_p_invariant(comm, data: dict, failures: list[str]) -> None:
     alone.free()
 
 
+def check_prefetch(comm, data: dict, failures: list[str]) -> None:
+    """A pipelined run (worker thread, its own communicator) is bitwise the unpipelined one."""
+    runs = []
+    for prefetch in (0, 2):
+        mb = trainer(comm, data, COUNTS[comm.size], "sage", 2, (3, 2), 2, cache=3, prefetch=prefetch)
+        records = [mb.train_epoch() for _ in range(2)]
+        runs.append(([r["loss"] for r in records], [p.detach().clone() for p in mb.model.parameters()],
+                     [r["bytes"] for r in records], records[-1]["time"]["wait"]))
+        mb.close()
+    (losses, weights, moved, _), (piped_losses, piped_weights, piped_moved, wait) = runs
+    if losses != piped_losses or not all(torch.equal(a, b) for a, b in zip(weights, piped_weights)):
+        failures.append(f"prefetch P={comm.size}: not bitwise the unpipelined run ({piped_losses} vs {losses})")
+    if moved != piped_moved:
+        failures.append(f"prefetch P={comm.size}: bytes per epoch differ from the unpipelined run")
+    if not wait >= 0.0:
+        failures.append(f"prefetch P={comm.size}: wait {wait}")
+    if comm.rank == 0:
+        print(f"PREFETCH P={comm.size} steps={mb.steps_per_epoch} bitwise={losses == piped_losses}", flush=True)
+
+
 def main() -> int:
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
@@ -189,6 +210,7 @@ def main() -> int:
         alone.free()
     check_bytes(comm, data, failures)
     check_p_invariant(comm, data, failures)
+    check_prefetch(comm, data, failures)
     return finish(comm, failures, f"minibatch cases P={comm.size}")
 
 
