@@ -106,6 +106,7 @@ class MinibatchTrainer:
         self.train_ids = np.sort(np.concatenate(comm.allgather_object(own_train)))
         self.global_batch = comm.size * minibatch.batch_size
         self.steps_per_epoch = max(1, math.ceil(self.train_ids.size / self.global_batch))
+        self._order: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
         self.fetcher = FeatureFetcher(comm, graph.layout, self.group, self.full.features,
                                       self._cache_choice(normalized, own_train))
         self.worker_comm: Communicator | None = None
@@ -135,7 +136,10 @@ class MinibatchTrainer:
     # ---------------------------------------------------------------- seeds
     def batch_seeds(self, epoch: int, step: int) -> tuple[np.ndarray, int]:
         """This rank's seeds of global batch ``step`` of ``epoch`` (global ids) and the global batch's size."""
-        order = np.random.default_rng([self.config.seed, epoch, 0x6D62]).permutation(self.train_ids.size)
+        if self._order[0] != epoch:  # one permutation per epoch (steps ask in order)
+            self._order = (epoch, np.random.default_rng([self.config.seed, epoch, 0x6D62]).permutation(
+                self.train_ids.size))
+        order = self._order[1]
         batch = self.train_ids[order[step * self.global_batch:(step + 1) * self.global_batch]]
         last = self.first_row + self.graph.layout.count(self.group)
         return batch[(batch >= self.first_row) & (batch < last)], int(batch.size)

@@ -115,7 +115,7 @@ def expected_sample(comm, requests: list[list[np.ndarray]], fanouts: list, degre
 
 
 def check_bytes(comm, data: dict, failures: list[str]) -> None:
-    batches = mismatches = 0
+    batches = mismatches = counted = 0
     for model, fanouts, cache in (("gcn", (3, 2), 0), ("sage", (2, None), 4)):
         mb = trainer(comm, data, COUNTS[comm.size], model, 2, fanouts, 2, cache)
         layer_fanouts = list(fanouts)[::-1]  # the sampler keeps its requests in layer order
@@ -148,6 +148,7 @@ def check_bytes(comm, data: dict, failures: list[str]) -> None:
                 failures.append(f"bytes {model} P={comm.size} step {step}: fetched ids are not the uncached remote "
                                 f"input rows")
             batches += 1
+            counted += sum(moved[phase][side] for phase in moved for side in ("sent", "recv"))
             for label, got, want in (("sample", moved["sample"], independent), ("sample/library", library,
                                                                                 independent),
                                      ("fetch", moved["fetch"], fetch_expected), ("fetch/library", fetched,
@@ -156,7 +157,8 @@ def check_bytes(comm, data: dict, failures: list[str]) -> None:
                     mismatches += 1
                     failures.append(f"bytes {model} P={comm.size} step {step} {label}: {got} != predicted {want}")
     if comm.rank == 0:
-        print(f"BYTES P={comm.size} batches={batches} mismatches={mismatches}", flush=True)
+        print(f"BYTES P={comm.size} batches={batches} mismatches={mismatches} rank0_counted_bytes={counted}",
+              flush=True)
 
 
 def check_p_invariant(comm, data: dict, failures: list[str]) -> None:
