@@ -72,10 +72,10 @@ def predict_fetch_bytes(asked: Sequence[int], answered: Sequence[int], rank: int
 class FeatureFetcher:
     """This rank's rows of ``X`` (``own``, ``n_g x F``) and the way to the others' (module docstring).
 
-    ``cache_ids``: the remote global ids to keep (at most ``cache_rows``, chosen by the caller from
-    :func:`inclusion_estimate`; the same call on every rank). After each :meth:`fetch`: ``last_requests``
-    (the ids asked of each rank), ``last_asked``, ``last_answered`` (rows per peer), ``last_needed`` (remote rows the batch needed) and ``last_hits``
-    (of them, found in the cache).
+    ``cache_ids``: the remote global ids to keep (chosen by the caller, e.g. from :func:`inclusion_estimate`),
+    pulled once here. After each :meth:`fetch`: ``last_requests`` (the ids asked of each rank),
+    ``last_asked``, ``last_answered`` (rows per peer), ``last_needed`` (remote rows the batch needed) and
+    ``last_hits`` (of them, found in the cache).
     """
 
     def __init__(self, comm: Communicator, layout: RowLayout, group: int, own: torch.Tensor,

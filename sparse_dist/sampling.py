@@ -140,8 +140,8 @@ class _BlockProduct(torch.autograd.Function):
     """``A h`` with a sampled block; the backward multiplies by the stored transpose."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, matrix: torch.Tensor,  # type: ignore[override]
-                transpose: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
+                h: torch.Tensor, matrix: torch.Tensor, transpose: torch.Tensor) -> torch.Tensor:
         ctx.transpose = transpose  # type: ignore[attr-defined]
         return matrix @ h
 

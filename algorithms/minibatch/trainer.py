@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from algorithms.dropout import GlobalRowDropout
 from algorithms.layers import layer_type
 from algorithms.minibatch.config import MinibatchConfig
-from algorithms.train import LocalGraph, SPLITS, TrainConfig, Trainer, bytes_by_phase
+from algorithms.train import LocalGraph, TrainConfig, Trainer, bytes_by_phase
 from sparse_dist.comm import CollectiveError, Communicator, threads_may_call_mpi
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.fetch import FeatureFetcher, inclusion_estimate
@@ -295,7 +295,3 @@ class MinibatchTrainer:
         if self.worker_comm is not None:
             self.worker_comm.free()
             self.worker_comm = None
-
-    def split_counts(self) -> dict[str, int]:
-        """Global node counts per split (from the full-graph trainer)."""
-        return {split: int(self.full.global_counts[split]) for split in SPLITS}
