@@ -57,6 +57,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     from runners import demo_cmd, perf_model_cmd, plot_cmd, prepare_cmd, sweep_cmd, train_cmd
+    from runners.bench import minibatch as bench_minibatch
     from runners.bench import network as bench_network
     from runners.bench import partition as bench_partition
     from runners.bench import policy_savings as bench_policies
@@ -92,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     _command(bench_kinds, "network", "alpha and beta of this MPI for `sparse-dist model`", bench_network)
     _command(bench_kinds, "train", "full training epochs: sparse-dist vs PyG on the same graph", bench_train)
     _command(bench_kinds, "policies", "exact vs BNS-GCN sampling vs SANCUS staleness, one run", bench_policies)
+    _command(bench_kinds, "minibatch", "distributed mini-batch training vs PyG NeighborLoader + SAGEConv, one run",
+             bench_minibatch)
     _command(bench_kinds, "partition", "partitioners side by side: balance, cut, remote rows of K-hop sampling",
              bench_partition)
     info = commands.add_parser("info", help="versions, MPI library, CUDA and CUDA-aware MPI status")

@@ -49,6 +49,7 @@ from algorithms.policies import combination_problem, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
 from runners.argtypes import at_least, non_negative, number, positive, probability
+from runners.minibatch_flags import add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_record
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
 from runners.results import (ResultsWriteError, ResultsWriter, environment, output_path_problem, peak_memory_bytes,
@@ -206,6 +207,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from --checkpoint's current set, at any P, --replication and --plan "
                              "(default: off, start at epoch 0)")
+    add_minibatch_arguments(parser)
 
 
 class PathError(ValueError):
@@ -220,6 +222,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if problem:
         return problem
     fill_model_defaults(args)
+    problem = minibatch_flag_problem(args)
+    if problem:
+        return problem
     if args.stop_at_target and args.target_acc is None:
         return "--stop-at-target needs --target-acc A (the validation accuracy to stop at)"
     if args.resume and not args.checkpoint:
@@ -479,10 +484,10 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     if args.feature_norm == "auto":
         args.feature_norm = graph.extra["meta"].get("feature_norm", "row")
     config = _config(args)
-    trainer = Trainer(comm, graph, config, device)
+    trainer = make_trainer(comm, graph, config, device, args)  # Trainer, or MinibatchTrainer with --mode minibatch
     leader = comm.rank == 0
     writer = ResultsWriter(args.out if leader else None)
-    writer.write({"type": "config", **config.record(), "data": args.data, "world_size": comm.size,
+    writer.write({"type": "config", **config.record(), **mode_record(args), "data": args.data, "world_size": comm.size,
                   "device": args.device, "gpu_aware": comm.gpu_aware, "target_acc": args.target_acc,
                   "stop_at_target": args.stop_at_target})
     writer.write({"type": "environment", "huge_pages": huge_page_state(),

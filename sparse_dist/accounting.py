@@ -7,8 +7,9 @@ received and the seconds it spent blocked in MPI, under one phase name.
 Phases: ``forward`` (forward exchange of the SpMM), ``backward`` (its
 transpose), ``grad_allreduce`` (weight gradients), ``halo`` (the one-time
 exchange of a static input's boundary rows, :mod:`sparse_dist.halo`),
-``sample`` (what a sampling policy's owners and receivers agree on, e.g. ``psc``'s probabilities),
-``other`` (set-up and metadata).
+``sample`` (what a sampling policy's owners and receivers agree on, e.g. ``psc``'s probabilities, and
+mini-batch neighbour sampling's requests and answers, :mod:`sparse_dist.sampling`), ``fetch`` (mini-batch
+feature rows pulled from their owners, :mod:`sparse_dist.fetch`), ``other`` (set-up and metadata).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Iterator
 
 import torch
 
-PHASES: tuple[str, ...] = ("forward", "backward", "grad_allreduce", "halo", "sample", "other")
+PHASES: tuple[str, ...] = ("forward", "backward", "grad_allreduce", "halo", "sample", "fetch", "other")
 
 
 def ring_allreduce_bytes(numel: int, group_size: int, index: int, itemsize: int) -> int:

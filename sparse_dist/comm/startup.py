@@ -14,7 +14,7 @@ mpi4py.rc.initialize = False  # started by _initialised() on first use, not at i
 mpi4py.rc.finalize = True     # still finalised by mpi4py at exit once started
 from mpi4py import MPI  # noqa: E402
 
-__all__ = ["MPI", "mpi_library_version", "mpi_vendor_details", "world_rank"]
+__all__ = ["MPI", "mpi_library_version", "mpi_vendor_details", "threads_may_call_mpi", "world_rank"]
 
 
 def mpi_library_version() -> str:
@@ -33,6 +33,12 @@ def _initialised() -> Any:
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     return MPI.COMM_WORLD
+
+
+def threads_may_call_mpi() -> bool:
+    """Whether this process's MPI lets several threads call it at once (``MPI_THREAD_MULTIPLE``; starts MPI)."""
+    _initialised()
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
 def world_rank() -> int:

@@ -1,0 +1,297 @@
+"""Sampled mini-batch training over the same shards (DESIGN section 10; DistDGL's synchronous SGD).
+
+Decisions (docs/guide/minibatch.md says the same for users):
+
+* Seeds: the global ids of every training node, sorted, are permuted by a generator seeded with
+  ``(seed, epoch)``; the permutation is cut into global batches of ``P * batch_size``. Rank ``r`` trains, in
+  step ``s``, on the seeds of global batch ``s`` that it owns (possibly none: it still joins every
+  collective). Every rank knows the global count, so all agree on ``ceil(n_train / (P * batch_size))``
+  steps per epoch without talking. The same global batch size gives the same batches whatever ``P``.
+* Loss: summed over the rank's seeds and divided by the global batch's size; one flat allreduce of the
+  gradients (and the loss) per step; Adam updates the replicated weights alike everywhere.
+* Model: the full-graph :class:`algorithms.model.GraphModel` and its layers; each layer multiplies its
+  sampled block (:mod:`sparse_dist.sampling`) instead of the distributed SpMM. Dropout masks are drawn per
+  global row (:mod:`algorithms.dropout`) with ``epoch * steps_per_epoch + step`` as their epoch, so one
+  batch per epoch at epoch 0 uses the full-graph epoch-0 masks. GAT is refused (its attention needs the
+  exchanged rows' structure, which the sampled blocks do not carry).
+* Evaluation: exact and full-graph, by the full-graph :class:`algorithms.train.Trainer` sharing the
+  weights (so time-to-accuracy compares like with like). Building it costs what a full-graph run's set-up
+  costs (normalisation, plans, perhaps a layer-0 halo).
+* Step breakdown (seconds, summed over the epoch's steps): ``sample``, ``fetch``, ``compute`` (forward,
+  backward, optimiser), ``allreduce`` (gradient allreduce), ``wait`` (0 without prefetch).
+* Prefetch (``prefetch = N > 0``; ByteGNN's overlap of sampling with training): a worker thread samples and
+  fetches the epoch's batches in order on its own duplicate of the communicator (``MPI_THREAD_MULTIPLE``),
+  into a queue of at most ``N`` finished batches, while the main thread trains; ``wait`` is the main
+  thread's time blocked on the queue, and ``sample``/``fetch`` are the worker's seconds (overlapped).
+  The pipeline starts and drains inside each epoch (batch 0 of an epoch is not overlapped), so evaluation
+  never runs beside it and each epoch's bytes are its own. Batches are pure functions of (seed, epoch,
+  step), so the run is bitwise the unpipelined one. Of ByteGNN's two-level scheduling it keeps only the
+  coarse level with a fixed depth (how many batches may be ready ahead); no DAG of sub-tasks, no
+  adaptive launch score.
+
+Collective: construction, :meth:`MinibatchTrainer.train_epoch`, :meth:`MinibatchTrainer.evaluate` and
+:meth:`MinibatchTrainer.step_gradients`, every rank in the same order.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from algorithms.dropout import GlobalRowDropout
+from algorithms.layers import layer_type
+from algorithms.minibatch.config import MinibatchConfig
+from algorithms.train import LocalGraph, TrainConfig, Trainer, bytes_by_phase
+from sparse_dist.comm import CollectiveError, Communicator, threads_may_call_mpi
+from sparse_dist.exchange import ExchangeContext
+from sparse_dist.fetch import FeatureFetcher, inclusion_estimate
+from sparse_dist.sampling import DistributedSampler, SampledBlock
+
+__all__ = ["Batch", "MinibatchTrainer", "minibatch_problem"]
+
+
+def minibatch_problem(config: TrainConfig, minibatch: MinibatchConfig) -> str | None:
+    """Why this configuration cannot train in mini-batches, or None (decided from flags alone)."""
+    if layer_type(config.model).takes_operator:
+        return (f"--mode minibatch trains GCN and SAGE; --model {config.model} needs the exchanged rows' "
+                f"structure, which sampled blocks do not carry")
+    if len(minibatch.fanouts) != config.layers:
+        return (f"--fanouts gives {len(minibatch.fanouts)} hop(s) but --layers is {config.layers}: give one "
+                f"fanout per layer")
+    if config.replication != 1:
+        return f"--mode minibatch samples from row owners: it needs --replication 1, got {config.replication}"
+    if str(config.sample) != "none" or str(config.stale) != "none":
+        return "--mode minibatch exchanges no boundary rows: --sample and --stale must stay none"
+    if config.compress != "none":
+        return "--mode minibatch does not compress (its gradients travel exactly): leave --compress none"
+    return None
+
+
+class Batch:
+    """One step's sampled blocks (layer order) and input rows, with the seconds making them took."""
+
+    def __init__(self, step: int, seeds: np.ndarray, global_count: int, blocks: list[SampledBlock],
+                 inputs: torch.Tensor, seconds: dict[str, float], cache: tuple[int, int]) -> None:
+        self.step, self.seeds, self.global_count = step, seeds, global_count
+        self.blocks, self.inputs, self.seconds, self.cache = blocks, inputs, seconds, cache
+
+
+class MinibatchTrainer:
+    """Mini-batch training of a :class:`GraphModel` shared with a full-graph :class:`Trainer` (evaluation)."""
+
+    def __init__(self, comm: Communicator, graph: LocalGraph, config: TrainConfig, minibatch: MinibatchConfig,
+                 device: str | torch.device = "cpu") -> None:
+        problem = minibatch_problem(config, minibatch)
+        if problem:
+            raise ValueError(problem)
+        built_from = comm.stats.snapshot()
+        self.comm, self.graph, self.config, self.minibatch = comm, graph, config, minibatch
+        self.full = Trainer(comm, graph, config, device)  # exact evaluation; its model and optimiser are ours
+        self.model, self.optimizer, self.device, self.dtype = (self.full.model, self.full.optimizer,
+                                                               self.full.device, self.full.dtype)
+        self.group = comm.rank
+        self.first_row = int(graph.layout.offsets[self.group])
+        normalized = layer_type(config.model).normalize_adjacency(comm, graph.layout, graph.rows, self.group)
+        self.sampler = DistributedSampler(comm, graph.layout, self.group, normalized, minibatch.fanouts, config.seed)
+        own_train = np.flatnonzero(graph.masks["train"]).astype(np.int64) + self.first_row
+        self.train_ids = np.sort(np.concatenate(comm.allgather_object(own_train)))
+        self.global_batch = comm.size * minibatch.batch_size
+        self.steps_per_epoch = max(1, math.ceil(self.train_ids.size / self.global_batch))
+        self._order: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
+        self.fetcher = FeatureFetcher(comm, graph.layout, self.group, self.full.features,
+                                      self._cache_choice(normalized, own_train))
+        self.worker_comm: Communicator | None = None
+        if minibatch.prefetch > 0:
+            if not threads_may_call_mpi():  # the same answer on every rank (one MPI library)
+                raise CollectiveError("--prefetch needs an MPI library with MPI_THREAD_MULTIPLE")
+            self.worker_comm = comm.split(0, comm.rank)  # collective; books into the same counters
+        self.epoch = 0
+        self.setup_bytes = bytes_by_phase({phase: {k: v - built_from[phase][k] for k, v in counters.items()}
+                                           for phase, counters in comm.stats.snapshot().items()})
+
+    # --------------------------------------------------------------- set-up
+    def _cache_choice(self, normalized: Any, own_train: np.ndarray) -> np.ndarray:
+        """The ``feature_cache`` remote rows most likely to be input rows of this rank's batches."""
+        size = self.minibatch.feature_cache
+        if size == 0:
+            return np.zeros(0, dtype=np.int64)
+        seed_p = np.zeros(normalized.shape[0])
+        seed_p[own_train - self.first_row] = min(1.0, self.global_batch / max(self.train_ids.size, 1))
+        ids, probability = inclusion_estimate(normalized, self.first_row, seed_p, self.minibatch.fanouts)
+        last = self.first_row + normalized.shape[0]
+        remote = (ids < self.first_row) | (ids >= last)
+        ids, probability = ids[remote], probability[remote]
+        order = np.lexsort((ids, -probability))
+        return ids[order[:size]]
+
+    # ---------------------------------------------------------------- seeds
+    def batch_seeds(self, epoch: int, step: int) -> tuple[np.ndarray, int]:
+        """This rank's seeds of global batch ``step`` of ``epoch`` (global ids) and the global batch's size."""
+        if self._order[0] != epoch:  # one permutation per epoch (steps ask in order)
+            self._order = (epoch, np.random.default_rng([self.config.seed, epoch, 0x6D62]).permutation(
+                self.train_ids.size))
+        order = self._order[1]
+        batch = self.train_ids[order[step * self.global_batch:(step + 1) * self.global_batch]]
+        last = self.first_row + self.graph.layout.count(self.group)
+        return batch[(batch >= self.first_row) & (batch < last)], int(batch.size)
+
+    def make_batch(self, epoch: int, step: int, sampler: DistributedSampler | None = None,
+                   fetcher: FeatureFetcher | None = None) -> Batch:
+        """Sample the blocks of one step and fetch its input rows (collective over the sampler's and
+        fetcher's communicator; by default this trainer's own)."""
+        sampler, fetcher = sampler or self.sampler, fetcher or self.fetcher
+        seeds, global_count = self.batch_seeds(epoch, step)
+        start = time.perf_counter()
+        blocks = sampler.sample(seeds, epoch, step)
+        sampled = time.perf_counter()
+        inputs = fetcher.fetch(blocks[0].src)
+        fetched = time.perf_counter()
+        return Batch(step, seeds, global_count, blocks, inputs,
+                     {"sample": sampled - start, "fetch": fetched - sampled},
+                     (fetcher.last_needed, fetcher.last_hits))
+
+    def batches(self, epoch: int, waited: list[float]) -> Iterator[Batch]:
+        """The epoch's batches in step order; with prefetch, made ahead by a worker thread (collective).
+
+        ``waited[0]`` gathers the seconds the caller spent blocked on the queue.
+        """
+        if self.worker_comm is None:
+            for step in range(self.steps_per_epoch):
+                yield self.make_batch(epoch, step)
+            return
+        sampler, fetcher = copy.copy(self.sampler), copy.copy(self.fetcher)
+        sampler.comm = fetcher.comm = self.worker_comm
+        ready: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=self.minibatch.prefetch)
+
+        def work() -> None:
+            try:
+                for step in range(self.steps_per_epoch):
+                    ready.put(self.make_batch(epoch, step, sampler, fetcher))
+            except BaseException as exc:  # handed to the main thread, which raises it
+                ready.put(exc)
+
+        worker = threading.Thread(target=work, name="minibatch-prefetch", daemon=True)
+        worker.start()
+        for _ in range(self.steps_per_epoch):
+            start = time.perf_counter()
+            item = ready.get()
+            waited[0] += time.perf_counter() - start
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        worker.join()
+
+    # -------------------------------------------------------------- compute
+    def forward(self, batch: Batch, dropout_epoch: int, training: bool) -> torch.Tensor:
+        """Logits of this rank's seeds (``len(seeds) x C``); local, no communication."""
+        p = self.config.dropout
+        dropout = GlobalRowDropout(p, self.config.seed, dropout_epoch, 0) if training and p > 0 else None
+        scale = dropout.scale if dropout is not None else 1.0
+        h = batch.inputs
+        for index, (layer, block) in enumerate(zip(self.model.layers, batch.blocks)):
+            if index > 0:
+                activation = self.model.layers[index - 1].activation
+                h = F.elu(h) if activation == "elu" else torch.relu(h)
+            if dropout is not None:
+                h = h * dropout.rows_mask(index, block.src, h)
+            operator = block.operator(self.dtype, self.device)
+            context = ExchangeContext(epoch=dropout_epoch, layer=index, training=training,
+                                      halo_rows=block.src.size - block.dst.size)
+            h = layer(h, lambda values, _context, product=operator: product(values), context, scale)
+        return h
+
+    def _loss_sum(self, logits: torch.Tensor, seeds: np.ndarray) -> torch.Tensor:
+        rows = torch.from_numpy(seeds - self.first_row).to(self.device)
+        labels = self.full.labels.index_select(0, rows)
+        if self.graph.multilabel:
+            return F.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / self.graph.num_classes
+        return F.cross_entropy(logits, labels, reduction="sum")
+
+    def step_gradients(self, batch: Batch, dropout_epoch: int, training: bool = True) -> float:
+        """Forward and backward of one batch, gradients allreduced into ``p.grad``; returns the global loss.
+
+        Collective (one allreduce). The optimiser is not stepped (what the exactness tests compare).
+        """
+        self.model.train(training)
+        self.optimizer.zero_grad(set_to_none=False)
+        logits = self.forward(batch, dropout_epoch, training)
+        loss = self._loss_sum(logits, batch.seeds) / batch.global_count
+        loss.backward()
+        params = list(self.model.parameters())
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
+        self.comm.allreduce_(flat, "grad_allreduce")
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return float(flat[-1])
+
+    # ---------------------------------------------------------------- epochs
+    def train_epoch(self) -> dict[str, Any]:
+        """One epoch of ``steps_per_epoch`` synchronous steps; the record the train command writes (collective)."""
+        before = self.comm.stats.snapshot()
+        start = time.perf_counter()
+        parts = {"sample": 0.0, "fetch": 0.0, "compute": 0.0, "allreduce": 0.0, "wait": 0.0}
+        weighted_loss, needed, hits = 0.0, 0, 0
+        waited = [0.0]
+        for batch in self.batches(self.epoch, waited):
+            step = batch.step
+            for key, seconds in batch.seconds.items():
+                parts[key] += seconds
+            needed, hits = needed + batch.cache[0], hits + batch.cache[1]
+            reduce_before = self.comm.stats.phases["grad_allreduce"].seconds
+            compute_start = time.perf_counter()
+            loss = self.step_gradients(batch, self.epoch * self.steps_per_epoch + step)
+            self.optimizer.step()
+            reduce_seconds = self.comm.stats.phases["grad_allreduce"].seconds - reduce_before
+            parts["allreduce"] += reduce_seconds
+            parts["compute"] += time.perf_counter() - compute_start - reduce_seconds
+            weighted_loss += loss * batch.global_count
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        wall = time.perf_counter() - start
+        parts["wait"] = waited[0]
+        self.epoch += 1
+        self.full.epoch = self.epoch
+        after = self.comm.stats.snapshot()
+        delta = {phase: {key: after[phase][key] - before[phase][key] for key in after[phase]} for phase in after}
+        return {"epoch": self.epoch, "loss": weighted_loss / max(self.train_ids.size, 1),
+                "time": {"total": wall, **parts}, "bytes": bytes_by_phase(delta), "broadcasts": None,
+                "cache_bytes": int(self.fetcher.cache_values.numel() * self.fetcher.cache_values.element_size()),
+                "feature_cache": {"needed": needed, "hits": hits}, "steps": self.steps_per_epoch}
+
+    # ----------------------------------------------- full-graph delegation
+    def evaluate(self) -> dict[str, float]:
+        """Exact full-graph evaluation of the shared weights (collective; :meth:`Trainer.evaluate`)."""
+        return self.full.evaluate()
+
+    @property
+    def eval_bytes(self) -> dict[str, dict[str, int]]:
+        return self.full.eval_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        """What the train command reads of a full-graph trainer and this one does not redefine (input
+        exchange of the evaluation, memory, predictions, labels, masks, close, attention bytes)."""
+        if name == "full":
+            raise AttributeError(name)
+        return getattr(self.full, name)
+
+    @property
+    def has_policy_state(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """End the run (collective): the full-graph trainer's exchanges, then the worker's communicator."""
+        self.full.close()
+        if self.worker_comm is not None:
+            self.worker_comm.free()
+            self.worker_comm = None

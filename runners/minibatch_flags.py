@@ -1,0 +1,93 @@
+"""``train --mode minibatch`` flags: defined, checked before MPI starts, and turned into a trainer.
+
+The train command calls :func:`add_minibatch_arguments` from its ``add_arguments``, :func:`minibatch_flag_problem`
+from its ``check_arguments`` (so a bad combination is refused before MPI does any collective work) and
+:func:`make_trainer` where it builds its trainer. Decisions: ``--checkpoint``/``--resume`` are refused in
+mini-batch mode (its Adam state and epoch position would resume, but the sampler's position inside an epoch
+is not saved yet); ``--fanouts`` needs one entry per ``--layers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from algorithms.minibatch import MinibatchConfig, MinibatchTrainer, minibatch_problem, parse_fanouts
+from algorithms.train import LocalGraph, TrainConfig, Trainer
+from runners.argtypes import at_least
+from sparse_dist.comm import Communicator
+
+MODES = ("full", "minibatch")
+
+
+def fanouts_arg(text: str) -> tuple[int | None, ...]:
+    """argparse type of ``--fanouts``."""
+    try:
+        return parse_fanouts(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache``, ``--prefetch`` (docs/guide/minibatch.md)."""
+    parser.add_argument("--mode", choices=MODES, default="full",
+                        help="full: full-graph training (default); minibatch: sampled mini-batches (DistDGL's "
+                             "synchronous SGD), evaluated exactly on the full graph")
+    parser.add_argument("--fanouts", type=fanouts_arg, default=None, metavar="K1,K2,...",
+                        help="minibatch: neighbours sampled per node on each hop from the seeds, one per layer, "
+                             "each >= 1 or 'all' (first entry: the hop from the seeds; default: 'all' per layer)")
+    parser.add_argument("--batch-size", type=at_least(1), default=None, metavar="B",
+                        help="minibatch: training nodes per rank per step, >= 1; a step trains on P*B nodes "
+                             "(default: 512)")
+    parser.add_argument("--feature-cache", type=at_least(0), default=0, metavar="ROWS",
+                        help="minibatch: remote input rows each rank keeps, chosen by estimated inclusion "
+                             "probability, >= 0 (default: 0, none)")
+    parser.add_argument("--prefetch", type=at_least(0), default=0, metavar="N",
+                        help="minibatch: sample and fetch up to N batches ahead on a worker thread while the "
+                             "current one trains (needs MPI_THREAD_MULTIPLE; results are bitwise those of 0), "
+                             ">= 0 (default: 0, no overlap)")
+
+
+DEFAULT_BATCH_SIZE = 512
+
+
+def minibatch_flag_problem(args: argparse.Namespace) -> str | None:
+    """Why the mini-batch flags do not fit (checked before MPI starts), or None; fills their defaults."""
+    given = [flag for flag, value in (("--fanouts", args.fanouts), ("--batch-size", args.batch_size),
+                                      ("--feature-cache", args.feature_cache or None),
+                                      ("--prefetch", args.prefetch or None)) if value is not None]
+    if args.mode == "full":
+        return f"{', '.join(given)} need --mode minibatch" if given else None
+    if args.checkpoint or args.resume:
+        return "--mode minibatch does not write or resume checkpoints yet: drop --checkpoint and --resume"
+    if args.fanouts is None:
+        args.fanouts = (None,) * args.layers
+    if args.batch_size is None:
+        args.batch_size = DEFAULT_BATCH_SIZE
+    return minibatch_problem(_shape_only(args), minibatch_config(args))
+
+
+def _shape_only(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(model=args.model, layers=args.layers, replication=args.replication, sample=args.sample,
+                       stale=args.stale, compress=args.compress)
+
+
+def minibatch_config(args: argparse.Namespace) -> MinibatchConfig:
+    return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache, args.prefetch)
+
+
+def make_trainer(comm: Communicator, graph: LocalGraph, config: TrainConfig, device: torch.device,
+                 args: argparse.Namespace) -> Trainer | MinibatchTrainer:
+    """The full-graph trainer, or with ``--mode minibatch`` the mini-batch one (collective)."""
+    if getattr(args, "mode", "full") == "minibatch":
+        return MinibatchTrainer(comm, graph, config, minibatch_config(args), device)
+    return Trainer(comm, graph, config, device)
+
+
+def mode_record(args: argparse.Namespace) -> dict[str, Any]:
+    """What the results file's ``config`` record says of the mode."""
+    if getattr(args, "mode", "full") == "minibatch":
+        return minibatch_config(args).record()
+    return {"mode": "full"}

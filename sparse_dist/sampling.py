@@ -1,0 +1,264 @@
+"""Distributed neighbour sampling as sampled sparse matrix algebra (DESIGN section 10; DistDGL, GraphSAGE).
+
+A mini-batch's layer-``l`` frontier is a row selection of ``Â``. Sampling one hop is a per-row column
+selection with a per-edge scale that keeps the estimator of ``Â H`` unbiased: a row of degree ``d`` (stored
+entries, self loop included) with fanout ``k < d`` keeps ``k`` entries drawn uniformly without replacement,
+each multiplied by ``d / k`` (each entry is kept with probability ``k / d``); with ``k >= d`` or fanout
+``None`` ("all") every entry stays with scale 1, so the sampled product is exact.
+
+Who samples: the OWNER of a row. A hop is one request round through the communicator (phase ``sample``):
+the requester sends each owner the global ids of the frontier rows it owns (an alltoallv of per-peer counts,
+then one alltoallv of the ids); each owner samples its own rows and answers with, per row, the number of
+entries kept, then their global column ids and values (float64), packed into one int64 buffer per peer
+(an alltoallv of per-peer answer lengths, then one alltoallv of the answers). The requester builds a small
+local CSR (:class:`SampledBlock`): rows = the hop's destination nodes, columns = its source nodes, which are
+the destination nodes first (so a self term reads the first rows, as SAGE does) and then the new nodes in
+increasing global id.
+
+Randomness: the entries of row ``i`` are ranked by a counter-based hash of (seed, epoch, step, layer, ``i``,
+column id), and the ``k`` smallest are kept. So a node's sample depends neither on ``P`` nor on which rank
+asks, nor on the order entries are stored.
+
+Bytes (what :func:`predict_hop_bytes` says and :class:`CommStats` counts; the own rank's slots of every
+alltoallv count nothing): sent = ``8 (P - 1)`` (request counts) + ``8`` per id requested from another rank
++ ``8 (P - 1)`` (answer lengths) + ``8 (1 + 2 c)`` per row answered to another rank (``c`` its kept
+entries); received alike with the roles swapped.
+
+Collective: :meth:`DistributedSampler.sample` (every rank, the same number of hops, in the same order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from sparse_dist.comm import Communicator
+from sparse_dist.csr import torch_csr
+from sparse_dist.layout import RowLayout
+
+__all__ = ["DistributedSampler", "HopTraffic", "SampledBlock", "exchange_requests", "predict_hop_bytes",
+           "sample_rows", "sampling_key"]
+
+ID_BYTES = 8  # global ids, counts and answer lengths travel as int64; values as float64
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser over uint64 arrays (wrapping arithmetic)."""
+    z = np.asarray(values, dtype=np.uint64) + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def sampling_key(seed: int, epoch: int, step: int, layer: int) -> np.ndarray:
+    """The 64-bit key (a one-element uint64 array) of one hop's draws."""
+    key = np.zeros(1, dtype=np.uint64)
+    for part in (seed, epoch, step, layer):
+        key = _mix(key ^ np.array([part], dtype=np.uint64))
+    return key
+
+
+def sample_rows(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout: int | None,
+                key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sample the owned rows ``wanted`` (global ids) of ``rows`` (this rank's rows, global column ids).
+
+    Returns per wanted row the number of kept entries, then the kept entries' global column ids and their
+    scaled values (float64), rows one after another in ``wanted``'s order. Pure (no communication).
+    """
+    local = np.asarray(wanted, dtype=np.int64) - first_row
+    starts, ends = rows.indptr[local].astype(np.int64), rows.indptr[local + 1].astype(np.int64)
+    degrees = ends - starts
+    total = int(degrees.sum())
+    owner_of_entry = np.repeat(np.arange(local.size, dtype=np.int64), degrees)
+    rank_in_row = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(degrees) - degrees, degrees)
+    entry = rank_in_row + np.repeat(starts, degrees)
+    columns = rows.indices[entry].astype(np.int64)
+    values = rows.data[entry].astype(np.float64)
+    if fanout is None or total == 0 or int(degrees.max(initial=0)) <= fanout:
+        return degrees, columns, values
+    node_hash = _mix(np.asarray(wanted, dtype=np.int64).astype(np.uint64) ^ key)
+    entry_hash = _mix(node_hash[owner_of_entry] ^ columns.astype(np.uint64))
+    order = np.lexsort((entry_hash, owner_of_entry))  # by row, then by hash: rows keep their positions
+    chosen = order[rank_in_row < fanout]  # the k smallest hashes of each row
+    chosen.sort()  # back to storage order inside each row
+    kept = np.minimum(degrees, fanout)
+    scale = np.where(degrees > fanout, degrees / np.maximum(kept, 1), 1.0)
+    return kept, columns[chosen], values[chosen] * scale[owner_of_entry[chosen]]
+
+
+def exchange_requests(comm: Communicator, requests: Sequence[np.ndarray], phase: str) -> list[np.ndarray]:
+    """Send ``requests[q]`` (int64 ids) to rank ``q``; returns what each rank sent this one (collective).
+
+    Two alltoallvs: the per-peer counts (one int64 each), then the ids.
+    """
+    size = comm.size
+    counts = torch.tensor([len(r) for r in requests], dtype=torch.int64)
+    incoming = torch.empty(size, dtype=torch.int64)
+    comm.alltoallv(counts, [1] * size, incoming, [1] * size, phase)
+    send = torch.from_numpy(np.concatenate([np.asarray(r, dtype=np.int64) for r in requests]))
+    recv = torch.empty(int(incoming.sum()), dtype=torch.int64)
+    comm.alltoallv(send, counts.tolist(), recv, incoming.tolist(), phase)
+    bounds = np.concatenate(([0], np.cumsum(incoming.numpy())))
+    flat = recv.numpy()
+    return [flat[bounds[q]:bounds[q + 1]] for q in range(size)]
+
+
+@dataclass
+class HopTraffic:
+    """One rank's side of one hop: rows it asked each rank for, and entries each answer carried.
+
+    ``asked[q]`` / ``kept_asked[q]``: rows requested from rank ``q`` and the kept entries of each;
+    ``answered[q]`` / ``kept_answered[q]``: rows rank ``q`` requested of this rank and their kept entries.
+    """
+
+    asked: list[int]
+    kept_asked: list[int]
+    answered: list[int]
+    kept_answered: list[int]
+
+
+def predict_hop_bytes(traffic: HopTraffic, rank: int) -> dict[str, int]:
+    """Bytes one hop sends and receives on ``rank`` (the module docstring's rule; the own slot counts nothing)."""
+    others = [q for q in range(len(traffic.asked)) if q != rank]
+    fixed = 2 * ID_BYTES * len(others)  # request counts and answer lengths
+    sent = fixed + ID_BYTES * sum(traffic.asked[q] + traffic.answered[q] + 2 * traffic.kept_answered[q]
+                                  for q in others)
+    recv = fixed + ID_BYTES * sum(traffic.answered[q] + traffic.asked[q] + 2 * traffic.kept_asked[q]
+                                  for q in others)
+    return {"sent": sent, "recv": recv}
+
+
+class _BlockProduct(torch.autograd.Function):
+    """``A h`` with a sampled block; the backward multiplies by the stored transpose."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
+                h: torch.Tensor, matrix: torch.Tensor, transpose: torch.Tensor) -> torch.Tensor:
+        ctx.transpose = transpose  # type: ignore[attr-defined]
+        return matrix @ h
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
+                 grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return ctx.transpose @ grad.contiguous(), None, None  # type: ignore[attr-defined]
+
+
+@dataclass
+class SampledBlock:
+    """One sampled layer on the requesting rank: ``n_dst x n_src`` CSR over global ids ``dst`` / ``src``.
+
+    ``src[:len(dst)] == dst`` (destination nodes first). ``matrix`` holds float64 values with local
+    column positions into ``src``.
+    """
+
+    dst: np.ndarray
+    src: np.ndarray
+    matrix: sp.csr_matrix
+
+    def operator(self, dtype: torch.dtype, device: torch.device) -> "BlockOperator":
+        return BlockOperator(torch_csr(self.matrix, dtype, device), torch_csr(self.matrix.T.tocsr(), dtype, device))
+
+
+@dataclass
+class BlockOperator:
+    """A block's torch CSR and its transpose: ``operator(h) = A h`` (autograd-aware)."""
+
+    matrix: torch.Tensor
+    transpose: torch.Tensor
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return _BlockProduct.apply(h.contiguous(), self.matrix, self.transpose)
+
+
+def assemble_block(dst: np.ndarray, kept: np.ndarray, columns: np.ndarray, values: np.ndarray) -> SampledBlock:
+    """The block whose row ``i`` (global id ``dst[i]``) holds ``kept[i]`` of the entries ``columns``/``values``."""
+    new = np.setdiff1d(columns, dst)  # sorted, unique
+    src = np.concatenate([dst, new]).astype(np.int64)
+    sorter = np.argsort(src, kind="stable")
+    positions = sorter[np.searchsorted(src, columns, sorter=sorter)]
+    indptr = np.concatenate(([0], np.cumsum(kept))).astype(np.int64)
+    matrix = sp.csr_matrix((values, positions, indptr), shape=(dst.size, src.size))
+    return SampledBlock(np.asarray(dst, dtype=np.int64), src, matrix)
+
+
+class DistributedSampler:
+    """Samples the L hops of a mini-batch over row-owned adjacency (see the module docstring).
+
+    ``rows``: this rank's rows of the normalised adjacency (global column ids); ``fanouts[h]``: hop ``h``
+    from the seeds (``fanouts[0]`` builds the LAST layer's block, as PyG's ``NeighborLoader`` and DistDGL
+    count), None for "all". ``last_traffic`` keeps the last call's :class:`HopTraffic` per hop and
+    ``last_requests`` the ids it asked each rank for per hop (both in layer order).
+    """
+
+    def __init__(self, comm: Communicator, layout: RowLayout, group: int, rows: sp.csr_matrix,
+                 fanouts: Sequence[int | None], seed: int, phase: str = "sample") -> None:
+        self.comm, self.layout, self.rows = comm, layout, sp.csr_matrix(rows)
+        self.first_row = int(layout.offsets[group])
+        self.fanouts, self.seed, self.phase = list(fanouts), seed, phase
+        self.last_traffic: list[HopTraffic] = []
+        self.last_requests: list[list[np.ndarray]] = []
+
+    def sample(self, seeds: np.ndarray, epoch: int, step: int) -> list[SampledBlock]:
+        """Blocks of layers ``0 .. L-1`` for this rank's ``seeds`` (global ids it owns; may be empty). Collective."""
+        blocks: list[SampledBlock] = []
+        traffic: list[HopTraffic] = []
+        requests: list[list[np.ndarray]] = []
+        dst = np.asarray(seeds, dtype=np.int64)
+        layers = len(self.fanouts)
+        for hop, fanout in enumerate(self.fanouts):
+            layer = layers - 1 - hop
+            block, hop_traffic, asked = self._hop(dst, fanout, sampling_key(self.seed, epoch, step, layer))
+            blocks.append(block)
+            traffic.append(hop_traffic)
+            requests.append(asked)
+            dst = block.src
+        self.last_traffic, self.last_requests = traffic[::-1], requests[::-1]
+        return blocks[::-1]
+
+    def _hop(self, dst: np.ndarray, fanout: int | None,
+             key: np.ndarray) -> tuple[SampledBlock, HopTraffic, list[np.ndarray]]:
+        size = self.comm.size
+        owners = self.layout.owner_of(dst) if dst.size else np.zeros(0, dtype=np.int64)
+        order = np.argsort(owners, kind="stable")
+        requests = [dst[order][owners[order] == q] for q in range(size)]
+        incoming = exchange_requests(self.comm, requests, self.phase)
+        answers, kept_answered = [], []
+        for wanted in incoming:
+            kept, columns, values = sample_rows(self.rows, self.first_row, wanted, fanout, key)
+            answers.append(np.concatenate([kept, columns, values.view(np.int64)]))
+            kept_answered.append(int(kept.sum()))
+        replies = exchange_requests(self.comm, answers, self.phase)
+        kept_parts, column_parts, value_parts, kept_asked = [], [], [], []
+        for q, reply in enumerate(replies):
+            n = len(requests[q])
+            kept = reply[:n]
+            entries = (reply.size - n) // 2
+            kept_parts.append(kept)
+            column_parts.append(reply[n:n + entries])
+            value_parts.append(reply[n + entries:].view(np.float64))
+            kept_asked.append(int(kept.sum()))
+        grouped = (np.concatenate(kept_parts), np.concatenate(column_parts), np.concatenate(value_parts))
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        kept_all, columns_all, values_all = reorder_rows(grouped, inverse)
+        traffic = HopTraffic([len(r) for r in requests], kept_asked, [len(r) for r in incoming], kept_answered)
+        return assemble_block(dst, kept_all, columns_all, values_all), traffic, requests
+
+
+def reorder_rows(rows: tuple[np.ndarray, np.ndarray, np.ndarray], new_order: np.ndarray) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray]:
+    """Rows (counts, columns, values) permuted so that row ``new_order[i]`` of the input comes ``i``-th."""
+    kept, columns, values = rows
+    indptr = np.concatenate(([0], np.cumsum(kept)))
+    matrix = sp.csr_matrix((values, columns, indptr), shape=(kept.size, int(columns.max(initial=0)) + 1))
+    picked = matrix[new_order]
+    # scipy row indexing keeps entry order within rows; it may drop nothing (explicit zeros are kept)
+    return np.diff(picked.indptr).astype(np.int64), picked.indices.astype(np.int64), picked.data.astype(np.float64)

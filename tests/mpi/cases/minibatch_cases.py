@@ -1,0 +1,220 @@
+"""Mini-batch training under mpiexec, one launch per rank count (tests/mpi/test_minibatch.py).
+
+On the random directed graph of static_input_cases.py (23 nodes; rows 0-4 hold no training node) laid out
+unevenly: P = 3 has an EMPTY row group, P = 4 an empty one and one with rows but no training node.
+
+* exactness: every fanout "all" and the whole training set as one batch give the loss and gradients of the
+  independent single-process reference (tests/reference_gcn.py, dense ``Â``, dropout 0.5 with its masks of
+  epoch 0), GCN and SAGE, 2 and 3 layers;
+* bytes: per batch, the counted ``sample`` and ``fetch`` bytes of every rank equal a prediction written here
+  from the requested ids, every rank's requests (gathered) and the global degrees; and equal the library's
+  own predictions (:func:`predict_hop_bytes`, :func:`predict_fetch_bytes`);
+* prefetch 2 (worker thread on its own communicator) is bitwise the unpipelined run, bytes included;
+* P-invariance: with the same global batch size (12 = P x 12/P), fanouts 3,2 and dropout, the first step's
+  loss and gradients and two epochs' losses equal those of a run on one rank holding the whole graph
+  (a communicator of this rank alone), to float tolerance.
+
+The launch at P = 2 also checks exactness at P = 1 (rank 0 alone, a communicator of its own).
+Rank 0 prints ``EXACT P=.. max_dloss=.. max_dgrad=..`` and ``BYTES P=.. batches=.. mismatches=0`` lines.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
+from case_report import finish  # noqa: E402
+from reference_gcn import Reference  # noqa: E402
+from row_groups import local_graph as row_graph  # noqa: E402
+from static_input_cases import C, graph_data  # noqa: E402
+
+from algorithms.minibatch import MinibatchConfig, MinibatchTrainer  # noqa: E402
+from algorithms.train import TrainConfig  # noqa: E402
+from sparse_dist.comm import run_or_abort, world  # noqa: E402
+from sparse_dist.fetch import predict_fetch_bytes  # noqa: E402
+from sparse_dist.layout import RowLayout  # noqa: E402
+from sparse_dist.sampling import predict_hop_bytes  # noqa: E402
+
+COUNTS = {1: [23], 2: [11, 12], 3: [9, 0, 14], 4: [5, 7, 0, 11]}
+TOLERANCE = 2e-5  # absolute, float32
+
+
+def data_set() -> dict:
+    data = graph_data()
+    data["train"] = data["train"].copy()
+    data["train"][:5] = False  # at P = 4 the first row group has rows but no training node
+    return data
+
+
+def trainer(comm, data: dict, counts: list[int], model: str, layers: int, fanouts: tuple,
+            batch_size: int, cache: int = 0, prefetch: int = 0) -> MinibatchTrainer:
+    layout = RowLayout.from_counts(counts)
+    graph = row_graph(data, layout, comm.rank, C, "minibatch")
+    return MinibatchTrainer(comm, graph, TrainConfig(model=model, layers=layers, epochs=2),
+                            MinibatchConfig(fanouts, batch_size, cache, prefetch))
+
+
+def gradients(mb: MinibatchTrainer) -> tuple[float, list[torch.Tensor]]:
+    loss = mb.step_gradients(mb.make_batch(0, 0), 0)
+    return loss, [p.grad.detach().clone() for p in mb.model.parameters()]
+
+
+def check_exact(comm, data: dict, failures: list[str], counts: list[int], report: bool) -> None:
+    dense = data["adjacency"].toarray()
+    worst_loss = worst_grad = 0.0
+    for model in ("gcn", "sage"):
+        for layers in (2, 3):
+            mb = trainer(comm, data, counts, model, layers, (None,) * layers, 1000)
+            if mb.steps_per_epoch != 1:
+                failures.append(f"{model}: one batch expected, got {mb.steps_per_epoch} steps")
+            loss, grads = gradients(mb)
+            reference = Reference(dense, data["features"], data["labels"], data["train"], C, model, layers=layers)
+            logits = reference.forward(training=True)
+            want = torch.nn.functional.cross_entropy(logits[reference.train], reference.y[reference.train])
+            want.backward()
+            want_grads = [p.grad for p in reference.flat_parameters()]
+            dloss = abs(loss - float(want.detach()))
+            dgrad = max(float((g.double() - w.double()).abs().max()) for g, w in zip(grads, want_grads))
+            worst_loss, worst_grad = max(worst_loss, dloss), max(worst_grad, dgrad)
+            if dloss > TOLERANCE or dgrad > TOLERANCE:
+                failures.append(f"exact {model} L={layers} P={comm.size}: |dloss| {dloss:.3g}, |dgrad| {dgrad:.3g}")
+    if report:
+        print(f"EXACT P={comm.size} max_dloss={worst_loss:.3g} max_dgrad={worst_grad:.3g}", flush=True)
+
+
+def degrees(data: dict, model: str) -> np.ndarray:
+    """Stored entries per row of the normalised adjacency (GCN: self loop added where absent)."""
+    a = sp.csr_matrix(data["adjacency"])
+    per_row = np.diff(a.indptr)
+    if model == "gcn":
+        per_row = per_row + (a.diagonal() == 0)
+    return per_row
+
+
+def expected_sample(comm, requests: list[list[np.ndarray]], fanouts: list, degree: np.ndarray) -> dict[str, int]:
+    """What this rank's sample phase moves, from every rank's requested ids (gathered) and the degrees."""
+    everyone = comm.allgather_object(requests)
+    sent = recv = 0
+    me, size = comm.rank, comm.size
+    for hop, fanout in enumerate(fanouts):
+        def entries(ids: np.ndarray) -> int:
+            kept = degree[ids] if fanout is None else np.minimum(degree[ids], fanout)
+            return int(ids.size + 2 * kept.sum())
+        for q in range(size):
+            if q == me:
+                continue
+            mine, theirs = everyone[me][hop][q], everyone[q][hop][me]
+            sent += 16 + 8 * mine.size + 8 * entries(theirs)
+            recv += 16 + 8 * theirs.size + 8 * entries(mine)
+    return {"sent": sent, "recv": recv}
+
+
+def check_bytes(comm, data: dict, failures: list[str]) -> None:
+    batches = mismatches = counted = 0
+    for model, fanouts, cache in (("gcn", (3, 2), 0), ("sage", (2, None), 4)):
+        mb = trainer(comm, data, COUNTS[comm.size], model, 2, fanouts, 2, cache)
+        layer_fanouts = list(fanouts)[::-1]  # the sampler keeps its requests in layer order
+        degree = degrees(data, model)
+        for step in range(mb.steps_per_epoch):
+            before = comm.stats.snapshot()
+            batch = mb.make_batch(0, step)
+            after = comm.stats.snapshot()
+            moved = {phase: {"sent": int(after[phase]["bytes_sent"] - before[phase]["bytes_sent"]),
+                             "recv": int(after[phase]["bytes_recv"] - before[phase]["bytes_recv"])}
+                     for phase in ("sample", "fetch")}
+            library = {"sent": 0, "recv": 0}
+            for traffic in mb.sampler.last_traffic:
+                for key, value in predict_hop_bytes(traffic, comm.rank).items():
+                    library[key] += value
+            fetched = predict_fetch_bytes(mb.fetcher.last_asked, mb.fetcher.last_answered, comm.rank,
+                                          mb.fetcher.row_bytes())
+            independent = expected_sample(comm, mb.sampler.last_requests, layer_fanouts, degree)
+            asked = comm.allgather_object(mb.fetcher.last_requests)
+            row_bytes = data["features"].shape[1] * 4
+            others = [q for q in range(comm.size) if q != comm.rank]
+            fetch_expected = {"sent": sum(8 + 8 * asked[comm.rank][q].size + row_bytes * asked[q][comm.rank].size
+                                          for q in others),
+                              "recv": sum(8 + 8 * asked[q][comm.rank].size + row_bytes * asked[comm.rank][q].size
+                                          for q in others)}
+            remote = batch.blocks[0].src[(batch.blocks[0].src < mb.first_row)
+                                         | (batch.blocks[0].src >= mb.first_row + mb.graph.layout.count(comm.rank))]
+            uncached = np.setdiff1d(remote, mb.fetcher.cache_ids)
+            if sorted(np.concatenate(mb.fetcher.last_requests).tolist()) != sorted(uncached.tolist()):
+                failures.append(f"bytes {model} P={comm.size} step {step}: fetched ids are not the uncached remote "
+                                f"input rows")
+            batches += 1
+            counted += sum(moved[phase][side] for phase in moved for side in ("sent", "recv"))
+            for label, got, want in (("sample", moved["sample"], independent), ("sample/library", library,
+                                                                                independent),
+                                     ("fetch", moved["fetch"], fetch_expected), ("fetch/library", fetched,
+                                                                                fetch_expected)):
+                if got != want:
+                    mismatches += 1
+                    failures.append(f"bytes {model} P={comm.size} step {step} {label}: {got} != predicted {want}")
+    if comm.rank == 0:
+        print(f"BYTES P={comm.size} batches={batches} mismatches={mismatches} rank0_counted_bytes={counted}",
+              flush=True)
+
+
+def check_p_invariant(comm, data: dict, failures: list[str]) -> None:
+    """The same global batch size gives the same steps as one rank holding the whole graph."""
+    alone = comm.split(comm.rank, 0)
+    for model in ("gcn", "sage"):
+        runs = []
+        for here, counts, batch_size in ((comm, COUNTS[comm.size], 12 // comm.size), (alone, [23], 12)):
+            mb = trainer(here, data, counts, model, 2, (3, 2), batch_size, cache=3)
+            loss, grads = gradients(mb)
+            losses = [mb.train_epoch()["loss"] for _ in range(2)]
+            runs.append((loss, grads, losses))
+        (loss, grads, losses), (want, want_grads, want_losses) = runs
+        dgrad = max(float((g.double() - w.double()).abs().max()) for g, w in zip(grads, want_grads))
+        if abs(loss - want) > TOLERANCE or dgrad > TOLERANCE or not np.allclose(losses, want_losses, atol=1e-4):
+            failures.append(f"P-invariance {model} P={comm.size}: loss {loss} vs {want}, |dgrad| {dgrad:.3g}, "
+                            f"epochs {losses} vs {want_losses}")
+    alone.free()
+
+
+def check_prefetch(comm, data: dict, failures: list[str]) -> None:
+    """A pipelined run (worker thread, its own communicator) is bitwise the unpipelined one."""
+    runs = []
+    for prefetch in (0, 2):
+        mb = trainer(comm, data, COUNTS[comm.size], "sage", 2, (3, 2), 2, cache=3, prefetch=prefetch)
+        records = [mb.train_epoch() for _ in range(2)]
+        runs.append(([r["loss"] for r in records], [p.detach().clone() for p in mb.model.parameters()],
+                     [r["bytes"] for r in records], records[-1]["time"]["wait"]))
+        mb.close()
+    (losses, weights, moved, _), (piped_losses, piped_weights, piped_moved, wait) = runs
+    if losses != piped_losses or not all(torch.equal(a, b) for a, b in zip(weights, piped_weights)):
+        failures.append(f"prefetch P={comm.size}: not bitwise the unpipelined run ({piped_losses} vs {losses})")
+    if moved != piped_moved:
+        failures.append(f"prefetch P={comm.size}: bytes per epoch differ from the unpipelined run")
+    if not wait >= 0.0:
+        failures.append(f"prefetch P={comm.size}: wait {wait}")
+    if comm.rank == 0:
+        print(f"PREFETCH P={comm.size} steps={mb.steps_per_epoch} bitwise={losses == piped_losses}", flush=True)
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    comm = world(gpu_aware="off")
+    data = data_set()
+    failures: list[str] = []
+    check_exact(comm, data, failures, COUNTS[comm.size], comm.rank == 0)
+    if comm.size == 2:  # P = 1 without a launch of its own: rank 0 alone holding every row
+        alone = comm.split(comm.rank, 0)
+        if comm.rank == 0:
+            check_exact(alone, data, failures, COUNTS[1], True)
+        alone.free()
+    check_bytes(comm, data, failures)
+    check_p_invariant(comm, data, failures)
+    check_prefetch(comm, data, failures)
+    return finish(comm, failures, f"minibatch cases P={comm.size}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_or_abort(main))
