@@ -1,5 +1,7 @@
 """The in-memory training checks under real mpiexec, one launch per rank count (tests/mpi/cases/training_cases.py):
 
+* every exchange plan x GCN/SAGE, two datasets, 5 epochs (train_parity.py): logits, first gradients, losses
+  and final weights equal the plain-torch reference (tests/support/reference_gcn.py);
 * layer 0 from a halo fetched once, receiver-side dropout, compression (static_input_cases.py): exact against
   the single-process reference, counted == predicted bytes (coded sizes), an EMPTY row group at P = 3;
 * pipelined stale exchange (pipe_cases.py): tau = 0 bitwise the exact path, tau = 1, 2 equal a single-process
@@ -11,17 +13,28 @@
 """
 
 import pytest
+from datasets_for_tests import cora, random_directed, write
 from mpirun import run_case
 
 from algorithms.policies import PipeRule, parse_staleness
 
 
+@pytest.fixture(scope="session")
+def parity_shards(tmp_path_factory) -> list[str]:
+    """train_parity.py's datasets: 12 random parts, so every P in 1..4 and c = 2 merge parts."""
+    root = tmp_path_factory.mktemp("parity")
+    return [str(write(random_directed(), root / "random")), str(write(cora(), root / "cora"))]
+
+
 @pytest.mark.parametrize("ranks,replication,gat_policies", [(2, 1, False), (3, 1, True), (4, 2, True)])
-def test_training_cases_equal_their_references(ranks: int, replication: int, gat_policies: bool) -> None:
+def test_training_cases_equal_their_references(parity_shards: list[str], ranks: int, replication: int,
+                                               gat_policies: bool) -> None:
+    """Also train_parity.py's 12 runs (tests/mpi/test_train.py launches them alone at P = 1 and P = 4, c = 1)."""
     extra = ["--gat-policies"] if gat_policies else []
-    result = run_case(ranks, "training_cases.py", "--replication", str(replication), *extra, timeout=400)
+    result = run_case(ranks, "training_cases.py", "--replication", str(replication), *extra,
+                      "--parity", *parity_shards, timeout=500)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "all checks pass" in result.stdout, result.stdout + result.stderr
+    assert "(12 parity runs," in result.stdout and "all checks pass" in result.stdout, result.stdout + result.stderr
 
 
 def test_pipe_specs_are_parsed_and_checked() -> None:

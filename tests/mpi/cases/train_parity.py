@@ -98,6 +98,20 @@ def check(comm, directory: Path, data: dict, model: str, plan: str, replication:
             failures.append(f"{label}: {name} after {EPOCHS} epochs differs by {(mine - theirs).abs().max():.2e}")
 
 
+def run(comm, directories: list[Path], replication: int) -> tuple[list[str], int]:
+    """Every dataset x model x plan check of this launch (collective); the failures and the number of runs."""
+    failures: list[str] = []
+    runs = 0
+    for index, directory in enumerate(directories):
+        data = full_graph(directory)
+        for model in ("gcn", "sage"):
+            for plan in PLAN_NAMES:
+                mode = MODES[(index + (model == "sage")) % len(MODES)]
+                check(comm, directory, data, model, plan, replication, mode, failures)
+                runs += 1
+    return failures, runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("datasets", nargs="+", type=Path)
@@ -105,15 +119,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
-    failures: list[str] = []
-    runs = 0
-    for directory in args.datasets:
-        data = full_graph(directory)
-        for model in ("gcn", "sage"):
-            for plan in PLAN_NAMES:
-                mode = MODES[(args.datasets.index(directory) + (model == "sage")) % len(MODES)]
-                check(comm, directory, data, model, plan, args.replication, mode, failures)
-                runs += 1
+    failures, runs = run(comm, args.datasets, args.replication)
     for failure in failures:
         sys.stderr.write(f"[rank {comm.rank}] FAIL {failure}\n")
     ok = comm.all_true(not failures)

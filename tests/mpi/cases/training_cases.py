@@ -1,4 +1,5 @@
 """Every in-memory training check of one launch, so each rank count pays the interpreter start-up once:
+train_parity.py (with ``--parity DIR...``: every plan x GCN/SAGE against the plain-torch reference),
 static_input_cases.py (halo, receiver-side dropout, compression, SANCUS under dropout), pipe_cases.py
 (pipelined exchange, psc's feature cache, dgs) and gat_cases.py (GAT; ``--gat-policies`` adds its sampling
 and staleness checks). Each check compares against an independent single-process reference or the byte
@@ -18,6 +19,7 @@ from case_report import finish  # noqa: E402
 import gat_cases  # noqa: E402
 import pipe_cases  # noqa: E402
 import static_input_cases  # noqa: E402
+import train_parity  # noqa: E402
 
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 
@@ -26,13 +28,15 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replication", type=int, default=1)
     parser.add_argument("--gat-policies", action="store_true", help="also GAT's sampling and staleness checks")
+    parser.add_argument("--parity", nargs="*", type=Path, default=[], help="train_parity.py's datasets")
     args = parser.parse_args()
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
-    failures = static_input_cases.run(comm, args.replication) + pipe_cases.run(comm, args.replication)
+    failures, parity_runs = train_parity.run(comm, args.parity, args.replication)
+    failures += static_input_cases.run(comm, args.replication) + pipe_cases.run(comm, args.replication)
     gat_failures, gat_runs = gat_cases.run(comm, args.replication, args.gat_policies)
-    return finish(comm, failures + gat_failures,
-                  f"training cases P={comm.size} c={args.replication} ({gat_runs} exact GAT runs)")
+    return finish(comm, failures + gat_failures, f"training cases P={comm.size} c={args.replication} "
+                  f"({parity_runs} parity runs, {gat_runs} exact GAT runs)")
 
 
 if __name__ == "__main__":
