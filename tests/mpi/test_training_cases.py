@@ -9,7 +9,9 @@
   exact (or sampled) path's, a checkpoint with flights outstanding resumes bitwise; at c = 1 psc's feature
   cache (psc_cases.py) and dgs (R = Q = 1 bitwise exact, its explanation time booked apart);
 * GAT (gat_cases.py): exact against tests/support/reference_gat.py with predicted bytes, and with ``--gat-policies`` its
-  sampling and staleness checks.
+  sampling and staleness checks;
+* policies at c = 1 (policy_cases.py): unbiased sampling, the same sample forward and backward, staleness
+  agreement, psc and dgs properties.
 """
 
 import pytest
@@ -26,12 +28,17 @@ def parity_shards(tmp_path_factory) -> list[str]:
     return [str(write(random_directed(), root / "random")), str(write(cora(), root / "cora"))]
 
 
-@pytest.mark.parametrize("ranks,replication,gat_policies", [(2, 1, False), (3, 1, True), (4, 2, True)])
-def test_training_cases_equal_their_references(parity_shards: list[str], ranks: int, replication: int,
+ALL = "parity,static,pipe,gat,policy"
+
+
+# One launch per (P, c): every check this launch's P and c can run (policy_cases.py is written for c = 1; P = 1
+# parity runs alone in tests/mpi/test_train.py)
+@pytest.mark.parametrize("ranks,replication,sections,gat_policies", [
+    (2, 1, ALL, False), (3, 1, ALL, True), (4, 2, "parity,static,pipe,gat", True), (4, 1, "parity,gat,policy", False)])
+def test_training_cases_equal_their_references(parity_shards: list[str], ranks: int, replication: int, sections: str,
                                                gat_policies: bool) -> None:
-    """Also train_parity.py's 12 runs (tests/mpi/test_train.py launches them alone at P = 1 and P = 4, c = 1)."""
     extra = ["--gat-policies"] if gat_policies else []
-    result = run_case(ranks, "training_cases.py", "--replication", str(replication), *extra,
+    result = run_case(ranks, "training_cases.py", "--replication", str(replication), "--sections", sections, *extra,
                       "--parity", *parity_shards, timeout=500)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "(12 parity runs," in result.stdout and "all checks pass" in result.stdout, result.stdout + result.stderr

@@ -222,15 +222,20 @@ def check_dgs(comm, failures: list[str]) -> None:
         failures.append(f"dgs: feature column factors average {factors.min():.3f}..{factors.max():.3f}, not 1")
 
 
-def main() -> int:
-    torch.set_num_threads(1)
-    comm = world(gpu_aware="off")
+def run(comm) -> list[str]:
+    """Every policy check of this launch (collective); the failures."""
     failures: list[str] = []
     check_sampling(comm, failures)
     check_staleness(comm, failures)
     check_psc(comm, failures)
     check_dgs(comm, failures)
-    return finish(comm, failures, f"policy cases P={comm.size}")
+    return failures
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    comm = world(gpu_aware="off")
+    return finish(comm, run(comm), f"policy cases P={comm.size}")
 
 
 if __name__ == "__main__":
