@@ -20,28 +20,15 @@ from runners import launch as _launch  # noqa: F401  first: its fallback launch 
 
 import argparse
 import errno
-import os
 import platform
 import re
 import signal
 import sys
 from typing import Callable, NoReturn
 
-from runners.argtypes import launcher_world_size, replication_problem
+from runners.argtypes import launcher_rank, launcher_world_size, replication_problem
 from sparse_dist import log
 from sparse_dist.hostmem import prefer_huge_pages
-
-
-_LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
-
-
-def launcher_rank() -> int:
-    """This process's rank as the launcher (mpiexec, srun) announced it, before MPI starts; 0 if none did."""
-    for name in _LAUNCHER_RANK_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 class _Parser(argparse.ArgumentParser):
