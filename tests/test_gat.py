@@ -102,7 +102,7 @@ def test_attention_flags_without_gat_are_refused_before_mpi() -> None:
     parser = argparse.ArgumentParser()
     train_cmd.add_arguments(parser)
     args = parser.parse_args(["--data", "d", "--heads", "8"])
-    assert "--heads, --output-heads and --attention-dropout are for --model gat" in train_cmd.check_arguments(args)
+    assert "--heads, --output-heads and --attention-dropout are for --layer-kind gat" in train_cmd.check_arguments(args)
     assert train_cmd.check_arguments(parser.parse_args(["--data", "d", "--model", "gat", "--heads", "8"])) is None
     with pytest.raises(SystemExit):
         parser.parse_args(["--data", "d", "--model", "gat", "--attention-dropout", "1.0"])

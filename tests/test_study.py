@@ -91,7 +91,7 @@ def test_bad_study_files_name_the_file_and_field(tmp_path: Path, change: tuple[s
     (("hidden = 8", "dropout = 1.0"), "[train] dropout = 1.0: argument --dropout: must be a finite number >= 0 and < 1"),
     (("hidden = 8", 'model = "gcnn"'), "[train] model = 'gcnn': argument --model: invalid choice: 'gcnn'"),
     (("hidden = 8", "heads = 8"), "[train] with plan dense-bcast and policy exact: --heads, --output-heads and "
-                                  "--attention-dropout are for --model gat"),
+                                  "--attention-dropout are for --layer-kind gat"),
 ])
 def test_train_keys_and_values_are_checked_by_trains_own_parser(tmp_path: Path, change: tuple[str, str],
                                                                 sentence: str) -> None:
