@@ -172,10 +172,11 @@ class _RenamedFlag(argparse.Action):
 
 
 def add_renamed(parser: argparse.ArgumentParser, new: str, old: str, **kwargs: Any) -> argparse.Action:
-    """``parser.add_argument(new, **kwargs)``, plus ``old`` (hidden from ``--help``) that parses the same way
-    into the same ``dest`` and prints :func:`deprecation_notice` when used. Returns the new flag's action."""
+    """``parser.add_argument(new, **kwargs)``, plus ``old`` that parses the same way into the same ``dest``
+    and prints :func:`deprecation_notice` when used (listed in ``--help`` as the old name for this release,
+    as Python 3.13's ``deprecated=True`` does). Returns the new flag's action."""
     action = parser.add_argument(new, **kwargs)
     parser.add_argument(old, dest=action.dest, action=_RenamedFlag, new=new, type=kwargs.get("type"),
                         choices=kwargs.get("choices"), metavar=action.metavar, default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS)
+                        help=f"deprecated: the old name of {new}, which it sets (default: {new}'s)")
     return action
