@@ -145,16 +145,21 @@ def replication_problem(replication: int, world_size: int | None) -> str | None:
 
 
 _NOTED: set[str] = set()
-"""Old names already noted in this process (a study check parses the same table many times)."""
+"""Lines already said in this process (a study check parses the same table many times)."""
 
 
 def deprecation_notice(prog: str, old: str, new: str) -> None:
-    """One line on stderr saying that ``old`` is now ``new``: once per process, from launcher rank 0 only
-    (every rank parses the same command line, as :class:`runners.cli._Parser` says its errors)."""
-    if old in _NOTED or launcher_rank() != 0:
+    """One line on stderr saying that ``old`` is now ``new`` (:func:`say_once`)."""
+    say_once(f"{prog}: warning: {old} is deprecated, use {new} (the old name goes in the next release)")
+
+
+def say_once(line: str) -> None:
+    """``line`` on stderr once per process, from launcher rank 0 only (every rank parses the same command
+    line, as :class:`runners.cli._Parser` says its errors)."""
+    if line in _NOTED or launcher_rank() != 0:
         return
-    _NOTED.add(old)
-    sys.stderr.write(f"{prog}: warning: {old} is deprecated, use {new} (the old name goes in the next release)\n")
+    _NOTED.add(line)
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 

@@ -26,9 +26,10 @@ import platform
 import re
 import signal
 import sys
-from typing import Callable, NoReturn
+import warnings
+from typing import Any, Callable, NoReturn
 
-from runners.argtypes import deprecation_notice, launcher_rank, launcher_world_size, replication_problem
+from runners.argtypes import deprecation_notice, launcher_rank, launcher_world_size, replication_problem, say_once
 from sparse_dist import log
 from sparse_dist.hostmem import prefer_huge_pages
 
@@ -224,6 +225,7 @@ def _raise_on_sigterm(signum: int, frame: object) -> NoReturn:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     prefer_huge_pages()  # before anything imports torch (see sparse_dist.hostmem)
+    warnings.showwarning = _show_warning
     args = _parser().parse_args(argv)
     if args.command in RENAMED_COMMANDS:
         new = RENAMED_COMMANDS[args.command]
@@ -262,6 +264,19 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_or_abort(body, user_errors=user_errors(), debug=args.debug, prog=f"sparse-dist {args.command}",
                         describe=describe_environment_error(args.command))
+
+
+_SHOW_WARNING = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """A ``FutureWarning`` (a deprecation meant for users, e.g. a policy parameter's old name; the library
+    warns, it does not print) is one line, once, from launcher rank 0; other warnings as Python shows them."""
+    if issubclass(category, FutureWarning):
+        say_once(f"sparse-dist: warning: {message}")
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
 
 
 def _run_without_mpi(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ GRAPHS: dict[str, dict[str, int]] = {
     "ogbn-products": {"nodes": 2_449_029, "nnz": 2 * 61_859_140, "features": 100, "classes": 47},
     "ogbn-arxiv": {"nodes": 169_343, "nnz": 2 * 1_166_243, "features": 128, "classes": 40},
 }
-DEFAULT_POLICIES = "exact,bns:p=0.1,sancus-h:eps=0.05"
+DEFAULT_POLICIES = "exact,bns:keep=0.1,sancus-h:eps=0.05"
 COMPARE_COLUMNS = ("run", "world_size", "plan", "policy", "calibration", "measured_epoch", "predicted_epoch",
                    "error", "predicted_compute", "predicted_exchange", "predicted_allreduce", "measured_bytes",
                    "predicted_bytes")
@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="comma-separated plans (default: %(default)s)")
     predict.add_argument("--policies", default=None, type=policy_list_arg,
                          help="policies separated by ',' (or ';'); a policy's own parameters may use ',' too; "
-                              "a run's two axes joined by '+' (bns:p=0.1+sancus-e:eps=1) (default: "
+                              "a run's two axes joined by '+' (bns:keep=0.1+sancus-e:eps=1) (default: "
                               f"{DEFAULT_POLICIES}, leaving out, with a note, a data-dependent staleness rule "
                               "that --calibrate-from has no measured run of and --active does not give)")
     predict.add_argument("--active", type=fraction, default=None,

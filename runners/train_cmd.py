@@ -138,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replication", type=at_least(1), default=1,
                         help="1.5D replication factor c; must divide the number of ranks P (default: %(default)s)")
     parser.add_argument("--sample", default="none", type=sampling_arg,
-                        help="boundary sampling policy, e.g. bns:p=0.1 or bns:p=0.1,side=owner (default: none)")
+                        help="boundary sampling policy, e.g. bns:keep=0.1 or bns:keep=0.1,side=owner (default: none)")
     parser.add_argument("--stale", default="none", type=staleness_arg,
                         help="staleness policy: sancus-e:eps=1, sancus-a:eps=1, sancus-h:eps=0.02 "
                              "(add ,skip_backward=1 to skip stale gradients too); pipe:tau=1[,gamma=0.95] "

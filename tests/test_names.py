@@ -73,3 +73,28 @@ def test_the_cost_command_answers_to_its_old_name(tmp_path: Path, capsys: pytest
                             f"(run `sparse-dist sweep` first)\n")
     assert said["model"] == ("sparse-dist: warning: sparse-dist model is deprecated, use sparse-dist cost "
                              "(the old name goes in the next release)\n" + said["cost"])
+
+
+def test_the_keep_probability_and_its_old_name_build_the_same_sampler() -> None:
+    from algorithms.policies import AxisSpec, BnsSampler
+
+    assert AxisSpec.parse("sample", "bns:keep=0.1,side=owner").build(seed=4) == BnsSampler(0.1, "owner", 4)
+    with pytest.warns(FutureWarning, match=r"bns:p= is deprecated, use bns:keep="):
+        assert AxisSpec.parse("sample", "bns:p=0.1,side=owner").build(seed=4) == BnsSampler(0.1, "owner", 4)
+    with pytest.raises(ValueError, match=r"give keep=K only \(p= is its old name\)"):
+        AxisSpec.parse("sample", "bns:keep=0.1,p=0.1")
+    with pytest.raises(ValueError, match="bns: needs keep=K"):
+        AxisSpec.parse("sample", "bns:side=owner")
+    with pytest.raises(ValueError, match=r"bns: keep must lie in \[0, 1\], got 1.5"):
+        AxisSpec.parse("sample", "bns:keep=1.5")
+
+
+def test_the_command_says_a_policy_parameters_old_name_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The library warns (FutureWarning); the command prints it as one line, then goes on (here to a flag error)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["cost", "predict", "--policies", "exact,bns:p=0.1", "--cut", "2"])
+    assert exit_info.value.code == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == ("sparse-dist: warning: bns:p= is deprecated, use bns:keep= (the old name goes in the next "
+                       "release)")
+    assert said[1].startswith("sparse-dist cost predict: error: argument --cut:") and len(said) == 3, said

@@ -19,7 +19,7 @@ output = "out"
 ranks = [1, 2, 3, 4]
 replication = [1, 2]
 plans = ["dense-bcast", "p2p"]
-policies = ["exact", "bns:p=0.1", "sancus-e:eps=1"]
+policies = ["exact", "bns:keep=0.1", "sancus-e:eps=1"]
 seeds = [0, 1]
 epochs = 5
 warmup = 2
@@ -47,7 +47,7 @@ def test_runs_cross_plans_policies_and_skip_what_cannot_run(tmp_path: Path) -> N
     valid_pc = [(p, c) for p in (1, 2, 3, 4) for c in (1, 2) if p % c == 0]
     assert len(runs) == len(valid_pc) * 4 * 2
     assert {(r.plan, r.policy) for r in runs} == {("dense-bcast", "exact"), ("dense-bcast", "sancus-e:eps=1"),
-                                                  ("p2p", "exact"), ("p2p", "bns:p=0.1")}
+                                                  ("p2p", "exact"), ("p2p", "bns:keep=0.1")}
     assert any("P=3 c=2" in line for line in skipped) and any("dense-bcast + bns" in line for line in skipped)
     assert len({r.run_id for r in runs}) == len(runs)
     assert study.output == Path.cwd() / "out"  # relative to where sweep runs, not to the study file
@@ -71,7 +71,7 @@ def test_weak_scaling_sizes_per_rank_count(tmp_path: Path) -> None:
 @pytest.mark.parametrize("change,field", [
     (("epochs = 5", "epochs = 5\nbogus = 1"), "unknown field(s) ['bogus']"),
     (('plans = ["dense-bcast", "p2p"]', 'plans = ["allgather"]'), "study.plans"),
-    (('"bns:p=0.1"', '"bns:q=0.1"'), "study.policies"),
+    (('"bns:keep=0.1"', '"bns:q=0.1"'), "study.policies"),
     (("warmup = 2", "warmup = 5"), "study.warmup"),
     (("ranks = [1, 2, 3, 4]", "ranks = [0, 2]"), "study.ranks"),
     (("hidden = 8", "epochs = 3"), "[train] sets ['epochs']"),

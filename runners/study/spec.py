@@ -9,7 +9,7 @@ A study file (see ``studies/`` and the README)::
     ranks = [1, 2, 4]
     replication = [1]                      # c; a c that does not divide P is skipped
     plans = ["dense-bcast", "sparse-bcast", "p2p"]
-    policies = ["exact", "bns:p=0.1", "sancus-h:eps=0.02"]
+    policies = ["exact", "bns:keep=0.1", "sancus-h:eps=0.02"]
     seeds = [0]
     epochs = 12
     warmup = 2                             # leading epochs left out of every time figure
