@@ -44,19 +44,19 @@ ATTENTION_DOMAIN = 0x6741_5441  # "gATA": keeps attention streams apart from the
 
 
 def attention_keep(seed: int, epoch: int, layer: int, rows: torch.Tensor, entry_rows: torch.Tensor,
-                   columns: torch.Tensor, heads: int, p: float) -> torch.Tensor:
+                   columns: torch.Tensor, heads: int, drop: float) -> torch.Tensor:
     """Keep mask (``heads x E`` bool, on the ids' device) of attention entries ``(rows[entry_rows[e]], columns[e])``.
 
     ``rows``: global ids of the destination rows (int64, each hashed once); ``entry_rows``: each entry's
-    index into ``rows``; ``columns``: each entry's source global id; ``p``: the drop probability. The
+    index into ``rows``; ``columns``: each entry's source global id; ``drop``: the drop probability. The
     rule, with ``sm`` = splitmix64 and ``k`` the stream key of (seed, domain, epoch, layer)
     (:func:`~algorithms.hashing.chained_key`): head ``h`` of entry (row, column) reads the 16-bit lane
     ``h % 4`` (bits ``16 (h % 4)`` up; little-endian memory order) of
     ``sm(sm(row ^ k) ^ column ^ (h // 4) * 0x9E3779B97F4A7C15)`` as a signed ``int16`` ``s`` and is kept
-    when ``s + 32768 < T = round((1 - p) 2^16)``, as :mod:`algorithms.dropout` reads its lanes. A pure
+    when ``s + 32768 < T = round((1 - drop) 2^16)``, as :mod:`algorithms.dropout` reads its lanes. A pure
     function of (seed, epoch, layer, row, column, head): independent of ``P`` and of who computes it.
     """
-    rule = KeepRule.of(p)
+    rule = KeepRule.of(drop)
     key = chained_key(seed, ATTENTION_DOMAIN, epoch, layer)
     keys = splitmix64_torch_(rows ^ key).index_select(0, entry_rows).bitwise_xor_(columns)
     keep = torch.empty(heads, columns.numel(), dtype=torch.bool, device=columns.device)
@@ -68,12 +68,12 @@ def attention_keep(seed: int, epoch: int, layer: int, rows: torch.Tensor, entry_
 
 
 def dropped_entries(edges: AttentionEdges, first_row: int, seed: int, epoch: int, layer: int, heads: int,
-                    p: float, timer: ComputeTimer | None) -> tuple[torch.Tensor | None, float]:
+                    drop: float, timer: ComputeTimer | None) -> tuple[torch.Tensor | None, float]:
     """The ``heads x E`` mask of the entries attention dropout drops (None where none) and the kept ones' scale.
 
-    ``first_row``: the global id of the first destination row; ``p``: the drop probability.
+    ``first_row``: the global id of the first destination row; ``drop``: the drop probability.
     """
-    if p <= 0 or not edges.count:
+    if drop <= 0 or not edges.count:
         return None, 1.0
     if edges.sources is None:
         raise RuntimeError("attention dropout needs the global ids of the received rows: build the "
@@ -81,8 +81,8 @@ def dropped_entries(edges: AttentionEdges, first_row: int, seed: int, epoch: int
     with _measure(timer, edges.row.device, "masks"):
         rows = torch.arange(first_row, first_row + edges.n, device=edges.row.device)
         dropped = attention_keep(seed, epoch, layer, rows, edges.row, edges.sources.index_select(0, edges.col),
-                                 heads, p).logical_not_()
-    return dropped, KeepRule.of(p).scale
+                                 heads, drop).logical_not_()
+    return dropped, KeepRule.of(drop).scale
 
 
 def attend(z: torch.Tensor, s: torch.Tensor, d: torch.Tensor, edges: AttentionEdges, slope: float,
