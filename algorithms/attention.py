@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +36,7 @@ from algorithms.attention_structure import AttentionEdges
 from algorithms.dropout import KeepRule
 from algorithms.hashing import as_int64, chained_key, splitmix64_torch_
 from sparse_dist.accounting import ComputeTimer
+from sparse_dist.csr import csr_tensor
 
 __all__ = ["Attend", "attend", "attention_keep", "dropped_entries"]
 
@@ -97,12 +97,6 @@ def attend(z: torch.Tensor, s: torch.Tensor, d: torch.Tensor, edges: AttentionEd
     return Attend.apply(z, s, d, edges, slope, dropped, scale, agree_max, timer)
 
 
-def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-        return torch.sparse_csr_tensor(crow, col, values, size=shape, check_invariants=False)
-
-
 def _per_head_spmm(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, dense: torch.Tensor,
                    rows: int, alpha: float = 1.0) -> torch.Tensor:
     """``out[k] = alpha CSR(crow, col, values[k]) @ dense[k]`` for every head: ``K x rows x F'``.
@@ -114,7 +108,7 @@ def _per_head_spmm(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, 
     if values.shape[1] == 0 or rows == 0:
         return out
     for k in range(heads):
-        out[k].addmm_(_csr(crow, col, values[k], (rows, s)), dense[k], beta=0.0, alpha=alpha)
+        out[k].addmm_(csr_tensor(crow, col, values[k], (rows, s)), dense[k], beta=0.0, alpha=alpha)
     return out
 
 
@@ -184,7 +178,7 @@ class Attend(torch.autograd.Function):
         # d loss / d weight of entry (i, j), head k: <dN_i^k, Z_j^k>, an SDDMM on the entries' pattern.
         grad_p = torch.empty_like(p)
         if edges.count and edges.n:
-            pattern = _csr(edges.crow, edges.col, p[0], (edges.n, edges.s))  # finite values: beta 0 times them
+            pattern = csr_tensor(edges.crow, edges.col, p[0], (edges.n, edges.s))  # finite values: beta 0 times them
             with _measure(ctx.timer, z.device):
                 for k in range(heads):
                     grad_p[k] = torch.sparse.sampled_addmm(pattern, grad_heads[k], z_heads[k].t(), beta=0.0,

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.csr import entry_rows
+from sparse_dist.csr import entry_rows, scipy_csr
 
 __all__ = ["AttentionEdges", "cached_edges", "cached_structure_bytes"]
 
@@ -103,7 +103,7 @@ def cached_edges(operator: object, blocks: list[Any], n: int, source_ids: list[n
     key = (n, device, *(id(block) for block in blocks))
     edges = cache.get(key)
     if edges is None or (edges.sources is None and all(ids is not None for ids in source_ids)):
-        scipy_blocks = [b if sp.issparse(b) else _scipy_of(b) for b in blocks]
+        scipy_blocks = [b if sp.issparse(b) else scipy_csr(b) for b in blocks]
         edges = cache[key] = AttentionEdges.build(scipy_blocks, n, source_ids, dtype, device, tuple(blocks))
         while len(cache) > _KEPT:
             cache.popitem(last=False)
@@ -114,9 +114,3 @@ def cached_edges(operator: object, blocks: list[Any], n: int, source_ids: list[n
 def cached_structure_bytes(*operators: object) -> int:
     """Bytes of the attention structures cached with ``operators`` on this rank (0 where none)."""
     return sum(edges.nbytes() for op in operators if op is not None for edges in _STRUCTURES.get(op, {}).values())
-
-
-def _scipy_of(csr: torch.Tensor) -> sp.csr_matrix:
-    """A torch sparse CSR tensor as scipy CSR (host copy)."""
-    return sp.csr_matrix((csr.values().detach().cpu().numpy(), csr.col_indices().cpu().numpy(),
-                          csr.crow_indices().cpu().numpy()), shape=tuple(csr.shape))
