@@ -6,7 +6,7 @@ it returns this rank's rows of ``H'`` (``n_g x F_out``). Activation and
 dropout belong to the model (:class:`algorithms.model.GraphModel`). Each
 layer class declares what the rest of the code needs to know about it:
 
-* ``kind``: its name (``--model`` on the command line);
+* ``kind``: its name (``--layer-kind`` on the command line);
 * :meth:`GraphLayer.normalize_adjacency`: the adjacency its SpMM multiplies by;
 * its constructor: its parameters and how they are drawn from the shared
   ``torch.Generator``.
@@ -137,7 +137,7 @@ class GraphLayer(nn.Module, ABC):
         """
         if not options.is_default():
             raise ValueError(f"the {cls.kind} layer takes no attention options (heads, output heads, attention "
-                             f"dropout), got {options}; they are for --model gat")
+                             f"dropout), got {options}; they are for --layer-kind gat")
         return cls(fan_in, fan_out, generator=generator, dtype=dtype)  # type: ignore[call-arg]
 
     def exchange_shape(self, receiver: bool) -> tuple[int, bool] | None:

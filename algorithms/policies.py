@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -72,7 +73,7 @@ class BnsSampler:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.p <= 1.0:
-            raise ValueError(f"bns: p must lie in [0, 1], got {self.p}")
+            raise ValueError(f"bns: keep must lie in [0, 1], got {self.p}")
         if self.side not in ("receiver", "owner"):
             raise ValueError(f"bns: side must be 'receiver' or 'owner', got {self.side!r}")
 
@@ -210,8 +211,23 @@ def _flag(value: str) -> bool:
 
 
 _flag.__name__ = "0 or 1"
-register_sampler("bns", lambda seed, **params: BnsSampler(seed=seed, **params), {"p": float, "side": str},
-                 "bns:p=P[,side=receiver|owner] with 0 <= P <= 1")
+
+
+def _bns(seed: int, keep: float | None = None, p: float | None = None, side: str = "receiver") -> BnsSampler:
+    """``bns:keep=K[,side=...]``; ``p=`` is keep's old name (this release; a ``FutureWarning`` says so)."""
+    if p is not None:
+        if keep is not None:
+            raise ValueError("bns: give keep=K only (p= is its old name)")
+        warnings.warn("bns:p= is deprecated, use bns:keep= (the old name goes in the next release)", FutureWarning,
+                      stacklevel=2)
+        keep = p
+    if keep is None:
+        raise ValueError("bns: needs keep=K, the probability of keeping a boundary row")
+    return BnsSampler(keep, side, seed)
+
+
+register_sampler("bns", _bns, {"keep": float, "p": float, "side": str},
+                 "bns:keep=K[,side=receiver|owner] with 0 <= K <= 1")
 register_sampler("psc", lambda seed, **params: PscSampler(seed=seed, **params),
                  {"budget": float, "a_inner": float, "a_boundary": float, "every": int, "cache": float},
                  "psc:budget=B[,a_inner=1.1,a_boundary=1,every=10,cache=C] with 0 < B <= 1, 0 <= C <= 1")

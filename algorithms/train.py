@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from algorithms.checkpoint import checkpoint_mismatch
 from algorithms.dgs import Explainer, MaskedHalo
-from algorithms.gat import cached_structure_bytes
+from algorithms.attention_structure import cached_structure_bytes
 from algorithms.model import GraphModel
 from algorithms.layers import LayerOptions, layer_type
 from algorithms.policies import AxisSpec

@@ -3,7 +3,8 @@
 A leaf module (standard library only), so every command, the study loader and the tests share one
 set of rules. argparse prefixes the flag: ``argument --lr: must be a finite number > 0, got nan``.
 The launcher's world size (:func:`launcher_world_size`) lets ``--replication`` be checked against P
-before MPI starts.
+before MPI starts. A renamed flag keeps its old spelling for one release (:func:`add_renamed`): the old
+name still works and says its new name in one line (docs/reference/names.md has the renames).
 """
 
 from __future__ import annotations
@@ -11,13 +12,23 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Callable
+import sys
+from typing import Any, Callable
 
 _WORLD_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS",
                          "SLURM_NTASKS")
 """Where launchers announce P: MPICH/Intel MPI (hydra), Open MPI, MVAPICH, then srun's step (its task count
 before the job's, which a step may use only part of)."""
 _RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher (mpiexec, srun) announced it, before MPI starts; 0 if none did."""
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def launcher_world_size() -> int | None:
@@ -131,3 +142,46 @@ def replication_problem(replication: int, world_size: int | None) -> str | None:
     divisors = [c for c in range(1, world_size + 1) if world_size % c == 0]
     return (f"argument --replication: must divide the number of ranks P={world_size}, got {replication} "
             f"(divisors of {world_size}: {', '.join(map(str, divisors))})")
+
+
+_NOTED: set[str] = set()
+"""Lines already said in this process (a study check parses the same table many times)."""
+
+
+def deprecation_notice(prog: str, old: str, new: str) -> None:
+    """One line on stderr saying that ``old`` is now ``new`` (:func:`say_once`)."""
+    say_once(f"{prog}: warning: {old} is deprecated, use {new} (the old name goes in the next release)")
+
+
+def say_once(line: str) -> None:
+    """``line`` on stderr once per process, from launcher rank 0 only (every rank parses the same command
+    line, as :class:`runners.cli._Parser` says its errors)."""
+    if line in _NOTED or launcher_rank() != 0:
+        return
+    _NOTED.add(line)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+class _RenamedFlag(argparse.Action):
+    """The old spelling of a renamed flag: stores into the new flag's ``dest`` and says the new name."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        deprecation_notice(parser.prog, option_string or self.option_strings[0], self.new)
+        setattr(namespace, self.dest, values)
+
+
+def add_renamed(parser: argparse.ArgumentParser, new: str, old: str, **kwargs: Any) -> argparse.Action:
+    """``parser.add_argument(new, **kwargs)``, plus ``old`` that parses the same way into the same ``dest``
+    and prints :func:`deprecation_notice` when used (listed in ``--help`` as the old name for this release,
+    as Python 3.13's ``deprecated=True`` does). Returns the new flag's action."""
+    action = parser.add_argument(new, **kwargs)
+    parser.add_argument(old, dest=action.dest, action=_RenamedFlag, new=new, type=kwargs.get("type"),
+                        choices=kwargs.get("choices"), metavar=action.metavar, default=argparse.SUPPRESS,
+                        help=f"deprecated: the old name of {new}, which it sets (default: {new}'s)")
+    return action

@@ -1,4 +1,4 @@
-"""The ``sparse-dist`` command: ``prepare``, ``train``, ``sweep``, ``plot``, ``model``, ``demo``, ``bench`` and ``info``.
+"""The ``sparse-dist`` command: ``prepare``, ``train``, ``sweep``, ``plot``, ``cost``, ``demo``, ``bench`` and ``info``.
 
 Launch under MPI: ``mpiexec -n P sparse-dist demo`` or ``srun --mpi=pmi2
 sparse-dist ...``. Any exception on any rank ends the whole job with a
@@ -10,7 +10,9 @@ once per job with exit status 2 and no traceback (``--debug`` adds it);
 anything else is an internal error and shows its traceback. A bad flag is
 refused while the command line is parsed, before MPI starts; a subcommand
 module may offer ``check_arguments(args) -> str | None`` for flag
-combinations argparse cannot express. SIGTERM raises ``SystemExit(143)`` so
+combinations argparse cannot express. A renamed command keeps its old name one release
+(:data:`RENAMED_COMMANDS`, saying the new one in one line), as renamed flags do
+(:func:`runners.argtypes.add_renamed`). SIGTERM raises ``SystemExit(143)`` so
 that cleanup (``finally``, context managers) runs as it does for SIGINT.
 """
 
@@ -20,28 +22,16 @@ from runners import launch as _launch  # noqa: F401  first: its fallback launch 
 
 import argparse
 import errno
-import os
 import platform
 import re
 import signal
 import sys
-from typing import Callable, NoReturn
+import warnings
+from typing import Any, Callable, NoReturn
 
-from runners.argtypes import launcher_world_size, replication_problem
+from runners.argtypes import deprecation_notice, launcher_rank, launcher_world_size, replication_problem, say_once
 from sparse_dist import log
 from sparse_dist.hostmem import prefer_huge_pages
-
-
-_LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
-
-
-def launcher_rank() -> int:
-    """This process's rank as the launcher (mpiexec, srun) announced it, before MPI starts; 0 if none did."""
-    for name in _LAUNCHER_RANK_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,14 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     _command(commands, "sweep", "run a scaling study (TOML) with mpiexec or srun; collect a CSV", sweep_cmd,
              mpi=False)
     _command(commands, "plot", "PNG figures of one or more studies", plot_cmd, mpi=False)
-    _command(commands, "model", "alpha-beta performance model: compare with a study, or predict large P",
-             perf_model_cmd, mpi=False)
+    _command(commands, "cost", "alpha-beta cost model: compare with a study, or predict large P",
+             perf_model_cmd, mpi=False, aliases=[old for old, new in RENAMED_COMMANDS.items() if new == "cost"])
     _command(commands, "emulate", "an MPI job over emulated nodes: namespaces, capped links, TCP", emulate_cmd,
              mpi=False)
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     _command(bench_kinds, "spmm", "distributed SpMM vs single-process torch SpMM", bench_spmm)
-    _command(bench_kinds, "network", "alpha and beta of this MPI for `sparse-dist model`", bench_network)
+    _command(bench_kinds, "network", "alpha and beta of this MPI for `sparse-dist cost`", bench_network)
     _command(bench_kinds, "train", "full training epochs: sparse-dist vs PyG on the same graph", bench_train)
     _command(bench_kinds, "policies", "exact vs BNS-GCN sampling vs SANCUS staleness, one run", bench_policies)
     _command(bench_kinds, "minibatch", "distributed mini-batch training vs PyG NeighborLoader + SAGEConv, one run",
@@ -116,18 +106,22 @@ _CHECKS: dict[object, tuple[Callable[[argparse.Namespace], str | None] | None, a
 """A subcommand's ``main`` -> its ``check_arguments`` (or None) and its parser (which says the error)."""
 
 
+RENAMED_COMMANDS = {"model": "cost"}
+"""Old command name -> new one: the old name still runs the command this release and says the new one."""
+
+
 def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object,
-             mpi: bool = True) -> None:
+             mpi: bool = True, aliases: list[str] | None = None) -> None:
     """A subcommand whose module offers ``add_arguments(parser)`` and ``main(comm, args)``.
 
-    ``mpi=False``: a single-process tool (sweep, plot, model) that never initialises MPI, so the
+    ``mpi=False``: a single-process tool (sweep, plot, cost) that never initialises MPI, so the
     ``mpiexec`` jobs it launches do not inherit a singleton MPI's environment; ``comm`` is None.
     A module's ``EPILOG`` (preformatted text) ends its ``--help``; its ``check_arguments(args)`` returns
     a flag problem (or None) to refuse before MPI starts (kept in :data:`_CHECKS`, not in the namespace,
     which the benchmarks write into their JSON).
     """
     epilog = getattr(module, "EPILOG", None)
-    parser = subparsers.add_parser(name, help=summary, description=summary, epilog=epilog,
+    parser = subparsers.add_parser(name, aliases=aliases or [], help=summary, description=summary, epilog=epilog,
                                    formatter_class=argparse.RawDescriptionHelpFormatter if epilog
                                    else argparse.HelpFormatter)
     module.add_arguments(parser)  # type: ignore[attr-defined]
@@ -237,7 +231,12 @@ def _raise_on_sigterm(signum: int, frame: object) -> NoReturn:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     prefer_huge_pages()  # before anything imports torch (see sparse_dist.hostmem)
+    warnings.showwarning = _show_warning
     args = _parser().parse_args(argv)
+    if args.command in RENAMED_COMMANDS:
+        new = RENAMED_COMMANDS[args.command]
+        deprecation_notice("sparse-dist", f"sparse-dist {args.command}", f"sparse-dist {new}")
+        args.command = new
     check, command_parser = _CHECKS.get(getattr(args, "func", None), (None, None))
     problem = check(args) if check is not None else None
     if not problem and getattr(args, "mpi", False) and isinstance(getattr(args, "replication", None), int):
@@ -271,6 +270,19 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_or_abort(body, user_errors=user_errors(), debug=args.debug, prog=f"sparse-dist {args.command}",
                         describe=describe_environment_error(args.command))
+
+
+_SHOW_WARNING = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """A ``FutureWarning`` (a deprecation meant for users, e.g. a policy parameter's old name; the library
+    warns, it does not print) is one line, once, from launcher rank 0; other warnings as Python shows them."""
+    if issubclass(category, FutureWarning):
+        say_once(f"sparse-dist: warning: {message}")
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
 
 
 def _run_without_mpi(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""Per-model training defaults, each from the model's paper (``train --model`` picks the row).
+"""Training defaults per layer kind, each from its paper (``train --layer-kind`` picks the row).
 
 ``train`` leaves these flags at None and fills them after parsing (:func:`fill_model_defaults`), so an
 explicit flag always wins and the results file's ``config`` record shows the values used.
@@ -12,7 +12,7 @@ explicit flag always wins and the results file's ``config`` record shows the val
   no weight decay; pass ``--hidden 256 --weight-decay 0`` for it on large graphs) reached 0.7832 mean test
   accuracy on Cora (4 block parts, P = 2, seeds 0-4) against 0.8086 for this one.
 
-``--layers`` stays 2 for every model, as the GCN and GAT papers use on Cora.
+``--layers`` stays 2 for every layer kind, as the GCN and GAT papers use on Cora.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def _shown(value: Any) -> str:
 
 
 def help_for(key: str) -> str:
-    """``per model: gcn 16, sage 16, gat 8`` for a flag's help text (an attention flag: ``gat 8, others 1``)."""
+    """``per layer kind: gcn 16, sage 16, gat 8`` for a flag's help text (an attention flag: ``gat 8, others 1``)."""
     if key in ("heads", "output_heads", "attention_dropout"):
         return f"gat {_shown(MODEL_DEFAULTS['gat'][key])}; {_shown(FALLBACK[key])} for the others"
-    return "per model: " + ", ".join(f"{model} {_shown(row[key])}" for model, row in MODEL_DEFAULTS.items())
+    return "per layer kind: " + ", ".join(f"{model} {_shown(row[key])}" for model, row in MODEL_DEFAULTS.items())
 
 
 def fill_model_defaults(args: argparse.Namespace) -> list[str]:

@@ -1,11 +1,13 @@
-"""``sparse-dist model``: predicted epoch time and bytes per rank, checked against a study or beyond it.
+"""``sparse-dist cost``: predicted epoch time and bytes per rank, checked against a study or beyond it.
 
-* ``sparse-dist model compare RESULTS_DIR``: for every run of a study,
+(``sparse-dist model`` is its old name, still accepted this release.)
+
+* ``sparse-dist cost compare RESULTS_DIR``: for every run of a study,
   the prediction from the dataset's exact partition statistics, compute
   rates calibrated on the same configuration's smallest-P run, and the
   alpha-beta network model; prints measured vs predicted and the error,
   and writes ``model.csv`` beside ``results.csv``.
-* ``sparse-dist model predict --graph ogbn-papers100M --ranks 64,256,1024``:
+* ``sparse-dist cost predict --graph ogbn-papers100M --ranks 64,256,1024``:
   the same model for a graph and P this machine cannot run, from the
   partition model of :mod:`runners.perf.cost_model` and rates calibrated on a
   study (``--calibrate-from RESULTS_DIR``).
@@ -23,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runners.argtypes import at_least, fraction, int_list, non_negative, positive
+from runners.argtypes import add_renamed, at_least, fraction, int_list, non_negative, positive
 from runners.study.collect import ResultsError, read_csv, write_csv_rows
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
@@ -41,7 +43,7 @@ GRAPHS: dict[str, dict[str, int]] = {
     "ogbn-products": {"nodes": 2_449_029, "nnz": 2 * 61_859_140, "features": 100, "classes": 47},
     "ogbn-arxiv": {"nodes": 169_343, "nnz": 2 * 1_166_243, "features": 128, "classes": 40},
 }
-DEFAULT_POLICIES = "exact,bns:p=0.1,sancus-h:eps=0.05"
+DEFAULT_POLICIES = "exact,bns:keep=0.1,sancus-h:eps=0.05"
 COMPARE_COLUMNS = ("run", "world_size", "plan", "policy", "calibration", "measured_epoch", "predicted_epoch",
                    "error", "predicted_compute", "predicted_exchange", "predicted_allreduce", "measured_bytes",
                    "predicted_bytes")
@@ -61,14 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     predict.add_argument("--classes", type=at_least(1), help="number of classes, >= 1 (with --nodes)")
     predict.add_argument("--hidden", type=at_least(1), default=128, help="hidden width, >= 1 (default: %(default)s)")
     predict.add_argument("--layers", type=at_least(1), default=3, help="layers, >= 1 (default: %(default)s)")
-    predict.add_argument("--model", choices=MODEL_KINDS, default="gcn", help="(default: %(default)s)")
+    add_renamed(predict, "--layer-kind", "--model", dest="model", choices=MODEL_KINDS, default="gcn",
+                help="the kind of every layer (default: %(default)s; --model is its old name)")
     predict.add_argument("--ranks", type=_rank_list, default="64,256,1024",
                          help="comma-separated P, each >= 1 (default: %(default)s)")
     predict.add_argument("--plans", type=_plan_list, default="dense-bcast,sparse-bcast,p2p",
                          help="comma-separated plans (default: %(default)s)")
     predict.add_argument("--policies", default=None, type=policy_list_arg,
                          help="policies separated by ',' (or ';'); a policy's own parameters may use ',' too; "
-                              "a run's two axes joined by '+' (bns:p=0.1+sancus-e:eps=1) (default: "
+                              "a run's two axes joined by '+' (bns:keep=0.1+sancus-e:eps=1) (default: "
                               f"{DEFAULT_POLICIES}, leaving out, with a note, a data-dependent staleness rule "
                               "that --calibrate-from has no measured run of and --active does not give)")
     predict.add_argument("--active", type=fraction, default=None,

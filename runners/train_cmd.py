@@ -48,7 +48,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import combination_problem, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
-from runners.argtypes import at_least, non_negative, number, positive, probability
+from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
 from runners.minibatch_flags import add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_record
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
@@ -77,7 +77,7 @@ target_accuracy = number(0.0, 1.0, low_open=True)
 def add_attention_arguments(parser: argparse.ArgumentParser, defaults: dict[str, object] | None = None) -> None:
     """``--heads``, ``--output-heads``, ``--attention-dropout`` (GAT only; see :func:`attention_problem`).
 
-    ``defaults`` None: left at None and filled from ``--model``'s row of :data:`MODEL_DEFAULTS` after parsing
+    ``defaults`` None: left at None and filled from ``--layer-kind``'s row of :data:`MODEL_DEFAULTS` after parsing
     (train); else these fixed defaults (bench train keeps 1, 1, 0 whatever the model).
     """
     fixed = defaults or {}
@@ -96,12 +96,12 @@ _NO_ATTENTION = {"heads": 1, "output_heads": 1, "attention_dropout": 0.0}
 
 
 def attention_problem(args: argparse.Namespace) -> str | None:
-    """Why the attention flags do not fit ``--model``, or None (a flag left at its default or None is fine)."""
+    """Why the attention flags do not fit ``--layer-kind``, or None (a flag left at its default or None is fine)."""
     given = {key: getattr(args, key) for key, neutral in _NO_ATTENTION.items()
              if getattr(args, key) is not None and getattr(args, key) != neutral}
     if args.model != "gat" and given:
-        return (f"--heads, --output-heads and --attention-dropout are for --model gat; --model {args.model} "
-                f"has no attention (got " + " ".join(f"--{key.replace('_', '-')} {value}"
+        return (f"--heads, --output-heads and --attention-dropout are for --layer-kind gat; "
+                f"--layer-kind {args.model} has no attention (got " + " ".join(f"--{key.replace('_', '-')} {value}"
                                                      for key, value in given.items()) + ")")
     return None
 
@@ -109,10 +109,10 @@ def attention_problem(args: argparse.Namespace) -> str | None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``train``, each checked by its type while the command line is parsed (before MPI)."""
     parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare` (required)")
-    parser.add_argument("--model", choices=MODEL_KINDS, default="gcn",
-                        help="layer kind; it also picks the defaults of --hidden, --dropout, --lr, --weight-decay, "
-                             "--weight-decay-scope and the attention flags, each from the model's paper "
-                             "(default: %(default)s)")
+    add_renamed(parser, "--layer-kind", "--model", dest="model", choices=MODEL_KINDS, default="gcn",
+                help="the kind of every layer; it also picks the defaults of --hidden, --dropout, --lr, "
+                     "--weight-decay, --weight-decay-scope and the attention flags, each from its paper "
+                     "(default: %(default)s; --model is its old name)")
     parser.add_argument("--layers", type=at_least(1), default=2, help="number of layers, >= 1 (default: %(default)s)")
     parser.add_argument("--hidden", type=at_least(1), default=None,
                         help=f"hidden width, >= 1; gat: per head (default: {help_for('hidden')})")
@@ -139,7 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replication", type=at_least(1), default=1,
                         help="1.5D replication factor c; must divide the number of ranks P (default: %(default)s)")
     parser.add_argument("--sample", default="none", type=sampling_arg,
-                        help="boundary sampling policy, e.g. bns:p=0.1 or bns:p=0.1,side=owner (default: none)")
+                        help="boundary sampling policy, e.g. bns:keep=0.1 or bns:keep=0.1,side=owner (default: none)")
     parser.add_argument("--stale", default="none", type=staleness_arg,
                         help="staleness policy: sancus-e:eps=1, sancus-a:eps=1, sancus-h:eps=0.02 "
                              "(add ,skip_backward=1 to skip stale gradients too); pipe:tau=1[,gamma=0.95] "
@@ -217,7 +217,7 @@ class PathError(ValueError):
 
 def check_arguments(args: argparse.Namespace) -> str | None:
     """Flag combinations argparse cannot check (refused before MPI starts); then fills the flags left at None
-    with ``--model``'s defaults (:func:`runners.model_defaults.fill_model_defaults`)."""
+    with ``--layer-kind``'s defaults (:func:`runners.model_defaults.fill_model_defaults`)."""
     problem = attention_problem(args)
     if problem:
         return problem
@@ -245,7 +245,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return (f"--sample {args.sample} explains with the rows its layers exchanged, which must be the rows it "
                 f"multiplies when explaining: use --dropout-side owner or auto")
     if getattr(sampler, "explains", False) and args.model != "gcn" and args.model != "sage":
-        return f"--sample {args.sample} explains GCN and SAGE layers (their exchange is A H), not --model {args.model}"
+        return (f"--sample {args.sample} explains GCN and SAGE layers (their exchange is A H), "
+                f"not --layer-kind {args.model}")
     if getattr(sampler, "cache", -1.0) >= 0 and args.input_exchange != "auto":
         return (f"--sample {args.sample} feeds layer 0 from its feature cache; --input-exchange "
                 f"{args.input_exchange} contradicts it (leave it at auto)")

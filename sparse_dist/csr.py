@@ -22,15 +22,24 @@ def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device: torch.device) -
     """A torch sparse CSR tensor with the same structure (shares index memory on CPU)."""
     matrix = sp.csr_matrix(matrix)
     index_dtype = np.int64 if max(matrix.nnz, *matrix.shape) >= 2**31 - 1 else np.int32
+    tensor = csr_tensor(torch.from_numpy(np.ascontiguousarray(matrix.indptr, dtype=index_dtype)),
+                        torch.from_numpy(np.ascontiguousarray(matrix.indices, dtype=index_dtype)),
+                        torch.from_numpy(np.ascontiguousarray(matrix.data)).to(dtype), matrix.shape)
+    return tensor.to(device)
+
+
+def csr_tensor(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A torch sparse CSR tensor from its three arrays, unchecked (callers build valid ones; torch's beta
+    notice silenced)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-        tensor = torch.sparse_csr_tensor(
-            torch.from_numpy(np.ascontiguousarray(matrix.indptr, dtype=index_dtype)),
-            torch.from_numpy(np.ascontiguousarray(matrix.indices, dtype=index_dtype)),
-            torch.from_numpy(np.ascontiguousarray(matrix.data)).to(dtype),
-            size=matrix.shape, check_invariants=False,
-        )
-    return tensor.to(device)
+        return torch.sparse_csr_tensor(crow, col, values, size=shape, check_invariants=False)
+
+
+def scipy_csr(tensor: torch.Tensor) -> sp.csr_matrix:
+    """A torch sparse CSR tensor as scipy CSR (a host copy)."""
+    return sp.csr_matrix((tensor.values().detach().cpu().numpy(), tensor.col_indices().cpu().numpy(),
+                          tensor.crow_indices().cpu().numpy()), shape=tuple(tensor.shape))
 
 
 def csr_bytes(tensor: torch.Tensor) -> int:

@@ -12,7 +12,7 @@ One command, one run, ratios from that run. Under ``mpiexec -n P``:
    ``threads * P`` threads while the other ranks sleep in a non-spinning barrier; the same number of
    epochs, timed the same way; then its test accuracy from a full-graph forward.
 
-The peer mirrors SAGE only (``--model sage``, the default); with ``--model gcn`` it is skipped with the
+The peer mirrors SAGE only (``--layer-kind sage``, the default); with ``gcn`` it is skipped with the
 reason. ``--no-pyg`` skips it. The report says which neighbour-sampling kernel the peer used.
 """
 
@@ -39,8 +39,8 @@ STEP_PARTS = ("sample", "fetch", "compute", "allreduce", "wait")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
-    parser.add_argument("--model", choices=("sage", "gcn"), default="sage",
-                        help="layer kind (the PyG peer mirrors sage only; default: %(default)s)")
+    parser.add_argument("--layer-kind", dest="model", choices=("sage", "gcn"), default="sage",
+                        help="the PyG peer mirrors sage only (default: %(default)s)")
     parser.add_argument("--layers", type=at_least(1), default=3)
     parser.add_argument("--hidden", type=at_least(1), default=128)
     parser.add_argument("--dropout", type=probability, default=0.5)

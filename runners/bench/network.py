@@ -7,7 +7,7 @@ root alternates between ranks 0 and 1, so each one waits for the one before
 ``--repeats`` samples, slowest rank. The model's broadcast formula
 (:func:`sparse_dist.cost.bcast_time`) is fitted: ``alpha`` from the
 small messages, ``beta`` by least squares on the large ones. Prints the
-table, the fit, and the flags to hand ``sparse-dist model``.
+table, the fit, and the flags to hand ``sparse-dist cost``.
 """
 
 from __future__ import annotations
@@ -66,5 +66,5 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
             print(f"{size:>12} {seconds:>12.3e} {size / seconds / 1e9:>8.2f}")
         print(f"fit over {g} ranks: alpha {alpha * 1e6:.2f} us, beta {beta * 1e9:.4f} ns/B "
               f"({1e-9 / beta:.2f} GB/s)")
-        print(f"sparse-dist model ... --alpha {alpha:.3g} --beta-gbs {1e-9 / beta:.3g}")
+        print(f"sparse-dist cost ... --alpha {alpha:.3g} --beta-gbs {1e-9 / beta:.3g}")
     return 0

@@ -99,9 +99,9 @@ def configurations(h_eps: float, psc_budget: float = 0.1) -> list[tuple[str, dic
                   for fmt in COMPRESSION_FORMATS for suffix, feedback in (("", ""), ("+fb", ",feedback"))]
     return [
         ("exact p2p", {"plan": "p2p"}),
-        ("bns p=0.1", {"plan": "p2p", "sample": "bns:p=0.1"}),
-        ("bns p=0.01", {"plan": "p2p", "sample": "bns:p=0.01"}),
-        ("bns p=0", {"plan": "p2p", "sample": "bns:p=0"}),
+        ("bns p=0.1", {"plan": "p2p", "sample": "bns:keep=0.1"}),
+        ("bns p=0.01", {"plan": "p2p", "sample": "bns:keep=0.01"}),
+        ("bns p=0", {"plan": "p2p", "sample": "bns:keep=0"}),
         ("dense-bcast", {"plan": "dense-bcast"}),
         ("sancus-e1", {"plan": "dense-bcast", "stale": "sancus-e:eps=1"}),
         ("sancus-a1", {"plan": "dense-bcast", "stale": "sancus-a:eps=1"}),

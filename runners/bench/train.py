@@ -52,7 +52,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.train import LocalGraph, TrainConfig, Trainer
 from runners.data.datasets import planted_classes
 from runners.results import print_report
-from runners.argtypes import at_least, probability
+from runners.argtypes import add_renamed, at_least, probability
 from runners.argtypes import seed as seed_number
 from runners.train_cmd import add_attention_arguments, attention_problem
 from runners.data.shards import load_local_graph, write_shards
@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the system temporary directory)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, cuda:(rank mod visible GPUs)")
-    parser.add_argument("--model", choices=MODEL_KINDS, default="gcn")
+    add_renamed(parser, "--layer-kind", "--model", dest="model", choices=MODEL_KINDS, default="gcn",
+                help="the kind of every layer (default: %(default)s; --model is its old name)")
     parser.add_argument("--layers", type=at_least(1), default=3)
     parser.add_argument("--hidden", type=at_least(1), default=128, help="hidden width (gat: per head)")
     parser.add_argument("--dropout", type=probability, default=0.5)

@@ -9,7 +9,7 @@ A study file (see ``studies/`` and the README)::
     ranks = [1, 2, 4]
     replication = [1]                      # c; a c that does not divide P is skipped
     plans = ["dense-bcast", "sparse-bcast", "p2p"]
-    policies = ["exact", "bns:p=0.1", "sancus-h:eps=0.02"]
+    policies = ["exact", "bns:keep=0.1", "sancus-h:eps=0.02"]
     seeds = [0]
     epochs = 12
     warmup = 2                             # leading epochs left out of every time figure
@@ -40,7 +40,7 @@ A study file (see ``studies/`` and the README)::
 Paths: ``output`` (like every output flag of ``sparse-dist``) is relative to
 the current directory, so ``sparse-dist sweep runners/study/studies/tiny.toml``
 run from the repository root writes ``results/tiny`` there, where ``plot`` and
-``model`` read it; a dataset ``path`` is relative to the study file (the study
+``cost`` read it; a dataset ``path`` is relative to the study file (the study
 names its input data wherever it is run from). Both become absolute when the
 file is loaded.
 
@@ -332,10 +332,10 @@ def check_train_table(where: str, train: dict[str, Any], plans: list[str], polic
     from runners.train_cmd import check_arguments
 
     parser = _train_parser()
-    options = sorted(action.dest for action in parser._actions if action.option_strings)
+    options = sorted({flag[2:].replace("-", "_") for action in parser._actions for flag in action.option_strings})
     for key, value in train.items():
         name = key.replace("-", "_")
-        if name not in options:
+        if name not in options:  # a flag's name; an old one too (it says its new name when parsed)
             close = difflib.get_close_matches(name, options, n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; expected some of {options}"
             raise StudyError(f"{where}: [train] {key}: not an option of `sparse-dist train`{hint}")

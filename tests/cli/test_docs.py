@@ -35,8 +35,7 @@ PROGRAM = "sparse-dist"
 
 # Pages other engineers write in parallel on their own branches (links to them are allowed while absent);
 # the lead empties this set when the branches are merged.
-WRITTEN_ELSEWHERE = {"docs/design/extending.md",
-                     "docs/reference/names.md"}
+WRITTEN_ELSEWHERE = {"docs/design/extending.md"}
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ def test_the_docs_have_the_commands_this_file_checks() -> None:
     """The extraction itself can fail: it must find the commands (a silent empty list passes nothing), the
     README's tour among them, and commands on many pages."""
     assert len(COMMANDS) >= 45, [str(c) for c in COMMANDS]
-    assert {c.argv[0] for c in COMMANDS} >= {"prepare", "train", "sweep", "plot", "model", "demo", "info", "bench",
+    assert {c.argv[0] for c in COMMANDS} >= {"prepare", "train", "sweep", "plot", "cost", "demo", "info", "bench",
                                              "emulate"}
     assert {c.argv[0] for c in README_COMMANDS} >= {"prepare", "train", "demo", "info", "sweep", "plot"}
     assert any(c.ranks == 4 for c in COMMANDS) and any(c.ranks is None for c in COMMANDS)
@@ -389,9 +388,9 @@ def test_the_worked_example_and_the_model_commands_run(tmp_path: Path) -> None:
     sweep = DocCommand("tests/cli/test_docs.py", "sparse-dist sweep calibration.toml", ("sweep", "calibration.toml"), None)
     _ok(sweep, _run(sweep, tmp_path, timeout=180))
     assert (tmp_path / "results" / "clustered-strong" / "results.csv").is_file()
-    compare = _find("model compare results/clustered-strong")
+    compare = _find("cost compare results/clustered-strong")
     assert "(calibration)" in _ok(compare, _run(compare, tmp_path))
-    predict = _find("model predict --graph ogbn-papers100M")
+    predict = _find("cost predict --graph ogbn-papers100M")
     text = _ok(predict, _run(predict, tmp_path))
     assert re.search(r"^\s+1024 p2p\s+exact\s", text, re.M), text
     assert "sancus-h:eps=0.05 left out" in text  # the stand-in study has no sancus-h run to measure

@@ -178,9 +178,9 @@ def test_each_model_trains_with_its_papers_defaults_unless_a_flag_says_otherwise
 def test_train_help_states_the_per_model_defaults() -> None:
     result = subprocess.run([SPARSE_DIST, "train", "--help"], capture_output=True, text=True, timeout=120)
     text = " ".join(result.stdout.split())
-    for needle in ("(default: per model: gcn 16, sage 16, gat 8)", "(default: per model: gcn 0.01, sage 0.01, gat 0.005)",
-                   "(default: gat 8; 1 for the others)", "(default: per model: gcn first, sage first, gat all)",
-                   "(default: per model: gcn 0.5, sage 0.5, gat 0.6)"):
+    for needle in ("(default: per layer kind: gcn 16, sage 16, gat 8)", "(default: per layer kind: gcn 0.01, sage 0.01, gat 0.005)",
+                   "(default: gat 8; 1 for the others)", "(default: per layer kind: gcn first, sage first, gat all)",
+                   "(default: per layer kind: gcn 0.5, sage 0.5, gat 0.6)"):
         assert needle in text, needle
 
 

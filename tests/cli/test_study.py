@@ -19,7 +19,7 @@ output = "out"
 ranks = [1, 2, 3, 4]
 replication = [1, 2]
 plans = ["dense-bcast", "p2p"]
-policies = ["exact", "bns:p=0.1", "sancus-e:eps=1"]
+policies = ["exact", "bns:keep=0.1", "sancus-e:eps=1"]
 seeds = [0, 1]
 epochs = 5
 warmup = 2
@@ -47,7 +47,7 @@ def test_runs_cross_plans_policies_and_skip_what_cannot_run(tmp_path: Path) -> N
     valid_pc = [(p, c) for p in (1, 2, 3, 4) for c in (1, 2) if p % c == 0]
     assert len(runs) == len(valid_pc) * 4 * 2
     assert {(r.plan, r.policy) for r in runs} == {("dense-bcast", "exact"), ("dense-bcast", "sancus-e:eps=1"),
-                                                  ("p2p", "exact"), ("p2p", "bns:p=0.1")}
+                                                  ("p2p", "exact"), ("p2p", "bns:keep=0.1")}
     assert any("P=3 c=2" in line for line in skipped) and any("dense-bcast + bns" in line for line in skipped)
     assert len({r.run_id for r in runs}) == len(runs)
     assert study.output == Path.cwd() / "out"  # relative to where sweep runs, not to the study file
@@ -71,7 +71,7 @@ def test_weak_scaling_sizes_per_rank_count(tmp_path: Path) -> None:
 @pytest.mark.parametrize("change,field", [
     (("epochs = 5", "epochs = 5\nbogus = 1"), "unknown field(s) ['bogus']"),
     (('plans = ["dense-bcast", "p2p"]', 'plans = ["allgather"]'), "study.plans"),
-    (('"bns:p=0.1"', '"bns:q=0.1"'), "study.policies"),
+    (('"bns:keep=0.1"', '"bns:q=0.1"'), "study.policies"),
     (("warmup = 2", "warmup = 5"), "study.warmup"),
     (("ranks = [1, 2, 3, 4]", "ranks = [0, 2]"), "study.ranks"),
     (("hidden = 8", "epochs = 3"), "[train] sets ['epochs']"),
@@ -91,7 +91,7 @@ def test_bad_study_files_name_the_file_and_field(tmp_path: Path, change: tuple[s
     (("hidden = 8", "dropout = 1.0"), "[train] dropout = 1.0: argument --dropout: must be a finite number >= 0 and < 1"),
     (("hidden = 8", 'model = "gcnn"'), "[train] model = 'gcnn': argument --model: invalid choice: 'gcnn'"),
     (("hidden = 8", "heads = 8"), "[train] with plan dense-bcast and policy exact: --heads, --output-heads and "
-                                  "--attention-dropout are for --model gat"),
+                                  "--attention-dropout are for --layer-kind gat"),
 ])
 def test_train_keys_and_values_are_checked_by_trains_own_parser(tmp_path: Path, change: tuple[str, str],
                                                                 sentence: str) -> None:

@@ -11,10 +11,12 @@ import scipy.sparse as sp
 import torch
 from reference_gat import attention_keep as reference_keep
 
-from algorithms.gat import _Attend, _Edges, attention_adjacency, attention_keep, splitmix64_torch
+from algorithms.attention import Attend, attention_keep
+from algorithms.attention_structure import AttentionEdges
+from algorithms.gat import attention_adjacency
 from algorithms.layers import LayerOptions
 from algorithms.model import GraphModel
-from algorithms.hashing import splitmix64
+from algorithms.hashing import splitmix64, splitmix64_torch
 from runners import train_cmd
 
 
@@ -66,14 +68,14 @@ def test_the_attention_backward_is_the_derivative_of_its_forward() -> None:
     block = sp.random(n, s, density=0.5, format="csr", random_state=rng)
     block.data = np.where(rng.random(block.nnz) < 0.5, 1.0, 2.0)  # sampled columns weigh 1/p
     block = sp.csr_matrix(block + sp.eye(n, s))
-    edges = _Edges.build([block], n, [None], torch.float64, torch.device("cpu"), (block,))
+    edges = AttentionEdges.build([block], n, [None], torch.float64, torch.device("cpu"), (block,))
     keep = torch.from_numpy(rng.random((heads, edges.count)) < 0.7)
     z = torch.randn(s, heads * width, dtype=torch.float64, requires_grad=True)
     src = torch.randn(s, heads, dtype=torch.float64, requires_grad=True)
     dst = torch.randn(n, heads, dtype=torch.float64, requires_grad=True)
 
     def attend(z, src, dst):
-        numerator, denominator = _Attend.apply(z, src, dst, edges, 0.2, ~keep, 1.5, None, None)
+        numerator, denominator = Attend.apply(z, src, dst, edges, 0.2, ~keep, 1.5, None, None)
         return numerator / denominator.unsqueeze(2)
 
     assert torch.autograd.gradcheck(attend, (z, src, dst))
@@ -100,7 +102,7 @@ def test_attention_flags_without_gat_are_refused_before_mpi() -> None:
     parser = argparse.ArgumentParser()
     train_cmd.add_arguments(parser)
     args = parser.parse_args(["--data", "d", "--heads", "8"])
-    assert "--heads, --output-heads and --attention-dropout are for --model gat" in train_cmd.check_arguments(args)
+    assert "--heads, --output-heads and --attention-dropout are for --layer-kind gat" in train_cmd.check_arguments(args)
     assert train_cmd.check_arguments(parser.parse_args(["--data", "d", "--model", "gat", "--heads", "8"])) is None
     with pytest.raises(SystemExit):
         parser.parse_args(["--data", "d", "--model", "gat", "--attention-dropout", "1.0"])

@@ -77,7 +77,7 @@ def test_one_parser_for_every_policy_text() -> None:
     assert AxisSpec.parse("sample", " none ").is_none
     with pytest.raises(ValueError, match="repeats one kind"):
         PolicySpec.parse("bns:p=0.1+bns:p=0.2")
-    with pytest.raises(argparse.ArgumentTypeError, match=r"unknown parameter 'q=1'.*accepted: 'none' or bns:p=P"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"unknown parameter 'q=1'.*accepted: 'none' or bns:keep=K"):
         sampling_arg("bns:q=1")
     with pytest.raises(argparse.ArgumentTypeError, match="skip_backward='2' is not a 0 or 1"):
         policy_list_arg("exact,sancus-a:eps=1,skip_backward=2")
