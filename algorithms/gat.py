@@ -14,12 +14,12 @@ Adjacency (:func:`attention_adjacency`): the structure of the raw rows with self
 row has at least its loop and isolated nodes attend to themselves. Directed graphs are exact: a row
 attends over its stored entries, nothing is symmetrised.
 
-Exchange (one per layer, :meth:`~sparse_dist.plans.ExchangePlan.gather`): the owner computes
+Exchange (one per layer, :meth:`~sparse_dist.partial.PartialSpMM.gather`): the owner computes
 ``Z`` and ``s`` of its rows and the plan moves ``[Z | s]`` (``K F' + K`` columns) exactly as an SpMM
 moves ``H`` (every plan, every policy); ``d`` stays home. The softmax of a row needs only the row's
 own entries, all on its owner, so it costs no communication in 1D. The backward sends the
 gradients of ``[Z | s]`` of the boundary rows back to their owners
-(:meth:`~sparse_dist.plans.ExchangePlan.scatter`), the same bytes as the forward. Under
+(:meth:`~sparse_dist.partial.PartialSpMM.scatter`), the same bytes as the forward. Under
 receiver-side dropout (``ExchangeContext.dropout``) the exchange must carry the layer input ``H``
 itself (``F_in`` columns, pre-dropout; the receivers mask it and compute ``Z`` and ``s`` of the
 rows they received), as :func:`algorithms.layers.propagate` does for the SpMM layers.
@@ -89,7 +89,8 @@ from sparse_dist.csr import entry_rows
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.halo import StaticHalo
 from sparse_dist.layout import RowLayout
-from sparse_dist.plans import ExchangePlan, Gathered
+from sparse_dist.partial import PartialSpMM
+from sparse_dist.plans import Gathered
 from sparse_dist.spmm import DistSpMM
 
 __all__ = ["GATLayer", "attention_adjacency", "attention_keep", "cached_structure_bytes", "splitmix64_torch"]
@@ -390,7 +391,7 @@ class _Exchange(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, send: torch.Tensor, plan: ExchangePlan,  # type: ignore[override]
+    def forward(ctx: Any, send: torch.Tensor, plan: PartialSpMM,  # type: ignore[override]
                 context: ExchangeContext, parts: list[Gathered]) -> torch.Tensor:
         parts.extend(plan.gather(send, "forward", context))
         ctx.plan, ctx.context, ctx.parts, ctx.width = plan, context, parts, send.shape[1]
@@ -586,7 +587,7 @@ class GATLayer(GraphLayer):
         parts: list[Gathered] = []
         if context.dropout is not None:  # receiver-side dropout: H travels, every rank masks and projects
             own = context.self_rows(h)
-            received = _Exchange.apply(h.contiguous(), plan, context, parts)
+            received = _Exchange.apply(h.contiguous(), op.partial, context, parts)
             sources = torch.cat([own, received]) if own_block is not None else received
             z = sources @ weight
             s = self._terms(z, att_src)
@@ -595,7 +596,7 @@ class GATLayer(GraphLayer):
             z_own = h @ weight
             send = torch.cat([z_own, self._terms(z_own, att_src)], 1)
             d = self._terms(z_own, att_dst)
-            received = _Exchange.apply(send, plan, context, parts)
+            received = _Exchange.apply(send, op.partial, context, parts)
             both = torch.cat([send, received]) if own_block is not None else received
             z, s = both[:, :-self.heads], both[:, -self.heads:]
         blocks = ([own_block] if own_block is not None else []) + [item.block for item in parts]
