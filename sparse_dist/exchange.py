@@ -224,7 +224,7 @@ class Flight:
 
 
 class BroadcastView(Protocol):
-    """What a strategy may ask a broadcast plan (see :class:`sparse_dist.plans._BroadcastPlan`)."""
+    """What a strategy may ask a broadcast plan (see :class:`sparse_dist.broadcast_plans._BroadcastPlan`)."""
 
     group: int
     groups: int

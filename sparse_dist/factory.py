@@ -1,7 +1,8 @@
 """Construction of a run's exchange plan and strategy: the one module above both.
 
-The plans (:mod:`sparse_dist.plans`) and the strategies (:mod:`sparse_dist.exchange`, :mod:`sparse_dist.cached`,
-:mod:`sparse_dist.pipelined`, :mod:`sparse_dist.importance`) never import this module; it picks among them by name and by the
+The plans (:mod:`sparse_dist.plans`) and the strategies (:mod:`sparse_dist.exchange`,
+:mod:`sparse_dist.cached`, :mod:`sparse_dist.pipelined`, :mod:`sparse_dist.importance`) never import
+this module; it picks among them by name and by the
 policies' capabilities, so neither a base class nor a plan module names its own subclasses.
 """
 

@@ -148,8 +148,8 @@ class _ExtendedProduct(torch.autograd.Function):
         plan, transpose = ctx.plan, ctx.transpose  # type: ignore[attr-defined]
         grad = grad.contiguous()
         far = transpose("halo")
-        products = plan.products
-        own = products.local_product([(transpose("own"), grad)], ctx.own_rows, grad.shape[1])  # type: ignore[attr-defined]
+        products, own_rows = plan.products, ctx.own_rows  # type: ignore[attr-defined]
+        own = products.local_product([(transpose("own"), grad)], own_rows, grad.shape[1])
         return torch.cat([own, products.local_product([(far, grad)], far.shape[0], grad.shape[1])]), None, None, None, None
 
 
