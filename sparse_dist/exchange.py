@@ -242,10 +242,11 @@ class BroadcastView(Protocol):
 class ExchangeStrategy:
     """Exact exchange: every owner sends the plan's whole message. The base of the other strategies.
 
-    Per training call the plan asks it, in this order: forward: :meth:`forward_messages` (broadcast
-    plans), :meth:`rows_to_use` with the flight it posted, :meth:`on_rows` per arrived part,
+    Per training call it is asked, in this order (by the plan that posts, and by the
+    :class:`~sparse_dist.partial.PartialSpMM` that drives the flights): forward: :meth:`forward_messages`
+    (broadcast plans), :meth:`rows_to_use` with the flight just posted, :meth:`on_rows` per arrived part,
     :meth:`finish_forward`; transpose: :meth:`used`, :meth:`gradients_to_use` with the flight of
-    gradients it posted, :meth:`on_gradients` per arrived part. A pipelined strategy answers
+    gradients just posted, :meth:`on_gradients` per arrived part. A pipelined strategy answers
     :meth:`rows_to_use` and :meth:`gradients_to_use` with a flight of an earlier epoch.
     """
 

@@ -142,39 +142,38 @@ class PointToPointPlan(ExchangePlan):
     def post_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
                   strategy: ExchangeStrategy) -> Flight:
         pairs = self._pairs(context)
-        codec = self._codec_for(context)
-        epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
-        part = Part(-1, pairs)
-
-        def start() -> tuple[Pending | None, torch.Tensor | None]:
-            if not pairs.traffic:
-                return None, None
-            recv = self._receive_buffer(part, sum(pairs.recv_rows), h.shape[1], codec)
-            send = self._coded(h.index_select(0, pairs.send_index), codec, (layer, "rows", -1),
-                               sum(self.exact_pairs.send_rows), pairs.send_positions, (epoch, layer, 0, self.group))
-            return self.col_comm.ialltoallv(send, pairs.send_rows, recv, pairs.recv_rows, phase=phase), recv
-
-        part.start = start
-        return self._flight(context, [part], strategy)
+        return self._post_pairs(context, pairs, strategy, lambda: h.index_select(0, pairs.send_index), h.shape[1],
+                                phase, backward=False)
 
     def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
         (used,) = forward.parts
-        pairs = used.message
+        return self._post_pairs(context, used.message, strategy, lambda: piece_of(used), width, phase, backward=True,
+                                source_epoch=forward.source_epoch)
+
+    def _post_pairs(self, context: ExchangeContext | None, pairs: _PairExchange, strategy: ExchangeStrategy,
+                    payload: Callable[[], torch.Tensor], width: int, phase: str, *, backward: bool,
+                    source_epoch: int | None = None) -> Flight:
+        """One alltoallv of ``pairs`` as a one-part flight: rows from owners to receivers, or (``backward``) the
+        receivers' gradient pieces back to the owners. ``payload`` makes what this rank sends (when posted)."""
         codec = self._codec_for(context)
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
+        sends, receives = (pairs.recv_rows, pairs.send_rows) if backward else (pairs.send_rows, pairs.recv_rows)
+        exact_sends = self.exact_pairs.recv_rows if backward else self.exact_pairs.send_rows
+        positions = pairs.recv_positions if backward else pairs.send_positions
+        what = "gradients" if backward else "rows"
         part = Part(-1, pairs)
 
         def start() -> tuple[Pending | None, torch.Tensor | None]:
             if not pairs.traffic:
                 return None, None
-            back = self._receive_buffer(part, sum(pairs.send_rows), width, codec)
-            pieces = self._coded(piece_of(used), codec, (layer, "gradients", -1),
-                                 sum(self.exact_pairs.recv_rows), pairs.recv_positions, (epoch, layer, 1, self.group))
-            return self.col_comm.ialltoallv(pieces, pairs.recv_rows, back, pairs.send_rows, phase=phase), back
+            recv = self._receive_buffer(part, sum(receives), width, codec)
+            send = self._coded(payload(), codec, (layer, what, -1), sum(exact_sends), positions,
+                               (epoch, layer, int(backward), self.group))
+            return self.col_comm.ialltoallv(send, sends, recv, receives, phase=phase), recv
 
         part.start = start
-        return self._flight(context, [part], strategy, forward.source_epoch)
+        return self._flight(context, [part], strategy, source_epoch)
 
     def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Part]:
         return [Part(-1, self._sample(strategy, epoch) if strategy.samples else self.exact_pairs)]
