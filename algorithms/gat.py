@@ -194,7 +194,7 @@ class GATLayer(GraphLayer):
         own_block = matrix.blocks[plan.group] if plan.local_block is not None else None
         if context.dropout is not None:  # receiver-side dropout: H travels, every rank masks and projects
             own = context.self_rows(h)
-            received, parts = exchange_rows(h.contiguous(), plan, context)
+            received, parts = exchange_rows(h.contiguous(), op.partial, context)
             sources = torch.cat([own, received]) if own_block is not None else received
             z = sources @ weight
             s = self._terms(z, att_src)
@@ -203,7 +203,7 @@ class GATLayer(GraphLayer):
             z_own = h @ weight
             send = torch.cat([z_own, self._terms(z_own, att_src)], 1)
             d = self._terms(z_own, att_dst)
-            received, parts = exchange_rows(send, plan, context)
+            received, parts = exchange_rows(send, op.partial, context)
             both = torch.cat([send, received]) if own_block is not None else received
             z, s = both[:, :-self.heads], both[:, -self.heads:]
         blocks = ([own_block] if own_block is not None else []) + [item.block for item in parts]

@@ -19,14 +19,16 @@ import torch
 
 from sparse_dist.comm import Communicator
 from sparse_dist.exchange import ExchangeContext
-from sparse_dist.plans import ExchangePlan, Gathered
+from sparse_dist.partial import PartialSpMM
+from sparse_dist.plans import Gathered
 
 __all__ = ["exchange_rows", "replica_max_agreement", "sum_gradients_over_replicas", "sum_over_replicas"]
 
 
-def exchange_rows(send: torch.Tensor, plan: ExchangePlan,
+def exchange_rows(send: torch.Tensor, flights: PartialSpMM,
                   context: ExchangeContext) -> tuple[torch.Tensor, list[Gathered]]:
-    """The rows of ``send`` this rank receives through ``plan`` (parts concatenated, ``R x W``), and the parts.
+    """The rows of ``send`` this rank receives through ``flights`` (a :class:`DistSpMM`'s ``partial``: its plan's
+    exchanges; parts concatenated, ``R x W``), and the parts.
 
     ``send``: this rank's own rows (``n_g x W``). The backward scatters each part's row gradients back to
     their owners and gives ``send`` the sum that arrived for its rows (masked by this rank's own dropout
@@ -34,7 +36,7 @@ def exchange_rows(send: torch.Tensor, plan: ExchangePlan,
     plan's replica column, forward and backward.
     """
     parts: list[Gathered] = []
-    received = _Exchange.apply(send, plan, context, parts)
+    received = _Exchange.apply(send, flights, context, parts)
     return received, parts
 
 
@@ -64,11 +66,11 @@ def replica_max_agreement(replicas: Communicator | None) -> Callable[[torch.Tens
 
 
 class _Exchange(torch.autograd.Function):
-    """``received = gather(send)``; backward: ``plan.scatter`` of the parts' gradients (see :func:`exchange_rows`).
+    """``received = gather(send)``; backward: ``scatter`` of the parts' gradients (see :func:`exchange_rows`).
     ``parts`` receives the :class:`Gathered` list."""
 
     @staticmethod
-    def forward(ctx: Any, send: torch.Tensor, plan: ExchangePlan,  # type: ignore[override]
+    def forward(ctx: Any, send: torch.Tensor, plan: PartialSpMM,  # type: ignore[override]
                 context: ExchangeContext, parts: list[Gathered]) -> torch.Tensor:
         parts.extend(plan.gather(send, "forward", context))
         ctx.plan, ctx.context, ctx.parts, ctx.width = plan, context, parts, send.shape[1]

@@ -1,7 +1,8 @@
 """Construction of a run's exchange plan and strategy: the one module above both.
 
 The plans (:mod:`sparse_dist.plans`) and the strategies (:mod:`sparse_dist.exchange`,
-:mod:`sparse_dist.importance`) never import this module; it picks among them by name and by the
+:mod:`sparse_dist.cached`, :mod:`sparse_dist.pipelined`, :mod:`sparse_dist.importance`) never import
+this module; it picks among them by name and by the
 policies' capabilities, so neither a base class nor a plan module names its own subclasses.
 """
 
@@ -11,9 +12,10 @@ import torch
 
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.dcsr import DistCSR
-from sparse_dist.exchange import (BoundarySampler, CachedStrategy, ExactStrategy, ExchangeStrategy, PipelinedStrategy,
-                                  SampledStrategy, StalenessRule)
+from sparse_dist.cached import CachedStrategy
+from sparse_dist.exchange import BoundarySampler, ExactStrategy, ExchangeStrategy, SampledStrategy, StalenessRule
 from sparse_dist.importance import ImportanceStrategy
+from sparse_dist.pipelined import PipelinedStrategy
 from sparse_dist.plans import ExchangePlan, plan_class
 
 

@@ -140,7 +140,7 @@ class _ExtendedProduct(torch.autograd.Function):
                 transpose: Callable[[str], torch.Tensor]) -> torch.Tensor:
         n = own_block.shape[0]
         ctx.plan, ctx.transpose, ctx.own_rows = plan, transpose, n  # type: ignore[attr-defined]
-        return plan.local_product([(own_block, h[:n]), (far_block, h[n:])], n, h.shape[1])
+        return plan.products.local_product([(own_block, h[:n]), (far_block, h[n:])], n, h.shape[1])
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
@@ -148,8 +148,9 @@ class _ExtendedProduct(torch.autograd.Function):
         plan, transpose = ctx.plan, ctx.transpose  # type: ignore[attr-defined]
         grad = grad.contiguous()
         far = transpose("halo")
-        own = plan.local_product([(transpose("own"), grad)], ctx.own_rows, grad.shape[1])  # type: ignore[attr-defined]
-        return torch.cat([own, plan.local_product([(far, grad)], far.shape[0], grad.shape[1])]), None, None, None, None
+        products, own_rows = plan.products, ctx.own_rows  # type: ignore[attr-defined]
+        own = products.local_product([(transpose("own"), grad)], own_rows, grad.shape[1])
+        return torch.cat([own, products.local_product([(far, grad)], far.shape[0], grad.shape[1])]), None, None, None, None
 
 
 class CachedInput:

@@ -87,6 +87,59 @@ class Probabilities:
     cached_send: dict[int, np.ndarray] | None = None  # receiver group -> which of its send rows that receiver keeps
 
 
+@dataclass
+class EdgeLayout:
+    """Where this rank's entries of ``A`` and its exchanged rows are (fixed for a run; built once from the plan).
+
+    ``own_block``: ``A_gg`` (scipy); ``remote``: the exact remote block over the receive buffer; ``recv_global`` /
+    ``recv_rows``: the receive buffer's global ids and its rows per owner; ``send_global`` / ``send_rows``: this
+    owner's send lists (global ids per receiver) and rows per receiver; ``own_slot`` / ``remote_slot``: each
+    entry's position in ``problem`` (one CSR per row over [own entries, remote entries]); ``references``: how
+    many of this rank's entries reference each receive row.
+    """
+
+    me: int
+    own_block: sp.csr_matrix
+    remote: sp.csr_matrix
+    own_columns: np.ndarray
+    recv_global: np.ndarray
+    recv_rows: list[int]
+    send_global: dict[int, np.ndarray]
+    send_rows: list[int]
+    own_slot: np.ndarray
+    remote_slot: np.ndarray
+    problem: EdgeProblem
+    references: np.ndarray
+
+    @classmethod
+    def of(cls, plan: Any) -> "EdgeLayout":
+        """The layout of a ``p2p`` plan's rank (local: nothing is exchanged)."""
+        matrix, me, n = plan.matrix, plan.group, plan.n_rows
+        offsets = np.asarray(matrix.layout.offsets, dtype=np.int64)
+        own_block = sp.csr_matrix(matrix.blocks.get(me, sp.csr_matrix((n, n))))
+        remote = plan.exact_pairs.remote_matrix
+        recv_global = np.concatenate([matrix.recv_ids.get(j, np.empty(0, np.int64)).astype(np.int64) + offsets[j]
+                                      for j in range(plan.groups)] + [np.empty(0, np.int64)])
+        send_global = {i: matrix.send_ids[i].astype(np.int64) + offsets[me] for i in matrix.send_ids}
+        own_counts, remote_counts = np.diff(own_block.indptr), np.diff(remote.indptr)
+        indptr = np.concatenate(([0], np.cumsum(own_counts + remote_counts)))
+        own_rows, remote_rows = entry_rows(own_block.indptr), entry_rows(remote.indptr)
+        own_slot = indptr[own_rows] + (np.arange(own_rows.size) - own_block.indptr[own_rows])
+        remote_slot = indptr[remote_rows] + own_counts[remote_rows] + (np.arange(remote_rows.size)
+                                                                       - remote.indptr[remote_rows])
+        values, columns = np.empty(indptr[-1]), np.empty(indptr[-1], dtype=np.int64)
+        values[own_slot], values[remote_slot] = own_block.data, remote.data
+        columns[own_slot], columns[remote_slot] = own_block.indices, n + remote.indices
+        inner = np.zeros(indptr[-1], dtype=bool)
+        inner[own_slot] = True
+        diagonal = np.zeros(indptr[-1], dtype=bool)
+        diagonal[own_slot] = own_block.indices == own_rows  # A_gg's diagonal: the row's self-loop
+        problem = EdgeProblem(indptr, values, columns, inner, diagonal, n)
+        return cls(me, own_block, remote, offsets[me] + np.arange(n), recv_global,
+                   list(plan.exact_pairs.recv_rows), send_global, list(plan.exact_pairs.send_rows), own_slot,
+                   remote_slot, problem, np.bincount(remote.indices, minlength=recv_global.size))
+
+
 class ImportanceStrategy(ExchangeStrategy):
     """Per-edge sampling with probabilities agreed every few epochs (``psc``); the ``p2p`` plan only."""
 
@@ -128,46 +181,20 @@ class ImportanceStrategy(ExchangeStrategy):
         if self._ready:
             return
         self._ready = True
-        plan = self.plan
-        matrix, me = plan.matrix, plan.group
-        offsets = np.asarray(matrix.layout.offsets, dtype=np.int64)
-        self._me = me
-        self._own_block = sp.csr_matrix(matrix.blocks.get(me, sp.csr_matrix((plan.n_rows, plan.n_rows))))
-        self._remote = plan.exact_pairs.remote_matrix
-        self._own_columns = offsets[me] + np.arange(plan.n_rows)  # global ids of A_gg's columns
-        self._recv_global = np.concatenate([matrix.recv_ids.get(j, np.empty(0, np.int64)).astype(np.int64) + offsets[j]
-                                            for j in range(plan.groups)] + [np.empty(0, np.int64)])
-        self._recv_rows = list(plan.exact_pairs.recv_rows)
-        self._send_global = {i: matrix.send_ids[i].astype(np.int64) + offsets[me] for i in matrix.send_ids}
-        self._send_rows = list(plan.exact_pairs.send_rows)
-        # One CSR per row over [own entries, remote entries], where the probabilities are solved.
-        own_counts, remote_counts = np.diff(self._own_block.indptr), np.diff(self._remote.indptr)
-        indptr = np.concatenate(([0], np.cumsum(own_counts + remote_counts)))
-        own_rows, remote_rows = entry_rows(self._own_block.indptr), entry_rows(self._remote.indptr)
-        self._own_slot = indptr[own_rows] + (np.arange(own_rows.size) - self._own_block.indptr[own_rows])
-        self._remote_slot = (indptr[remote_rows] + own_counts[remote_rows]
-                             + (np.arange(remote_rows.size) - self._remote.indptr[remote_rows]))
-        values, columns = np.empty(indptr[-1]), np.empty(indptr[-1], dtype=np.int64)
-        values[self._own_slot], values[self._remote_slot] = self._own_block.data, self._remote.data
-        columns[self._own_slot], columns[self._remote_slot] = self._own_block.indices, plan.n_rows + self._remote.indices
-        inner = np.zeros(indptr[-1], dtype=bool)
-        inner[self._own_slot] = True
-        diagonal = np.zeros(indptr[-1], dtype=bool)
-        diagonal[self._own_slot] = self._own_block.indices == own_rows  # A_gg's diagonal: the row's self-loop
-        self._problem = EdgeProblem(indptr, values, columns, inner, diagonal, plan.n_rows)
-        self._references = np.bincount(self._remote.indices, minlength=self._recv_global.size)
+        edges = self._edges = EdgeLayout.of(self.plan)
+        self._me, self._problem = edges.me, edges.problem
         first = self.sampler.probabilities(self._problem)  # no norms yet: the sampler's starting probabilities
-        version = Probabilities(0, first[self._own_slot], first[self._remote_slot], self._column_q(first), {})
+        version = Probabilities(0, first[edges.own_slot], first[edges.remote_slot], self._column_q(first), {})
         owner_side = _round_up(np.full(1, self.sampler.budget))[0] if self._uniform_start(version) else None
         if owner_side is not None:  # every owner knows a uniform start without being told
-            version.q_send = {i: np.full(ids.size, owner_side, np.float32) for i, ids in self._send_global.items()}
+            version.q_send = {i: np.full(ids.size, owner_side, np.float32) for i, ids in edges.send_global.items()}
         self._versions.append(version)
         self._agreed = owner_side is not None and not self.caches_features  # else agreed at epoch 0's prepare
 
     def _column_q(self, p: np.ndarray) -> np.ndarray:
         """``q`` per receive row: the largest ``p`` of its remote entries, as float32 rounded up."""
-        q = np.zeros(self._recv_global.size)
-        np.maximum.at(q, self._remote.indices, p[self._remote_slot])
+        q = np.zeros(self._edges.recv_global.size)
+        np.maximum.at(q, self._edges.remote.indices, p[self._edges.remote_slot])
         return _round_up(q)
 
     def _uniform_start(self, version: Probabilities) -> bool:
@@ -184,7 +211,7 @@ class ImportanceStrategy(ExchangeStrategy):
         """The ``cache`` share of the receive rows with the highest inclusion probability ``q`` (ties: the rows
         more of this rank's entries reference, then the lower id)."""
         count = int(round(self.sampler.cache * q.size))
-        order = np.lexsort((np.arange(q.size), -self._references, -q.astype(np.float64)))
+        order = np.lexsort((np.arange(q.size), -self._edges.references, -q.astype(np.float64)))
         chosen = np.zeros(q.size, dtype=bool)
         chosen[order[:count]] = True
         return chosen
@@ -198,12 +225,13 @@ class ImportanceStrategy(ExchangeStrategy):
         if self.caches_features:
             version.cached_recv = self._cache_set(version.q_recv)
             mine[:, 1] = version.cached_recv
-        got = torch.empty(sum(self._send_rows), columns, dtype=torch.float32)
-        self.plan.col_comm.alltoallv(torch.from_numpy(mine), self._recv_rows, got, self._send_rows, phase="sample")
-        pieces = np.split(got.numpy(), np.cumsum(self._send_rows)[:-1])
-        version.q_send = {i: pieces[i][:, 0].copy() for i in self._send_global}
+        got = torch.empty(sum(self._edges.send_rows), columns, dtype=torch.float32)
+        edges = self._edges
+        self.plan.col_comm.alltoallv(torch.from_numpy(mine), edges.recv_rows, got, edges.send_rows, phase="sample")
+        pieces = np.split(got.numpy(), np.cumsum(self._edges.send_rows)[:-1])
+        version.q_send = {i: pieces[i][:, 0].copy() for i in self._edges.send_global}
         if self.caches_features:
-            version.cached_send = {i: pieces[i][:, 1] > 0 for i in self._send_global}
+            version.cached_send = {i: pieces[i][:, 1] > 0 for i in self._edges.send_global}
 
     # ----------------------------------------------------------- agreement
     def _in_force(self, epoch: int) -> Probabilities:
@@ -222,15 +250,15 @@ class ImportanceStrategy(ExchangeStrategy):
         if not self.sampler.recomputes(epoch) or epoch <= self._versions[-1].start:
             return
         own = self._norm_sum(self._own_norms, self.plan.n_rows)
-        seen = self._norm_sum(self._boundary_norms, self._recv_global.size)
+        seen = self._norm_sum(self._boundary_norms, self._edges.recv_global.size)
         known = seen[np.isfinite(seen)]
         fill = known.mean() if known.size else (own.mean() if own.size else 1.0)
         boundary = np.where(np.isfinite(seen), seen, fill)
         norms = np.empty(self._problem.values.size)
-        norms[self._own_slot] = np.sqrt(own[self._own_block.indices])
-        norms[self._remote_slot] = np.sqrt(boundary[self._remote.indices])
+        norms[self._edges.own_slot] = np.sqrt(own[self._edges.own_block.indices])
+        norms[self._edges.remote_slot] = np.sqrt(boundary[self._edges.remote.indices])
         p = self.sampler.probabilities(replace(self._problem, column_norms=norms))
-        version = Probabilities(epoch, p[self._own_slot], p[self._remote_slot], self._column_q(p), {})
+        version = Probabilities(epoch, p[self._edges.own_slot], p[self._edges.remote_slot], self._column_q(p), {})
         self._agree(version)
         self._versions.append(version)
         self.recomputations += 1
@@ -252,15 +280,15 @@ class ImportanceStrategy(ExchangeStrategy):
             return np.zeros(0, dtype=bool)
         version = self._in_force(epoch)
         if stream == self._me:
-            ids, q = self._recv_global, version.q_recv
+            ids, q = self._edges.recv_global, version.q_recv
         else:
-            ids, q = self._send_global[stream], version.q_send[stream]
+            ids, q = self._edges.send_global[stream], version.q_send[stream]
         return self.sampler.uniforms(epoch, stream, rows) < q[np.searchsorted(ids, rows)]
 
     def sampled_block(self, epoch: int, block: sp.csr_matrix, kept_columns: np.ndarray) -> sp.csr_matrix:
         self._structures()
         version = self._in_force(epoch)
-        u = self.sampler.uniforms(epoch, self._me, self._recv_global)
+        u = self.sampler.uniforms(epoch, self._me, self._edges.recv_global)
         return keep_entries(block, u[block.indices] < version.remote, version.remote, kept_columns)
 
     def local_blocks(self, context: ExchangeContext) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -271,8 +299,8 @@ class ImportanceStrategy(ExchangeStrategy):
             return None  # nothing local is sampled (dgs; psc at budget 1): the plan's own block
         if self._local is None or self._local[0] != context.epoch:
             version = self._in_force(context.epoch)
-            u = self.sampler.uniforms(context.epoch, self._me, self._own_columns)
-            block = keep_entries(self._own_block, u[self._own_block.indices] < version.local, version.local)
+            u = self.sampler.uniforms(context.epoch, self._me, self._edges.own_columns)
+            block = keep_entries(self._edges.own_block, u[self._edges.own_block.indices] < version.local, version.local)
             self._local = (context.epoch, self.plan.csr(block), self.plan.csr(sp.csr_matrix(block.T)))
         return self._local[1], self._local[2]
 
@@ -285,7 +313,7 @@ class ImportanceStrategy(ExchangeStrategy):
         """Global ids of the exact receive buffer's rows and its rows per owner; this owner's send lists (global
         ids per receiver) and rows per receiver: the layouts ``q`` and the cache sets are given in."""
         self._structures()
-        return self._recv_global, self._recv_rows, self._send_global, self._send_rows
+        return self._edges.recv_global, self._edges.recv_rows, self._edges.send_global, self._edges.send_rows
 
     # -------------------------------------------------------------- norms
     def saw_own_rows(self, context: ExchangeContext, h: torch.Tensor) -> None:
@@ -294,7 +322,7 @@ class ImportanceStrategy(ExchangeStrategy):
     def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
         self._structures()
         if part.rows is not None:
-            norms = self._boundary_norms.setdefault(context.layer, np.full(self._recv_global.size, np.nan))
+            norms = self._boundary_norms.setdefault(context.layer, np.full(self._edges.recv_global.size, np.nan))
             positions = part.message.recv_positions
             where = slice(None) if positions is None else torch.from_numpy(positions)
             values = part.rows.detach().double().square().sum(dim=1).cpu().numpy()
@@ -302,7 +330,7 @@ class ImportanceStrategy(ExchangeStrategy):
             if getattr(self.sampler, "keeps_rows", False):  # an explainer reads the latest row of every column
                 rows = self.last_rows.get(context.layer)
                 if rows is None or rows.shape[1] != part.rows.shape[1]:
-                    rows = self.last_rows[context.layer] = part.rows.new_zeros(self._recv_global.size,
+                    rows = self.last_rows[context.layer] = part.rows.new_zeros(self._edges.recv_global.size,
                                                                                part.rows.shape[1])
                 rows[where] = part.rows.detach()
         return part.rows
@@ -319,38 +347,42 @@ class ImportanceStrategy(ExchangeStrategy):
         return int(sum(a.nbytes for a in arrays))
 
     def state_dict(self) -> dict[str, Any]:
-        def tensor(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.array(array, copy=True))
-
-        def flags(version: Probabilities) -> dict[str, Any]:
-            if version.cached_recv is None or version.cached_send is None:
-                return {}
-            return {"cached_recv": tensor(version.cached_recv),
-                    "cached_send": {i: tensor(c) for i, c in version.cached_send.items()}}
-
-        return {"versions": [{"start": v.start, "local": tensor(v.local), "remote": tensor(v.remote),
-                              "q_recv": tensor(v.q_recv), "q_send": {i: tensor(q) for i, q in v.q_send.items()},
-                              **flags(v)} for v in self._versions],
-                "agreed": self._agreed,
-                "own_norms": {k: tensor(v) for k, v in self._own_norms.items()},
-                "boundary_norms": {k: tensor(v) for k, v in self._boundary_norms.items()},
+        return {"versions": [_version_state(v) for v in self._versions], "agreed": self._agreed,
+                "own_norms": {k: _tensor(v) for k, v in self._own_norms.items()},
+                "boundary_norms": {k: _tensor(v) for k, v in self._boundary_norms.items()},
                 "recomputations": self.recomputations}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._structures()
-        def version(v: dict[str, Any]) -> Probabilities:
-            cached_send = v.get("cached_send")
-            return Probabilities(int(v["start"]), v["local"].numpy(), v["remote"].numpy(), v["q_recv"].numpy(),
-                                 {int(i): q.numpy() for i, q in v["q_send"].items()},
-                                 v["cached_recv"].numpy() if "cached_recv" in v else None,
-                                 {int(i): c.numpy() for i, c in cached_send.items()} if cached_send is not None else None)
-
-        self._versions = deque((version(v) for v in state["versions"]), maxlen=_VERSIONS_KEPT)
+        self._versions = deque((_version_from_state(v) for v in state["versions"]), maxlen=_VERSIONS_KEPT)
         self._agreed = bool(state["agreed"])
         self._own_norms = {int(k): v.numpy() for k, v in state["own_norms"].items()}
         self._boundary_norms = {int(k): v.numpy() for k, v in state["boundary_norms"].items()}
         self.recomputations = int(state["recomputations"])
         self._local = None
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """An array as checkpoint data (a tensor of a copy, never a pickled array)."""
+    return torch.from_numpy(np.array(array, copy=True))
+
+
+def _version_state(version: Probabilities) -> dict[str, Any]:
+    """One set of probabilities (and its cache flags, where a feature cache keeps some rows) as checkpoint data."""
+    flags: dict[str, Any] = {}
+    if version.cached_recv is not None and version.cached_send is not None:
+        flags = {"cached_recv": _tensor(version.cached_recv),
+                 "cached_send": {i: _tensor(c) for i, c in version.cached_send.items()}}
+    return {"start": version.start, "local": _tensor(version.local), "remote": _tensor(version.remote),
+            "q_recv": _tensor(version.q_recv), "q_send": {i: _tensor(q) for i, q in version.q_send.items()}, **flags}
+
+
+def _version_from_state(v: dict[str, Any]) -> Probabilities:
+    cached_send = v.get("cached_send")
+    return Probabilities(int(v["start"]), v["local"].numpy(), v["remote"].numpy(), v["q_recv"].numpy(),
+                         {int(i): q.numpy() for i, q in v["q_send"].items()},
+                         v["cached_recv"].numpy() if "cached_recv" in v else None,
+                         {int(i): c.numpy() for i, c in cached_send.items()} if cached_send is not None else None)
 
 
 def _round_up(values: np.ndarray) -> np.ndarray:

@@ -1,7 +1,10 @@
 """Distributed SpMM ``T = A H`` and its transpose, with an autograd interface.
 
 :class:`DistSpMM` binds a :class:`~sparse_dist.dcsr.DistCSR` to one exchange
-plan, a dtype and a device. On the 1.5D grid it completes the plan's partial
+plan (:mod:`sparse_dist.plans`: how bytes move), a dtype and a device. Its
+:class:`~sparse_dist.partial.PartialSpMM` (``partial``) posts the plan's flights and
+overlaps them with the block products, giving this rank's partial result over
+its replica column. On the 1.5D grid DistSpMM completes that partial
 result across the ``c`` replicas of the row group: an allreduce of ``T_g``
 after the forward, and a broadcast of ``dH_g`` from the replica that owns
 block ``g`` after the transpose (only that replica holds a non-zero ``dH_g``,
@@ -24,8 +27,9 @@ from sparse_dist.accounting import ComputeTimer
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.exchange import BoundarySampler, ExchangeContext, ExchangeStrategy, StalenessRule
+from sparse_dist.exchange_plan import ExchangePlan
 from sparse_dist.factory import make_plan, make_strategy
-from sparse_dist.plans import ExchangePlan
+from sparse_dist.partial import PartialSpMM
 
 
 class DistSpMM:
@@ -50,6 +54,7 @@ class DistSpMM:
         self.plan: ExchangePlan = make_plan(plan, matrix, dtype, self.device, self.timer, strategy,
                                             row_masks=row_masks)
         self.plan.codec = codec  # compresses the training exchanges' rows and gradients (sparse_dist.compress)
+        self.partial = PartialSpMM(self.plan)  # this rank's part over its replica column: flights and products
         self._replicated = matrix.grid.replication > 1
         self._owner_replica = matrix.grid.replica_for_block(matrix.group)
 
@@ -70,7 +75,7 @@ class DistSpMM:
         ``dropout`` makes it ``A (M * H)``: ``H`` travels pre-dropout and every rank masks the rows it
         multiplies (receiver-side dropout).
         """
-        out = self.plan.forward(self._check(h, "H"), phase, context)
+        out = self.partial.forward(self._check(h, "H"), phase, context)
         if self._replicated:
             self.matrix.row_comm.allreduce_(out, phase)
         return out
@@ -83,13 +88,10 @@ class DistSpMM:
         (``M_g * sum_i A_ig^T dT_i``: every receiver's mask of a row is the same), so the pieces travel
         unmasked.
         """
-        out = self.plan.transpose(self._check(dt, "dT"), phase, context)
+        out = self.partial.transpose(self._check(dt, "dT"), phase, context)
         if self._replicated:
             self.matrix.row_comm.bcast_(out, root=self._owner_replica, phase=phase)
-        if context is not None and context.dropout is not None:
-            mask = context.dropout.own(out)
-            with self.timer.measure("dropout", self.device):
-                out.mul_(mask)
+        self.partial.dropout.own_gradient_(out, context)
         return out
 
     @property

@@ -78,7 +78,10 @@ from ``sparse_dist.comm``): :mod:`~sparse_dist.comm.startup` (starting MPI,
 the library's identity), :mod:`~sparse_dist.comm.cuda_aware` (CUDA-aware
 detection and the ``gpu_aware`` decision), :mod:`~sparse_dist.comm.staging`
 (the host staging pool), :mod:`~sparse_dist.comm.requests` (:class:`Pending`
-and the deferred starts), :mod:`~sparse_dist.comm.communicator`
+and the deferred starts), :mod:`~sparse_dist.comm.buffers` (tensors as MPI
+buffers: datatypes, host staging, copy streams), :mod:`~sparse_dist.comm.layouts`
+(collective argument checks, alltoallv counts, reduce segments),
+:mod:`~sparse_dist.comm.communicator`
 (:class:`Communicator`, :func:`world`), :mod:`~sparse_dist.comm.progress`
 (:class:`ProgressThread`), :mod:`~sparse_dist.comm.node` (ranks per node,
 the default thread count) and :mod:`~sparse_dist.comm.abort`
@@ -90,7 +93,8 @@ from sparse_dist.comm.abort import (ABORT_GRACE_SECONDS, DISTINCT_MESSAGES_SHOWN
                                     said_once)
 # _reduce_segment_setting and _segments are private; tests/unit/sparse_dist/test_comm_single.py imports them from here.
 from sparse_dist.comm.communicator import (DEFAULT_REDUCE_SEGMENT_BYTES, REDUCE_SEGMENT_ENV, Communicator,  # noqa: F401
-                                           _reduce_segment_setting, _segments, world)
+                                           _reduce_segment_setting, world)
+from sparse_dist.comm.layouts import _segments  # noqa: F401
 from sparse_dist.comm.cuda_aware import (GPU_AWARE_SETTINGS, CudaAwareness, GpuAwareError, detect_cuda_aware_mpi,
                                          gpu_path_report)
 from sparse_dist.comm.node import default_threads_per_rank, ranks_on_this_node

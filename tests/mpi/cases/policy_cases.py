@@ -170,7 +170,7 @@ def check_psc(comm, failures: list[str]) -> None:
     remote_p = {}  # (row, global column) -> p
     remote = op.plan.exact_pairs.remote_matrix
     remote_rows = np.repeat(np.arange(hi - lo), np.diff(remote.indptr))
-    for r, c, p in zip(remote_rows, strategy._recv_global[remote.indices], version.remote):
+    for r, c, p in zip(remote_rows, strategy.receive_rows()[0][remote.indices], version.remote):
         remote_p[(int(r), int(c))] = p
     p_entry[~own] = [remote_p[(int(r), int(c))] for r, c in zip(rows[~own], local_a.indices[~own])]
     variance = np.zeros_like(exact)

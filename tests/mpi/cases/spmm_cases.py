@@ -114,14 +114,14 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
                 failures.append(f"{name}: {phase} bytes (sent, recv) counted {got} != predicted {want}")
         # gather/scatter (attention layers' form of the same exchange): blocks times gathered rows, and the
         # gradients sent back, give this rank's partial products of the plan's own forward and transpose.
-        partial_t, partial_dh = op.plan.forward(h, "other"), op.plan.transpose(dt, "other")
-        gathered = op.plan.gather(h, "other")
+        partial_t, partial_dh = op.partial.forward(h, "other"), op.partial.transpose(dt, "other")
+        gathered = op.partial.gather(h, "other")
         own = matrix.blocks.get(matrix.group) if matrix.group in matrix.column_share else None
         via_t = torch.tensor(own @ h.cpu().numpy() if own is not None else np.zeros(tuple(h.shape)), dtype=dtype)
         for item in gathered:
             via_t += torch.tensor(item.block @ item.rows.cpu().numpy(), dtype=dtype)
         pieces = [torch.tensor(item.block.T @ dt.cpu().numpy(), dtype=dtype, device=device) for item in gathered]
-        via_dh = op.plan.scatter(gathered, pieces, width, "other").cpu()
+        via_dh = op.partial.scatter(gathered, pieces, width, "other").cpu()
         if own is not None:
             via_dh += torch.tensor(own.T @ dt.cpu().numpy(), dtype=dtype)
         if not torch.allclose(via_t, partial_t.cpu(), rtol=tol, atol=tol * scale):

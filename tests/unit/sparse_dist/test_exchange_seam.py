@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from algorithms.policies import AxisSpec, BnsSampler, PolicySpec, SancusRule, policy_list_arg, sampling_arg
-from sparse_dist.exchange import CachedStrategy, ExactStrategy, HistoryCache, SampledStrategy
+from sparse_dist.cached import CachedStrategy, HistoryCache
+from sparse_dist.exchange import ExactStrategy, SampledStrategy
 from sparse_dist.factory import make_strategy
 from sparse_dist.plans import PLANS, DenseBroadcastPlan, PointToPointPlan, SparseBroadcastPlan, plan_class
 

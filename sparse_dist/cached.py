@@ -1,0 +1,228 @@
+"""Cached historical blocks with staleness-aware skip-broadcast (SANCUS; DESIGN section 4).
+
+:class:`CachedStrategy` wraps an exact or sampled strategy: before each exchange a
+:class:`~sparse_dist.exchange.StalenessRule` marks every owner ACTIVE (sends; receivers refresh their
+cache) or STALE (skips; receivers reuse the cached block). Its per-rank state (versions, cached blocks,
+what this owner last sent, the decisions log, checkpoints) is a :class:`HistoryCache`. Only the
+broadcast plans carry it (every receiver gets the same block, so a block can be cached).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from sparse_dist.exchange import (BroadcastView, ExchangeContext, ExchangeStrategy, Message, Part, StalenessRule,
+                                  StalenessView)
+
+@dataclass
+class CachedBlock:
+    """A receiver's historical block from one owner in one layer (never aliased to a receive buffer)."""
+
+    block: sp.csr_matrix
+    block_torch: torch.Tensor
+    values: torch.Tensor
+    version: int
+    global_rows: np.ndarray | range | None = None
+
+
+def _rows_state(rows: np.ndarray | range | None) -> Any:
+    """Global row ids as checkpoint data: a tensor, a ``[start, stop]`` list for a range, or None."""
+    if rows is None or isinstance(rows, range):
+        return None if rows is None else [rows.start, rows.stop]
+    return torch.from_numpy(np.array(rows, dtype=np.int64, copy=True))
+
+
+def _rows_from_state(state: Any) -> np.ndarray | range | None:
+    if state is None or isinstance(state, torch.Tensor):
+        return None if state is None else state.numpy().copy()
+    return range(int(state[0]), int(state[1]))
+
+
+class HistoryCache:
+    """SANCUS state on one rank: versions, cached blocks, what it last sent, and the decisions log.
+
+    ``versions[layer][j]``: epoch of owner ``j``'s last broadcast (-1: never), the same on every
+    rank. The decisions log keeps the latest ``log_limit`` layer decisions (bounded; read through
+    :meth:`decisions`).
+    """
+
+    def __init__(self, log_limit: int = 64) -> None:
+        self.versions: dict[int, np.ndarray] = {}
+        self.message_counts: dict[tuple[int, int], int] = {}
+        self.blocks: dict[tuple[int, int], CachedBlock] = {}
+        self.sent_rows: dict[int, torch.Tensor | None] = {}
+        self.sent_reference: dict[int, torch.Tensor] = {}
+        self._log: deque[dict[str, Any]] = deque(maxlen=log_limit)
+
+    def versions_of(self, layer: int, groups: int) -> np.ndarray:
+        return self.versions.setdefault(layer, np.full(groups, -1, dtype=np.int64))
+
+    def cached_versions(self, layer: int, owners: list[int], groups: int) -> np.ndarray:
+        cached = np.full(groups, -1, dtype=np.int64)
+        for j in owners:
+            entry = self.blocks.get((layer, j))
+            if entry is not None:
+                cached[j] = entry.version
+        return cached
+
+    def gap(self, layer: int, current: torch.Tensor) -> float:
+        """Relative Frobenius change ``||H_j - H~_j||_F / ||H~_j||_F`` of this owner's compared rows (the
+        exchanged rows, unmasked under owner-side dropout) since its last broadcast (inf: never sent)."""
+        reference = self.sent_reference.get(layer)
+        if reference is None:
+            return float("inf")
+        return float(torch.linalg.norm(current - reference) / max(float(torch.linalg.norm(reference)), 1e-30))
+
+    def stale_message(self, layer: int, owner: int, is_owner: bool) -> Message:
+        entry = self.blocks.get((layer, owner))
+        return Message(self.message_counts[(layer, owner)], False,
+                       entry.block if entry else None, entry.block_torch if entry else None,
+                       self.sent_rows.get(layer) if is_owner else None, entry.values if entry else None,
+                       entry.global_rows if entry else None)
+
+    def sent(self, layer: int, owner: int, epoch: int, count: int) -> None:
+        self.versions[layer][owner] = epoch
+        self.message_counts[(layer, owner)] = count
+
+    def store(self, layer: int, owner: int, message: Message, values: torch.Tensor, epoch: int) -> None:
+        """Keep a fresh block (``values`` is a fresh receive buffer, so it never aliases a later one)."""
+        assert message.block is not None and message.block_torch is not None
+        self.blocks[(layer, owner)] = CachedBlock(message.block, message.block_torch, values.detach(), epoch,
+                                                  message.global_rows)
+
+    def log(self, epoch: int, layer: int, owners: list[int], active: np.ndarray) -> None:
+        self._log.append({"epoch": epoch, "layer": layer, "owners": len(owners),
+                          "active": [int(j) for j in owners if active[j]]})
+
+    def decisions(self, epoch: int) -> list[dict[str, Any]]:
+        return [{k: v for k, v in d.items() if k != "epoch"} for d in self._log if d["epoch"] == epoch]
+
+    def nbytes(self) -> int:
+        total = sum(e.values.numel() * e.values.element_size() + e.block.data.nbytes + e.block.indices.nbytes
+                    + e.block.indptr.nbytes for e in self.blocks.values())
+        return int(total + sum(r.numel() * r.element_size() for r in self.sent_reference.values()))
+
+    def state_dict(self) -> dict[str, Any]:
+        def tensor(array: np.ndarray) -> torch.Tensor:  # checkpoints hold tensors, never pickled arrays
+            return torch.from_numpy(np.array(array, copy=True))
+
+        return {
+            "versions": {layer: tensor(v) for layer, v in self.versions.items()},
+            "message_counts": dict(self.message_counts),
+            "cache": {key: {"indptr": tensor(e.block.indptr), "indices": tensor(e.block.indices),
+                            "data": tensor(e.block.data), "shape": list(e.block.shape), "values": e.values.cpu(),
+                            "version": e.version, "global_rows": _rows_state(e.global_rows)}
+                      for key, e in self.blocks.items()},
+            "sent_rows": {layer: None if rows is None else rows.cpu() for layer, rows in self.sent_rows.items()},
+            "sent_reference": {layer: ref.cpu() for layer, ref in self.sent_reference.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any], plan: BroadcastView) -> None:
+        device = plan.device
+        self.versions = {int(k): v.numpy().copy() for k, v in state["versions"].items()}
+        self.message_counts = {tuple(k): int(v) for k, v in state["message_counts"].items()}
+        self.blocks = {}
+        for key, e in state["cache"].items():
+            block = sp.csr_matrix((e["data"].numpy(), e["indices"].numpy(), e["indptr"].numpy()),
+                                  shape=tuple(e["shape"]))
+            self.blocks[tuple(key)] = CachedBlock(block, plan.csr(block), e["values"].to(device), int(e["version"]),
+                                                  _rows_from_state(e.get("global_rows")))
+        self.sent_rows = {int(k): None if v is None else v.to(device) for k, v in state["sent_rows"].items()}
+        self.sent_reference = {int(k): v.to(device) for k, v in state["sent_reference"].items()}
+
+
+class CachedStrategy(ExchangeStrategy):
+    """SANCUS skip-broadcast around an exact or sampled strategy: STALE owners send nothing.
+
+    Collective: :meth:`forward_messages` may allgather one flag vector per layer (rules a and h);
+    every rank of the replica column calls it for every layer, in the same order.
+    """
+
+    caches = True
+
+    def __init__(self, rule: StalenessRule, inner: ExchangeStrategy) -> None:
+        super().__init__()
+        self.rule = rule
+        self.inner = inner
+        self.samples = inner.samples  # type: ignore[misc]
+        self.skip_backward = bool(rule.skip_backward)
+        self.history = HistoryCache()
+
+    def keep(self, epoch: int, stream: int, global_rows: np.ndarray) -> np.ndarray | None:
+        return self.inner.keep(epoch, stream, global_rows)
+
+    @property
+    def scale(self) -> float:
+        return self.inner.scale
+
+    @staticmethod
+    def _compared_rows(plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> torch.Tensor:
+        """The owner's rows the variation gap compares: the exchanged rows ``h``, or, under owner-side dropout,
+        their unmasked values (``context.unmasked``), which this layer's fresh masks do not move (still only
+        where the weights and earlier layers' masks are: those reach a layer's input through the aggregation)."""
+        with torch.no_grad():
+            source = context.unmasked() if context.unmasked is not None else h
+            return plan.broadcastable(source.detach())
+
+    def _active(self, plan: BroadcastView, context: ExchangeContext,
+                h: torch.Tensor) -> tuple[np.ndarray, torch.Tensor | None]:
+        """ACTIVE owners of this layer, and the rows the gap compared (None where no gap was taken)."""
+        history, owners = self.history, plan.owners
+        versions = history.versions_of(context.layer, plan.groups)
+        gap, compared = None, None
+        if self.rule.needs_gap and plan.group in owners:
+            compared = self._compared_rows(plan, context, h)
+            gap = history.gap(context.layer, compared)
+        view = StalenessView(context.epoch, context.layer, plan.group, owners, versions.copy(),
+                             history.cached_versions(context.layer, owners, plan.groups), gap)
+        active = np.asarray(self.rule.decide(view, plan.col_comm), dtype=bool).copy()
+        return active | (versions < 0), compared  # nothing cached yet: the owner must send
+
+    def forward_messages(self, plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> dict[int, Message]:
+        layer, epoch, history = context.layer, context.epoch, self.history
+        active, compared = self._active(plan, context, h)
+        messages: dict[int, Message] = {}
+        for j in plan.owners:
+            if active[j]:
+                messages[j] = self.inner.fresh_message(plan, epoch, j)
+                history.sent(layer, j, epoch, messages[j].count)
+            else:
+                messages[j] = history.stale_message(layer, j, is_owner=j == plan.group)
+        own = messages.get(plan.group)
+        if own is not None and own.fresh:
+            history.sent_rows[layer] = own.owner_rows
+            if self.rule.needs_gap:
+                rows = compared if compared is not None else self._compared_rows(plan, context, h)
+                history.sent_reference[layer] = rows.clone()
+        history.log(epoch, layer, plan.owners, active)
+        return messages
+
+    def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+        message = part.message
+        if part.owner != self.plan.group and message.fresh and message.block is not None:
+            self.history.store(context.layer, part.owner, message, part.rows, context.epoch)
+        return part.rows
+
+    def sends_gradient(self, message: Message) -> bool:
+        return message.fresh or not self.skip_backward
+
+    keeps_state = True  # type: ignore[assignment]
+
+    def decisions(self, epoch: int) -> list[dict[str, Any]]:
+        return self.history.decisions(epoch)
+
+    def cache_bytes(self) -> int:
+        return self.history.nbytes()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.history.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.load_state_dict(state, self.plan)
+
