@@ -45,7 +45,7 @@ import torch
 from algorithms.checkpoint import (MAIN_FILE, CheckpointError, CheckpointSet, SetWriter, agree, checkpoint_mismatch,
                                    dropped_policy_state, rank_file, read_pointer, remove_leftovers)
 from algorithms.model import MODEL_KINDS
-from algorithms.policies import combination_problem, sampling_arg, staleness_arg
+from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
 from runners.argtypes import at_least, non_negative, number, positive, probability
@@ -233,21 +233,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         Codec.parse(args.compress)
     except ValueError as exc:
         return str(exc)
-    sampler = args.sample.build()
-    if getattr(sampler, "per_edge", False) and args.replication != 1:
-        return f"--sample {args.sample} samples each receiver's own edges: it needs --replication 1 (1D)"
-    if getattr(sampler, "explains", False) and args.dropout_side == "receiver":
-        return (f"--sample {args.sample} explains with the rows its layers exchanged, which must be the rows it "
-                f"multiplies when explaining: use --dropout-side owner or auto")
-    if getattr(sampler, "explains", False) and args.model != "gcn" and args.model != "sage":
-        return f"--sample {args.sample} explains GCN and SAGE layers (their exchange is A H), not --model {args.model}"
-    if getattr(sampler, "cache", -1.0) >= 0 and args.input_exchange != "auto":
-        return (f"--sample {args.sample} feeds layer 0 from its feature cache; --input-exchange "
-                f"{args.input_exchange} contradicts it (leave it at auto)")
-    problem = combination_problem(args.plan, args.sample, args.stale)
-    if problem:
-        return f"--plan {args.plan} --sample {args.sample} --stale {args.stale}: {problem}"
-    return None
+    shape = RunShape(plan=args.plan, replication=args.replication, model=args.model,
+                     dropout_side=args.dropout_side, input_exchange=args.input_exchange)
+    return PolicySpec(args.sample, args.stale).refusal(shape)  # the policies' one check, from the flags alone
 
 
 def _resolved(path: str | Path) -> str:
@@ -327,14 +315,7 @@ def check_paths(comm: Communicator, args: argparse.Namespace) -> None:
 
 def _config(args: argparse.Namespace) -> TrainConfig:
     fill_model_defaults(args)  # done by check_arguments already; kept for callers that skip it
-    return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
-                       weight_decay=args.weight_decay, weight_decay_scope=args.weight_decay_scope,
-                       epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
-                       replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
-                       sample=args.sample, stale=args.stale, clip=args.clip, input_exchange=args.input_exchange,
-                       dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every,
-                       progress=args.progress, compress=args.compress, heads=args.heads,
-                       output_heads=args.output_heads, attention_dropout=args.attention_dropout)
+    return TrainConfig.from_args(args)
 
 
 @dataclass
