@@ -69,7 +69,6 @@ class DgsSampler(PolicyBase):
     side: str = "receiver"
     per_edge: bool = True
     keeps_rows: bool = True  # the strategy keeps the latest received rows: the explainer reads them
-    explains: bool = True
     samples: ClassVar[bool] = True
     per_receiver: ClassVar[bool] = True
     node_p: np.ndarray | None = field(default=None, repr=False)
