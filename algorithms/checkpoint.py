@@ -369,18 +369,10 @@ class PolicyChoice(Protocol):
 
 def dropped_policy_state(config: PolicyChoice) -> list[str]:
     """What per-rank policy state a run of ``config`` keeps, each as it is named when a resume at another
-    world size, replication or plan drops it (and what happens then)."""
-    dropped = []
-    stale = config.stale.name
-    if stale.startswith("sancus"):
-        dropped.append(f"{stale} caches (they refill at the next exchange)")
-    if stale == "pipe" and int(dict(config.stale.params).get("tau", 0)) > 0:
-        dropped.append("pipelined flights and averages (the next tau epochs exchange exactly, as a run's first do)")
-    if config.sample.name == "psc":
-        dropped.append("psc sampling probabilities (the starting ones until the next recomputation)")
-    if config.sample.name == "dgs":
-        dropped.append("dgs node probabilities and last received rows (the starting ones until the next "
-                       "explanation; its feature probabilities are kept)")
+    world size, replication or plan drops it (and what happens then): each policy says its own
+    (:meth:`algorithms.policies.base.PolicyBase.resume_drops`), staleness first, then compression."""
+    dropped = [text for text in (axis.policy.resume_drops() for axis in (config.stale, config.sample)
+                                 if axis.policy is not None) if text]
     codec = Codec.parse(config.compress)
     if codec is not None and codec.feedback:
         dropped.append("error-feedback residuals (they restart at zero)")

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.layers import GraphLayer
-from algorithms.policies import AxisSpec
+from algorithms.policies.spec import AxisSpec
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import SENT, predict_halo_bytes, predict_spmm_bytes
 
@@ -87,7 +87,7 @@ def receiver_side(dropout_side: str, dropout: float, stale: AxisSpec,
     if dropout_side not in DROPOUT_SIDES:
         raise ValueError(f"dropout side must be one of {DROPOUT_SIDES}, got {dropout_side!r}")
     if dropout_side == "auto":
-        rule = stale.build()
+        rule = stale.policy
         wants = dropout > 0 and rule is not None and bool(getattr(rule, "needs_gap", False))
         return wants and all(receiver <= owner for receiver, owner in (widths or ()))
     return dropout_side == "receiver" and dropout > 0

@@ -1,7 +1,7 @@
 """Water-filling: the per-entry keep probabilities that minimise a sampled sum's variance under a budget.
 
-The closed form of PSC-GCN's Theorem 2, shared by the ``psc`` sampler (per edge, :mod:`algorithms.psc`) and
-the ``dgs`` sampler (per node and per feature column, :mod:`algorithms.dgs`). Pure numpy; imports no policy.
+The closed form of PSC-GCN's Theorem 2, shared by the ``psc`` sampler (per edge, :mod:`algorithms.policies.psc`) and
+the ``dgs`` sampler (per node and per feature column, :mod:`algorithms.policies.dgs`). Pure numpy; imports no policy.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ after the first epoch at the target. After ``--resume``, ``wall`` counts from th
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,17 +44,17 @@ import torch
 from algorithms.checkpoint import (MAIN_FILE, CheckpointError, CheckpointSet, SetWriter, agree, checkpoint_mismatch,
                                    dropped_policy_state, rank_file, read_pointer, remove_leftovers)
 from algorithms.model import MODEL_KINDS
-from algorithms.policies import combination_problem, sampling_arg, staleness_arg
+from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
 from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
 from runners.minibatch_flags import add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_record
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
-from runners.results import (ResultsWriteError, ResultsWriter, environment, output_path_problem, peak_memory_bytes,
-                             spread)
+from runners.results import ResultsWriteError, ResultsWriter, environment, peak_memory_bytes, spread
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME, since_launch
+from runners.train_paths import PathError, check_paths, overlap_problems  # noqa: F401  (PathError: importers')
 from runners.resources import check_train_resources, readable_meta
 from runners.time_to_accuracy import AccuracyClock, at_target, validation_name, validation_value
 from sparse_dist.comm import (Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node,
@@ -210,11 +209,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_minibatch_arguments(parser)
 
 
-class PathError(ValueError):
-    """A ``--data``, ``--out`` or ``--checkpoint`` path that cannot be used; the message names each flag, its
-    path and what was expected."""
-
-
 def check_arguments(args: argparse.Namespace) -> str | None:
     """Flag combinations argparse cannot check (refused before MPI starts); then fills the flags left at None
     with ``--layer-kind``'s defaults (:func:`runners.model_defaults.fill_model_defaults`)."""
@@ -238,109 +232,14 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         Codec.parse(args.compress)
     except ValueError as exc:
         return str(exc)
-    sampler = args.sample.build()
-    if getattr(sampler, "per_edge", False) and args.replication != 1:
-        return f"--sample {args.sample} samples each receiver's own edges: it needs --replication 1 (1D)"
-    if getattr(sampler, "explains", False) and args.dropout_side == "receiver":
-        return (f"--sample {args.sample} explains with the rows its layers exchanged, which must be the rows it "
-                f"multiplies when explaining: use --dropout-side owner or auto")
-    if getattr(sampler, "explains", False) and args.model != "gcn" and args.model != "sage":
-        return (f"--sample {args.sample} explains GCN and SAGE layers (their exchange is A H), "
-                f"not --layer-kind {args.model}")
-    if getattr(sampler, "cache", -1.0) >= 0 and args.input_exchange != "auto":
-        return (f"--sample {args.sample} feeds layer 0 from its feature cache; --input-exchange "
-                f"{args.input_exchange} contradicts it (leave it at auto)")
-    problem = combination_problem(args.plan, args.sample, args.stale)
-    if problem:
-        return f"--plan {args.plan} --sample {args.sample} --stale {args.stale}: {problem}"
-    return None
-
-
-def _resolved(path: str | Path) -> str:
-    """``path`` absolute, symbolic links and ``..`` resolved (as it will be opened), as text."""
-    return os.path.realpath(path)
-
-
-def _inside(path: str, directory: str) -> bool:
-    """Whether the resolved ``path`` is ``directory`` or lies beneath it."""
-    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
-
-
-def overlap_problems(args: argparse.Namespace) -> list[str]:
-    """Outputs that would overwrite an input or each other, compared by resolved path.
-
-    Inputs: the ``--data`` directory (every file beneath it) and, with ``--resume``, the checkpoint.
-    Outputs: ``--out`` and ``--checkpoint``. A checkpoint may be a set of files, so every path whose text
-    starts with the checkpoint's resolved path (``PATH``, ``PATH.rank00001``, ``PATH.e000010/...``) counts
-    as the checkpoint's, whatever its layout. The checkpoint being resumed and rewritten is one file set
-    by design and is not a clash.
-    """
-    problems = []
-    data = _resolved(args.data)
-    out = _resolved(args.out) if args.out is not None else None
-    checkpoint = _resolved(args.checkpoint) if args.checkpoint is not None else None
-    if out is not None and _inside(out, data):
-        problems.append(f"--out {args.out} {'is' if out == data else 'lies inside'} the --data dataset directory "
-                        f"{args.data}; writing it there would damage the dataset, so choose a results file "
-                        f"outside it")
-    if checkpoint is not None and _inside(checkpoint, data):
-        problems.append(f"--checkpoint {args.checkpoint} {'is' if checkpoint == data else 'lies inside'} the "
-                        f"--data dataset directory {args.data}; writing it there would damage the dataset, so "
-                        f"choose a path outside it")
-    elif checkpoint is not None and data.startswith(checkpoint):
-        problems.append(f"--data {args.data} starts with the --checkpoint path {args.checkpoint}, whose files "
-                        f"({args.checkpoint}*) belong to the checkpoint; choose another checkpoint path")
-    if out is not None and checkpoint is not None and out.startswith(checkpoint):
-        what = "is" if out == checkpoint else "starts with"
-        problems.append(f"--out {args.out} {what} the --checkpoint path {args.checkpoint}, whose files "
-                        f"({args.checkpoint}*) belong to the checkpoint"
-                        + (" being resumed" if args.resume else "") + "; choose another results file")
-    return problems
-
-
-def _path_problems(args: argparse.Namespace) -> list[str]:
-    """What is wrong with the paths of this run, found without reading any shard."""
-    problems = overlap_problems(args)
-    if problems:
-        return problems  # said before anything else: the other checks would describe a path never to be used
-    try:
-        read_meta(args.data)
-    except ShardError as exc:
-        problems.append(f"--data {exc}")
-    if args.out is not None:
-        problems.append(output_path_problem(args.out, "--out", "a results file (JSON lines)", "results.jsonl"))
-    if args.checkpoint is not None:
-        checkpoint = Path(args.checkpoint)
-        if args.resume and not checkpoint.is_file():
-            problems.append(f"--checkpoint {checkpoint}: no such file to --resume from; expected a checkpoint "
-                            f"written by a run with --checkpoint")
-        else:
-            problems.append(output_path_problem(checkpoint, "--checkpoint", "a checkpoint file", "run.ckpt"))
-    return [problem for problem in problems if problem]
-
-
-def check_paths(comm: Communicator, args: argparse.Namespace) -> None:
-    """Refuse unusable ``--data``/``--out``/``--checkpoint`` paths before any data is read (collective).
-
-    Rank 0 looks (it writes the results file and the checkpoint; every rank then reads the shards and
-    the checkpoint itself, and refuses collectively what it cannot read); every rank raises the same
-    :class:`PathError`, marked ``every_rank`` so that it is said once.
-    """
-    problems = comm.allgather_object(_path_problems(args) if comm.rank == 0 else None)[0]
-    if problems:
-        raise said_once(PathError("; ".join(problems)))
+    shape = RunShape(plan=args.plan, replication=args.replication, model=args.model,
+                     dropout_side=args.dropout_side, input_exchange=args.input_exchange)
+    return PolicySpec(args.sample, args.stale).refusal(shape)  # the policies' one check, from the flags alone
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
     fill_model_defaults(args)  # done by check_arguments already; kept for callers that skip it
-    return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
-                       weight_decay=args.weight_decay, weight_decay_scope=args.weight_decay_scope,
-                       epochs=args.epochs, eval_every=args.eval_every, seed=args.seed, plan=args.plan,
-                       replication=args.replication, feature_norm=args.feature_norm, dtype=args.dtype,
-                       sample=args.sample, stale=args.stale, clip=args.clip, input_exchange=args.input_exchange,
-                       dropout_side=args.dropout_side, halo_budget=args.halo_budget, audit_every=args.audit_every,
-                       progress=args.progress, compress=args.compress, heads=args.heads,
-                       output_heads=args.output_heads, attention_dropout=args.attention_dropout)
+    return TrainConfig.from_args(args)
 
 
 @dataclass

@@ -73,9 +73,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 
 
 def _config(args: argparse.Namespace, meta: dict[str, Any]) -> TrainConfig:
-    return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
-                       epochs=args.warmup + args.epochs, seed=args.seed,
-                       feature_norm=meta.get("feature_norm", "row"))
+    return TrainConfig.from_args(args, epochs=args.warmup + args.epochs, feature_norm=meta.get("feature_norm", "row"))
 
 
 def _median_parts(records: list[dict[str, float]]) -> dict[str, float]:

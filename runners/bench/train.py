@@ -230,13 +230,12 @@ def _epoch_bytes(per_rank: list[list[dict[str, dict[str, int]]]]) -> dict[str, d
 
 # ------------------------------------------------------------------ runs
 def _config(args: argparse.Namespace, meta: dict[str, Any], dropout: float | None = None) -> TrainConfig:
-    """The run's hyper-parameters; features normalised as ``sparse-dist train --feature-norm auto`` does."""
-    return TrainConfig(model=args.model, hidden=args.hidden, layers=args.layers,
-                       dropout=args.dropout if dropout is None else dropout,
-                       epochs=args.warmup + args.epochs, seed=args.seed, plan=args.plan,
-                       feature_norm=meta.get("feature_norm", "row"), heads=args.heads,
-                       output_heads=args.output_heads,
-                       attention_dropout=args.attention_dropout if dropout is None else dropout)
+    """The run's hyper-parameters: the flags ``bench train`` shares with ``train`` by name (the others at
+    :class:`TrainConfig`'s defaults), ``--warmup`` epochs before the timed ones, features normalised as
+    ``sparse-dist train --feature-norm auto`` does; ``dropout`` (the baseline's 0) replaces both dropouts."""
+    overrides = {} if dropout is None else {"dropout": dropout, "attention_dropout": dropout}
+    return TrainConfig.from_args(args, epochs=args.warmup + args.epochs,
+                                 feature_norm=meta.get("feature_norm", "row"), **overrides)
 
 
 def _prepare_synthetic(comm: Communicator, args: argparse.Namespace) -> tuple[str, Path | None]:

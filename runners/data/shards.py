@@ -36,7 +36,7 @@ from typing import Any, Iterator
 import numpy as np
 import scipy.sparse as sp
 
-from algorithms.train import LocalGraph
+from algorithms.training.graph import LocalGraph
 from runners.data.datasets import GraphData, feature_dtype
 from runners.data.partition import DEFAULT_HOPS, BoundaryAccumulator, partition, relabel
 from sparse_dist.comm import Communicator, said_once

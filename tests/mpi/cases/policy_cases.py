@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from case_report import finish  # noqa: E402
 
 from algorithms.policies import BnsSampler, SancusRule
-from algorithms.dgs import DgsSampler
-from algorithms.psc import PscSampler
+from algorithms.policies.dgs import DgsSampler
+from algorithms.policies.psc import PscSampler
 from sparse_dist.comm import run_or_abort, world
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.layout import RowLayout

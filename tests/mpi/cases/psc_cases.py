@@ -49,7 +49,7 @@ def check_cache_budgets(comm, data: dict, layout: RowLayout, failures: list[str]
         trainer = Trainer(comm, local_graph(data, layout, comm.rank),
                           TrainConfig(epochs=6, hidden=8, sample=f"psc:budget=0.4,every=2,cache={share}"))
         records = [trainer.train_epoch() for _ in range(6)]
-        cache = trainer.cached_input
+        cache = trainer.work[0].cached_input  # the psc feature cache (its EpochWork)
         runs[share] = [r["loss"] for r in records]
         hits = sum(r["feature_cache"]["hits"] for r in records)
         needed = sum(r["feature_cache"]["needed"] for r in records)

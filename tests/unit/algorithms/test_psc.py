@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from algorithms.policies import AxisSpec
-from algorithms.psc import PscSampler
+from algorithms.policies.psc import PscSampler
 from algorithms.water_fill import water_fill
 from sparse_dist.csr import keep_entries
 from sparse_dist.importance import EdgeProblem

@@ -32,20 +32,25 @@ probability of row ``j`` that the feature cache ranks by. The strategy that samp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
 from algorithms.hashing import uniforms
+from algorithms.policies.base import EpochWork, PolicyBase, RunShape, TrainingParts, per_edge_refusal
+from algorithms.policies.registry import PolicyKind
 from algorithms.water_fill import water_fill
 from sparse_dist.csr import entry_rows
+from sparse_dist.halo import CachedInput
 from sparse_dist.importance import EdgeProblem
 
 _SALT = 0x505343  # "PSC": its uniforms apart from BNS's hashes of the same rows
 
 
 @dataclass(frozen=True)
-class PscSampler:
+class PscSampler(PolicyBase):
     """``psc:budget=B[,a_inner=AI][,a_boundary=AB][,every=K][,cache=C]`` (see the module docstring).
 
     ``budget``: the expected share of each row's neighbours kept (``epsilon``); ``cache``: the share of this
@@ -62,6 +67,8 @@ class PscSampler:
     name: str = "psc"
     side: str = "receiver"
     per_edge: bool = True
+    samples: ClassVar[bool] = True
+    per_receiver: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.budget <= 1.0:
@@ -77,6 +84,24 @@ class PscSampler:
     def p(self) -> float:
         """The expected kept share (what byte models and the exact-path test use)."""
         return self.budget
+
+    @property
+    def feeds_layer0(self) -> bool:  # type: ignore[override]
+        """With a feature cache it gives layer 0 its input (:class:`PscFeatureCache`)."""
+        return self.cache >= 0
+
+    def refusal(self, run: RunShape) -> str | None:
+        problem = per_edge_refusal(run)
+        if problem is None and self.feeds_layer0 and run.input_exchange != "auto":
+            problem = (f"feeds layer 0 from its feature cache; --input-exchange {run.input_exchange} contradicts "
+                       f"it (leave it at auto)")
+        return problem
+
+    def epoch_work(self, parts: TrainingParts) -> EpochWork | None:
+        return PscFeatureCache(self, parts) if self.feeds_layer0 else None
+
+    def resume_drops(self) -> str | None:
+        return "psc sampling probabilities (the starting ones until the next recomputation)"
 
     def recomputes(self, epoch: int) -> bool:
         """Whether probabilities are recomputed at the start of ``epoch`` (never before the first epoch's rows)."""
@@ -102,3 +127,35 @@ class PscSampler:
     def uniforms(self, epoch: int, stream: int, global_columns: np.ndarray) -> np.ndarray:
         """``u_j``: one ``U[0, 1)`` per column, the same on the owner and the receiver (:mod:`algorithms.hashing`)."""
         return uniforms(self.seed, epoch, stream, global_columns, salt=_SALT)
+
+
+class PscFeatureCache(EpochWork):
+    """``cache=C``: layer 0 reads the kept boundary rows of ``X`` and fetches the others when sampled
+    (:class:`sparse_dist.halo.CachedInput`; built here, collective over the plan's column)."""
+
+    def __init__(self, sampler: PscSampler, parts: TrainingParts) -> None:
+        self.sampler = sampler
+        strategy = parts.spmm.strategy
+        self.cached_input = CachedInput(parts.spmm.plan, getattr(strategy, "inner", strategy), parts.layer_input)
+
+    def input_exchange(self, choice: Any, spec: str, requested: str) -> Any:
+        return replace(choice, mode="cache", requested=requested,
+                       reason=f"{spec}: the share {self.sampler.cache} of boundary rows of highest inclusion "
+                              f"probability kept, the others fetched when sampled")
+
+    def layer_input(self, epoch: int, halo: Any, values: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        self.cached_input.load(epoch)  # collective: the rows of X this epoch's sample needs
+        return self.cached_input, self.cached_input.values
+
+    def after_epoch(self) -> dict[str, Any]:
+        """This rank's boundary rows the epoch's sample needed, and of them cached."""
+        return {"feature_cache": {"needed": self.cached_input.needed, "hits": self.cached_input.hits}}
+
+    def memory(self) -> dict[str, int] | None:
+        return self.cached_input.memory()
+
+
+KINDS = (PolicyKind("psc", "sample",
+                    {"budget": float, "a_inner": float, "a_boundary": float, "every": int, "cache": float},
+                    lambda seed, **params: PscSampler(seed=seed, **params),
+                    "psc:budget=B[,a_inner=1.1,a_boundary=1,every=10,cache=C] with 0 < B <= 1, 0 <= C <= 1"),)

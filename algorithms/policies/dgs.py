@@ -39,17 +39,16 @@ feature fetch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from algorithms.hashing import uniforms
-from algorithms.water_fill import water_fill
-from sparse_dist.exchange import ExchangeContext
+from algorithms.policies.base import EpochWork, PolicyBase, RunShape, TrainingParts, per_edge_refusal
+from algorithms.policies.dgs_explainer import Explainer, MaskedHalo
+from algorithms.policies.registry import PolicyKind
 from sparse_dist.importance import EdgeProblem
 
 _SALT = 0x444753  # "DGS": its uniforms apart from the other policies' hashes of the same rows
@@ -57,7 +56,7 @@ FEATURE_STREAM = 1 << 62  # the stream of the feature columns' uniforms: the sam
 
 
 @dataclass
-class DgsSampler:
+class DgsSampler(PolicyBase):
     """``dgs:nodes=R,features=Q[,every=T][,steps=E]`` (see the module docstring). Holds the probabilities of
     the last explanation (``node_p`` per exact receive row, ``feature_p`` per input column)."""
 
@@ -70,7 +69,8 @@ class DgsSampler:
     side: str = "receiver"
     per_edge: bool = True
     keeps_rows: bool = True  # the strategy keeps the latest received rows: the explainer reads them
-    explains: bool = True
+    samples: ClassVar[bool] = True
+    per_receiver: ClassVar[bool] = True
     node_p: np.ndarray | None = field(default=None, repr=False)
     feature_p: np.ndarray | None = field(default=None, repr=False)
 
@@ -108,88 +108,81 @@ class DgsSampler:
         kept = self.uniforms(epoch, FEATURE_STREAM, np.arange(width)) < s
         return np.where(kept, 1.0 / s, 0.0)
 
+    def refusal(self, run: RunShape) -> str | None:
+        problem = per_edge_refusal(run)
+        if problem is not None:
+            return problem
+        if run.dropout_side == "receiver":
+            return ("explains with the rows its layers exchanged, which must be the rows it multiplies when "
+                    "explaining: use --dropout-side owner or auto")
+        if run.model not in ("gcn", "sage"):
+            return f"explains GCN and SAGE layers (their exchange is A H), not --layer-kind {run.model}"
+        return None
 
-class MaskedHalo:
-    """A static halo (:class:`sparse_dist.halo.StaticHalo`) whose halo rows are scaled by ``node_mask`` (the
-    explainer's layer 0: the halo rows are the receive rows, in the same ascending global order)."""
+    def epoch_work(self, parts: TrainingParts) -> EpochWork | None:
+        return DgsExplanations(self, parts)
 
-    def __init__(self, halo: Any, node_mask: torch.Tensor) -> None:
-        self.halo, self.halo_ids, self.count = halo, halo.halo_ids, halo.count
-        self.scale = torch.cat([torch.ones(halo.own_count, dtype=node_mask.dtype, device=node_mask.device),
-                                node_mask])[:, None]
-
-    def multiply(self, h: torch.Tensor, context: ExchangeContext) -> torch.Tensor:
-        return self.halo.multiply(h * self.scale, context)
+    def resume_drops(self) -> str | None:
+        return ("dgs node probabilities and last received rows (the starting ones until the next explanation; "
+                "its feature probabilities are kept)")
 
 
-def binary_entropy(p: torch.Tensor) -> torch.Tensor:
-    q = p.clamp(1e-6, 1 - 1e-6)
-    return -(q * q.log() + (1 - q) * (1 - q).log())
+class DgsExplanations(EpochWork):
+    """DGS in training: an explanation every ``every`` epochs (booked as ``explain``; collective: one allreduce
+    of the feature masks), and this epoch's feature columns on layer 0's input. The feature probabilities
+    are the same on every rank (replicated state, kept at any ``P``); the node probabilities and the rows
+    the explanations read are per rank."""
+
+    booked = ("explain",)
+
+    def __init__(self, sampler: DgsSampler, parts: TrainingParts) -> None:
+        self.sampler, self.parts = sampler, parts
+        plan = parts.spmm.plan
+        self.last_rows = getattr(parts.spmm.strategy, "inner", parts.spmm.strategy).last_rows
+        self.explainer = Explainer(sampler, self._masked_forward, plan.local_block, plan.exact_pairs.remote_block,
+                                   self.last_rows, int(sum(plan.exact_pairs.recv_rows)), parts.column_comm)
+
+    def _masked_forward(self, features: torch.Tensor, spmm: Any, nodes: torch.Tensor) -> torch.Tensor:
+        """The model in evaluation mode with its remote rows and input columns masked, layer 0 from the halo
+        where there is one."""
+        parts = self.parts
+        halo = MaskedHalo(parts.halo, nodes) if parts.halo is not None else None
+        return parts.model(parts.layer_input * features, spmm, first_row=parts.first_row, epoch=parts.epoch,
+                           training=False, halo=halo)
+
+    def before_epoch(self, epoch: int) -> dict[str, Any]:
+        if not self.sampler.recomputes(epoch):
+            return {}
+        parts = self.parts
+        with parts.spmm.timer.measure("explain", parts.device):  # collective: one allreduce of feature masks
+            return {"explanation": self.explainer.explain(parts.layer_input.shape[1])}
+
+    def layer_input(self, epoch: int, halo: Any, values: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        scale = self.sampler.feature_scale(epoch, values.shape[1])
+        return halo, values * torch.from_numpy(scale).to(values.dtype).to(values.device)
+
+    def state(self) -> dict[str, Any]:
+        feature_p = self.sampler.feature_p
+        return {"feature_p": None if feature_p is None else torch.from_numpy(np.array(feature_p, copy=True))}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state.get("feature_p") is not None:
+            self.sampler.feature_p = state["feature_p"].numpy().copy()
+
+    def rank_state(self) -> dict[str, Any]:
+        node_p = self.sampler.node_p
+        return {"explanation": {"node_p": None if node_p is None else torch.from_numpy(np.array(node_p, copy=True)),
+                                "last_rows": {layer: values.cpu() for layer, values in self.last_rows.items()}}}
+
+    def load_rank_state(self, state: dict[str, Any], device: torch.device) -> None:
+        explanation = state.get("explanation")
+        if explanation is None:
+            return
+        self.sampler.node_p = None if explanation["node_p"] is None else explanation["node_p"].numpy().copy()
+        self.last_rows.clear()  # the strategy's dict, which the explainer holds too
+        self.last_rows.update({int(layer): values.to(device) for layer, values in explanation["last_rows"].items()})
 
 
-class Explainer:
-    """DGS's online explanation on one rank (see the module docstring for the objective).
-
-    ``forward(x, spmm, halo)`` is the model's forward in evaluation mode (no dropout) over this rank's input
-    ``x`` (own rows, or own then halo rows) with a given SpMM; ``local_block`` is ``A_gg``, ``remote_block`` the
-    rank's rows of ``A`` over the exact receive buffer (both torch CSR, columns as the rows they multiply);
-    ``last_rows[layer]`` the latest rows that arrived for each exchanging layer. :meth:`explain` is collective
-    over ``comm`` (one allreduce of the feature masks).
-    """
-
-    LAMBDA_NODE = 0.5
-    LAMBDA_FEATURE = 0.5
-    LAMBDA_ENTROPY = 0.1
-    LEARNING_RATE = 0.1
-
-    def __init__(self, sampler: DgsSampler, forward: Callable[..., torch.Tensor], local_block: torch.Tensor | None,
-                 remote_block: torch.Tensor, last_rows: dict[int, torch.Tensor], remote_count: int, comm: Any) -> None:
-        self.sampler, self._forward = sampler, forward
-        self.local_block, self.remote_block, self.last_rows = local_block, remote_block, last_rows
-        self.remote_count, self.comm = remote_count, comm
-
-    def _spmm(self, node_mask: torch.Tensor) -> Callable[[torch.Tensor, ExchangeContext], torch.Tensor]:
-        def spmm(h: torch.Tensor, context: ExchangeContext) -> torch.Tensor:
-            out = torch.sparse.mm(self.local_block, h) if self.local_block is not None else torch.zeros_like(h)
-            rows = self.last_rows.get(context.layer)
-            if rows is not None and self.remote_count:
-                if rows.shape[1] != h.shape[1]:
-                    raise RuntimeError(f"dgs: layer {context.layer} exchanged {rows.shape[1]} columns in training "
-                                       f"but multiplies {h.shape[1]} when explaining")
-                out = out + torch.sparse.mm(self.remote_block, rows * node_mask[:, None])
-            return out
-        return spmm
-
-    def explain(self, width: int) -> dict[str, float]:
-        """Learn the masks, set the sampler's probabilities; returns the final loss and mask means (collective)."""
-        sampler, device = self.sampler, self.remote_block.device
-        logits_of = lambda nodes, features: self._forward(features, self._spmm(nodes), nodes)  # noqa: E731
-        with torch.no_grad():
-            target = logits_of(torch.ones(self.remote_count, device=device),
-                               torch.ones(width, device=device)).argmax(dim=1)
-        node_logit = torch.ones(self.remote_count, device=device, dtype=torch.float64, requires_grad=True)
-        feature_logit = torch.ones(width, device=device, dtype=torch.float64, requires_grad=True)
-        optimizer = torch.optim.Adam([node_logit, feature_logit], lr=self.LEARNING_RATE)
-        loss = torch.zeros(())
-        for _ in range(sampler.steps):
-            nodes, features = torch.sigmoid(node_logit), torch.sigmoid(feature_logit)
-            logits = logits_of(nodes.to(self.remote_block.dtype), features.to(self.remote_block.dtype))
-            fit = F.cross_entropy(logits, target) if logits.shape[0] else logits.sum() * 0
-            mass = self.LAMBDA_NODE * nodes.mean() if self.remote_count else 0.0
-            spread = binary_entropy(nodes).mean() if self.remote_count else 0.0
-            loss = (fit + mass + self.LAMBDA_FEATURE * features.mean()
-                    + self.LAMBDA_ENTROPY * (spread + binary_entropy(features).mean()))
-            node_logit.grad, feature_logit.grad = torch.autograd.grad(loss, [node_logit, feature_logit],
-                                                                      allow_unused=True)
-            if node_logit.grad is None:
-                node_logit.grad = torch.zeros_like(node_logit)
-            optimizer.step()
-        nodes = torch.sigmoid(node_logit).detach().cpu().numpy()
-        features = torch.sigmoid(feature_logit).detach().double().cpu()
-        self.comm.allreduce_(features, "sample")  # every rank samples the same columns: the mean mask
-        features = features.numpy() / self.comm.size
-        sampler.node_p = (water_fill(np.array([0, nodes.size]), nodes, np.array([sampler.nodes * nodes.size]))
-                          if nodes.size else nodes)
-        sampler.feature_p = water_fill(np.array([0, width]), features, np.array([sampler.features * width]))
-        return {"loss": float(loss.detach()), "node_mask": float(nodes.mean()) if nodes.size else math.nan,
-                "feature_mask": float(features.mean())}
+KINDS = (PolicyKind("dgs", "sample", {"nodes": float, "features": float, "every": int, "steps": int},
+                    lambda seed, **params: DgsSampler(seed=seed, **params),
+                    "dgs:nodes=R[,features=Q,every=10,steps=20] with 0 < R, Q <= 1"),)

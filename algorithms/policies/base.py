@@ -1,0 +1,127 @@
+"""What every policy answers, and the one protocol through which a policy does per-epoch work in training.
+
+A policy (a sampler of ``--sample`` or a rule of ``--stale``) is a typed object built once from its text
+(:mod:`algorithms.policies.spec`). Beyond the exchange protocols of :mod:`sparse_dist.exchange` it answers:
+
+* :meth:`PolicyBase.refusal`: why it cannot run in a given run (plan, replication, layer kind, dropout side,
+  layer-0 input, the other axis), one sentence, or None. One method per policy, called once per run from the
+  flags alone, before MPI does any collective work (:meth:`algorithms.policies.spec.PolicySpec.refusal`).
+* what it needs of a plan (``samples``, ``per_receiver``, ``caches``), so that the plan's own capabilities can
+  be checked without building a strategy;
+* :meth:`PolicyBase.epoch_work`: an :class:`EpochWork` when it needs work in the training loop (``dgs``
+  explains every ``every`` epochs, ``psc`` with a feature cache feeds layer 0), else None. The trainer calls
+  the work's hooks and never names a policy;
+* :meth:`PolicyBase.resume_drops`: what of its per-rank state a resume at another layout drops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What a policy checks itself against, all known from the command line.
+
+    ``samples``: whether the run's sampling axis sends a sampled subset (a staleness rule may refuse it).
+    """
+
+    plan: str = "p2p"
+    replication: int = 1
+    model: str = "gcn"
+    dropout_side: str = "auto"
+    input_exchange: str = "auto"
+    samples: bool = False
+
+
+class TrainingParts(Protocol):
+    """The trainer as a policy's :class:`EpochWork` sees it (named by shape: policies import no trainer)."""
+
+    spmm: Any                  # sparse_dist.spmm.DistSpMM: .plan, .strategy, .timer
+    model: Any                 # algorithms.model.GraphModel
+    halo: Any                  # sparse_dist.halo.StaticHalo or None
+    column_comm: Any           # the G ranks holding distinct rows
+    device: torch.device
+    first_row: int
+    epoch: int
+
+    @property
+    def layer_input(self) -> torch.Tensor:
+        """Layer 0's input: own rows, then halo rows where there is a halo."""
+
+
+class EpochWork:
+    """Per-epoch work a policy adds to training; every hook does nothing by default.
+
+    The trainer calls, per training epoch: :meth:`before_epoch` (after the epoch's timers start; may be
+    collective, the same on every rank), :meth:`layer_input` in each forward that runs the policy (not in
+    evaluation nor the audit's exact forward), :meth:`after_epoch`. Checkpoints carry :meth:`state` (the same
+    on every rank: kept across a resume at any ``P``) and :meth:`rank_state` (per rank). The keys they return
+    are the record's and the checkpoint's: each work chooses keys no other uses.
+    """
+
+    booked: ClassVar[tuple[str, ...]] = ()  # timer parts it books in the epoch's time breakdown
+
+    def before_epoch(self, epoch: int) -> dict[str, Any]:
+        """Work at the start of a training epoch; entries for the epoch's record."""
+        return {}
+
+    def input_exchange(self, choice: Any, spec: str, requested: str) -> Any:
+        """How layer 0 gets its input (:class:`algorithms.static_input.InputExchange`), given the byte model's
+        ``choice``, the policy's text and the ``--input-exchange`` asked for."""
+        return choice
+
+    def layer_input(self, epoch: int, halo: Any, values: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """Layer 0's halo and input rows for this epoch's training forward."""
+        return halo, values
+
+    def after_epoch(self) -> dict[str, Any]:
+        """Entries for the epoch's record once the step is done."""
+        return {}
+
+    def memory(self) -> dict[str, int] | None:
+        """What it keeps for layer 0 (``halo_rows``, ``halo_bytes``, ``matrix_bytes``), or None."""
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def rank_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_rank_state(self, state: dict[str, Any], device: torch.device) -> None:
+        pass
+
+
+class PolicyBase:
+    """Defaults of the policy protocol (see the module docstring): no refusal, no per-epoch work."""
+
+    samples: ClassVar[bool] = False       # needs a plan that can send a sampled subset of rows
+    per_receiver: ClassVar[bool] = False  # needs a plan that sends each receiver its own subset (p2p)
+    caches: ClassVar[bool] = False        # needs a plan whose receivers can cache whole blocks
+    feeds_layer0: ClassVar[bool] = False  # gives layer 0 its input itself (its work's layer_input)
+
+    def refusal(self, run: RunShape) -> str | None:
+        """Why this policy cannot run in ``run`` (one sentence, naming what to change), or None."""
+        return None
+
+    def epoch_work(self, parts: TrainingParts) -> EpochWork | None:
+        """Its per-epoch work in a trainer (built once per trainer, collective where it says so), or None."""
+        return None
+
+    def resume_drops(self) -> str | None:
+        """What of its per-rank state a resume at another world size, replication or plan drops, or None."""
+        return None
+
+
+def per_edge_refusal(run: RunShape) -> str | None:
+    """The shared check of the samplers that sample each receiver's own edges (``psc``, ``dgs``)."""
+    if run.replication != 1:
+        return "samples each receiver's own edges: it needs --replication 1 (1D)"
+    return None

@@ -1,0 +1,143 @@
+"""Assembly of one training run: the distributed operator, the model, the policies' strategy and per-epoch
+work, layer 0's input, the labels and the optimiser, in the order every rank builds them.
+
+Layer 0's input: with ``input_exchange`` resolved to ``once`` (:mod:`algorithms.static_input`) the run fetches
+its halo rows of ``X`` here (:class:`~sparse_dist.halo.StaticHalo`) and layer 0 never exchanges again; a
+policy that feeds layer 0 itself (``feeds_layer0``, e.g. ``psc`` with a feature cache) gets per-epoch layer-0
+exchanges and supplies the input through its :class:`~algorithms.policies.base.EpochWork`.
+``receiver_dropout`` makes exchanges carry pre-dropout rows.
+
+Collective: construction (communicator splits, normalisation, ``DistCSR``, the counts of the splits, the
+halo or the policy's cache), every rank in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from algorithms.layers import layer_type
+from algorithms.model import GraphModel
+from algorithms.policies.base import EpochWork
+from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, model_exchange_widths,
+                                     receiver_side)
+from algorithms.training.config import PROGRESS_MODES, TrainConfig
+from algorithms.training.graph import LocalGraph, row_normalize_features
+from algorithms.training.metrics import SPLITS, moved_since
+from sparse_dist.comm import Communicator, ProgressThread, said_once
+from sparse_dist.compress import Codec
+from sparse_dist.dcsr import DistCSR, split_grid
+from sparse_dist.factory import make_strategy
+from sparse_dist.halo import StaticHalo
+from sparse_dist.layout import Grid
+from sparse_dist.spmm import DistSpMM
+
+
+class TrainingRun:
+    """What one rank builds for a run (see the module docstring); :class:`~algorithms.training.trainer.Trainer`
+    adds the epoch loop. ``work``: the policies' per-epoch work, in axis order (sampling, staleness)."""
+
+    def __init__(self, comm: Communicator, graph: LocalGraph, config: TrainConfig,
+                 device: str | torch.device = "cpu") -> None:
+        self.comm, self.config, self.graph = comm, config, graph
+        self.device = torch.device(device)
+        built_from = comm.stats.snapshot()
+        self.dtype = {"float32": torch.float32, "float64": torch.float64}[config.dtype]
+        self.epoch = 0
+        sampler, rule = config.sample.build(seed=config.seed), config.stale.build()  # the run's own policies
+        dims = self._operator(sampler, rule)
+        self._data()
+        self._layer_input(sampler, dims)
+        self.work: list[EpochWork] = []
+        for spec, policy in ((config.sample, sampler), (config.stale, rule)):
+            work = policy.epoch_work(self) if policy is not None else None  # psc's cache: collective
+            if work is not None:
+                self.input_exchange = work.input_exchange(self.input_exchange, str(spec), config.input_exchange)
+                self.work.append(work)
+        self.optimizer = self._optimizer()
+        self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
+        self.eval_bytes: dict[str, dict[str, int]] = {}
+
+    def _operator(self, sampler: Any, rule: Any) -> list[int]:
+        """Grid, normalised matrix, model, the strategy and the SpMM; returns the layers' widths."""
+        comm, config, graph = self.comm, self.config, self.graph
+        replication = config.replication
+        self.group = comm.rank // replication
+        self.first_row = graph.layout.offsets[self.group]
+        grid_comms = split_grid(comm, Grid(comm.size, replication))
+        self.column_comm = grid_comms[1]  # the G ranks holding distinct rows: losses, counts, gradients
+        self.normalized = layer_type(config.model).normalize_adjacency(self.column_comm, graph.layout, graph.rows,
+                                                                       self.group)  # collective for GCN
+        self.matrix = DistCSR(comm, graph.layout, self.normalized, replication=replication, name=graph.name,
+                              grid_comms=grid_comms)
+        strategy = make_strategy(sampler, rule)
+        dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
+        self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=self.dtype,
+                                options=config.layer_options()).to(self.device)
+        self.feeds_layer0 = sampler is not None and sampler.feeds_layer0  # layer 0 exchanges per epoch
+        self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale, model_exchange_widths(
+            self.model.layers, "per-epoch" if self.feeds_layer0 else config.input_exchange))
+        self.codec = Codec.parse(config.compress, seed=config.seed)
+        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy,
+                             row_masks=self.receiver_dropout or self.model.needs_source_ids, codec=self.codec)
+        if config.progress not in PROGRESS_MODES:
+            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
+        strategy.tests_progress = config.progress != "none"
+        self.progress_thread = (ProgressThread(comm, lambda: strategy.outstanding() > 0)
+                                if config.progress == "thread" and strategy.posts_ahead is None else None)
+        return dims
+
+    def _data(self) -> None:
+        """Labels, split masks, the training rows and the global count of each split (collective)."""
+        graph = self.graph
+        self.labels = torch.from_numpy(graph.labels).to(self.device)
+        if graph.multilabel:
+            self.labels = self.labels.to(self.dtype)
+        self.masks = {split: torch.from_numpy(graph.masks[split].astype(bool)).to(self.device) for split in SPLITS}
+        self.train_rows = torch.nonzero(self.masks["train"]).flatten()
+        self.train_labels = self.labels.index_select(0, self.train_rows)
+        local_counts = np.array([int(graph.masks[s].sum()) for s in SPLITS], dtype=np.int64)
+        self.global_counts = dict(zip(SPLITS, self.column_comm.allgather_array(local_counts).sum(axis=0).tolist()))
+        if self.global_counts["train"] == 0:
+            raise ValueError(f"{graph.name}: the training split is empty")
+
+    def _layer_input(self, sampler: Any, dims: list[int]) -> None:
+        """Layer 0's input: features scaled, the input exchange chosen, the halo fetched where ``once``."""
+        config, graph = self.config, self.graph
+        features = graph.features.astype(np.float64)
+        if config.feature_norm == "row":
+            features = row_normalize_features(features)
+        elif config.feature_norm != "none":
+            raise ValueError(f"feature_norm must be 'row' or 'none', got {config.feature_norm!r}")
+        features_tensor = torch.from_numpy(features).to(self.dtype).to(self.device)
+        requested = "per-epoch" if self.feeds_layer0 else config.input_exchange
+        try:
+            self.input_exchange = choose_input_exchange(
+                requested, grid=self.matrix.grid, layout=graph.layout, boundary_counts=self.matrix.boundary_counts,
+                union_sizes=self.matrix.union_sizes, plan=config.plan, f_in=dims[0], f_out=dims[1],
+                itemsize=features_tensor.element_size(), epochs=config.epochs,
+                evaluations=evaluations(config.epochs, config.eval_every),
+                sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
+                budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout))
+        except HaloBudgetError as exc:
+            raise said_once(exc) from None  # decided from global metadata
+        self.halo = (StaticHalo(self.spmm.plan, graph.layout, self.normalized, features_tensor,
+                                self.matrix.boundary_counts)
+                     if self.input_exchange.mode == "once" else None)  # collective over the replica column
+        self.features = self.halo.own_values if self.halo is not None else features_tensor
+        self.layer_input = self.halo.values if self.halo is not None else features_tensor
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """Adam; weight decay on the first layer only (Kipf & Welling) or on every weight."""
+        config = self.config
+        first = self.model.layer_parameters(0)
+        rest = [p for layer in range(1, self.model.num_layers) for p in self.model.layer_parameters(layer)]
+        if config.weight_decay_scope == "first":
+            groups = [{"params": first, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        elif config.weight_decay_scope == "all":
+            groups = [{"params": first + rest, "weight_decay": config.weight_decay}]
+        else:
+            raise ValueError(f"weight_decay_scope must be 'first' or 'all', got {config.weight_decay_scope!r}")
+        return torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)

@@ -1,0 +1,76 @@
+"""The hyper-parameters of one training run (:class:`TrainConfig`) and how a command line fills them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Any
+
+from algorithms.layers import LayerOptions
+from algorithms.policies.spec import AxisSpec
+
+PROGRESS_MODES: tuple[str, ...] = ("test", "thread", "none")
+"""How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of one run; defaults are Kipf & Welling's GCN on Cora."""
+
+    model: str = "gcn"
+    hidden: int = 16
+    layers: int = 2
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    weight_decay_scope: str = "first"  # "first": first layer only (Kipf & Welling), "all"
+    epochs: int = 200
+    eval_every: int = 1
+    seed: int = 0
+    plan: str = "p2p"
+    replication: int = 1
+    feature_norm: str = "row"  # "row": divide each feature row by its sum; "none"
+    dtype: str = "float32"
+    sample: AxisSpec = AxisSpec("sample")  # boundary sampling policy, e.g. "bns:p=0.1" (text is parsed here)
+    stale: AxisSpec = AxisSpec("stale")    # staleness policy, e.g. "sancus-h:eps=0.02"
+    clip: float = 0.0     # global gradient-norm bound; 0 = off (local threshold clip / sqrt(G), as SANCUS)
+    input_exchange: str = "auto"   # layer 0: "once" (X's boundary rows kept by receivers), "per-epoch", "auto"
+    dropout_side: str = "auto"     # "owner", "receiver" (exchanges carry pre-dropout rows), "auto"
+    halo_budget: int | None = None  # bytes of halo rows a rank may keep under "once" (None: unlimited)
+    audit_every: int = 0           # every k epochs, one exact forward beside the policy's (0: never)
+    progress: str = "test"         # pipelined exchanges: "test" (at every layer), "thread" (and a probe thread), "none"
+    compress: str = "none"         # exchanged rows and gradients: "none", "fp16", "bf16", "int8[:stochastic]", ",feedback"
+    heads: int = 1                 # GAT: attention heads of each hidden layer (concatenated)
+    output_heads: int = 1          # GAT: attention heads of the output layer (averaged)
+    attention_dropout: float = 0.0  # GAT: dropout on the attention weights
+
+    def __post_init__(self) -> None:
+        for axis in ("sample", "stale"):
+            value = getattr(self, axis)
+            if not isinstance(value, AxisSpec):
+                object.__setattr__(self, axis, AxisSpec.parse(axis, str(value)))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **overrides: Any) -> "TrainConfig":
+        """Every field ``args`` has under the field's own name (``--weight-decay`` -> ``weight_decay``), then
+        ``overrides``; a field ``args`` lacks keeps its default. Policies arrive parsed (argparse types)."""
+        values = {spec.name: getattr(args, spec.name) for spec in fields(cls) if hasattr(args, spec.name)}
+        return cls(**{**values, **overrides})
+
+    def record(self) -> dict[str, Any]:
+        """Every field as plain JSON values (policies as their text)."""
+        values = {key: getattr(self, key) for key in self.__dataclass_fields__}
+        return {key: str(value) if isinstance(value, AxisSpec) else value for key, value in values.items()}
+
+    def layer_options(self) -> LayerOptions:
+        """The options only some layer kinds take (attention heads, attention dropout)."""
+        return LayerOptions(self.heads, self.output_heads, self.attention_dropout)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields a checkpoint must agree with (P, plan and c change no math of the replicated weights and
+        Adam state, so a checkpoint resumes at any of them; attention options where set)."""
+        keep = ("model", "hidden", "layers", "dropout", "lr", "weight_decay", "weight_decay_scope", "seed",
+                "feature_norm", "dtype", "sample", "stale", "clip", "dropout_side", "compress")
+        if not self.layer_options().is_default():
+            keep += ("heads", "output_heads", "attention_dropout")
+        return {key: value for key, value in self.record().items() if key in keep}

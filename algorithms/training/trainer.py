@@ -1,0 +1,195 @@
+"""The epoch loop of full-graph distributed training: forward, loss, one flat gradient allreduce, Adam, and
+exact evaluation.
+
+A rank holds the rows of its row group (``LocalGraph``). The loss is summed
+over the rank's local training rows and divided by the GLOBAL number of
+training rows, so the gradients summed over ranks equal the single-process
+gradient. Weight gradients (and the loss, for logging) travel in one flat
+buffer, allreduced once per step over the replica column (the ``G`` ranks
+holding distinct rows; on the 1.5D grid the ``c`` replicas of a group hold
+identical contributions, so summing over all ``P`` ranks would count them
+``c`` times). Adam updates the replicated weights identically everywhere.
+Policies with per-epoch work (``dgs``, ``psc``'s feature cache) hook in
+through :class:`~algorithms.policies.base.EpochWork`; the loop names none.
+
+Collective: construction, :meth:`Trainer.train_epoch`, :meth:`Trainer.evaluate`
+and :meth:`Trainer.predictions` are entered by every rank in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from algorithms.attention_structure import cached_structure_bytes
+from algorithms.training import state as checkpoint_state
+from algorithms.training.assembly import TrainingRun
+from algorithms.training.audit import Audit
+from algorithms.training.config import TrainConfig
+from algorithms.training.graph import LocalGraph
+from algorithms.training.metrics import TIMED_PARTS, local_loss_sum, moved_since, split_metrics, step_breakdown
+from sparse_dist.comm import Communicator
+
+
+class Trainer(TrainingRun):
+    """Owns the distributed operator, the model and the optimiser of one run (built by :class:`TrainingRun`)
+    and runs its epochs, evaluations and checkpoint state."""
+
+    def __init__(self, comm: Communicator, graph: LocalGraph, config: TrainConfig,
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__(comm, graph, config, device)
+        self.audit = Audit(config.audit_every, comm, self.column_comm,
+                           lambda trace: self.forward(training=True, exact_exchange=True, trace=trace))
+
+    def forward(self, training: bool, *, exact_exchange: bool = False,
+                trace: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """This rank's logits for the current epoch (collective); see :meth:`GraphModel.forward`."""
+        halo, layer_input = self.halo, self.layer_input
+        if training and not exact_exchange:
+            for work in self.work:  # e.g. psc's cached rows of X (collective), dgs' feature columns
+                halo, layer_input = work.layer_input(self.epoch, halo, layer_input)
+        return self.model(layer_input, self.spmm, first_row=self.first_row, epoch=self.epoch, training=training,
+                          timer=self.spmm.timer if training else None, halo=halo,
+                          receiver_dropout=self.receiver_dropout, exact_exchange=exact_exchange, trace=trace)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.model.parameters())
+
+    def train_epoch(self) -> dict[str, Any]:
+        """One full-graph step; returns the global loss and this rank's time breakdown (collective).
+
+        Every ``audit_every`` epochs the record also holds ``audit``: per layer, the relative error of
+        the layer outputs this step computed under its policy against an exact forward with the same
+        weights and masks, and that forward's own seconds and bytes (kept out of the step's figures).
+        """
+        audit = self.audit.begin() if self.audit.due(self.epoch) else None
+        stats_before = self.comm.stats.snapshot()
+        self.spmm.reset_compute()
+        start = time.perf_counter()
+        extra: dict[str, Any] = {}
+        for work in self.work:  # e.g. dgs' explanation when due (collective)
+            extra.update(work.before_epoch(self.epoch))
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        used: list[torch.Tensor] | None = [] if audit is not None else None
+        logits = self.forward(training=True, trace=used)
+        loss = local_loss_sum(logits, self.train_rows, self.train_labels, self.graph.multilabel,
+                              self.graph.num_classes) / self.global_counts["train"]
+        loss.backward()
+        flat = self._allreduce_gradients(loss)
+        with self.spmm.timer.measure("optimizer", self.device):
+            self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the epoch's wall time includes its kernels
+        wall = time.perf_counter() - start
+        broadcasts = self.spmm.strategy.decisions(self.epoch)
+        self.epoch += 1
+        booked = TIMED_PARTS + tuple(part for work in self.work for part in work.booked)
+        record = {"epoch": self.epoch, "loss": float(flat[-1]),
+                  **step_breakdown(self.comm, stats_before, wall, self.spmm.compute_seconds(), booked),
+                  "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes(), **extra}
+        for work in self.work:  # e.g. psc's feature-cache hits
+            record.update(work.after_epoch())
+        if audit is not None:
+            assert used is not None
+            record["audit"] = self.audit.end(audit, used)
+        return record
+
+    def _allreduce_gradients(self, loss: torch.Tensor) -> torch.Tensor:
+        """Clip (where on), then sum the weight gradients and the loss in one flat allreduce over the replica
+        column; returns the flat buffer (its last entry the global loss)."""
+        params = self.parameters()
+        if self.config.clip > 0:
+            # Each of the G row groups clips its local gradient to clip / sqrt(G) (SANCUS' scaling), so the
+            # summed gradient stays near the global bound.
+            torch.nn.utils.clip_grad_norm_(params, self.config.clip / math.sqrt(self.column_comm.size))
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
+        self.column_comm.allreduce_(flat, "grad_allreduce")
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return flat
+
+    # ----------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Exact forward (no dropout); accuracy (micro-F1 for multi-label) per split, global (collective).
+
+        The bytes it moved (its forward exchanges, and the count gathers) are left in :attr:`eval_bytes`.
+        """
+        before = self.comm.stats.snapshot()
+        self.model.eval()
+        logits = self.forward(training=False)
+        metrics = split_metrics(logits, self.labels, self.masks, self.graph.multilabel, self.global_counts,
+                                self.column_comm)
+        self.eval_bytes = moved_since(self.comm, before)
+        return metrics
+
+    @torch.no_grad()
+    def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's (global row ids, predicted classes or 0/1 matrix) of ``split`` from an exact forward."""
+        self.model.eval()
+        logits = self.forward(training=False)
+        mask = self.masks[split]
+        rows = torch.nonzero(mask).flatten() + self.first_row
+        predicted = (logits[mask] > 0).to(torch.int64) if self.graph.multilabel else logits[mask].argmax(dim=1)
+        return rows.cpu().numpy(), predicted.cpu().numpy()
+
+    # ------------------------------------------------------------ resources
+    def attention_bytes(self) -> int:
+        """Bytes of the attention structures (GAT) this rank keeps cached with its operators (0 otherwise)."""
+        return cached_structure_bytes(self.spmm, self.halo)
+
+    def memory(self) -> dict[str, int]:
+        """What this rank keeps for its layer-0 halo or a policy's layer-0 cache (zeros without one)."""
+        if self.halo is not None:
+            return self.halo.memory()
+        for work in self.work:
+            kept = work.memory()
+            if kept is not None:
+                return kept
+        return {"halo_rows": 0, "halo_bytes": 0, "matrix_bytes": 0}
+
+    def close(self) -> None:
+        """End the run's exchanges (collective over the plan's column; idempotent): complete the pipelined
+        flights still outstanding, so none is pending when its buffers go or MPI is finalised, and stop the
+        progress thread. Training may go on afterwards (kept flights stay, completed)."""
+        self.spmm.strategy.complete_outstanding()
+        if self.progress_thread is not None:
+            self.progress_thread.stop()
+            self.progress_thread = None
+
+    # ------------------------------------------------------------ checkpoint (algorithms.training.state)
+    def state(self) -> dict[str, Any]:
+        """The replicated state, the same on every rank and at any ``P``."""
+        return checkpoint_state.replicated_state(self)
+
+    def written_at(self) -> dict[str, Any]:
+        return checkpoint_state.written_at(self)
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        checkpoint_state.load_replicated_state(self, state)
+
+    @property
+    def has_policy_state(self) -> bool:
+        """Whether this run keeps per-rank exchange state that a checkpoint must save (same on every rank)."""
+        return checkpoint_state.keeps_rank_state(self)
+
+    def policy_state(self) -> dict[str, Any]:
+        """This rank's policy state (caches and versions); per rank, unlike :meth:`state`."""
+        return checkpoint_state.rank_state(self)
+
+    def load_policy_state(self, state: dict[str, Any]) -> None:
+        checkpoint_state.load_rank_state(self, state)
+
+    def policy_mismatch(self, state: dict[str, Any]) -> str | None:
+        return checkpoint_state.rank_state_mismatch(self, state)
+
+    def mismatch(self, state: dict[str, Any]) -> str | None:
+        """Why a checkpoint does not belong to this run (the differing fields, both values), or None."""
+        return checkpoint_state.state_mismatch(self, state)
