@@ -40,7 +40,8 @@ from typing import Any
 from runners.launcher_path import find_mpiexec
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
 from runners.data.shards import read_meta
-from runners.study.spec import Run, Study, StudyError, load_study, train_flags
+from runners.study.spec import Run, Study, StudyError, load_study
+from runners.study.train_table import train_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

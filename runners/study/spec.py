@@ -66,8 +66,6 @@ bandwidth; its run id ends in ``_bw<bandwidth>`` and its results record the netw
 
 from __future__ import annotations
 
-import argparse
-import difflib
 import math
 import os
 import re
@@ -78,6 +76,7 @@ from typing import Any
 
 from algorithms.policies import PolicySpec
 from runners.emulate.network import parse_bandwidth, parse_latency
+from runners.study.train_table import check_train_table
 from sparse_dist.compress import Codec
 from sparse_dist.plans import PLAN_NAMES
 
@@ -333,68 +332,6 @@ def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
                        seed=int(table.get("seed", 0)), epochs=epochs)
 
 
-def train_flags(options: dict[str, object]) -> list[str]:
-    """``[train]`` table -> ``sparse-dist train`` flags (``true`` -> bare flag, ``false`` -> left out)."""
-    flags: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is not False:
-            flags += [flag, str(value)]
-    return flags
-
-
-class _FlagRefused(Exception):
-    """What argparse would have printed before exiting."""
-
-
-class _TrainParser(argparse.ArgumentParser):
-    """``train``'s own parser, raising instead of exiting, so a study is checked by the rules a run obeys."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _FlagRefused(message)
-
-
-def _train_parser() -> _TrainParser:
-    from runners.train_cmd import add_arguments  # imports torch: only once a study is loaded
-
-    parser = _TrainParser(prog="sparse-dist train", add_help=False, allow_abbrev=False)
-    add_arguments(parser)
-    return parser
-
-
-def check_train_table(where: str, train: dict[str, Any],
-                      configurations: list[tuple[str, PolicySpec, str]]) -> None:
-    """Refuse a ``[train]`` key that is no ``train`` option (suggesting the nearest), a value its typed parser
-    refuses, or a combination ``train`` would refuse with one of the study's (plan, policy, compression)
-    configurations (:meth:`Study.configurations`); ``where`` names the file. Run when a study is loaded, so
-    ``--dry-run`` and every sweep check it before any launch."""
-    from runners.train_cmd import check_arguments
-
-    parser = _train_parser()
-    options = sorted(action.dest for action in parser._actions if action.option_strings)
-    for key, value in train.items():
-        name = key.replace("-", "_")
-        if name not in options:
-            close = difflib.get_close_matches(name, options, n=1)
-            hint = f"; did you mean {close[0]}?" if close else f"; expected some of {options}"
-            raise StudyError(f"{where}: [train] {key}: not an option of `sparse-dist train`{hint}")
-        try:
-            parser.parse_args(["--data", ".", *train_flags({key: value})])
-        except _FlagRefused as exc:
-            raise StudyError(f"{where}: [train] {key} = {value!r}: {exc}") from None
-    for plan, policy, compress in configurations:
-        if policy.refusal(plan):
-            continue  # the study skips it
-        args = parser.parse_args(["--data", ".", "--plan", plan, "--sample", str(policy.sample),
-                                  "--stale", str(policy.stale), "--compress", compress, *train_flags(train)])
-        problem = check_arguments(args)
-        if problem:
-            shown = "" if compress == "none" else f" and compress {compress}"
-            raise StudyError(f"{where}: [train] with plan {plan} and policy {policy.text}{shown}: {problem}")
-
-
 def _compressions(where: str, value: Any) -> tuple[str, ...]:
     """A ``compress`` list, each value checked by ``train --compress``'s own parser and written as it prints."""
     found: list[str] = []
@@ -534,5 +471,7 @@ def load_study(path: str | Path) -> Study:
             raise StudyError(f"{path}: study.policies: plan {plan}, policy {policy.text}, compress {codec} comes "
                              f"from two entries; list each configuration once")
         seen.add((plan, policy.text, codec))
-    check_train_table(str(path), train, configurations)
+    problem = check_train_table(train, configurations)
+    if problem:
+        raise StudyError(f"{path}: {problem}")
     return parsed
