@@ -347,7 +347,7 @@ def _compressions(where: str, value: Any) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _policy_entries(path: Path, value: Any, plans: list[str], compress: tuple[str, ...]) -> list[PolicyEntry]:
+def _policy_entries(path: Path, value: Any, plans: list[str]) -> list[PolicyEntry]:
     """``study.policies``: policy texts, or tables ``{ policy, plans, compress }`` (see the module docstring)."""
     where = f"{path}: study.policies"
     items = value if isinstance(value, list) else [value]
@@ -420,7 +420,7 @@ def load_study(path: str | Path) -> Study:
         if plan not in PLAN_NAMES:
             raise StudyError(f"{path}: study.plans: unknown plan {plan!r}; expected some of {PLAN_NAMES}")
     compress = _compressions(f"{path}: study.compress", study.get("compress", ["none"]))
-    policies = _policy_entries(path, study.get("policies", ["exact"]), plans, compress)
+    policies = _policy_entries(path, study.get("policies", ["exact"]), plans)
     launcher = study.get("launcher", "auto")
     if launcher not in LAUNCHERS:
         raise StudyError(f"{path}: study.launcher: expected one of {LAUNCHERS}, found {launcher!r}")
