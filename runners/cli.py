@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     prefer_huge_pages()  # before anything imports torch (see sparse_dist.hostmem)
     warnings.showwarning = _show_warning
     args = _parser().parse_args(argv)
-    if args.command in RENAMED_COMMANDS:
+    if isinstance(args.command, str) and args.command in RENAMED_COMMANDS:  # emulate's own "command" is a list
         new = RENAMED_COMMANDS[args.command]
         deprecation_notice("sparse-dist", f"sparse-dist {args.command}", f"sparse-dist {new}")
         args.command = new

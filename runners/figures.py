@@ -25,8 +25,12 @@ PARTS = (("t_local_spmm", "local SpMM"), ("t_dense", "dense"), ("t_exchange", "e
 
 
 def label(row: dict[str, Any]) -> str:
+    """``plan policy`` (``p2p fp16`` for a compressed exact run, ``p2p bns:p=0.1 + int8`` otherwise)."""
     c = f", c={row['replication']}" if int(row["replication"]) > 1 else ""
-    return f"{row['plan']} {row['policy']}{c}"
+    compress = str(row.get("compress") or "none")
+    if compress == "none":
+        return f"{row['plan']} {row['policy']}{c}"
+    return f"{row['plan']} {compress if row['policy'] == 'exact' else row['policy'] + ' + ' + compress}{c}"
 
 
 def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -103,7 +107,9 @@ def _shade_oversubscribed(ax: plt.Axes, rows: list[dict[str, Any]]) -> None:
 STYLES = {"exact": "-", "bns": "--", "sancus-e": ":", "sancus-a": ":", "sancus-h": "-."}
 
 
-def _style(row: dict[str, Any]) -> str:
+def _style(row: dict[str, Any]) -> Any:
+    if str(row.get("compress") or "none") != "none":
+        return (0, (6, 2, 1, 2))  # compressed: dash-dot, apart from every policy's own style
     return STYLES.get(str(row["policy"]).split(":")[0].split("+")[0], "-")
 
 
@@ -287,9 +293,22 @@ def plot_accuracy_time(rows: list[dict[str, Any]], epochs: dict[str, list[dict[s
     return True
 
 
-def plot_tta_bandwidth(rows: list[dict[str, Any]], path: Path, dpi: int) -> bool:
-    """Time to the target against bandwidth; False (nothing written) without a ``bandwidth`` column or a TTA."""
-    networked = [r for r in rows if r.get("bandwidth") is not None and r.get("time_to_target") is not None]
+AGAINST_BANDWIDTH = (
+    ("time_to_target", "tta-bandwidth.png", "time to target validation accuracy (s since launch)",
+     "time-to-accuracy against bandwidth"),
+    ("epoch_time", "epoch-time-bandwidth.png", "epoch time (s, slowest rank, warm-up excluded)",
+     "epoch time against bandwidth"),
+    ("t_exchange", "exchange-wait-bandwidth.png", "exchange wait (s per epoch, mean over ranks)",
+     "exchange wait (time inside the SpMM exchanges) against bandwidth"),
+)
+"""The ``[network]`` figures: (results.csv column, file, y label, title), one line per plan and policy."""
+
+
+def plot_against_bandwidth(rows: list[dict[str, Any]], column: str, ylabel: str, title: str, path: Path,
+                           dpi: int) -> bool:
+    """``column`` against the emulated bandwidth, one line per plan and policy, one panel per dataset and P;
+    False (nothing written) without a ``bandwidth`` column or a value of ``column``."""
+    networked = [r for r in rows if r.get("bandwidth") is not None and r.get(column) is not None]
     if not networked:
         return False
     bandwidths = _bandwidths(networked)
@@ -298,10 +317,10 @@ def plot_tta_bandwidth(rows: list[dict[str, Any]], path: Path, dpi: int) -> bool
     fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.4), squeeze=False)
     for ax, (dataset, ranks) in zip(axes[0], panels):
         grouped: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
-        styles: dict[str, str] = {}
+        styles: dict[str, Any] = {}
         for row in networked:
             if row["dataset"] == dataset and int(row["world_size"]) == ranks:
-                grouped[label(row)][row["bandwidth"]].append(float(row["time_to_target"]))  # seeds averaged
+                grouped[label(row)][row["bandwidth"]].append(float(row[column]))  # seeds averaged
                 styles[label(row)] = _style(row)
         for name, by_bandwidth in grouped.items():
             ordered = sorted(by_bandwidth, key=positions.__getitem__)
@@ -309,14 +328,16 @@ def plot_tta_bandwidth(rows: list[dict[str, Any]], path: Path, dpi: int) -> bool
                     marker="o", ls=styles[name], label=name)
         ax.set_xticks(range(len(bandwidths)), [str(b) for b in bandwidths])
         ax.set_xlabel("emulated bandwidth per node link")
-        ax.set_yscale("log")
+        if all(float(np.mean(v)) > 0 for values in grouped.values() for v in values.values()):
+            ax.set_yscale("log")  # a zero (an exchange-free run) stays on a linear axis
         ax.set_title(f"{dataset}, P={ranks}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0, 0].set_ylabel("time to target validation accuracy (s since launch)")
+    axes[0, 0].set_ylabel(ylabel)
     axes[0, -1].legend(fontsize=7)
-    targets = sorted({round(float(r["target_acc"]), 4) for r in networked if r.get("target_acc") is not None})
-    fig.suptitle(f"time-to-accuracy against bandwidth (target {', '.join(map(str, targets))}; "
-                 "no point: never reached)", fontsize=10)
+    if column == "time_to_target":
+        targets = sorted({round(float(r["target_acc"]), 4) for r in networked if r.get("target_acc") is not None})
+        title += f" (target {', '.join(map(str, targets))}; no point: never reached)"
+    fig.suptitle(title, fontsize=10)
     _save(fig, path, dpi)
     return True
 
@@ -361,8 +382,9 @@ def draw(args: argparse.Namespace) -> int:
         written.append(out / "audit.png")
     if plot_accuracy_time(strong_or_all, epochs, out / "accuracy-time.png", args.dpi):
         written.append(out / "accuracy-time.png")
-    if plot_tta_bandwidth(rows, out / "tta-bandwidth.png", args.dpi):
-        written.append(out / "tta-bandwidth.png")
+    for column, name, ylabel, title in AGAINST_BANDWIDTH:
+        if plot_against_bandwidth(rows, column, ylabel, title, out / name, args.dpi):
+            written.append(out / name)
     for path in written:
         print(path)
     return 0

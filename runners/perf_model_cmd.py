@@ -188,7 +188,8 @@ def compare(args: argparse.Namespace) -> int:
         return workloads[key]
 
     def configuration(row: dict[str, Any]) -> tuple:
-        return row["dataset"], row["plan"], row["policy"], row["replication"], row["hidden"], row["layers"]
+        return (row["dataset"], row["plan"], row["policy"], row.get("compress") or "none", row["replication"],
+                row["hidden"], row["layers"])
 
     for row in sorted(rows, key=lambda r: (*map(str, configuration(r)), r["world_size"])):
         base = min((r for r in rows if configuration(r) == configuration(row)), key=lambda r: r["world_size"])
@@ -243,7 +244,8 @@ def predict(args: argparse.Namespace) -> int:
     threads = args.threads or max(net.cores_per_node // net.ranks_per_node, 1)
     study = Path(args.calibrate_from)
     rows = read_csv(study / "results.csv")
-    calibration = [r for r in rows if r["plan"] == PointToPointPlan.name and PolicySpec.parse(r["policy"]).is_exact]
+    calibration = [r for r in rows if r["plan"] == PointToPointPlan.name and PolicySpec.parse(r["policy"]).is_exact
+                   and (r.get("compress") or "none") == "none"]
     if not calibration:
         raise ResultsError(f"{study}: no exact p2p run to calibrate the compute rates on")
     base = min(calibration, key=lambda r: (r["world_size"], -float(r["nodes"] or 0)))

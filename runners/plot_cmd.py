@@ -27,7 +27,12 @@ from ``sparse-dist sweep``). Figures, written to ``--out`` (default
 * ``tta-bandwidth.png`` (``[network]`` studies, ``bandwidth`` column):
   time to that target against the emulated bandwidth, one line per plan and
   policy, one panel per dataset and P (a run that never reached the target
-  has no point; ``unlimited`` is drawn right of the fastest cap).
+  has no point; ``unlimited`` is drawn right of the fastest cap);
+* ``epoch-time-bandwidth.png`` and ``exchange-wait-bandwidth.png`` (``[network]`` studies): the epoch
+  time (slowest rank) and the time spent in the SpMM exchanges (``t_exchange``, mean over ranks: for
+  ``pipe`` the wait, not the transfer) against the emulated bandwidth, drawn as ``tta-bandwidth.png``.
+
+Lines are per plan, policy and compression (``p2p fp16``: exact p2p with ``--compress fp16``).
 """
 
 from __future__ import annotations

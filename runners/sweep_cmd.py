@@ -40,7 +40,8 @@ from typing import Any
 from runners.launcher_path import find_mpiexec
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
 from runners.data.shards import read_meta
-from runners.study.spec import Run, Study, StudyError, load_study, train_flags
+from runners.study.spec import Run, Study, StudyError, load_study
+from runners.study.train_table import train_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,11 +95,13 @@ def emulate_prefix(study: Study, run: Run) -> list[str]:
 def run_command(study: Study, run: Run, launcher: str) -> list[str]:
     prefix = (emulate_prefix(study, run) if run.bandwidth is not None
               else launch_prefix(launcher, run.ranks, study.launcher_args))
+    epochs = study.epochs_for(run.dataset)
     return [*prefix, *_python_command(), "train",
             "--data", str(study.prepared_dir(run).resolve()), "--out", str(study.results_file(run)),
             "--plan", run.plan, "--replication", str(run.replication), "--sample", run.sample,
-            "--stale", run.stale, "--seed", str(run.seed), "--epochs", str(study.epochs),
-            "--print-every", str(max(study.epochs // 4, 1)), *train_flags(study.train)]
+            "--stale", run.stale, *(["--compress", run.compress] if run.compress != "none" else []),
+            "--seed", str(run.seed), "--epochs", str(epochs), "--print-every", str(max(epochs // 4, 1)),
+            *train_flags(study.train)]
 
 
 def prepare_command(study: Study, run: Run) -> list[str]:

@@ -18,8 +18,8 @@ multi-label) of any epoch; ``time_to_target`` the ``wall`` (seconds since launch
 included; :mod:`runners.launch`) of the first epoch whose validation metric reaches ``target_acc``, at
 ``target_epoch``; empty if the run never reached it. ``target_acc`` is the study's ``target_acc`` where it sets
 one; otherwise :data:`~runners.time_to_accuracy.DEFAULT_TARGET_FRACTION` (0.98) of the best validation value of
-the study's exact p2p run on the same dataset and P (the highest, where several seeds, replications or
-bandwidths give several), computed here from each run's epoch curve, so that every policy at that dataset and
+the study's exact, uncompressed p2p run on the same dataset and P (the highest, where several seeds, replications
+or bandwidths give several), computed here from each run's epoch curve, so that every policy at that dataset and
 P races to the same target. Without such a run (and without ``target_acc``) the three are empty; so is
 ``time_to_target`` for results files older than the ``wall`` field.
 """
@@ -39,7 +39,7 @@ from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, curve, first_reach
 DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
-    "stale", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
+    "stale", "compress", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
     "t_dropout", "t_optimizer", "exchange_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "best_val", "target_acc",
@@ -93,7 +93,8 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
     totals = [e["time"]["total"]["max"] for e in timed]
     row: dict[str, Any] = {
         "world_size": world, "replication": config["replication"], "plan": config["plan"],
-        "sample": config["sample"], "stale": config["stale"], "seed": config["seed"], "model": config["model"],
+        "sample": config["sample"], "stale": config["stale"], "compress": config.get("compress", "none"),
+        "seed": config["seed"], "model": config["model"],
         "hidden": config["hidden"], "layers": config["layers"], "dtype": config["dtype"], "data": config["data"],
         "input_exchange": setup.get("input_exchange", {}).get("mode", "per-epoch"),
         "receiver_dropout": bool(setup.get("receiver_dropout", False)),
@@ -127,10 +128,12 @@ CURVE = "_validation_curve"
 
 
 def default_targets(rows: list[dict[str, Any]]) -> dict[tuple[Any, int], float]:
-    """Per (dataset, P): :data:`DEFAULT_TARGET_FRACTION` of the best validation value of its exact p2p run(s)."""
+    """Per (dataset, P): :data:`DEFAULT_TARGET_FRACTION` of the best validation value of its exact p2p run(s),
+    uncompressed (a compressed exact run races to the target like every other policy)."""
     best: dict[tuple[Any, int], float] = {}
     for row in rows:
-        if row.get("plan") == "p2p" and row.get("policy") == "exact" and row.get("best_val") is not None:
+        if (row.get("plan") == "p2p" and row.get("policy") == "exact" and (row.get("compress") or "none") == "none"
+                and row.get("best_val") is not None):
             key = (row.get("dataset"), int(row["world_size"]))
             best[key] = max(best.get(key, float("-inf")), float(row["best_val"]))
     return {key: DEFAULT_TARGET_FRACTION * value for key, value in best.items()}

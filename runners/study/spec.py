@@ -9,7 +9,10 @@ A study file (see ``studies/`` and the README)::
     ranks = [1, 2, 4]
     replication = [1]                      # c; a c that does not divide P is skipped
     plans = ["dense-bcast", "sparse-bcast", "p2p"]
-    policies = ["exact", "bns:keep=0.1", "sancus-h:eps=0.02"]
+    policies = ["exact", "bns:keep=0.1", "sancus-h:eps=0.02",  # crossed with every plan and compression
+                { policy = "pipe:tau=1", plans = ["p2p"] },   # or pinned to some plans and/or compressions
+                { policy = "exact", plans = ["p2p"], compress = ["fp16", "int8,feedback"] }]
+    compress = ["none"]                    # `train --compress` values crossed with plans x policies
     seeds = [0]
     epochs = 12
     warmup = 2                             # leading epochs left out of every time figure
@@ -30,6 +33,7 @@ A study file (see ``studies/`` and the README)::
     # path = "data_prepared/cora"          # or an already prepared directory
     # nodes_per_rank = 25000               # weak scaling: nodes = nodes_per_rank * P
     # sizes = { "1" = 25000, "2" = 50000 } # weak scaling, explicit
+    # epochs = 200                         # this dataset's runs train this many epochs (default: study.epochs)
 
     [network]                              # optional: every run over an emulated cluster (`sparse-dist emulate`)
     bandwidth = ["unlimited", "1gbit", "200mbit"]   # each node's link, both directions; crossed with the runs
@@ -44,18 +48,24 @@ run from the repository root writes ``results/tiny`` there, where ``plot`` and
 names its input data wherever it is run from). Both become absolute when the
 file is loaded.
 
-Plans and policies are crossed; combinations the library cannot run (BNS
+Plans, policies and compressions are crossed; combinations the library cannot run (BNS
 sampling on ``dense-bcast``, SANCUS caching on ``p2p``) are listed as
 skipped with the reason. A policy is ``exact``, one policy spec, or a
-sampling and a staleness spec joined by ``+``. With a ``[network]`` table each run
+sampling and a staleness spec joined by ``+``. Compression (``compress``, the values of
+``train --compress``: ``none``, ``fp16``, ``bf16``, ``int8[:stochastic][,feedback]``) is a third axis:
+study-wide, ``compress`` is crossed with every plan and policy; a policy entry written as a table
+(``{ policy = "...", plans = [...], compress = [...] }``) runs on those plans and compressions only,
+so a study can list exactly the configurations it compares (fp16 on exact p2p, without fp16 on every
+sampling policy). Two entries that give the same (plan, policy, compression) are refused. A run's id
+gains ``_<compression>`` where it is not ``none`` (``..._p2p_exact_int8_feedback_s0``), so the ids of
+uncompressed runs are what they were; ``results.csv`` has a ``compress`` column and ``policy`` stays the
+sampling + staleness text. With a ``[network]`` table each run
 is launched through ``sparse-dist emulate`` (hydra ``mpiexec`` only), once per
 bandwidth; its run id ends in ``_bw<bandwidth>`` and its results record the network.
 """
 
 from __future__ import annotations
 
-import argparse
-import difflib
 import math
 import os
 import re
@@ -66,15 +76,18 @@ from typing import Any
 
 from algorithms.policies import PolicySpec
 from runners.emulate.network import parse_bandwidth, parse_latency
+from runners.study.train_table import check_train_table
+from sparse_dist.compress import Codec
 from sparse_dist.plans import PLAN_NAMES
 
-STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "seeds", "epochs",
-              "warmup", "timeout", "launcher", "launcher_args", "target_acc"}
-DATASET_KEYS = {"name", "path", "synthetic", "partitioner", "parts", "nodes_per_rank", "sizes", "seed"}
+STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "compress", "seeds",
+              "epochs", "warmup", "timeout", "launcher", "launcher_args", "target_acc"}
+DATASET_KEYS = {"name", "path", "synthetic", "partitioner", "parts", "nodes_per_rank", "sizes", "seed", "epochs"}
+POLICY_ENTRY_KEYS = {"policy", "plans", "compress"}
 SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
 NETWORK_KEYS = {"nodes", "ranks_per_node", "bandwidth", "latency"}
 LAUNCHERS = ("auto", "mpiexec", "srun")
-TRAIN_FLAGS_SET_BY_STUDY = {"data", "out", "plan", "replication", "sample", "stale", "seed", "epochs"}
+TRAIN_FLAGS_SET_BY_STUDY = {"data", "out", "plan", "replication", "sample", "stale", "compress", "seed", "epochs"}
 
 
 class StudyError(ValueError):
@@ -93,6 +106,7 @@ class DatasetSpec:
     nodes_per_rank: int | None = None
     sizes: dict[int, int] = field(default_factory=dict)
     seed: int = 0
+    epochs: int | None = None  # None: the study's epochs
 
     def nodes_for(self, ranks: int, scaling: str) -> int | None:
         """Synthetic node count of the run with ``ranks`` ranks (None for a prepared directory)."""
@@ -130,6 +144,16 @@ class NetworkSpec:
 
 
 @dataclass(frozen=True)
+class PolicyEntry:
+    """One ``policies`` entry: a policy and, where the entry is a table, the plans and compressions it is
+    limited to (None: every plan of the study, the study's ``compress``)."""
+
+    policy: PolicySpec  # parsed once, by the parser `train --sample/--stale` uses
+    plans: tuple[str, ...] | None = None
+    compress: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Run:
     """One training job of the study (``bandwidth``: the emulated network's, None without ``[network]``)."""
 
@@ -143,6 +167,7 @@ class Run:
     stale: str
     seed: int
     bandwidth: str | None = None
+    compress: str = "none"  # `train --compress`
 
     @property
     def data_name(self) -> str:
@@ -150,7 +175,8 @@ class Run:
 
     @property
     def run_id(self) -> str:
-        policy = re.sub(r"[^A-Za-z0-9.=-]+", "_", self.policy)
+        policy = re.sub(r"[^A-Za-z0-9.=-]+", "_", self.policy if self.compress == "none"
+                        else f"{self.policy}_{self.compress}")
         network = "" if self.bandwidth is None else f"_bw{self.bandwidth}"
         return f"{self.data_name}_P{self.ranks}_c{self.replication}_{self.plan}_{policy}_s{self.seed}{network}"
 
@@ -166,7 +192,7 @@ class Study:
     ranks: list[int]
     replication: list[int]
     plans: list[str]
-    policies: list[PolicySpec]  # parsed once, by the parser `train --sample/--stale` uses
+    policies: list[PolicyEntry]
     seeds: list[int]
     epochs: int
     warmup: int
@@ -177,6 +203,17 @@ class Study:
     datasets: list[DatasetSpec]
     network: NetworkSpec | None = None
     target_acc: float | None = None  # results.csv's time-to-target; None: runners.study.collect's default
+    compress: list[str] = field(default_factory=lambda: ["none"])
+
+    def configurations(self) -> list[tuple[str, PolicySpec, str]]:
+        """Every (plan, policy, compression) the study crosses, in run order, refused combinations included."""
+        return [(plan, entry.policy, compress) for plan in self.plans for entry in self.policies
+                if entry.plans is None or plan in entry.plans
+                for compress in (entry.compress if entry.compress is not None else self.compress)]
+
+    def epochs_for(self, dataset: DatasetSpec) -> int:
+        """Epochs of a run on ``dataset``: its own ``epochs`` where set, else the study's."""
+        return dataset.epochs if dataset.epochs is not None else self.epochs
 
     def runs(self) -> tuple[list[Run], list[str]]:
         """Every run in a fixed order, and a line for each combination skipped (with the reason)."""
@@ -194,16 +231,16 @@ class Study:
                             skipped.append(f"P={ranks}: {self.network.misfit(ranks)}")
                         continue
                     bandwidths = self.network.bandwidths if self.network is not None else [None]
-                    for plan in self.plans:
-                        for policy in self.policies:
-                            problem = policy.refusal(plan)
-                            if problem:
-                                if ranks == self.ranks[0] and c == self.replication[0]:
-                                    skipped.append(f"{plan} + {policy}: {problem}")
-                                continue
-                            runs.extend(Run(dataset, nodes, ranks, c, plan, policy.text, str(policy.sample),
-                                            str(policy.stale), seed, bandwidth)
-                                        for bandwidth in bandwidths for seed in self.seeds)
+                    for plan, policy, compress in self.configurations():
+                        problem = policy.refusal(plan)
+                        if problem:
+                            line = f"{plan} + {policy}: {problem}"
+                            if ranks == self.ranks[0] and c == self.replication[0] and line not in skipped:
+                                skipped.append(line)
+                            continue
+                        runs.extend(Run(dataset, nodes, ranks, c, plan, policy.text, str(policy.sample),
+                                        str(policy.stale), seed, bandwidth, compress)
+                                    for bandwidth in bandwidths for seed in self.seeds)
         return runs, skipped
 
     def parts_for(self, dataset: DatasetSpec) -> int:
@@ -274,12 +311,13 @@ def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
         if not key.isdigit() or not isinstance(value, int) or value < 1:
             raise StudyError(f"{where}.sizes: expected {{\"P\" = nodes}} with positive integers, found {key}={value!r}")
         sizes[int(key)] = value
+    epochs = _int_list(f"{where}.epochs", table["epochs"], 1)[0] if "epochs" in table else None
     if has_path:
         if scaling == "weak":
             raise StudyError(f"{where}: weak scaling needs a synthetic dataset (one size per P), not a path")
         directory = Path(_expect(f"{where}.path", table["path"], str, "a directory"))
         return DatasetSpec(name=name, path=directory if directory.is_absolute()
-                           else Path(os.path.normpath(path.parent / directory)))
+                           else Path(os.path.normpath(path.parent / directory)), epochs=epochs)
     synthetic = _expect(f"{where}.synthetic", table["synthetic"], dict, "a table")
     _unknown(f"{where}.synthetic", synthetic, SYNTHETIC_KEYS)
     for key, value in synthetic.items():
@@ -291,67 +329,50 @@ def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
         _int_list(f"{where}.parts", parts, 1)
     return DatasetSpec(name=name, synthetic=dict(synthetic), partitioner=table.get("partitioner", "metis"),
                        parts=parts, nodes_per_rank=table.get("nodes_per_rank"), sizes=sizes,
-                       seed=int(table.get("seed", 0)))
+                       seed=int(table.get("seed", 0)), epochs=epochs)
 
 
-def train_flags(options: dict[str, object]) -> list[str]:
-    """``[train]`` table -> ``sparse-dist train`` flags (``true`` -> bare flag, ``false`` -> left out)."""
-    flags: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is not False:
-            flags += [flag, str(value)]
-    return flags
-
-
-class _FlagRefused(Exception):
-    """What argparse would have printed before exiting."""
-
-
-class _TrainParser(argparse.ArgumentParser):
-    """``train``'s own parser, raising instead of exiting, so a study is checked by the rules a run obeys."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _FlagRefused(message)
-
-
-def _train_parser() -> _TrainParser:
-    from runners.train_cmd import add_arguments  # imports torch: only once a study is loaded
-
-    parser = _TrainParser(prog="sparse-dist train", add_help=False, allow_abbrev=False)
-    add_arguments(parser)
-    return parser
-
-
-def check_train_table(where: str, train: dict[str, Any], plans: list[str], policies: list[PolicySpec]) -> None:
-    """Refuse a ``[train]`` key that is no ``train`` option (suggesting the nearest), a value its typed parser
-    refuses, or a combination ``train`` would refuse with one of the study's plans and policies; ``where``
-    names the file. Run when a study is loaded, so ``--dry-run`` and every sweep check it before any launch."""
-    from runners.train_cmd import check_arguments
-
-    parser = _train_parser()
-    options = sorted({flag[2:].replace("-", "_") for action in parser._actions for flag in action.option_strings})
-    for key, value in train.items():
-        name = key.replace("-", "_")
-        if name not in options:  # a flag's name; an old one too (it says its new name when parsed)
-            close = difflib.get_close_matches(name, options, n=1)
-            hint = f"; did you mean {close[0]}?" if close else f"; expected some of {options}"
-            raise StudyError(f"{where}: [train] {key}: not an option of `sparse-dist train`{hint}")
+def _compressions(where: str, value: Any) -> tuple[str, ...]:
+    """A ``compress`` list, each value checked by ``train --compress``'s own parser and written as it prints."""
+    found: list[str] = []
+    for text in _str_list(where, value):
         try:
-            parser.parse_args(["--data", ".", *train_flags({key: value})])
-        except _FlagRefused as exc:
-            raise StudyError(f"{where}: [train] {key} = {value!r}: {exc}") from None
-    for plan in plans:
-        for policy in policies:
-            if policy.refusal(plan):
-                continue  # the study skips it
-            args = parser.parse_args(["--data", ".", "--plan", plan, "--sample", str(policy.sample),
-                                      "--stale", str(policy.stale), *train_flags(train)])
-            problem = check_arguments(args)
-            if problem:
-                raise StudyError(f"{where}: [train] with plan {plan} and policy {policy.text}: {problem}")
+            codec = Codec.parse(text)
+        except ValueError as exc:
+            raise StudyError(f"{where}: {exc}") from None
+        name = "none" if codec is None else str(codec)
+        if name in found:
+            raise StudyError(f"{where}: each compression once, found {text!r} twice")
+        found.append(name)
+    return tuple(found)
+
+
+def _policy_entries(path: Path, value: Any, plans: list[str]) -> list[PolicyEntry]:
+    """``study.policies``: policy texts, or tables ``{ policy, plans, compress }`` (see the module docstring)."""
+    where = f"{path}: study.policies"
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise StudyError(f"{where}: expected a non-empty list of policies, found {value!r}")
+    entries: list[PolicyEntry] = []
+    for index, item in enumerate(items):
+        table = item if isinstance(item, dict) else {"policy": item}
+        spot = where if not isinstance(item, dict) else f"{where}[{index}]"
+        _unknown(spot, table, POLICY_ENTRY_KEYS)
+        text = _expect(f"{spot}.policy" if isinstance(item, dict) else spot, table.get("policy"), str,
+                       "a policy such as 'exact' or 'bns:p=0.1' (or a table with policy, plans, compress)")
+        try:
+            policy = PolicySpec.parse(text)
+        except ValueError as exc:
+            raise StudyError(f"{where}: {exc}") from None
+        only = None
+        if "plans" in table:
+            only = tuple(_str_list(f"{spot}.plans", table["plans"]))
+            stray = [plan for plan in only if plan not in plans]
+            if stray:
+                raise StudyError(f"{spot}.plans: {stray} not in study.plans {plans}")
+        codecs = _compressions(f"{spot}.compress", table["compress"]) if "compress" in table else None
+        entries.append(PolicyEntry(policy, only, codecs))
+    return entries
 
 
 def _network(path: Path, table: Any) -> NetworkSpec:
@@ -398,12 +419,8 @@ def load_study(path: str | Path) -> Study:
     for plan in plans:
         if plan not in PLAN_NAMES:
             raise StudyError(f"{path}: study.plans: unknown plan {plan!r}; expected some of {PLAN_NAMES}")
-    policies = []
-    for policy in _str_list(f"{path}: study.policies", study.get("policies", ["exact"])):
-        try:
-            policies.append(PolicySpec.parse(policy))
-        except ValueError as exc:
-            raise StudyError(f"{path}: study.policies: {exc}") from None
+    compress = _compressions(f"{path}: study.compress", study.get("compress", ["none"]))
+    policies = _policy_entries(path, study.get("policies", ["exact"]), plans)
     launcher = study.get("launcher", "auto")
     if launcher not in LAUNCHERS:
         raise StudyError(f"{path}: study.launcher: expected one of {LAUNCHERS}, found {launcher!r}")
@@ -416,13 +433,16 @@ def load_study(path: str | Path) -> Study:
     clash = sorted(set(k.replace("-", "_") for k in train) & TRAIN_FLAGS_SET_BY_STUDY)
     if clash:
         raise StudyError(f"{path}: [train] sets {clash}, which the study itself decides per run")
-    check_train_table(str(path), train, plans, policies)
     tables = document.get("dataset")
     if not isinstance(tables, list) or not tables:
         raise StudyError(f"{path}: expected at least one [[dataset]] table")
     datasets = [_dataset(path, i, table, scaling) for i, table in enumerate(tables)]
     if len({d.name for d in datasets}) != len(datasets):
         raise StudyError(f"{path}: dataset names must be distinct")
+    for index, dataset in enumerate(datasets):
+        if dataset.epochs is not None and warmup >= dataset.epochs:
+            raise StudyError(f"{path}: dataset[{index}].epochs ({dataset.epochs}) must be above study.warmup "
+                             f"({warmup})")
     output = Path(_expect(f"{path}: study.output", study.get("output", f"results/{name}"), str, "a directory"))
     timeout = study.get("timeout", 1800)
     _expect(f"{path}: study.timeout", timeout, (int, float), "seconds")
@@ -434,13 +454,24 @@ def load_study(path: str | Path) -> Study:
     if network is not None and (launcher == "srun" or study.get("launcher_args")):
         raise StudyError(f"{path}: [network] runs go through `sparse-dist emulate`, which launches hydra's mpiexec "
                          f"itself; leave study.launcher at auto or mpiexec and study.launcher_args empty")
-    return Study(source=path, name=name,
-                 output=output if output.is_absolute() else Path(os.path.normpath(Path.cwd() / output)),
-                 scaling=scaling, ranks=_int_list(f"{path}: study.ranks", study.get("ranks", [1]), 1),
-                 replication=_int_list(f"{path}: study.replication", study.get("replication", [1]), 1),
-                 plans=plans, policies=policies, seeds=_int_list(f"{path}: study.seeds", study.get("seeds", [0]), 0),
-                 epochs=epochs, warmup=warmup, timeout=float(timeout), launcher=launcher,
-                 launcher_args=_str_list(f"{path}: study.launcher_args", study["launcher_args"])
-                 if study.get("launcher_args") else [],
-                 train=dict(train), datasets=datasets, network=network,
-                 target_acc=float(target_acc) if target_acc is not None else None)
+    parsed = Study(source=path, name=name,
+                   output=output if output.is_absolute() else Path(os.path.normpath(Path.cwd() / output)),
+                   scaling=scaling, ranks=_int_list(f"{path}: study.ranks", study.get("ranks", [1]), 1),
+                   replication=_int_list(f"{path}: study.replication", study.get("replication", [1]), 1),
+                   plans=plans, policies=policies, seeds=_int_list(f"{path}: study.seeds", study.get("seeds", [0]), 0),
+                   epochs=epochs, warmup=warmup, timeout=float(timeout), launcher=launcher,
+                   launcher_args=_str_list(f"{path}: study.launcher_args", study["launcher_args"])
+                   if study.get("launcher_args") else [],
+                   train=dict(train), datasets=datasets, network=network,
+                   target_acc=float(target_acc) if target_acc is not None else None, compress=list(compress))
+    configurations = parsed.configurations()
+    seen: set[tuple[str, str, str]] = set()
+    for plan, policy, codec in configurations:
+        if (plan, policy.text, codec) in seen:
+            raise StudyError(f"{path}: study.policies: plan {plan}, policy {policy.text}, compress {codec} comes "
+                             f"from two entries; list each configuration once")
+        seen.add((plan, policy.text, codec))
+    problem = check_train_table(train, configurations)
+    if problem:
+        raise StudyError(f"{path}: {problem}")
+    return parsed

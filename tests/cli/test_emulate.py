@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from datasets_for_tests import cora, write
+from emulation import needs_namespaces
 from mpirun import BIN, ROOT, finish, run_mpi
 
 from runners import cli
@@ -23,25 +24,6 @@ from runners.emulate import command as emulate_command
 from runners.emulate.network import NETNS_DIR, prefix_of
 
 SPARSE_DIST = str(BIN / "sparse-dist")
-CLONE_NEWNET = 0x40000000
-
-
-def _namespaces_possible() -> str | None:
-    """Why this machine cannot make network namespaces (None if it can), probed in a throwaway process."""
-    if os.geteuid() != 0:
-        return f"not root (uid {os.geteuid()}): emulate needs root for network namespaces"
-    try:
-        import pyroute2  # noqa: F401
-    except ImportError:
-        return "pyroute2 is not installed (pip install 'sparse-dist[emulate]')"
-    probe = "import ctypes, sys; sys.exit(ctypes.CDLL(None, use_errno=True).unshare(%d) != 0)" % CLONE_NEWNET
-    if subprocess.run([sys.executable, "-c", probe], timeout=30).returncode != 0:
-        return "this machine refuses unshare(CLONE_NEWNET)"
-    return None
-
-
-NO_NAMESPACES = _namespaces_possible()
-needs_namespaces = pytest.mark.skipif(NO_NAMESPACES is not None, reason=str(NO_NAMESPACES))
 
 
 def _ours(pid: int) -> list[str]:

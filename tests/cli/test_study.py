@@ -207,3 +207,123 @@ def test_the_shipped_studies_write_where_the_readme_reads(monkeypatch: pytest.Mo
     for name in ("tiny", "clustered-strong", "clustered-weak"):
         study = load_study(root / "runners" / "study" / "studies" / f"{name}.toml")
         assert study.output == root / "results" / name
+
+
+def test_compression_is_crossed_with_plans_and_policies(tmp_path: Path) -> None:
+    from runners.sweep_cmd import run_command
+
+    text = GOOD.replace("epochs = 5", 'epochs = 5\ncompress = ["none", "int8, feedback"]')
+    study = load_study(_write(tmp_path, text))
+    runs, _ = study.runs()
+    plain, _ = load_study(_write(tmp_path, GOOD)).runs()
+    assert len(runs) == 2 * len(plain)
+    assert {r.compress for r in runs} == {"none", "int8,feedback"}  # written as train --compress prints it
+    squeezed = next(r for r in runs if r.compress != "none" and r.plan == "p2p" and r.policy == "bns:keep=0.1")
+    assert squeezed.run_id == "syn-n1000_P1_c1_p2p_bns_keep=0.1_int8_feedback_s0"
+    assert {r.run_id for r in plain} <= {r.run_id for r in runs}  # ids of uncompressed runs are unchanged
+    command = run_command(study, squeezed, "mpiexec")
+    assert command[command.index("--compress") + 1] == "int8,feedback"
+    assert "--compress" not in run_command(study, plain[0], "mpiexec")
+
+
+def test_a_policy_table_pins_its_plans_and_compressions(tmp_path: Path) -> None:
+    text = GOOD.replace('policies = ["exact", "bns:keep=0.1", "sancus-e:eps=1"]',
+                        'policies = ["exact", { policy = "sancus-e:eps=1", plans = ["dense-bcast"] },\n'
+                        '            { policy = "exact", plans = ["p2p"], compress = ["fp16", "bf16"] }]')
+    study = load_study(_write(tmp_path, text))
+    assert [(plan, str(policy), compress) for plan, policy, compress in study.configurations()] == [
+        ("dense-bcast", "exact", "none"), ("dense-bcast", "sancus-e:eps=1", "none"),
+        ("p2p", "exact", "none"), ("p2p", "exact", "fp16"), ("p2p", "exact", "bf16")]
+    runs, skipped = study.runs()
+    valid_pc = [(p, c) for p in (1, 2, 3, 4) for c in (1, 2) if p % c == 0]
+    assert len(runs) == len(valid_pc) * 5 * 2  # (P, c) pairs x configurations x seeds
+    assert all(line.endswith("c does not divide P") for line in skipped)  # sancus-e never meets p2p
+
+
+@pytest.mark.parametrize("change,sentence", [
+    (("epochs = 5", 'epochs = 5\ncompress = ["int9"]'),
+     "study.compress: compression format must be one of ('fp16', 'bf16', 'int8'), got 'int9'"),
+    (("epochs = 5", 'epochs = 5\ncompress = ["fp16", "fp16"]'), "study.compress: each compression once"),
+    (('"sancus-e:eps=1"', '{ policy = "sancus-e:eps=1", plans = ["sparse-bcast"] }'),
+     "study.policies[2].plans: ['sparse-bcast'] not in study.plans ['dense-bcast', 'p2p']"),
+    (('"sancus-e:eps=1"', '{ policy = "exact", compress = ["bf16:stochastic"] }'),
+     "study.policies[2].compress: stochastic rounding is an int8 option, not bf16's"),
+    (('"sancus-e:eps=1"', '{ policy = "bns:keep=0.1", plan = "p2p" }'), "study.policies[2]: unknown field(s) ['plan']"),
+    (('"sancus-e:eps=1"', '{ policy = "exact", plans = ["p2p"] }'),
+     "study.policies: plan p2p, policy exact, compress none comes from two entries"),
+    (("hidden = 8", 'compress = "fp16"'), "[train] sets ['compress'], which the study itself decides per run"),
+    (('name = "syn"', 'name = "syn"\nepochs = 2'), "dataset[0].epochs (2) must be above study.warmup (2)"),
+])
+def test_compression_and_policy_tables_are_refused_at_load_in_one_sentence(tmp_path: Path, change: tuple[str, str],
+                                                                           sentence: str) -> None:
+    import subprocess
+    import sys
+
+    path = _write(tmp_path, GOOD.replace(*change))
+    result = subprocess.run([sys.executable, "-m", "runners.cli", "sweep", str(path), "--dry-run"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr.startswith(f"sparse-dist sweep: {path}: ") and sentence in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_dataset_trains_its_own_epochs(tmp_path: Path) -> None:
+    from runners.sweep_cmd import run_command
+
+    text = GOOD + '\n[[dataset]]\nname = "small"\nsynthetic = { nodes = 100, degree = 4, features = 8, classes = 3 }\n' \
+                  'epochs = 40\n'
+    study = load_study(_write(tmp_path, text))
+    runs, _ = study.runs()
+    epochs = {r.dataset.name: run_command(study, r, "mpiexec") for r in runs}
+    assert {name: command[command.index("--epochs") + 1] for name, command in epochs.items()} == \
+        {"syn": "5", "small": "40"}
+
+
+def test_results_carry_the_compression_and_the_default_target_ignores_compressed_runs(tmp_path: Path) -> None:
+    from runners.study.collect import read_csv, write_csv
+
+    config = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none",
+              "stale": "none", "seed": 0, "model": "gcn", "hidden": 8, "layers": 2, "dtype": "float32", "data": "d"}
+    final = {"type": "final", "epochs": 2, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
+
+    def row(compress: str | None, best: float) -> dict:
+        run_config = config if compress is None else {**config, "compress": compress}
+        epochs = [{**_epoch(n, 1.0, (0.1, 0.2, 0.3, 0.4), 100), "val_acc": best * n / 2, "wall": float(n)}
+                  for n in (1, 2)]
+        return summarise_run([run_config, *epochs, final], 0, {"run": f"r-{compress}", "dataset": "d",
+                                                               "policy": "exact"})
+
+    rows = [row(None, 0.5), row("fp16", 0.9)]  # a results file older than --compress reads as "none"
+    write_csv(tmp_path / "results.csv", rows)
+    table = {r["run"]: r for r in read_csv(tmp_path / "results.csv")}
+    assert table["r-None"]["compress"] == "none" and table["r-fp16"]["compress"] == "fp16"
+    assert [r["target_acc"] for r in table.values()] == pytest.approx([0.98 * 0.5] * 2)  # not 0.98 x fp16's 0.9
+
+
+def test_the_emulated_policies_study_runs_the_issues_configurations(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    study = load_study(root / "runners" / "study" / "studies" / "emulated-policies.toml")
+    runs, skipped = study.runs()
+    assert skipped == []
+    configurations = {(r.plan, r.policy, r.compress) for r in runs}
+    assert configurations == {
+        ("p2p", "exact", "none"), ("sparse-bcast", "exact", "none"), ("dense-bcast", "exact", "none"),
+        ("p2p", "bns:keep=0.1", "none"), ("p2p", "psc:budget=0.1", "none"), ("p2p", "dgs:nodes=0.5", "none"),
+        ("p2p", "pipe:tau=1", "none"), ("dense-bcast", "sancus-e:eps=1", "none"), ("p2p", "exact", "fp16"),
+        ("p2p", "exact", "int8,feedback")}
+    assert len(runs) == 2 * 2 * 4 * len(configurations)  # datasets x P x bandwidths x configurations
+    assert {r.bandwidth for r in runs} == {"unlimited", "10gbit", "1gbit", "200mbit"}
+    assert {(r.dataset.name, r.ranks, study.epochs_for(r.dataset)) for r in runs} == {
+        (name, ranks, epochs) for name, epochs in (("syn200k", 40), ("cora", 100)) for ranks in (2, 4)}
+    assert study.network is not None and study.network.ranks_per_node == 1
+    assert study.output == root / "results" / "emulated-policies"
+
+
+def test_figure_labels_name_the_compression() -> None:
+    from runners.figures import label
+
+    row = {"plan": "p2p", "policy": "exact", "replication": 1}
+    assert label(row) == label({**row, "compress": "none"}) == "p2p exact"
+    assert label({**row, "compress": "fp16"}) == "p2p fp16"
+    assert label({**row, "policy": "bns:keep=0.1", "compress": "int8,feedback"}) == "p2p bns:keep=0.1 + int8,feedback"
