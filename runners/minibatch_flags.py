@@ -3,8 +3,9 @@
 The train command calls :func:`add_minibatch_arguments` from its ``add_arguments``, :func:`minibatch_flag_problem`
 from its ``check_arguments`` (so a bad combination is refused before MPI does any collective work) and
 :func:`make_trainer` where it builds its trainer. Decisions: ``--checkpoint``/``--resume`` are refused in
-mini-batch mode (its Adam state and epoch position would resume, but the sampler's position inside an epoch
-is not saved yet); ``--fanouts`` needs one entry per ``--layers``.
+mini-batch mode are written at epoch ends like full-graph ones (a batch is a pure function of (seed, epoch,
+step), so weights, Adam state and epoch resume exactly) and their fingerprint adds the mode, the fanouts and
+the global batch size (:func:`mode_fingerprint`); ``--fanouts`` needs one entry per ``--layers``.
 """
 
 from __future__ import annotations
@@ -60,8 +61,6 @@ def minibatch_flag_problem(args: argparse.Namespace) -> str | None:
                                       ("--prefetch", args.prefetch or None)) if value is not None]
     if args.mode == "full":
         return f"{', '.join(given)} need --mode minibatch" if given else None
-    if args.checkpoint or args.resume:
-        return "--mode minibatch does not write or resume checkpoints yet: drop --checkpoint and --resume"
     if args.fanouts is None:
         args.fanouts = (None,) * args.layers
     if args.batch_size is None:
@@ -84,6 +83,16 @@ def make_trainer(comm: Communicator, graph: LocalGraph, config: TrainConfig, dev
     if getattr(args, "mode", "full") == "minibatch":
         return MinibatchTrainer(comm, graph, config, minibatch_config(args), device)
     return Trainer(comm, graph, config, device)
+
+
+def mode_fingerprint(args: argparse.Namespace, world_size: int, saved: Any) -> dict[str, Any]:
+    """What this run adds to :meth:`TrainConfig.fingerprint` when it resumes a checkpoint whose fingerprint
+    is ``saved``: a mini-batch run its :meth:`MinibatchConfig.fingerprint`; a full-graph run nothing (so
+    checkpoints written before mini-batch mode existed still resume), or ``mode: full`` against a mini-batch
+    checkpoint (so the refusal names the mode)."""
+    if getattr(args, "mode", "full") == "minibatch":
+        return minibatch_config(args).fingerprint(world_size)
+    return {"mode": "full"} if isinstance(saved, dict) and "mode" in saved else {}
 
 
 def mode_record(args: argparse.Namespace) -> dict[str, Any]:

@@ -53,6 +53,13 @@ class MinibatchConfig:
         if self.feature_cache < 0 or self.prefetch < 0:
             raise ValueError(f"feature cache and prefetch must be >= 0, got {self.feature_cache}, {self.prefetch}")
 
+    def fingerprint(self, world_size: int) -> dict[str, Any]:
+        """What a checkpoint of a mini-batch run must agree with on resume: the mode, the fanouts and the
+        GLOBAL batch size ``P * batch_size`` (batches are cut from one permutation by it, so the same global
+        batch resumes at another ``P``). Cache, prefetch and bulk sampling change no result: not included."""
+        return {"mode": "minibatch", "fanouts": ["all" if f is None else f for f in self.fanouts],
+                "global_batch_size": world_size * self.batch_size}
+
     def record(self) -> dict[str, Any]:
         """Plain JSON values for the results file's ``config`` record."""
         return {"mode": "minibatch", "fanouts": ["all" if f is None else f for f in self.fanouts],

@@ -289,6 +289,20 @@ class MinibatchTrainer:
     def has_policy_state(self) -> bool:
         return False
 
+    def state(self) -> dict[str, Any]:
+        """The full-graph trainer's checkpoint state (weights, Adam state, epoch, RNG), its fingerprint
+        extended by :meth:`MinibatchConfig.fingerprint`. Checkpoints are written at epoch ends and a batch is
+        a pure function of (seed, epoch, step), so nothing of the sampler needs saving: a resume is exact."""
+        state = self.full.state()
+        state["config"] = {**state["config"], **self.minibatch.fingerprint(self.comm.size)}
+        state["epoch"] = self.epoch
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue after the epoch ``state`` was written at (its fingerprint was checked by the caller)."""
+        self.full.load_state(state)
+        self.epoch = self.full.epoch
+
     def close(self) -> None:
         """End the run (collective): the full-graph trainer's exchanges, then the worker's communicator."""
         self.full.close()
