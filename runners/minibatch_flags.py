@@ -32,7 +32,8 @@ def fanouts_arg(text: str) -> tuple[int | None, ...]:
 
 
 def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache``, ``--prefetch`` (docs/guide/minibatch.md)."""
+    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache``, ``--prefetch``, ``--sample-batches``
+    (docs/guide/minibatch.md)."""
     parser.add_argument("--mode", choices=MODES, default="full",
                         help="full: full-graph training (default); minibatch: sampled mini-batches (DistDGL's "
                              "synchronous SGD), evaluated exactly on the full graph")
@@ -49,6 +50,10 @@ def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
                         help="minibatch: sample and fetch up to N batches ahead on a worker thread while the "
                              "current one trains (needs MPI_THREAD_MULTIPLE; results are bitwise those of 0), "
                              ">= 0 (default: 0, no overlap)")
+    parser.add_argument("--sample-batches", type=at_least(1), default=1, metavar="K",
+                        help="minibatch: sample K batches together, one round of exchanges per hop for all K "
+                             "(DistDGL's k-batch step: K times fewer collective rounds, bitwise the same "
+                             "batches), >= 1 (default: 1, each batch alone)")
 
 
 DEFAULT_BATCH_SIZE = 512
@@ -58,7 +63,9 @@ def minibatch_flag_problem(args: argparse.Namespace) -> str | None:
     """Why the mini-batch flags do not fit (checked before MPI starts), or None; fills their defaults."""
     given = [flag for flag, value in (("--fanouts", args.fanouts), ("--batch-size", args.batch_size),
                                       ("--feature-cache", args.feature_cache or None),
-                                      ("--prefetch", args.prefetch or None)) if value is not None]
+                                      ("--prefetch", args.prefetch or None),
+                                      ("--sample-batches", None if args.sample_batches == 1 else args.sample_batches))
+             if value is not None]
     if args.mode == "full":
         return f"{', '.join(given)} need --mode minibatch" if given else None
     if args.fanouts is None:
@@ -74,7 +81,8 @@ def _shape_only(args: argparse.Namespace) -> TrainConfig:
 
 
 def minibatch_config(args: argparse.Namespace) -> MinibatchConfig:
-    return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache, args.prefetch)
+    return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache, args.prefetch,
+                           args.sample_batches)
 
 
 def make_trainer(comm: Communicator, graph: LocalGraph, config: TrainConfig, device: torch.device,
