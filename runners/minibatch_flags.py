@@ -3,8 +3,9 @@
 The train command calls :func:`add_minibatch_arguments` from its ``add_arguments``, :func:`minibatch_flag_problem`
 from its ``check_arguments`` (so a bad combination is refused before MPI does any collective work) and
 :func:`make_trainer` where it builds its trainer. Decisions: ``--checkpoint``/``--resume`` are refused in
-mini-batch mode (its Adam state and epoch position would resume, but the sampler's position inside an epoch
-is not saved yet); ``--fanouts`` needs one entry per ``--layers``.
+mini-batch mode are written at epoch ends like full-graph ones (a batch is a pure function of (seed, epoch,
+step), so weights, Adam state and epoch resume exactly) and their fingerprint adds the mode, the fanouts and
+the global batch size (:func:`mode_fingerprint`); ``--fanouts`` needs one entry per ``--layers``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def fanouts_arg(text: str) -> tuple[int | None, ...]:
 
 
 def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache``, ``--prefetch`` (docs/guide/minibatch.md)."""
+    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache``, ``--prefetch``, ``--sample-batches``
+    (docs/guide/minibatch.md)."""
     parser.add_argument("--mode", choices=MODES, default="full",
                         help="full: full-graph training (default); minibatch: sampled mini-batches (DistDGL's "
                              "synchronous SGD), evaluated exactly on the full graph")
@@ -48,6 +50,10 @@ def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
                         help="minibatch: sample and fetch up to N batches ahead on a worker thread while the "
                              "current one trains (needs MPI_THREAD_MULTIPLE; results are bitwise those of 0), "
                              ">= 0 (default: 0, no overlap)")
+    parser.add_argument("--sample-batches", type=at_least(1), default=1, metavar="K",
+                        help="minibatch: sample K batches together, one round of exchanges per hop for all K "
+                             "(DistDGL's k-batch step: K times fewer collective rounds, bitwise the same "
+                             "batches), >= 1 (default: 1, each batch alone)")
 
 
 DEFAULT_BATCH_SIZE = 512
@@ -57,11 +63,11 @@ def minibatch_flag_problem(args: argparse.Namespace) -> str | None:
     """Why the mini-batch flags do not fit (checked before MPI starts), or None; fills their defaults."""
     given = [flag for flag, value in (("--fanouts", args.fanouts), ("--batch-size", args.batch_size),
                                       ("--feature-cache", args.feature_cache or None),
-                                      ("--prefetch", args.prefetch or None)) if value is not None]
+                                      ("--prefetch", args.prefetch or None),
+                                      ("--sample-batches", None if args.sample_batches == 1 else args.sample_batches))
+             if value is not None]
     if args.mode == "full":
         return f"{', '.join(given)} need --mode minibatch" if given else None
-    if args.checkpoint or args.resume:
-        return "--mode minibatch does not write or resume checkpoints yet: drop --checkpoint and --resume"
     if args.fanouts is None:
         args.fanouts = (None,) * args.layers
     if args.batch_size is None:
@@ -75,7 +81,8 @@ def _shape_only(args: argparse.Namespace) -> TrainConfig:
 
 
 def minibatch_config(args: argparse.Namespace) -> MinibatchConfig:
-    return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache, args.prefetch)
+    return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache, args.prefetch,
+                           args.sample_batches)
 
 
 def make_trainer(comm: Communicator, graph: LocalGraph, config: TrainConfig, device: torch.device,
@@ -84,6 +91,16 @@ def make_trainer(comm: Communicator, graph: LocalGraph, config: TrainConfig, dev
     if getattr(args, "mode", "full") == "minibatch":
         return MinibatchTrainer(comm, graph, config, minibatch_config(args), device)
     return Trainer(comm, graph, config, device)
+
+
+def mode_fingerprint(args: argparse.Namespace, world_size: int, saved: Any) -> dict[str, Any]:
+    """What this run adds to :meth:`TrainConfig.fingerprint` when it resumes a checkpoint whose fingerprint
+    is ``saved``: a mini-batch run its :meth:`MinibatchConfig.fingerprint`; a full-graph run nothing (so
+    checkpoints written before mini-batch mode existed still resume), or ``mode: full`` against a mini-batch
+    checkpoint (so the refusal names the mode)."""
+    if getattr(args, "mode", "full") == "minibatch":
+        return minibatch_config(args).fingerprint(world_size)
+    return {"mode": "full"} if isinstance(saved, dict) and "mode" in saved else {}
 
 
 def mode_record(args: argparse.Namespace) -> dict[str, Any]:

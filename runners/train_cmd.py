@@ -48,7 +48,8 @@ from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_ar
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
 from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
-from runners.minibatch_flags import add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_record
+from runners.minibatch_flags import (add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_fingerprint,
+                                     mode_record)
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
 from runners.results import ResultsWriteError, ResultsWriter, environment, peak_memory_bytes, spread
@@ -276,7 +277,8 @@ def open_resume(comm: Communicator, args: argparse.Namespace) -> Resumption:
         config = _config(args)
         if config.feature_norm == "auto":
             config = replace(config, feature_norm=meta.get("feature_norm", "row"))
-        problem = checkpoint_mismatch(state, config.fingerprint(), {"name": meta["name"], "nodes": meta["num_nodes"]})
+        fingerprint = {**config.fingerprint(), **mode_fingerprint(args, comm.size, state.get("config"))}
+        problem = checkpoint_mismatch(state, fingerprint, {"name": meta["name"], "nodes": meta["num_nodes"]})
         if problem:
             raise CheckpointError(f"--checkpoint {args.checkpoint}: {problem}")
         here = {"world_size": comm.size, "replication": args.replication, "plan": args.plan}

@@ -19,12 +19,19 @@ Randomness: the entries of row ``i`` are ranked by a counter-based hash of (seed
 column id), and the ``k`` smallest are kept. So a node's sample depends neither on ``P`` nor on which rank
 asks, nor on the order entries are stored.
 
-Bytes (what :func:`predict_hop_bytes` says and :class:`CommStats` counts; the own rank's slots of every
-alltoallv count nothing): sent = ``8 (P - 1)`` (request counts) + ``8`` per id requested from another rank
-+ ``8 (P - 1)`` (answer lengths) + ``8 (1 + 2 c)`` per row answered to another rank (``c`` its kept
-entries); received alike with the roles swapped.
+Bulk sampling (:meth:`DistributedSampler.sample_many`; DistDGL's and ByteGNN's k-batch step): ``K`` batches
+share each hop's round. The requests to a peer are the batches' frontier rows one batch after another, with
+one count per batch and peer (so the owner knows which key each row's draws use); the answers to a peer are
+the batches' answers one after another, one length per peer. Each batch's blocks are bitwise those of
+sampling it alone, with ``K`` times fewer collective rounds.
 
-Collective: :meth:`DistributedSampler.sample` (every rank, the same number of hops, in the same order).
+Bytes (what :func:`predict_hop_bytes` says and :class:`CommStats` counts; the own rank's slots of every
+alltoallv count nothing), per hop round of ``K`` batches: sent = ``8 K (P - 1)`` (request counts) + ``8`` per
+id requested from another rank + ``8 (P - 1)`` (answer lengths) + ``8 (1 + 2 c)`` per row answered to another
+rank (``c`` its kept entries); received alike with the roles swapped. ``K = 1`` is one batch alone.
+
+Collective: :meth:`DistributedSampler.sample` and :meth:`DistributedSampler.sample_many` (every rank, the
+same number of hops and batches, in the same order).
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ from sparse_dist.comm import Communicator
 from sparse_dist.csr import torch_csr
 from sparse_dist.layout import RowLayout
 
-__all__ = ["DistributedSampler", "HopTraffic", "SampledBlock", "exchange_requests", "predict_hop_bytes",
+__all__ = ["DistributedSampler", "HopTraffic", "SampledBlock", "exchange_requests", "exchange_segments",
+           "predict_hop_bytes",
            "sample_rows", "sampling_key"]
 
 ID_BYTES = 8  # global ids, counts and answer lengths travel as int64; values as float64
@@ -94,21 +102,35 @@ def sample_rows(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout:
     return kept, columns[chosen], values[chosen] * scale[owner_of_entry[chosen]]
 
 
+def exchange_segments(comm: Communicator, segments: Sequence[Sequence[np.ndarray]],
+                      phase: str) -> list[list[np.ndarray]]:
+    """Send rank ``q`` the int64 arrays ``segments[q]`` (the same number ``K`` for every ``q``, and on every
+    rank); returns, per rank, the ``K`` arrays it sent this one (collective).
+
+    Two alltoallvs: the ``K`` lengths per peer (one int64 each), then the arrays, concatenated per peer.
+    """
+    size = comm.size
+    count = len(segments[0]) if size else 0
+    lengths = torch.tensor([len(part) for q in range(size) for part in segments[q]], dtype=torch.int64)
+    incoming = torch.empty(size * count, dtype=torch.int64)
+    comm.alltoallv(lengths, [count] * size, incoming, [count] * size, phase)
+    send = torch.from_numpy(np.concatenate([np.asarray(part, dtype=np.int64) for q in range(size)
+                                            for part in segments[q]] + [np.zeros(0, dtype=np.int64)]))
+    per_peer = lengths.view(size, count).sum(dim=1) if count else torch.zeros(size, dtype=torch.int64)
+    incoming_per_peer = incoming.view(size, count).sum(dim=1) if count else torch.zeros(size, dtype=torch.int64)
+    recv = torch.empty(int(incoming.sum()), dtype=torch.int64)
+    comm.alltoallv(send, per_peer.tolist(), recv, incoming_per_peer.tolist(), phase)
+    bounds = np.concatenate(([0], np.cumsum(incoming.numpy())))
+    flat = recv.numpy()
+    return [[flat[bounds[q * count + b]:bounds[q * count + b + 1]] for b in range(count)] for q in range(size)]
+
+
 def exchange_requests(comm: Communicator, requests: Sequence[np.ndarray], phase: str) -> list[np.ndarray]:
     """Send ``requests[q]`` (int64 ids) to rank ``q``; returns what each rank sent this one (collective).
 
     Two alltoallvs: the per-peer counts (one int64 each), then the ids.
     """
-    size = comm.size
-    counts = torch.tensor([len(r) for r in requests], dtype=torch.int64)
-    incoming = torch.empty(size, dtype=torch.int64)
-    comm.alltoallv(counts, [1] * size, incoming, [1] * size, phase)
-    send = torch.from_numpy(np.concatenate([np.asarray(r, dtype=np.int64) for r in requests]))
-    recv = torch.empty(int(incoming.sum()), dtype=torch.int64)
-    comm.alltoallv(send, counts.tolist(), recv, incoming.tolist(), phase)
-    bounds = np.concatenate(([0], np.cumsum(incoming.numpy())))
-    flat = recv.numpy()
-    return [flat[bounds[q]:bounds[q + 1]] for q in range(size)]
+    return [parts[0] for parts in exchange_segments(comm, [[r] for r in requests], phase)]
 
 
 @dataclass
@@ -116,19 +138,21 @@ class HopTraffic:
     """One rank's side of one hop: rows it asked each rank for, and entries each answer carried.
 
     ``asked[q]`` / ``kept_asked[q]``: rows requested from rank ``q`` and the kept entries of each;
-    ``answered[q]`` / ``kept_answered[q]``: rows rank ``q`` requested of this rank and their kept entries.
+    ``answered[q]`` / ``kept_answered[q]``: rows rank ``q`` requested of this rank and their kept entries;
+    ``batches``: how many batches the round sampled together (one request count per batch and peer).
     """
 
     asked: list[int]
     kept_asked: list[int]
     answered: list[int]
     kept_answered: list[int]
+    batches: int = 1
 
 
 def predict_hop_bytes(traffic: HopTraffic, rank: int) -> dict[str, int]:
     """Bytes one hop sends and receives on ``rank`` (the module docstring's rule; the own slot counts nothing)."""
     others = [q for q in range(len(traffic.asked)) if q != rank]
-    fixed = 2 * ID_BYTES * len(others)  # request counts and answer lengths
+    fixed = (traffic.batches + 1) * ID_BYTES * len(others)  # request counts (one per batch) and answer lengths
     sent = fixed + ID_BYTES * sum(traffic.asked[q] + traffic.answered[q] + 2 * traffic.kept_answered[q]
                                   for q in others)
     recv = fixed + ID_BYTES * sum(traffic.answered[q] + traffic.asked[q] + 2 * traffic.kept_asked[q]
@@ -208,49 +232,74 @@ class DistributedSampler:
 
     def sample(self, seeds: np.ndarray, epoch: int, step: int) -> list[SampledBlock]:
         """Blocks of layers ``0 .. L-1`` for this rank's ``seeds`` (global ids it owns; may be empty). Collective."""
-        blocks: list[SampledBlock] = []
+        return self.sample_many([seeds], epoch, [step])[0]
+
+    def sample_many(self, seeds: Sequence[np.ndarray], epoch: int, steps: Sequence[int]) -> list[list[SampledBlock]]:
+        """The blocks of ``K = len(steps)`` batches (``seeds[b]`` of step ``steps[b]``) sampled together: ONE
+        request round per hop for all of them (DistDGL's and ByteGNN's bulk sampling), so ``K`` times fewer
+        collective rounds. Each batch's blocks are bitwise those :meth:`sample` makes alone (a row's draws are
+        keyed by its batch's step). ``K`` must be the same on every rank. Collective."""
+        frontiers = [np.asarray(s, dtype=np.int64) for s in seeds]
+        blocks: list[list[SampledBlock]] = [[] for _ in frontiers]
         traffic: list[HopTraffic] = []
         requests: list[list[np.ndarray]] = []
-        dst = np.asarray(seeds, dtype=np.int64)
         layers = len(self.fanouts)
         for hop, fanout in enumerate(self.fanouts):
-            layer = layers - 1 - hop
-            block, hop_traffic, asked = self._hop(dst, fanout, sampling_key(self.seed, epoch, step, layer))
-            blocks.append(block)
+            keys = [sampling_key(self.seed, epoch, step, layers - 1 - hop) for step in steps]
+            hop_blocks, hop_traffic, asked = self._hop(frontiers, fanout, keys)
+            for batch, block in zip(blocks, hop_blocks):
+                batch.append(block)
             traffic.append(hop_traffic)
             requests.append(asked)
-            dst = block.src
+            frontiers = [block.src for block in hop_blocks]
         self.last_traffic, self.last_requests = traffic[::-1], requests[::-1]
-        return blocks[::-1]
+        return [batch[::-1] for batch in blocks]
 
-    def _hop(self, dst: np.ndarray, fanout: int | None,
-             key: np.ndarray) -> tuple[SampledBlock, HopTraffic, list[np.ndarray]]:
+    def _hop(self, frontiers: list[np.ndarray], fanout: int | None,
+             keys: list[np.ndarray]) -> tuple[list[SampledBlock], HopTraffic, list[np.ndarray]]:
+        """One hop of every batch: frontier rows to their owners (per peer, batch after batch), the owners'
+        samples back; returns the blocks, the round's traffic and the ids asked of each rank (concatenated)."""
         size = self.comm.size
-        owners = self.layout.owner_of(dst) if dst.size else np.zeros(0, dtype=np.int64)
-        order = np.argsort(owners, kind="stable")
-        requests = [dst[order][owners[order] == q] for q in range(size)]
-        incoming = exchange_requests(self.comm, requests, self.phase)
+        orders, asked = [], []  # per batch: rows sorted by owner, and the ids asked of each rank
+        for dst in frontiers:
+            owners = self.layout.owner_of(dst) if dst.size else np.zeros(0, dtype=np.int64)
+            order = np.argsort(owners, kind="stable")
+            orders.append(order)
+            asked.append([dst[order][owners[order] == q] for q in range(size)])
+        incoming = exchange_segments(self.comm, [[mine[q] for mine in asked] for q in range(size)], self.phase)
         answers, kept_answered = [], []
-        for wanted in incoming:
-            kept, columns, values = sample_rows(self.rows, self.first_row, wanted, fanout, key)
-            answers.append(np.concatenate([kept, columns, values.view(np.int64)]))
-            kept_answered.append(int(kept.sum()))
+        for wanted in incoming:  # per peer: its batches' rows, each sampled with its batch's key
+            parts, kept_total = [], 0
+            for rows, key in zip(wanted, keys):
+                kept, columns, values = sample_rows(self.rows, self.first_row, rows, fanout, key)
+                parts += [kept, columns, values.view(np.int64)]
+                kept_total += int(kept.sum())
+            answers.append(np.concatenate(parts + [np.zeros(0, dtype=np.int64)]))
+            kept_answered.append(kept_total)
         replies = exchange_requests(self.comm, answers, self.phase)
-        kept_parts, column_parts, value_parts, kept_asked = [], [], [], []
+        rows_of = [[] for _ in frontiers]  # per batch: (kept, columns, values) from each peer
+        kept_asked = []
         for q, reply in enumerate(replies):
-            n = len(requests[q])
-            kept = reply[:n]
-            entries = (reply.size - n) // 2
-            kept_parts.append(kept)
-            column_parts.append(reply[n:n + entries])
-            value_parts.append(reply[n + entries:].view(np.float64))
-            kept_asked.append(int(kept.sum()))
-        grouped = (np.concatenate(kept_parts), np.concatenate(column_parts), np.concatenate(value_parts))
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(order.size)
-        kept_all, columns_all, values_all = reorder_rows(grouped, inverse)
-        traffic = HopTraffic([len(r) for r in requests], kept_asked, [len(r) for r in incoming], kept_answered)
-        return assemble_block(dst, kept_all, columns_all, values_all), traffic, requests
+            offset, kept_total = 0, 0
+            for batch, mine in enumerate(asked):
+                n = len(mine[q])
+                kept = reply[offset:offset + n]
+                entries = int(kept.sum())
+                columns = reply[offset + n:offset + n + entries]
+                values = reply[offset + n + entries:offset + n + 2 * entries].view(np.float64)
+                rows_of[batch].append((kept, columns, values))
+                offset += n + 2 * entries
+                kept_total += entries
+            kept_asked.append(kept_total)
+        blocks = []
+        for dst, order, parts in zip(frontiers, orders, rows_of):
+            grouped = tuple(np.concatenate([part[i] for part in parts]) for i in range(3))
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(order.size)
+            blocks.append(assemble_block(dst, *reorder_rows(grouped, inverse)))
+        traffic = HopTraffic([sum(len(mine[q]) for mine in asked) for q in range(size)], kept_asked,
+                             [sum(len(rows) for rows in wanted) for wanted in incoming], kept_answered, len(frontiers))
+        return blocks, traffic, [np.concatenate([mine[q] for mine in asked]) for q in range(size)]
 
 
 def reorder_rows(rows: tuple[np.ndarray, np.ndarray, np.ndarray], new_order: np.ndarray) -> tuple[

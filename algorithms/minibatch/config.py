@@ -38,22 +38,34 @@ class MinibatchConfig:
     layer's block, as PyG's ``NeighborLoader`` counts), None = all; one per layer. ``batch_size``: seeds
     per rank per step, so a global batch holds ``P * batch_size`` training nodes. ``feature_cache``: remote
     input rows each rank keeps. ``prefetch``: batches sampled and fetched ahead (0: none).
+    ``sample_batches``: batches sampled together, one request round per hop for all of them (1: each alone).
     """
 
     fanouts: tuple[int | None, ...]
     batch_size: int
     feature_cache: int = 0
     prefetch: int = 0
+    sample_batches: int = 1
 
     def __post_init__(self) -> None:
         if not self.fanouts:
             raise ValueError("mini-batch training needs at least one fanout")
         if self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.sample_batches < 1:
+            raise ValueError(f"sample batches must be >= 1, got {self.sample_batches}")
         if self.feature_cache < 0 or self.prefetch < 0:
             raise ValueError(f"feature cache and prefetch must be >= 0, got {self.feature_cache}, {self.prefetch}")
+
+    def fingerprint(self, world_size: int) -> dict[str, Any]:
+        """What a checkpoint of a mini-batch run must agree with on resume: the mode, the fanouts and the
+        GLOBAL batch size ``P * batch_size`` (batches are cut from one permutation by it, so the same global
+        batch resumes at another ``P``). Cache, prefetch and bulk sampling change no result: not included."""
+        return {"mode": "minibatch", "fanouts": ["all" if f is None else f for f in self.fanouts],
+                "global_batch_size": world_size * self.batch_size}
 
     def record(self) -> dict[str, Any]:
         """Plain JSON values for the results file's ``config`` record."""
         return {"mode": "minibatch", "fanouts": ["all" if f is None else f for f in self.fanouts],
-                "batch_size": self.batch_size, "feature_cache": self.feature_cache, "prefetch": self.prefetch}
+                "batch_size": self.batch_size, "feature_cache": self.feature_cache, "prefetch": self.prefetch,
+                "sample_batches": self.sample_batches}

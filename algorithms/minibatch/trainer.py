@@ -28,6 +28,11 @@ Decisions (docs/guide/minibatch.md says the same for users):
   step), so the run is bitwise the unpipelined one. Of ByteGNN's two-level scheduling it keeps only the
   coarse level with a fixed depth (how many batches may be ready ahead); no DAG of sub-tasks, no
   adaptive launch score.
+* Bulk sampling (``sample_batches = K``; DistDGL's and ByteGNN's k-batch step): the epoch's steps are
+  sampled in groups of ``K`` (the last group may be shorter), one request round per hop for the whole group
+  (:meth:`DistributedSampler.sample_many`), then each batch's input rows are fetched on their own. Batches
+  are bitwise those of ``K = 1``; each batch's ``sample`` seconds are the round's share (1 / K). With
+  prefetch the worker samples a group at once, so up to ``K`` batches are made ahead of the queue's ``N``.
 
 Collective: construction, :meth:`MinibatchTrainer.train_epoch`, :meth:`MinibatchTrainer.evaluate` and
 :meth:`MinibatchTrainer.step_gradients`, every rank in the same order.
@@ -74,6 +79,11 @@ def minibatch_problem(config: TrainConfig, minibatch: MinibatchConfig) -> str | 
     if config.compress != "none":
         return "--mode minibatch does not compress (its gradients travel exactly): leave --compress none"
     return None
+
+
+def step_groups(steps: int, size: int) -> list[list[int]]:
+    """Steps ``0 .. steps-1`` in groups of ``size`` sampled together (the last may be shorter)."""
+    return [list(range(first, min(first + size, steps))) for first in range(0, steps, size)]
 
 
 class Batch:
@@ -148,16 +158,26 @@ class MinibatchTrainer:
                    fetcher: FeatureFetcher | None = None) -> Batch:
         """Sample the blocks of one step and fetch its input rows (collective over the sampler's and
         fetcher's communicator; by default this trainer's own)."""
+        return self.make_batches(epoch, [step], sampler, fetcher)[0]
+
+    def make_batches(self, epoch: int, steps: list[int], sampler: DistributedSampler | None = None,
+                     fetcher: FeatureFetcher | None = None) -> list[Batch]:
+        """The batches of ``steps``, sampled together (one request round per hop for all of them), then their
+        input rows fetched batch by batch. Each batch's ``sample`` seconds are the round's share (1 / K), so an
+        epoch's sum is the sampling time. Collective (``steps`` alike on every rank)."""
         sampler, fetcher = sampler or self.sampler, fetcher or self.fetcher
-        seeds, global_count = self.batch_seeds(epoch, step)
+        seeds = [self.batch_seeds(epoch, step) for step in steps]
         start = time.perf_counter()
-        blocks = sampler.sample(seeds, epoch, step)
-        sampled = time.perf_counter()
-        inputs = fetcher.fetch(blocks[0].src)
-        fetched = time.perf_counter()
-        return Batch(step, seeds, global_count, blocks, inputs,
-                     {"sample": sampled - start, "fetch": fetched - sampled},
-                     (fetcher.last_needed, fetcher.last_hits))
+        blocks = sampler.sample_many([mine for mine, _ in seeds], epoch, steps)
+        share = (time.perf_counter() - start) / len(steps)
+        made = []
+        for step, (mine, global_count), batch_blocks in zip(steps, seeds, blocks):
+            start = time.perf_counter()
+            inputs = fetcher.fetch(batch_blocks[0].src)
+            made.append(Batch(step, mine, global_count, batch_blocks, inputs,
+                              {"sample": share, "fetch": time.perf_counter() - start},
+                              (fetcher.last_needed, fetcher.last_hits)))
+        return made
 
     def batches(self, epoch: int, waited: list[float]) -> Iterator[Batch]:
         """The epoch's batches in step order; with prefetch, made ahead by a worker thread (collective).
@@ -165,8 +185,8 @@ class MinibatchTrainer:
         ``waited[0]`` gathers the seconds the caller spent blocked on the queue.
         """
         if self.worker_comm is None:
-            for step in range(self.steps_per_epoch):
-                yield self.make_batch(epoch, step)
+            for group in step_groups(self.steps_per_epoch, self.minibatch.sample_batches):
+                yield from self.make_batches(epoch, group)
             return
         sampler, fetcher = copy.copy(self.sampler), copy.copy(self.fetcher)
         sampler.comm = fetcher.comm = self.worker_comm
@@ -174,8 +194,9 @@ class MinibatchTrainer:
 
         def work() -> None:
             try:
-                for step in range(self.steps_per_epoch):
-                    ready.put(self.make_batch(epoch, step, sampler, fetcher))
+                for group in step_groups(self.steps_per_epoch, self.minibatch.sample_batches):
+                    for batch in self.make_batches(epoch, group, sampler, fetcher):
+                        ready.put(batch)
             except BaseException as exc:  # handed to the main thread, which raises it
                 ready.put(exc)
 
@@ -288,6 +309,20 @@ class MinibatchTrainer:
     @property
     def has_policy_state(self) -> bool:
         return False
+
+    def state(self) -> dict[str, Any]:
+        """The full-graph trainer's checkpoint state (weights, Adam state, epoch, RNG), its fingerprint
+        extended by :meth:`MinibatchConfig.fingerprint`. Checkpoints are written at epoch ends and a batch is
+        a pure function of (seed, epoch, step), so nothing of the sampler needs saving: a resume is exact."""
+        state = self.full.state()
+        state["config"] = {**state["config"], **self.minibatch.fingerprint(self.comm.size)}
+        state["epoch"] = self.epoch
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue after the epoch ``state`` was written at (its fingerprint was checked by the caller)."""
+        self.full.load_state(state)
+        self.epoch = self.full.epoch
 
     def close(self) -> None:
         """End the run (collective): the full-graph trainer's exchanges, then the worker's communicator."""

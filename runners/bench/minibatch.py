@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds per rank per step; the peer's batch is P times this (default: %(default)s)")
     parser.add_argument("--feature-cache", type=at_least(0), default=0, help="remote input rows each rank keeps")
     parser.add_argument("--prefetch", type=at_least(0), default=0, help="batches sampled and fetched ahead")
+    parser.add_argument("--sample-batches", type=at_least(1), default=1, metavar="K",
+                        help="batches sampled together, one round of exchanges per hop (default: %(default)s)")
     parser.add_argument("--epochs", type=at_least(1), default=3, help="timed epochs")
     parser.add_argument("--warmup", type=at_least(0), default=1, help="untimed epochs before the timed ones")
     parser.add_argument("--threads", type=at_least(0), default=0,
@@ -85,7 +87,8 @@ def run_sparse_dist(comm: Communicator, args: argparse.Namespace) -> dict[str, A
     graph = load_local_graph(comm, args.data, comm.size, 1)
     meta = graph.extra["meta"]
     minibatch = MinibatchConfig(fanouts=tuple(args.fanout_list), batch_size=args.batch_size,
-                                feature_cache=args.feature_cache, prefetch=args.prefetch)
+                                feature_cache=args.feature_cache, prefetch=args.prefetch,
+                                sample_batches=args.sample_batches)
     trainer = MinibatchTrainer(comm, graph, _config(args, meta), minibatch)
     try:
         slowest: list[dict[str, float]] = []

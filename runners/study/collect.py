@@ -9,7 +9,9 @@ optimiser), what the performance model calls dense; ``t_masks`` (making
 dropout masks), ``t_dropout`` (applying them) and ``t_optimizer`` show three
 of its parts (0 in results files older than them). Bytes are
 per epoch, averaged over the timed epochs: ``exchange_bytes`` is what all
-ranks sent in forward and backward SpMM exchanges together,
+ranks sent in the training exchanges together (:data:`EXCHANGE_PHASES`: forward and backward SpMM
+exchanges, and a mini-batch run's sampling rounds and feature pulls, which are also ``sample_bytes`` and
+``fetch_bytes``; 0 in full-graph runs, so their ``exchange_bytes`` is unchanged),
 ``exchange_bytes_max_rank`` the largest sent + received of one rank.
 
 Time-to-accuracy (every epoch counted, warm-up included: it is time from launch): ``wall_total`` is the run's
@@ -37,11 +39,12 @@ from runners.results import ResultsWriter, temporary_beside
 from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, curve, first_reaching
 
 DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
+EXCHANGE_PHASES = ("forward", "backward", "sample", "fetch")  # a training epoch's exchanges (mini-batch: the last two)
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
     "stale", "compress", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
-    "t_dropout", "t_optimizer", "exchange_bytes",
+    "t_dropout", "t_optimizer", "exchange_bytes", "sample_bytes", "fetch_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "best_val", "target_acc",
     "time_to_target", "target_epoch", "wall_total", "peak_rss_max",
     "threads_per_rank", "ranks_on_node", "cpu_count", "launcher", "bandwidth", "results_file", "data",
@@ -101,8 +104,9 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
         "epochs": len(epochs), "warmup": warmup,
         "epoch_time": _mean(totals), "epoch_time_std": statistics.pstdev(totals) if len(totals) > 1 else 0.0,
         "epoch_time_mean_rank": _mean([e["time"]["total"]["mean"] for e in timed]),
-        "exchange_bytes": _mean([(e["bytes"]["forward"]["sent"]["mean"] + e["bytes"]["backward"]["sent"]["mean"])
-                                 * world for e in timed]),
+        "exchange_bytes": _mean([sum(_phase_sent(e, phase) for phase in EXCHANGE_PHASES) * world for e in timed]),
+        "sample_bytes": _mean([_phase_sent(e, "sample") * world for e in timed]),
+        "fetch_bytes": _mean([_phase_sent(e, "fetch") * world for e in timed]),
         "exchange_bytes_max_rank": _mean([max_rank_traffic(e) for e in timed]),
         "allreduce_bytes": _mean([e["bytes"]["grad_allreduce"]["sent"]["mean"] * world for e in timed]),
         "broadcast_fraction": broadcast_fraction(timed, world // int(config["replication"])),
@@ -149,9 +153,14 @@ def add_time_to_target(rows: list[dict[str, Any]], target_acc: float | None = No
         row["time_to_target"], row["target_epoch"] = first_reaching(row.get(CURVE, []), target)
 
 
+def _phase_sent(epoch: dict[str, Any], phase: str) -> float:
+    """Mean bytes one rank sent in ``phase`` in one epoch (0 where the results file has no such phase)."""
+    return epoch["bytes"].get(phase, {}).get("sent", {}).get("mean", 0.0)
+
+
 def max_rank_traffic(epoch: dict[str, Any]) -> float:
-    """Upper bound of one rank's exchange bytes (sent + received, forward + backward) in one epoch."""
-    return sum(epoch["bytes"][phase][direction]["max"] for phase in ("forward", "backward")
+    """Upper bound of one rank's exchange bytes (sent + received, :data:`EXCHANGE_PHASES`) in one epoch."""
+    return sum(epoch["bytes"].get(phase, {}).get(direction, {}).get("max", 0) for phase in EXCHANGE_PHASES
                for direction in ("sent", "recv"))
 
 

@@ -9,13 +9,17 @@ unevenly: P = 3 has an EMPTY row group, P = 4 an empty one and one with rows but
 * bytes: per batch, the counted ``sample`` and ``fetch`` bytes of every rank equal a prediction written here
   from the requested ids, every rank's requests (gathered) and the global degrees; and equal the library's
   own predictions (:func:`predict_hop_bytes`, :func:`predict_fetch_bytes`);
-* prefetch 2 (worker thread on its own communicator) is bitwise the unpipelined run, bytes included;
+* prefetch 2 (worker thread on its own communicator) is bitwise the unpipelined run, bytes included, and so
+  is prefetch 2 with bulk sampling of 3 batches per round;
+* bulk sampling (3 batches per round): each batch bitwise the one sampled alone, counted sample bytes per
+  round == predicted (independent and library), 4 collective calls per hop per round;
 * P-invariance: with the same global batch size (12 = P x 12/P), fanouts 3,2 and dropout, the first step's
   loss and gradients and two epochs' losses equal those of a run on one rank holding the whole graph
   (a communicator of this rank alone), to float tolerance.
 
 The launch at P = 2 also checks exactness at P = 1 (rank 0 alone, a communicator of its own).
-Rank 0 prints ``EXACT P=.. max_dloss=.. max_dgrad=..`` and ``BYTES P=.. batches=.. mismatches=0`` lines.
+Rank 0 prints ``EXACT P=.. max_dloss=.. max_dgrad=..``, ``BYTES P=.. batches=.. mismatches=0`` and
+``BULK P=.. sample_calls_alone=.. sample_calls_bulk=..`` lines.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from row_groups import local_graph as row_graph  # noqa: E402
 from static_input_cases import C, graph_data  # noqa: E402
 
 from algorithms.minibatch import MinibatchConfig, MinibatchTrainer  # noqa: E402
+from algorithms.minibatch.trainer import step_groups  # noqa: E402
 from algorithms.train import TrainConfig  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.fetch import predict_fetch_bytes  # noqa: E402
@@ -52,11 +57,11 @@ def data_set() -> dict:
 
 
 def trainer(comm, data: dict, counts: list[int], model: str, layers: int, fanouts: tuple,
-            batch_size: int, cache: int = 0, prefetch: int = 0) -> MinibatchTrainer:
+            batch_size: int, cache: int = 0, prefetch: int = 0, sample_batches: int = 1) -> MinibatchTrainer:
     layout = RowLayout.from_counts(counts)
     graph = row_graph(data, layout, comm.rank, C, "minibatch")
     return MinibatchTrainer(comm, graph, TrainConfig(model=model, layers=layers, epochs=2),
-                            MinibatchConfig(fanouts, batch_size, cache, prefetch))
+                            MinibatchConfig(fanouts, batch_size, cache, prefetch, sample_batches))
 
 
 def gradients(mb: MinibatchTrainer) -> tuple[float, list[torch.Tensor]]:
@@ -96,8 +101,10 @@ def degrees(data: dict, model: str) -> np.ndarray:
     return per_row
 
 
-def expected_sample(comm, requests: list[list[np.ndarray]], fanouts: list, degree: np.ndarray) -> dict[str, int]:
-    """What this rank's sample phase moves, from every rank's requested ids (gathered) and the degrees."""
+def expected_sample(comm, requests: list[list[np.ndarray]], fanouts: list, degree: np.ndarray,
+                    batches: int = 1) -> dict[str, int]:
+    """What this rank's sample phase moves, from every rank's requested ids (gathered) and the degrees; a
+    round of ``batches`` batches sends one request count per batch and peer."""
     everyone = comm.allgather_object(requests)
     sent = recv = 0
     me, size = comm.rank, comm.size
@@ -109,8 +116,8 @@ def expected_sample(comm, requests: list[list[np.ndarray]], fanouts: list, degre
             if q == me:
                 continue
             mine, theirs = everyone[me][hop][q], everyone[q][hop][me]
-            sent += 16 + 8 * mine.size + 8 * entries(theirs)
-            recv += 16 + 8 * theirs.size + 8 * entries(mine)
+            sent += 8 * (batches + 1) + 8 * mine.size + 8 * entries(theirs)
+            recv += 8 * (batches + 1) + 8 * theirs.size + 8 * entries(mine)
     return {"sent": sent, "recv": recv}
 
 
@@ -161,6 +168,54 @@ def check_bytes(comm, data: dict, failures: list[str]) -> None:
               flush=True)
 
 
+def same_batch(a, b) -> bool:
+    """Bitwise the same seeds, blocks (ids, CSR arrays) and input rows."""
+    return (a.step == b.step and np.array_equal(a.seeds, b.seeds) and torch.equal(a.inputs, b.inputs)
+            and all(np.array_equal(x.dst, y.dst) and np.array_equal(x.src, y.src)
+                    and all(np.array_equal(getattr(x.matrix, f), getattr(y.matrix, f))
+                            for f in ("indptr", "indices", "data"))
+                    for x, y in zip(a.blocks, b.blocks, strict=True)))
+
+
+def check_bulk(comm, data: dict, failures: list[str]) -> None:
+    """Sampling K = 3 batches per round: each batch bitwise the K = 1 one; the round's counted sample bytes
+    equal the independent prediction (one request count per batch and peer) and the library's; the sample
+    phase takes 4 collective calls per hop for the whole group, as one batch alone does."""
+    layers, fanouts = 2, (3, 2)
+    degree = degrees(data, "sage")
+    alone = trainer(comm, data, COUNTS[comm.size], "sage", layers, fanouts, 1, cache=3)
+    bulk = trainer(comm, data, COUNTS[comm.size], "sage", layers, fanouts, 1, cache=3, sample_batches=3)
+    groups = step_groups(bulk.steps_per_epoch, 3)
+    calls = {"alone": 0, "bulk": 0}
+    for group in groups:
+        before = comm.stats.snapshot()["sample"]
+        made = bulk.make_batches(1, group)
+        after = comm.stats.snapshot()["sample"]
+        calls["bulk"] += int(after["calls"] - before["calls"])
+        moved = {"sent": int(after["bytes_sent"] - before["bytes_sent"]),
+                 "recv": int(after["bytes_recv"] - before["bytes_recv"])}
+        independent = expected_sample(comm, bulk.sampler.last_requests, list(fanouts)[::-1], degree, len(group))
+        library = {"sent": 0, "recv": 0}
+        for traffic in bulk.sampler.last_traffic:
+            for key, value in predict_hop_bytes(traffic, comm.rank).items():
+                library[key] += value
+        if moved != independent or library != independent:
+            failures.append(f"bulk P={comm.size} steps {group}: counted {moved}, library {library}, "
+                            f"predicted {independent}")
+        for batch in made:
+            before = comm.stats.snapshot()["sample"]["calls"]
+            single = alone.make_batch(1, batch.step)
+            calls["alone"] += int(comm.stats.snapshot()["sample"]["calls"] - before)
+            if not same_batch(batch, single):
+                failures.append(f"bulk P={comm.size} step {batch.step}: not bitwise the batch sampled alone")
+    want = {"alone": 4 * layers * bulk.steps_per_epoch, "bulk": 4 * layers * len(groups)}
+    if calls != want:
+        failures.append(f"bulk P={comm.size}: sample-phase collective calls {calls}, expected {want}")
+    if comm.rank == 0:
+        print(f"BULK P={comm.size} steps={bulk.steps_per_epoch} groups={len(groups)} "
+              f"sample_calls_alone={calls['alone']} sample_calls_bulk={calls['bulk']}", flush=True)
+
+
 def check_p_invariant(comm, data: dict, failures: list[str]) -> None:
     """The same global batch size gives the same steps as one rank holding the whole graph."""
     alone = comm.split(comm.rank, 0)
@@ -182,19 +237,21 @@ def check_p_invariant(comm, data: dict, failures: list[str]) -> None:
 def check_prefetch(comm, data: dict, failures: list[str]) -> None:
     """A pipelined run (worker thread, its own communicator) is bitwise the unpipelined one."""
     runs = []
-    for prefetch in (0, 2):
-        mb = trainer(comm, data, COUNTS[comm.size], "sage", 2, (3, 2), 2, cache=3, prefetch=prefetch)
+    for prefetch, sample_batches in ((0, 1), (2, 1), (2, 3)):
+        mb = trainer(comm, data, COUNTS[comm.size], "sage", 2, (3, 2), 2, cache=3, prefetch=prefetch,
+                     sample_batches=sample_batches)
         records = [mb.train_epoch() for _ in range(2)]
         runs.append(([r["loss"] for r in records], [p.detach().clone() for p in mb.model.parameters()],
                      [r["bytes"] for r in records], records[-1]["time"]["wait"]))
         mb.close()
-    (losses, weights, moved, _), (piped_losses, piped_weights, piped_moved, wait) = runs
-    if losses != piped_losses or not all(torch.equal(a, b) for a, b in zip(weights, piped_weights)):
-        failures.append(f"prefetch P={comm.size}: not bitwise the unpipelined run ({piped_losses} vs {losses})")
-    if moved != piped_moved:
-        failures.append(f"prefetch P={comm.size}: bytes per epoch differ from the unpipelined run")
-    if not wait >= 0.0:
-        failures.append(f"prefetch P={comm.size}: wait {wait}")
+    (losses, weights, moved, _), *piped = runs
+    for label, (piped_losses, piped_weights, piped_moved, wait) in zip(("prefetch 2", "prefetch 2 with K=3"), piped):
+        if losses != piped_losses or not all(torch.equal(a, b) for a, b in zip(weights, piped_weights)):
+            failures.append(f"{label} P={comm.size}: not bitwise the unpipelined run ({piped_losses} vs {losses})")
+        if label == "prefetch 2" and moved != piped_moved:
+            failures.append(f"{label} P={comm.size}: bytes per epoch differ from the unpipelined run")
+        if not wait >= 0.0:
+            failures.append(f"{label} P={comm.size}: wait {wait}")
     if comm.rank == 0:
         print(f"PREFETCH P={comm.size} steps={mb.steps_per_epoch} bitwise={losses == piped_losses}", flush=True)
 
@@ -211,6 +268,7 @@ def main() -> int:
             check_exact(alone, data, failures, COUNTS[1], True)
         alone.free()
     check_bytes(comm, data, failures)
+    check_bulk(comm, data, failures)
     check_p_invariant(comm, data, failures)
     check_prefetch(comm, data, failures)
     return finish(comm, failures, f"minibatch cases P={comm.size}")

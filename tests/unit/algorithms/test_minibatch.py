@@ -3,12 +3,18 @@ unbiasedness by averaging), the inclusion estimate of the feature cache, and fla
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from datasets_for_tests import random_directed, write
 
-from algorithms.minibatch import parse_fanouts
-from runners import cli
+from algorithms.checkpoint import CheckpointError, SetWriter
+from algorithms.minibatch import MinibatchConfig, parse_fanouts
+from runners import cli, train_cmd
+from runners.data.shards import read_meta
+from sparse_dist.comm import world
 from sparse_dist.fetch import inclusion_estimate
 from sparse_dist.sampling import assemble_block, sample_rows, sampling_key
 
@@ -104,8 +110,9 @@ TRAIN = ["train", "--data", "/no/such/dataset"]
     (["--mode", "minibatch", "--fanouts", "10,0"], "argument --fanouts: fanouts are integers >= 1 or 'all'"),
     (["--fanouts", "10,10"], "--fanouts need --mode minibatch"),
     (["--mode", "minibatch", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
-    (["--mode", "minibatch", "--checkpoint", "/tmp/x.ckpt"], "--mode minibatch does not write or resume checkpoints"),
     (["--mode", "minibatch", "--sample", "bns:p=0.5"], "--mode minibatch exchanges no boundary rows"),
+    (["--sample-batches", "4"], "--sample-batches need --mode minibatch"),
+    (["--mode", "minibatch", "--sample-batches", "0"], "argument --sample-batches: must be an integer >= 1, got 0"),
 ])
 def test_bad_minibatch_flags_are_refused_before_mpi(extra: list[str], sentence: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -114,3 +121,40 @@ def test_bad_minibatch_flags_are_refused_before_mpi(extra: list[str], sentence: 
     assert exit_info.value.code == 2
     said = capsys.readouterr().err
     assert said.count("error:") == 1 and sentence in said, said
+
+
+MINIBATCH = ["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "32"]
+
+
+@pytest.mark.parametrize("flags,sentence", [
+    (["--mode", "minibatch", "--fanouts", "5,all", "--batch-size", "32"],
+     "fanouts [5, 5] in the checkpoint, [5, 'all'] in this run"),
+    (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "16"],
+     "global_batch_size 32 in the checkpoint, 16 in this run"),
+    ([], "mode 'minibatch' in the checkpoint, 'full' in this run"),
+])
+def test_a_minibatch_checkpoint_resumes_only_with_its_mode_fanouts_and_global_batch(
+        tmp_path, flags: list[str], sentence: str) -> None:
+    """``open_resume`` (one rank) refuses, in one sentence, a run whose mini-batch fingerprint differs."""
+    data = write(random_directed(30), tmp_path / "data", parts=1)
+    path = tmp_path / "run.ckpt"
+
+    def args(*given: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        train_cmd.add_arguments(parser)
+        namespace = parser.parse_args(["--data", str(data), "--checkpoint", str(path), "--resume", *given])
+        assert train_cmd.check_arguments(namespace) is None
+        namespace.feature_norm = "row"
+        return namespace
+
+    comm = world(gpu_aware="off")
+    written = args(*MINIBATCH)
+    state = {"config": {**train_cmd._config(written).fingerprint(), **MinibatchConfig((5, 5), 32).fingerprint(1)},
+             "epoch": 2, "graph": {"name": read_meta(data)["name"], "nodes": 30}}
+    SetWriter(comm, path, replication=1, plan=written.plan).commit(2, state, None)
+    assert train_cmd.open_resume(comm, written).state["epoch"] == 2  # the same flags resume
+    with pytest.raises(CheckpointError) as refused:
+        train_cmd.open_resume(comm, args(*flags))
+    said = str(refused.value)
+    assert said.startswith(f"--checkpoint {path}: the checkpoint (epoch 2) belongs to another run: ")
+    assert sentence in said and "\n" not in said, said

@@ -1,0 +1,51 @@
+"""The study table counts a mini-batch run's sampling rounds and feature pulls as exchange bytes
+(runners/study/collect.py), and leaves a full-graph run's figures as they were."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from runners.study.collect import summarise_run, write_csv
+
+CONFIG = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none", "stale": "none",
+          "seed": 0, "model": "sage", "hidden": 8, "layers": 2, "dtype": "float32", "data": "d"}
+FINAL = {"type": "final", "epochs": 2, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
+
+
+def _epoch(n: int, sent: dict[str, float]) -> dict:
+    """An epoch record whose ranks each sent (and received) ``sent[phase]`` bytes, the max rank twice that."""
+    return {"type": "epoch", "epoch": n, "loss": 1.0, "val_acc": 0.4, "wall": float(n),
+            "time": {"total": {"min": 1.0, "mean": 1.0, "max": 1.0}},
+            "bytes": {phase: {side: {"min": 0, "mean": value, "max": 2 * value} for side in ("sent", "recv")}
+                      for phase, value in sent.items()}}
+
+
+def _row(epochs: list[dict]) -> dict:
+    return summarise_run([CONFIG, *epochs, FINAL], 0, {"run": "x"})
+
+
+def test_a_minibatch_runs_sample_and_fetch_bytes_are_its_exchange_bytes(tmp_path: Path) -> None:
+    mini = {"forward": 0, "backward": 0, "grad_allreduce": 50, "sample": 1000, "fetch": 300}
+    row = _row([_epoch(1, mini), _epoch(2, {**mini, "sample": 3000})])
+    assert row["sample_bytes"] == pytest.approx((1000 + 3000) / 2 * 2)  # mean over epochs, times P
+    assert row["fetch_bytes"] == pytest.approx(300 * 2)
+    assert row["exchange_bytes"] == pytest.approx(row["sample_bytes"] + row["fetch_bytes"])
+    assert row["exchange_bytes"] > 0
+    assert row["exchange_bytes_max_rank"] == pytest.approx(((2000 + 600) * 2 + (6000 + 600) * 2) / 2)
+    assert row["allreduce_bytes"] == pytest.approx(100)
+    write_csv(tmp_path / "results.csv", [row])
+    with open(tmp_path / "results.csv", newline="") as handle:
+        written = next(csv.DictReader(handle))
+    assert float(written["exchange_bytes"]) == row["exchange_bytes"] and float(written["fetch_bytes"]) == 600
+
+
+@pytest.mark.parametrize("phases", [("forward", "backward", "grad_allreduce", "other"),  # a file older than them
+                                    ("forward", "backward", "grad_allreduce", "sample", "fetch", "other")])
+def test_a_full_graph_runs_exchange_bytes_stay_forward_plus_backward(phases: tuple[str, ...]) -> None:
+    sent = {phase: {"forward": 200, "backward": 100}.get(phase, 0) for phase in phases}
+    row = _row([_epoch(1, sent)])
+    assert row["exchange_bytes"] == pytest.approx(300 * 2) and row["exchange_bytes_max_rank"] == pytest.approx(1200)
+    assert row["sample_bytes"] == row["fetch_bytes"] == 0
