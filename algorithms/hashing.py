@@ -14,17 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def splitmix64(values: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser, vectorised over uint64 (wrapping arithmetic)."""
-    z = np.asarray(values, dtype=np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
+from sparse_dist.splitmix import GOLDEN, MIX1, MIX2, splitmix64
 
 
 def row_hash(seed: int, epoch: int, stream: int, ids: np.ndarray, salt: int = 0) -> np.ndarray:
@@ -49,8 +39,8 @@ def as_int64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-_GOLDEN_INT64 = as_int64(int(_GOLDEN))
-_MIX_SHIFTS_INT64 = ((30, as_int64(int(_MIX1))), (27, as_int64(int(_MIX2))), (31, None))
+_GOLDEN_INT64 = as_int64(int(GOLDEN))
+_MIX_SHIFTS_INT64 = ((30, as_int64(int(MIX1))), (27, as_int64(int(MIX2))), (31, None))
 
 
 def splitmix64_torch_(z: torch.Tensor) -> torch.Tensor:

@@ -94,7 +94,7 @@ class GraphModel(nn.Module):
 
     def forward(self, x: torch.Tensor, spmm: SpMM, *, first_row: int, epoch: int, training: bool,
                 timer: ComputeTimer | None = None, halo: StaticHalo | None = None,
-                receiver_dropout: bool = False, exact_exchange: bool = False,
+                receiver_dropout: bool = False, bypass_policy: bool = False,
                 trace: list[torch.Tensor] | None = None) -> torch.Tensor:
         """This rank's output rows (``n_g x F_L``) from its input rows ``x``.
 
@@ -105,7 +105,7 @@ class GraphModel(nn.Module):
         its input pre-dropout and the SpMM masks what it multiplies (so cached or stale rows stay
         meaningful under dropout); the product is the same. ``first_row``: global id of this rank's
         first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
-        passes). ``exact_exchange``: exchange exactly although training (same masks; the audit's forward).
+        passes). ``bypass_policy``: exchange exactly although training (same masks; the audit's forward).
         ``trace``: each layer's output rows (before its activation) are appended to it, detached.
         Under owner-side dropout each exchanging SpMM layer's context also says how to make its input
         without the mask (``ExchangeContext.unmasked``: what ``sancus-h`` compares; made only if asked);
@@ -133,7 +133,7 @@ class GraphModel(nn.Module):
             context = ExchangeContext(epoch=epoch, layer=index, training=training,
                                       halo_rows=halo.count if local else 0,
                                       dropout=dropout.masks(index) if receiver and not local else None,
-                                      exact=exact_exchange, unmasked=unmasked)
+                                      bypass_policy=bypass_policy, unmasked=unmasked)
             operator = (halo if layer.takes_operator else halo.multiply) if local else spmm
             h = layer(h, operator, context, scale)
             if trace is not None:

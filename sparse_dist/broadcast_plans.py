@@ -21,7 +21,7 @@ from sparse_dist.compress import Codec
 from sparse_dist.cost import Network, bcast_time
 from sparse_dist.csr import keep_columns, remap_columns
 from sparse_dist.dcsr import DistCSR
-from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Flight, Message, Part
+from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Flight, Message, Transfer
 from sparse_dist.exchange_plan import ExchangePlan
 from sparse_dist.layout import Grid
 
@@ -124,8 +124,8 @@ class _BroadcastPlan(ExchangePlan):
         return boundaries
 
     # ------------------------------------------------------------ exchange
-    def exact_parts(self) -> list[Part]:
-        return [Part(j, self.exact_message(j)) for j in self.owners]
+    def exact_parts(self) -> list[Transfer]:
+        return [Transfer(j, self.exact_message(j)) for j in self.owners]
 
     def post_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
                   strategy: ExchangeStrategy) -> Flight:
@@ -136,7 +136,7 @@ class _BroadcastPlan(ExchangePlan):
         codec = self._codec_for(context)
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
 
-        def starter(part: Part) -> _Start:
+        def starter(part: Transfer) -> _Start:
             j, message = part.owner, part.message
 
             def start() -> tuple[Pending | None, torch.Tensor | None]:
@@ -155,17 +155,17 @@ class _BroadcastPlan(ExchangePlan):
                 return self.col_comm.ibcast_(buffer, root=j, phase=phase), buffer
             return start
 
-        parts = [Part(j, m) for j, m in messages.items()]
+        parts = [Transfer(j, m) for j, m in messages.items()]
         for part in parts:
             part.start = starter(part)
         return self._flight(context, parts, strategy)
 
-    def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+    def post_gradients(self, forward: Flight, piece_of: Callable[[Transfer], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
         codec = self._codec_for(context)
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
 
-        def starter(part: Part) -> _Start:
+        def starter(part: Transfer) -> _Start:
             j, count = part.owner, part.message.count
 
             def start() -> tuple[Pending | None, torch.Tensor | None]:
@@ -183,7 +183,7 @@ class _BroadcastPlan(ExchangePlan):
                 return self.col_comm.ireduce(piece_of(part), None, root=j, phase=phase), None
             return start
 
-        sent = [Part(part.owner, part.message) for part in self._gradient_parts(forward.parts, strategy)]
+        sent = [Transfer(part.owner, part.message) for part in self._gradient_parts(forward.parts, strategy)]
         for part in sent:
             part.start = starter(part)
         return self._flight(context, sent, strategy, forward.source_epoch)
@@ -197,18 +197,18 @@ class _BroadcastPlan(ExchangePlan):
                 total += codec.decode(pieces[rank], width, self.dtype)
         return total
 
-    def _gradient_parts(self, parts: list[Part], strategy: ExchangeStrategy) -> list[Part]:
+    def _gradient_parts(self, parts: list[Transfer], strategy: ExchangeStrategy) -> list[Transfer]:
         """Empty messages and skipped gradients (a cached strategy's ``skip_backward``) post nothing."""
         return [part for part in parts if part.message.count > 0 and strategy.sends_gradient(part.message)]
 
-    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Part]:
-        return [Part(j, strategy.fresh_message(self, epoch, j)) for j in self.owners]
+    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Transfer]:
+        return [Transfer(j, strategy.fresh_message(self, epoch, j)) for j in self.owners]
 
     # ------------------------------------------------- what each part is
-    def part_operand(self, part: Part) -> torch.Tensor | None:
+    def part_operand(self, part: Transfer) -> torch.Tensor | None:
         return part.message.block_torch if part.owner != self.group else None
 
-    def part_transposed(self, part: Part) -> torch.Tensor | None:
+    def part_transposed(self, part: Transfer) -> torch.Tensor | None:
         message, j = part.message, part.owner
         if message.block is None:
             return None
@@ -216,16 +216,16 @@ class _BroadcastPlan(ExchangePlan):
             return self._transpose_of(j, message.block)
         return self.csr(sp.csr_matrix(message.block.T))
 
-    def gradient_rows(self, part: Part) -> torch.Tensor | None:
+    def gradient_rows(self, part: Transfer) -> torch.Tensor | None:
         return part.message.owner_rows
 
-    def part_block(self, part: Part) -> sp.csr_matrix | None:
+    def part_block(self, part: Transfer) -> sp.csr_matrix | None:
         return part.message.block if part.owner != self.group else None
 
-    def part_global_rows(self, part: Part) -> np.ndarray | range | None:
+    def part_global_rows(self, part: Transfer) -> np.ndarray | range | None:
         return part.message.global_rows
 
-    def part_rows(self, part: Part) -> int:
+    def part_rows(self, part: Transfer) -> int:
         return part.message.count
 
 

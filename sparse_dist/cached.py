@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.exchange import (BroadcastView, ExchangeContext, ExchangeStrategy, Message, Part, StalenessRule,
+from sparse_dist.exchange import (BroadcastView, ExchangeContext, ExchangeStrategy, Message, Transfer, StalenessRule,
                                   StalenessView)
 
 @dataclass
@@ -203,7 +203,7 @@ class CachedStrategy(ExchangeStrategy):
         history.log(epoch, layer, plan.owners, active)
         return messages
 
-    def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+    def on_rows(self, context: ExchangeContext, part: Transfer) -> torch.Tensor | None:
         message = part.message
         if part.owner != self.plan.group and message.fresh and message.block is not None:
             self.history.store(context.layer, part.owner, message, part.rows, context.epoch)

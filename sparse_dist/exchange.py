@@ -21,7 +21,7 @@ Evaluation is always exact: a plan uses its strategy only while training
 (``ExchangeContext.training``). A strategy declares what it needs from a
 plan (``samples``, ``caches``); a plan declares what it can carry, and
 refuses the rest in one sentence (:meth:`sparse_dist.plans.ExchangePlan.refusal`).
-The seam types a plan and its strategy share (:class:`Message`, :class:`Part`,
+The seam types a plan and its strategy share (:class:`Message`, :class:`Transfer`,
 :class:`Flight`, :class:`BroadcastView`, :class:`ExchangeContext`) live here, below both.
 """
 
@@ -63,7 +63,7 @@ class ExchangeContext:
     input's boundary rows kept by the receiver, :mod:`sparse_dist.halo`); its SpMM is then local.
     ``dropout``: the input is pre-dropout and the SpMM applies these masks to every row it
     multiplies (receiver-side dropout); None when the input arrives already masked (or in evaluation).
-    ``exact``: a training-time forward that exchanges exactly whatever the policy (the audit's forward);
+    ``bypass_policy``: a training-time forward that exchanges exactly whatever the policy (the audit's forward);
     the policy's state is not touched. ``unmasked``: under owner-side dropout, makes (on demand) what
     the exchanged rows would be without this epoch's dropout masks (``H W`` where ``dropout(H) W``
     travels, ``H`` where ``dropout(H)`` does); a staleness rule that compares values (``sancus-h``)
@@ -75,7 +75,7 @@ class ExchangeContext:
     training: bool
     halo_rows: int = 0
     dropout: RowMasks | None = None
-    exact: bool = False
+    bypass_policy: bool = False
     unmasked: Callable[[], torch.Tensor] | None = None
 
     def self_rows(self, h: torch.Tensor) -> torch.Tensor:
@@ -147,7 +147,7 @@ class Message:
 
 
 @dataclass
-class Part:
+class Transfer:
     """One message of a posted exchange (a :class:`Flight`).
 
     ``owner``: the row group whose rows travel (-1: every owner's rows in one alltoallv). ``message``:
@@ -191,7 +191,7 @@ class Flight:
     order, so several flights may be outstanding on one communicator.
     """
 
-    def __init__(self, epoch: int, layer: int, parts: list[Part], ahead: int | None = 1,
+    def __init__(self, epoch: int, layer: int, parts: list[Transfer], ahead: int | None = 1,
                  source_epoch: int | None = None) -> None:
         """``source_epoch``: the epoch of the forward messages the parts carry (a backward flight reverses a
         forward flight, which a pipelined strategy took from an earlier epoch); ``epoch`` by default."""
@@ -205,7 +205,7 @@ class Flight:
             self.parts[self._posted].post()
             self._posted += 1
 
-    def arrivals(self) -> Iterator[Part]:
+    def arrivals(self) -> Iterator[Transfer]:
         """Each part in order once it has arrived (posting the next ``ahead`` first)."""
         for k, part in enumerate(self.parts):
             self._post_until(len(self.parts) if self.ahead is None else k + 1 + self.ahead)
@@ -309,7 +309,7 @@ class ExchangeStrategy:
         """The flight whose rows this forward multiplies, given the one it just posted (here: that one)."""
         return flight
 
-    def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+    def on_rows(self, context: ExchangeContext, part: Transfer) -> torch.Tensor | None:
         """The rows of an arrived ``part`` as this forward multiplies them (a hook: caches keep them)."""
         return part.rows
 
@@ -324,7 +324,7 @@ class ExchangeStrategy:
         """The flight of gradients this transpose adds, given the one it just posted (here: that one)."""
         return flight
 
-    def on_gradients(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+    def on_gradients(self, context: ExchangeContext, part: Transfer) -> torch.Tensor | None:
         """The owner's summed gradient of an arrived ``part`` as this transpose adds it."""
         return part.rows
 

@@ -23,7 +23,7 @@ from sparse_dist.compress import Codec
 from sparse_dist.cost import Network
 from sparse_dist.csr import csr_bytes, is_symmetric, torch_csr
 from sparse_dist.dcsr import DistCSR
-from sparse_dist.exchange import ExactStrategy, ExchangeContext, ExchangeStrategy, Flight, Part
+from sparse_dist.exchange import ExactStrategy, ExchangeContext, ExchangeStrategy, Flight, Transfer
 from sparse_dist.layout import Grid
 from sparse_dist.products import BlockProducts
 
@@ -35,7 +35,7 @@ class Gathered:
     ``n_g x rows``); ``global_rows``: the rows' global ids where this rank knows them (plans built with
     ``row_masks``)."""
 
-    part: Part
+    part: Transfer
     rows: torch.Tensor
     block: sp.csr_matrix
     global_rows: np.ndarray | range | None = None
@@ -65,7 +65,7 @@ class ExchangePlan(ABC):
         problem = self.refusal(samples=strategy.samples, caches=strategy.caches, per_receiver=strategy.per_receiver)
         if problem:
             raise ValueError(problem)
-        self.strategy, self.exact = strategy, ExactStrategy()
+        self.strategy, self.exact_strategy = strategy, ExactStrategy()
         self.matrix, self.dtype, self.device, self.timer = matrix, dtype, device, timer
         self.products = BlockProducts(dtype, device, timer)
         self.row_masks = row_masks
@@ -75,7 +75,7 @@ class ExchangePlan(ABC):
         self.local_block = self.csr(matrix.blocks[self.group]) if self.group in matrix.blocks else None
         self.codec: Codec | None = None  # compresses training exchanges (set by DistSpMM; sparse_dist.compress)
         self.strategy.bind(self)
-        self.exact.bind(self)
+        self.exact_strategy.bind(self)
 
     # --------------------------------------------------------- semantics
     @classmethod
@@ -107,11 +107,11 @@ class ExchangePlan(ABC):
 
     def strategy_for(self, context: ExchangeContext | None) -> ExchangeStrategy:
         """The strategy of a call: the plan's while training, else (evaluation, the audit) the exact one."""
-        return self.strategy if context is not None and context.training and not context.exact else self.exact
+        return self.strategy if context is not None and context.training and not context.bypass_policy else self.exact_strategy
 
     def _codec_for(self, context: ExchangeContext | None) -> Codec | None:
         """The compression of this call: training exchanges only (evaluation and the audit stay exact)."""
-        return self.codec if context is not None and context.training and not context.exact else None
+        return self.codec if context is not None and context.training and not context.bypass_policy else None
 
     @staticmethod
     def _coded(rows: torch.Tensor, codec: Codec | None, key: tuple[int, str, int], total: int,
@@ -119,7 +119,7 @@ class ExchangePlan(ABC):
         """What a sender hands MPI for ``rows``: the rows, or their code (with feedback where asked)."""
         return rows if codec is None else codec.send(rows, key, total, positions, seed_key)
 
-    def _receive_buffer(self, part: Part, count: int, width: int, codec: Codec | None) -> torch.Tensor:
+    def _receive_buffer(self, part: Transfer, count: int, width: int, codec: Codec | None) -> torch.Tensor:
         """A receive buffer for ``count`` rows; a coded one decodes into rows when the part completes."""
         if codec is None:
             return torch.empty(count, width, dtype=self.dtype, device=self.device)
@@ -151,7 +151,7 @@ class ExchangePlan(ABC):
 
     # ------------------------------------------------------------ exchange
     @abstractmethod
-    def exact_parts(self) -> list[Part]:
+    def exact_parts(self) -> list[Transfer]:
         """The exact exchange's messages as (unposted) parts: what an evaluation forward sends."""
 
     @abstractmethod
@@ -161,51 +161,51 @@ class ExchangePlan(ABC):
         Collective over ``col_comm`` (the parts are posted in the same order on every rank)."""
 
     @abstractmethod
-    def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+    def post_gradients(self, forward: Flight, piece_of: Callable[[Transfer], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
         """Post the reverse exchange of the ``forward`` flight: each receiver's ``piece_of(part)`` (gradients of
         that part's rows, ``rows x width``) summed at the owner of the rows. Collective over ``col_comm``."""
 
-    def _flight(self, context: ExchangeContext | None, parts: list[Part], strategy: ExchangeStrategy,
+    def _flight(self, context: ExchangeContext | None, parts: list[Transfer], strategy: ExchangeStrategy,
                 source_epoch: int | None = None) -> Flight:
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
         return Flight(epoch, layer, parts, strategy.posts_ahead, source_epoch)
 
     @abstractmethod
-    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Part]:
+    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Transfer]:
         """The (unposted) forward parts a sampling or exact ``strategy`` sends in ``epoch`` (deterministic)."""
 
-    def parts_of(self, strategy: ExchangeStrategy, epoch: int, *, backward: bool) -> list[Part]:
+    def parts_of(self, strategy: ExchangeStrategy, epoch: int, *, backward: bool) -> list[Transfer]:
         """The parts of ``epoch``'s forward flight (``backward``: of the gradient flight reversing it), unposted,
         rebuilt from the epoch alone: how a pipelined strategy restores a checkpointed flight."""
         parts = self._messages_of(strategy, epoch)
         return self._gradient_parts(parts, strategy) if backward else parts
 
-    def _gradient_parts(self, parts: list[Part], strategy: ExchangeStrategy) -> list[Part]:
+    def _gradient_parts(self, parts: list[Transfer], strategy: ExchangeStrategy) -> list[Transfer]:
         """The forward parts whose gradients travel back (all; the broadcast plans leave some out)."""
         return parts
 
     # ------------------------------------------------- what each part is
     @abstractmethod
-    def part_operand(self, part: Part) -> torch.Tensor | None:
+    def part_operand(self, part: Transfer) -> torch.Tensor | None:
         """The CSR this rank multiplies an arrived forward part's rows by (None: it uses none of them)."""
 
     @abstractmethod
-    def part_transposed(self, part: Part) -> torch.Tensor | None:
+    def part_transposed(self, part: Transfer) -> torch.Tensor | None:
         """The CSR of that block's transpose (``A_part^T``, for this rank's gradient piece; None: zeros)."""
 
     @abstractmethod
-    def gradient_rows(self, part: Part) -> torch.Tensor | None:
+    def gradient_rows(self, part: Transfer) -> torch.Tensor | None:
         """This owner's rows that an arrived gradient part adds into (None: all of them, in order)."""
 
     @abstractmethod
-    def part_block(self, part: Part) -> sp.csr_matrix | None:
+    def part_block(self, part: Transfer) -> sp.csr_matrix | None:
         """This rank's block over a forward part's rows (None: it uses none of them, or it sent them)."""
 
     @abstractmethod
-    def part_global_rows(self, part: Part) -> np.ndarray | range | None:
+    def part_global_rows(self, part: Transfer) -> np.ndarray | range | None:
         """Global ids of a forward part's rows, where this rank knows them."""
 
     @abstractmethod
-    def part_rows(self, part: Part) -> int:
+    def part_rows(self, part: Transfer) -> int:
         """Rows a forward part carries (the same on every rank of the column)."""

@@ -35,7 +35,7 @@ import scipy.sparse as sp
 import torch
 
 from sparse_dist.csr import entry_rows, keep_entries
-from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Part
+from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Transfer
 
 _VERSIONS_KEPT = 4
 
@@ -319,7 +319,7 @@ class ImportanceStrategy(ExchangeStrategy):
     def saw_own_rows(self, context: ExchangeContext, h: torch.Tensor) -> None:
         self._own_norms[context.layer] = h.detach().double().square().sum(dim=1).cpu().numpy()
 
-    def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+    def on_rows(self, context: ExchangeContext, part: Transfer) -> torch.Tensor | None:
         self._structures()
         if part.rows is not None:
             norms = self._boundary_norms.setdefault(context.layer, np.full(self._edges.recv_global.size, np.nan))

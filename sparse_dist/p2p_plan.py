@@ -18,7 +18,7 @@ from sparse_dist.accounting import ComputeTimer
 from sparse_dist.cost import Network, alltoallv_time
 from sparse_dist.csr import csr_bytes, remap_columns
 from sparse_dist.dcsr import DistCSR
-from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Flight, Part
+from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Flight, Transfer
 from sparse_dist.exchange_plan import ExchangePlan
 from sparse_dist.layout import Grid
 
@@ -136,8 +136,8 @@ class PointToPointPlan(ExchangePlan):
                              self._global_ids(recv_kept_ids), recv_positions=np.flatnonzero(kept_columns),
                              send_positions=np.flatnonzero(np.concatenate(send_keep + [np.empty(0, bool)])))
 
-    def exact_parts(self) -> list[Part]:
-        return [Part(-1, self.exact_pairs)]
+    def exact_parts(self) -> list[Transfer]:
+        return [Transfer(-1, self.exact_pairs)]
 
     def post_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
                   strategy: ExchangeStrategy) -> Flight:
@@ -145,7 +145,7 @@ class PointToPointPlan(ExchangePlan):
         return self._post_pairs(context, pairs, strategy, lambda: h.index_select(0, pairs.send_index), h.shape[1],
                                 phase, backward=False)
 
-    def post_gradients(self, forward: Flight, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+    def post_gradients(self, forward: Flight, piece_of: Callable[[Transfer], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
         (used,) = forward.parts
         return self._post_pairs(context, used.message, strategy, lambda: piece_of(used), width, phase, backward=True,
@@ -162,7 +162,7 @@ class PointToPointPlan(ExchangePlan):
         exact_sends = self.exact_pairs.recv_rows if backward else self.exact_pairs.send_rows
         positions = pairs.recv_positions if backward else pairs.send_positions
         what = "gradients" if backward else "rows"
-        part = Part(-1, pairs)
+        part = Transfer(-1, pairs)
 
         def start() -> tuple[Pending | None, torch.Tensor | None]:
             if not pairs.traffic:
@@ -175,29 +175,29 @@ class PointToPointPlan(ExchangePlan):
         part.start = start
         return self._flight(context, [part], strategy, source_epoch)
 
-    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Part]:
-        return [Part(-1, self._sample(strategy, epoch) if strategy.samples else self.exact_pairs)]
+    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Transfer]:
+        return [Transfer(-1, self._sample(strategy, epoch) if strategy.samples else self.exact_pairs)]
 
     # ------------------------------------------------- what each part is
-    def part_operand(self, part: Part) -> torch.Tensor | None:
+    def part_operand(self, part: Transfer) -> torch.Tensor | None:
         return part.message.remote_block
 
-    def part_transposed(self, part: Part) -> torch.Tensor | None:
+    def part_transposed(self, part: Transfer) -> torch.Tensor | None:
         pairs = part.message
         if pairs.transposed is None:
             pairs.transposed = self.csr(sp.csr_matrix(pairs.remote_matrix.T))
         return pairs.transposed
 
-    def gradient_rows(self, part: Part) -> torch.Tensor | None:
+    def gradient_rows(self, part: Transfer) -> torch.Tensor | None:
         return part.message.send_index
 
-    def part_block(self, part: Part) -> sp.csr_matrix | None:
+    def part_block(self, part: Transfer) -> sp.csr_matrix | None:
         return part.message.remote_matrix if part.message.traffic else None
 
-    def part_global_rows(self, part: Part) -> np.ndarray | range | None:
+    def part_global_rows(self, part: Transfer) -> np.ndarray | range | None:
         return part.message.recv_global
 
-    def part_rows(self, part: Part) -> int:
+    def part_rows(self, part: Transfer) -> int:
         return sum(part.message.recv_rows)
 
     def transpose_bytes(self) -> int:

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from sparse_dist.exchange import ExchangeContext, Flight, Part
+from sparse_dist.exchange import ExchangeContext, Flight, Transfer
 from sparse_dist.exchange_plan import ExchangePlan, Gathered
 from sparse_dist.products import Output
 from sparse_dist.receiver_dropout import ReceiverDropout
@@ -49,7 +49,7 @@ class PartialSpMM:
         return plan.local_transpose() if transposed else plan.local_block
 
     def _arrived_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
-                      meanwhile: Callable[[], None]) -> Iterator[tuple[Part, torch.Tensor | None]]:
+                      meanwhile: Callable[[], None]) -> Iterator[tuple[Transfer, torch.Tensor | None]]:
         """Post the forward exchange of ``h``, run ``meanwhile`` (local work), then yield each part of the flight
         the strategy says to use, with its rows as they arrive (exhaust it: the last step records the flight)."""
         strategy = self.plan.strategy_for(context)
@@ -64,9 +64,9 @@ class PartialSpMM:
         if context is not None:
             strategy.finish_forward(context, used)
 
-    def _arrived_gradients(self, piece_of: Callable[[Part], torch.Tensor], width: int, phase: str,
+    def _arrived_gradients(self, piece_of: Callable[[Transfer], torch.Tensor], width: int, phase: str,
                            context: ExchangeContext | None,
-                           meanwhile: Callable[[], None]) -> Iterator[tuple[Part, torch.Tensor | None]]:
+                           meanwhile: Callable[[], None]) -> Iterator[tuple[Transfer, torch.Tensor | None]]:
         """Post the reverse exchange of the forward parts of ``context`` (their pieces from ``piece_of``), run
         ``meanwhile``, then yield each part of the gradient flight to use, with the owner's summed gradient."""
         strategy = self.plan.strategy_for(context)
@@ -79,7 +79,7 @@ class PartialSpMM:
         for part in used.arrivals():
             yield part, strategy.on_gradients(context, part) if context is not None else part.rows
 
-    def _multiply_part(self, out: Output, part: Part, rows: torch.Tensor | None,
+    def _multiply_part(self, out: Output, part: Transfer, rows: torch.Tensor | None,
                        context: ExchangeContext | None) -> None:
         """``out += A_part rows`` for an arrived forward part (nothing for the owner's own broadcast)."""
         operand = self.plan.part_operand(part)
@@ -87,14 +87,14 @@ class PartialSpMM:
             received = self.dropout.received_rows(rows, self.plan.part_global_rows(part), context)
             self.products.multiply_into(out, operand, received)
 
-    def _gradient_piece(self, part: Part, dt: torch.Tensor) -> torch.Tensor:
+    def _gradient_piece(self, part: Transfer, dt: torch.Tensor) -> torch.Tensor:
         """``A_part^T dT``: this rank's gradient of the rows a forward part brought."""
         transposed = self.plan.part_transposed(part)
         if transposed is None:
             return self.products.zeros(self.plan.part_rows(part), dt.shape[1])
         return self.products.product(transposed, dt)
 
-    def _add_gradient(self, out: Output, part: Part, rows: torch.Tensor | None) -> None:
+    def _add_gradient(self, out: Output, part: Transfer, rows: torch.Tensor | None) -> None:
         """Add an arrived backward part's summed gradient into the owner's rows (nothing elsewhere)."""
         if rows is None:
             return
@@ -163,7 +163,7 @@ class PartialSpMM:
         """
         by_owner = {item.part.owner: grad for item, grad in zip(gathered, gradients)}  # one part per owner
 
-        def piece_of(part: Part) -> torch.Tensor:
+        def piece_of(part: Transfer) -> torch.Tensor:
             grad = by_owner.get(part.owner)
             count = self.plan.part_rows(part)
             return grad.contiguous() if grad is not None else self.products.zeros(count, width)

@@ -14,7 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.exchange import BroadcastView, ExchangeContext, ExchangeStrategy, Flight, Message, Part, StalenessRule
+from sparse_dist.exchange import BroadcastView, ExchangeContext, ExchangeStrategy, Flight, Message, Transfer, StalenessRule
 
 
 class _Average:
@@ -119,18 +119,18 @@ class PipelinedStrategy(ExchangeStrategy):
         return self._swap(self._gradients, context, flight)
 
     def _smoothed(self, averages: dict[tuple[int, int], _Average], context: ExchangeContext,
-                  part: Part) -> torch.Tensor | None:
+                  part: Transfer) -> torch.Tensor | None:
         if self.gamma == 0 or context.epoch < self.tau or part.rows is None:
             return part.rows
         return averages.setdefault((context.layer, part.owner), _Average(self.gamma)).update(part.rows)
 
-    def on_rows(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+    def on_rows(self, context: ExchangeContext, part: Transfer) -> torch.Tensor | None:
         self.inner.on_rows(context, part)
         if part.owner == self.plan.group:
             return part.rows  # the owner's own broadcast: nothing arrives
         return self._smoothed(self._row_average, context, part)
 
-    def on_gradients(self, context: ExchangeContext, part: Part) -> torch.Tensor | None:
+    def on_gradients(self, context: ExchangeContext, part: Transfer) -> torch.Tensor | None:
         return self._smoothed(self._gradient_average, context, part)
 
     def kept_flights(self) -> list[tuple[bool, Flight]]:
@@ -162,7 +162,7 @@ class PipelinedStrategy(ExchangeStrategy):
     def keeps_state(self) -> bool:
         return self.tau > 0 or self.inner.keeps_state
 
-    def _received(self, flight: Flight, backward: bool) -> list[Part]:
+    def _received(self, flight: Flight, backward: bool) -> list[Transfer]:
         """The parts of a kept flight that hold what arrived (forward: not the owner's own send rows)."""
         return [part for part in flight.parts
                 if part.rows is not None and (backward or part.owner != self.plan.group)]

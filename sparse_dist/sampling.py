@@ -46,25 +46,13 @@ import torch
 from sparse_dist.comm import Communicator
 from sparse_dist.csr import torch_csr
 from sparse_dist.layout import RowLayout
+from sparse_dist.splitmix import splitmix64 as _mix
 
 __all__ = ["DistributedSampler", "HopTraffic", "SampledBlock", "exchange_requests", "exchange_segments",
            "predict_hop_bytes",
            "sample_rows", "sampling_key"]
 
 ID_BYTES = 8  # global ids, counts and answer lengths travel as int64; values as float64
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def _mix(values: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser over uint64 arrays (wrapping arithmetic)."""
-    z = np.asarray(values, dtype=np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
-
 
 def sampling_key(seed: int, epoch: int, step: int, layer: int) -> np.ndarray:
     """The 64-bit key (a one-element uint64 array) of one hop's draws."""

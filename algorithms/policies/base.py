@@ -43,7 +43,7 @@ class TrainingParts(Protocol):
     spmm: Any                  # sparse_dist.spmm.DistSpMM: .plan, .strategy, .timer
     model: Any                 # algorithms.model.GraphModel
     halo: Any                  # sparse_dist.halo.StaticHalo or None
-    column_comm: Any           # the G ranks holding distinct rows
+    col_comm: Any           # the G ranks holding distinct rows
     device: torch.device
     first_row: int
     epoch: int

@@ -140,7 +140,7 @@ class DgsExplanations(EpochWork):
         plan = parts.spmm.plan
         self.last_rows = getattr(parts.spmm.strategy, "inner", parts.spmm.strategy).last_rows
         self.explainer = Explainer(sampler, self._masked_forward, plan.local_block, plan.exact_pairs.remote_block,
-                                   self.last_rows, int(sum(plan.exact_pairs.recv_rows)), parts.column_comm)
+                                   self.last_rows, int(sum(plan.exact_pairs.recv_rows)), parts.col_comm)
 
     def _masked_forward(self, features: torch.Tensor, spmm: Any, nodes: torch.Tensor) -> torch.Tensor:
         """The model in evaluation mode with its remote rows and input columns masked, layer 0 from the halo

@@ -67,8 +67,8 @@ class TrainingRun:
         self.group = comm.rank // replication
         self.first_row = graph.layout.offsets[self.group]
         grid_comms = split_grid(comm, Grid(comm.size, replication))
-        self.column_comm = grid_comms[1]  # the G ranks holding distinct rows: losses, counts, gradients
-        self.normalized = layer_type(config.model).normalize_adjacency(self.column_comm, graph.layout, graph.rows,
+        self.col_comm = grid_comms[1]  # the G ranks holding distinct rows: losses, counts, gradients
+        self.normalized = layer_type(config.model).normalize_adjacency(self.col_comm, graph.layout, graph.rows,
                                                                        self.group)  # collective for GCN
         self.matrix = DistCSR(comm, graph.layout, self.normalized, replication=replication, name=graph.name,
                               grid_comms=grid_comms)
@@ -99,7 +99,7 @@ class TrainingRun:
         self.train_rows = torch.nonzero(self.masks["train"]).flatten()
         self.train_labels = self.labels.index_select(0, self.train_rows)
         local_counts = np.array([int(graph.masks[s].sum()) for s in SPLITS], dtype=np.int64)
-        self.global_counts = dict(zip(SPLITS, self.column_comm.allgather_array(local_counts).sum(axis=0).tolist()))
+        self.global_counts = dict(zip(SPLITS, self.col_comm.allgather_array(local_counts).sum(axis=0).tolist()))
         if self.global_counts["train"] == 0:
             raise ValueError(f"{graph.name}: the training split is empty")
 

@@ -21,9 +21,9 @@ class Audit:
     output to ``trace``. Collective: both calls, on every rank of the epochs :meth:`due` says.
     """
 
-    def __init__(self, every: int, comm: Communicator, column_comm: Communicator,
+    def __init__(self, every: int, comm: Communicator, col_comm: Communicator,
                  forward: Callable[[list[torch.Tensor]], Any]) -> None:
-        self.every, self.comm, self.column_comm, self._forward = every, comm, column_comm, forward
+        self.every, self.comm, self.col_comm, self._forward = every, comm, col_comm, forward
 
     def due(self, epoch: int) -> bool:
         return self.every > 0 and (epoch + 1) % self.every == 0
@@ -45,7 +45,7 @@ class Audit:
         before, start = self.comm.stats.snapshot(), time.perf_counter()
         sums = torch.stack([torch.stack([(mine.double() - exact.double()).square().sum(), exact.double().square().sum()])
                             for mine, exact in zip(used, audit["exact"])]).reshape(-1).contiguous()
-        self.column_comm.allreduce_(sums, "other")
+        self.col_comm.allreduce_(sums, "other")
         totals = sums.view(-1, 2).cpu().numpy()
         errors = [float(np.sqrt(gap / size)) if size > 0 else (0.0 if gap == 0 else float("inf"))
                   for gap, size in totals]

@@ -2,7 +2,7 @@
 
 The loss is summed over the rank's local training rows (the caller divides by the GLOBAL number of training
 rows, so that the gradients summed over ranks equal the single-process gradient). Evaluation counts are
-summed over the replica column (the ``G`` ranks holding distinct rows): collective over ``column_comm``.
+summed over the replica column (the ``G`` ranks holding distinct rows): collective over ``col_comm``.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def local_loss_sum(logits: torch.Tensor, rows: torch.Tensor, labels: torch.Tenso
 
 
 def split_metrics(logits: torch.Tensor, labels: torch.Tensor, masks: dict[str, torch.Tensor], multilabel: bool,
-                  global_counts: dict[str, int], column_comm: Communicator) -> dict[str, float]:
-    """Accuracy per split (micro-F1 for multi-label), global: counts summed over ``column_comm`` (collective)."""
+                  global_counts: dict[str, int], col_comm: Communicator) -> dict[str, float]:
+    """Accuracy per split (micro-F1 for multi-label), global: counts summed over ``col_comm`` (collective)."""
     if multilabel:
         predicted = logits > 0
         truth = labels > 0.5
@@ -67,7 +67,7 @@ def split_metrics(logits: torch.Tensor, labels: torch.Tensor, masks: dict[str, t
             mask = masks[split]
             p, t = predicted[mask], truth[mask]
             counts += [int((p & t).sum()), int((p & ~t).sum()), int((~p & t).sum())]
-        totals = column_comm.allgather_array(np.array(counts, dtype=np.int64)).sum(axis=0)
+        totals = col_comm.allgather_array(np.array(counts, dtype=np.int64)).sum(axis=0)
         result = {}
         for k, split in enumerate(SPLITS):
             tp, fp, fn = totals[3 * k:3 * k + 3]
@@ -75,5 +75,5 @@ def split_metrics(logits: torch.Tensor, labels: torch.Tensor, masks: dict[str, t
         return result
     correct = logits.argmax(dim=1) == labels
     counts_array = np.array([int(correct[masks[s]].sum()) for s in SPLITS], dtype=np.int64)
-    totals = column_comm.allgather_array(counts_array).sum(axis=0)
+    totals = col_comm.allgather_array(counts_array).sum(axis=0)
     return {f"{split}_acc": float(totals[k] / max(global_counts[split], 1)) for k, split in enumerate(SPLITS)}

@@ -42,19 +42,19 @@ class Trainer(TrainingRun):
     def __init__(self, comm: Communicator, graph: LocalGraph, config: TrainConfig,
                  device: str | torch.device = "cpu") -> None:
         super().__init__(comm, graph, config, device)
-        self.audit = Audit(config.audit_every, comm, self.column_comm,
-                           lambda trace: self.forward(training=True, exact_exchange=True, trace=trace))
+        self.audit = Audit(config.audit_every, comm, self.col_comm,
+                           lambda trace: self.forward(training=True, bypass_policy=True, trace=trace))
 
-    def forward(self, training: bool, *, exact_exchange: bool = False,
+    def forward(self, training: bool, *, bypass_policy: bool = False,
                 trace: list[torch.Tensor] | None = None) -> torch.Tensor:
         """This rank's logits for the current epoch (collective); see :meth:`GraphModel.forward`."""
         halo, layer_input = self.halo, self.layer_input
-        if training and not exact_exchange:
+        if training and not bypass_policy:
             for work in self.work:  # e.g. psc's cached rows of X (collective), dgs' feature columns
                 halo, layer_input = work.layer_input(self.epoch, halo, layer_input)
         return self.model(layer_input, self.spmm, first_row=self.first_row, epoch=self.epoch, training=training,
                           timer=self.spmm.timer if training else None, halo=halo,
-                          receiver_dropout=self.receiver_dropout, exact_exchange=exact_exchange, trace=trace)
+                          receiver_dropout=self.receiver_dropout, bypass_policy=bypass_policy, trace=trace)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.model.parameters())
@@ -106,9 +106,9 @@ class Trainer(TrainingRun):
         if self.config.clip > 0:
             # Each of the G row groups clips its local gradient to clip / sqrt(G) (SANCUS' scaling), so the
             # summed gradient stays near the global bound.
-            torch.nn.utils.clip_grad_norm_(params, self.config.clip / math.sqrt(self.column_comm.size))
+            torch.nn.utils.clip_grad_norm_(params, self.config.clip / math.sqrt(self.col_comm.size))
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
-        self.column_comm.allreduce_(flat, "grad_allreduce")
+        self.col_comm.allreduce_(flat, "grad_allreduce")
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
@@ -126,7 +126,7 @@ class Trainer(TrainingRun):
         self.model.eval()
         logits = self.forward(training=False)
         metrics = split_metrics(logits, self.labels, self.masks, self.graph.multilabel, self.global_counts,
-                                self.column_comm)
+                                self.col_comm)
         self.eval_bytes = moved_since(self.comm, before)
         return metrics
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from algorithms.model import GraphModel
 from algorithms.train import LocalGraph, TrainConfig, row_normalize_features
-from runners.bench.pyg_peer import DTYPES, _PygModel
+from runners.bench.pyg_peer import DTYPES, _PygModel, trainer_adam
 
 
 def compiled_sampler() -> str | None:
@@ -159,13 +159,7 @@ class PygMinibatchPeer:
         start = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=dtype,
                            options=config.layer_options())
         self.model = _PygModel(config.model, dims, config.dropout, start).to(dtype)
-        first = list(self.model.convs[0].parameters())
-        rest = [p for conv in self.model.convs[1:] for p in conv.parameters()]
-        if config.weight_decay_scope == "first":
-            groups = [{"params": first, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-        else:
-            groups = [{"params": first + rest, "weight_decay": config.weight_decay}]
-        self.optimizer = torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)
+        self.optimizer = trainer_adam(self.model, config)
         torch.manual_seed(config.seed)
 
     def _forward(self, batch: Any) -> torch.Tensor:

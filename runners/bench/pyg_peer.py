@@ -142,6 +142,18 @@ class _PygModel(torch.nn.Module):
         return h
 
 
+def trainer_adam(model: "_PygModel", config: TrainConfig) -> torch.optim.Adam:
+    """Adam over ``model``'s convolutions with the trainer's learning rate and weight-decay scope (``first``:
+    the first layer only, as Kipf & Welling; ``all``)."""
+    first = list(model.convs[0].parameters())
+    rest = [p for conv in model.convs[1:] for p in conv.parameters()]
+    if config.weight_decay_scope == "first":
+        groups = [{"params": first, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    else:
+        groups = [{"params": first + rest, "weight_decay": config.weight_decay}]
+    return torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)
+
+
 class PygPeer:
     """One process's PyG training of ``config``'s model on the whole ``graph`` (not collective).
 
@@ -190,13 +202,7 @@ class PygPeer:
                            options=config.layer_options())
         self.model = _PygModel(config.model, dims, config.dropout, start,
                                config.attention_dropout).to(dtype).to(device)
-        first = list(self.model.convs[0].parameters())
-        rest = [p for conv in self.model.convs[1:] for p in conv.parameters()]
-        if config.weight_decay_scope == "first":
-            groups = [{"params": first, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-        else:
-            groups = [{"params": first + rest, "weight_decay": config.weight_decay}]
-        self.optimizer = torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)
+        self.optimizer = trainer_adam(self.model, config)
         torch.manual_seed(config.seed)
 
     def train_epoch(self) -> float:

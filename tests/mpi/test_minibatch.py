@@ -1,30 +1,21 @@
-"""Mini-batch training under real mpiexec (tests/mpi/cases/minibatch_cases.py, one launch per rank count):
-exactness against the independent reference with every fanout "all" and one batch, counted == predicted
-sample and fetch bytes per batch, P-invariance of sampled steps; and the ``train --mode minibatch`` command's
-results file."""
+"""Mini-batch training under real mpiexec: the ``train --mode minibatch`` command's results file, checkpoints
+and resume (the collective cases, tests/mpi/cases/minibatch_cases.py, ride in test_training_cases.py's launches)."""
 
 import json
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from datasets_for_tests import cora, write
-from mpirun import BIN, run_case, run_mpi
+from mpirun import BIN, run_mpi
 
 from algorithms.checkpoint import MAIN_FILE, read_pointer
 
 SPARSE_DIST = str(BIN / "sparse-dist")
 
 
-@pytest.mark.parametrize("ranks", [2, 3, 4])
-def test_minibatch_cases(ranks: int) -> None:
-    """Exactness at P = ranks (and P = 1 inside the P = 2 launch), bytes, P-invariance."""
-    result = run_case(ranks, "minibatch_cases.py", timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "all checks pass" in result.stdout, result.stdout + result.stderr
-    assert f"BYTES P={ranks}" in result.stdout and "mismatches=0" in result.stdout, result.stdout
-    assert f"EXACT P={ranks}" in result.stdout and (ranks != 2 or "EXACT P=1" in result.stdout), result.stdout
+# minibatch_cases.py (exactness, bytes, P-invariance, bulk sampling, prefetch) runs at P = 2, 3 and 4 inside
+# tests/mpi/test_training_cases.py's launches.
 
 
 def test_train_command_writes_minibatch_records(tmp_path: Path) -> None:

@@ -11,7 +11,10 @@
 * GAT (gat_cases.py): exact against tests/support/reference_gat.py with predicted bytes, and with ``--gat-policies`` its
   sampling and staleness checks;
 * policies at c = 1 (policy_cases.py): unbiased sampling, the same sample forward and backward, staleness
-  agreement, psc and dgs properties.
+  agreement, psc and dgs properties;
+* mini-batch training at c = 1 (minibatch_cases.py): exact against the reference with every fanout "all" and
+  one batch (P = 1 inside the P = 2 launch), counted == predicted sample and fetch bytes, P-invariance, bulk
+  sampling and prefetch bitwise.
 """
 
 import pytest
@@ -28,13 +31,14 @@ def parity_shards(tmp_path_factory) -> list[str]:
     return [str(write(random_directed(), root / "random")), str(write(cora(), root / "cora"))]
 
 
-ALL = "parity,static,pipe,gat,policy"
+ALL = "parity,static,pipe,gat,policy,minibatch"
 
 
-# One launch per (P, c): every check this launch's P and c can run (policy_cases.py is written for c = 1; P = 1
-# parity runs alone in tests/mpi/test_train.py)
+# One launch per (P, c): every check this launch's P and c can run (policy_cases.py and minibatch_cases.py are
+# written for c = 1; P = 1 parity runs alone in tests/mpi/test_train.py, P = 1 mini-batch inside P = 2)
 @pytest.mark.parametrize("ranks,replication,sections,gat_policies", [
-    (2, 1, ALL, False), (3, 1, ALL, True), (4, 2, "parity,static,pipe,gat", True), (4, 1, "parity,gat,policy", False)])
+    (2, 1, ALL, False), (3, 1, ALL, True), (4, 2, "parity,static,pipe,gat", True),
+    (4, 1, "parity,gat,policy,minibatch", False)])
 def test_training_cases_equal_their_references(parity_shards: list[str], ranks: int, replication: int, sections: str,
                                                gat_policies: bool) -> None:
     extra = ["--gat-policies"] if gat_policies else []
@@ -42,6 +46,9 @@ def test_training_cases_equal_their_references(parity_shards: list[str], ranks: 
                       "--parity", *parity_shards, timeout=500)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "(12 parity runs," in result.stdout and "all checks pass" in result.stdout, result.stdout + result.stderr
+    if "minibatch" in sections:  # the mini-batch cases say what they checked
+        assert f"BYTES P={ranks}" in result.stdout and "mismatches=0" in result.stdout, result.stdout
+        assert f"EXACT P={ranks}" in result.stdout and (ranks != 2 or "EXACT P=1" in result.stdout), result.stdout
 
 
 def test_pipe_specs_are_parsed_and_checked() -> None:

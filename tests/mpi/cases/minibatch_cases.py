@@ -1,4 +1,4 @@
-"""Mini-batch training under mpiexec, one launch per rank count (tests/mpi/test_minibatch.py).
+"""Mini-batch training under mpiexec, in tests/mpi/test_training_cases.py's one launch per rank count.
 
 On the random directed graph of static_input_cases.py (23 nodes; rows 0-4 hold no training node) laid out
 unevenly: P = 3 has an EMPTY row group, P = 4 an empty one and one with rows but no training node.
@@ -256,9 +256,9 @@ def check_prefetch(comm, data: dict, failures: list[str]) -> None:
         print(f"PREFETCH P={comm.size} steps={mb.steps_per_epoch} bitwise={losses == piped_losses}", flush=True)
 
 
-def main() -> int:
-    torch.set_num_threads(1)
-    comm = world(gpu_aware="off")
+def run(comm) -> list[str]:
+    """Every mini-batch check of this launch (collective; c = 1); the failures. Rank 0 prints the EXACT and
+    BYTES lines the pytest side looks for."""
     data = data_set()
     failures: list[str] = []
     check_exact(comm, data, failures, COUNTS[comm.size], comm.rank == 0)
@@ -271,7 +271,13 @@ def main() -> int:
     check_bulk(comm, data, failures)
     check_p_invariant(comm, data, failures)
     check_prefetch(comm, data, failures)
-    return finish(comm, failures, f"minibatch cases P={comm.size}")
+    return failures
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    comm = world(gpu_aware="off")
+    return finish(comm, run(comm), f"minibatch cases P={comm.size}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 train_parity.py (with ``--parity DIR...``: every plan x GCN/SAGE against the plain-torch reference),
 static_input_cases.py (halo, receiver-side dropout, compression, SANCUS under dropout), pipe_cases.py
 (pipelined exchange, psc's feature cache, dgs), gat_cases.py (GAT; ``--gat-policies`` adds its sampling
-and staleness checks) and policy_cases.py (sampling statistics, staleness agreement, psc, dgs; c = 1);
+and staleness checks) policy_cases.py (sampling statistics, staleness agreement, psc, dgs; c = 1) and minibatch_cases.py
+(mini-batch exactness, bytes, P-invariance, bulk sampling, prefetch; c = 1);
 ``--sections`` picks some of them. Each check compares against an independent single-process reference or the byte
 model; see those files.
 """
@@ -18,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from case_report import finish  # noqa: E402
 import gat_cases  # noqa: E402
+import minibatch_cases  # noqa: E402
 import pipe_cases  # noqa: E402
 import policy_cases  # noqa: E402
 import static_input_cases  # noqa: E402
@@ -26,7 +28,7 @@ import train_parity  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 
 
-SECTIONS = ("parity", "static", "pipe", "gat", "policy")
+SECTIONS = ("parity", "static", "pipe", "gat", "policy", "minibatch")
 
 
 def main() -> int:
@@ -55,6 +57,9 @@ def main() -> int:
     if "policy" in sections:  # policy_cases.py's checks are written for c = 1
         assert args.replication == 1
         failures += policy_cases.run(comm)
+    if "minibatch" in sections:  # mini-batch training is 1D
+        assert args.replication == 1
+        failures += minibatch_cases.run(comm)
     return finish(comm, failures, f"training cases P={comm.size} c={args.replication} [{','.join(sections)}] "
                   f"({parity_runs} parity runs, {gat_runs} exact GAT runs)")
 

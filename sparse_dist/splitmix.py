@@ -1,0 +1,24 @@
+"""splitmix64 on NumPy ``uint64``: the one counter-based mixer every random decision of the project uses.
+
+A leaf of the library, so that :mod:`sparse_dist.sampling` (mini-batch neighbour draws) and
+:mod:`algorithms.hashing` (the policies' and attention dropout's decisions, and the torch form with the
+same bits) share one definition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["GOLDEN", "MIX1", "MIX2", "splitmix64"]
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def splitmix64(values: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser, vectorised over uint64 (wrapping arithmetic)."""
+    z = np.asarray(values, dtype=np.uint64) + GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * MIX1
+    z = (z ^ (z >> np.uint64(27))) * MIX2
+    return z ^ (z >> np.uint64(31))
