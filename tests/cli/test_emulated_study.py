@@ -31,8 +31,7 @@ def test_smoke_study_crosses_policies_compression_and_bandwidths(tmp_path: Path)
     with open(output / "results.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert sorted((r["policy"], r["compress"], r["bandwidth"]) for r in rows) == sorted(
-        (policy, compress, bandwidth) for policy, compress in (("exact", "none"), ("bns:keep=0.1", "none"),
-                                                               ("exact", "fp16"))
+        (policy, compress, bandwidth) for policy, compress in (("exact", "none"), ("exact", "fp16"))
         for bandwidth in ("unlimited", "1gbit"))
     assert all(r["world_size"] == "2" and r["plan"] == "p2p" and r["epochs"] == "3" for r in rows)
     by = {(r["policy"], r["compress"], r["bandwidth"]): r for r in rows}
@@ -40,9 +39,7 @@ def test_smoke_study_crosses_policies_compression_and_bandwidths(tmp_path: Path)
     for bandwidth in ("unlimited", "1gbit"):
         exact = float(by[("exact", "none", bandwidth)]["exchange_bytes"])
         fp16 = float(by[("exact", "fp16", bandwidth)]["exchange_bytes"])
-        bns = float(by[("bns:keep=0.1", "none", bandwidth)]["exchange_bytes"])
         assert exact > 0 and fp16 == pytest.approx(exact / 2, rel=1e-12)  # 2 bytes a value instead of 4
-        assert 0 < bns < exact / 2
     for key in by:  # the network changes no arithmetic: the same bytes and accuracy at every bandwidth
         other = by[(key[0], key[1], "1gbit" if key[2] == "unlimited" else "unlimited")]
         assert (by[key]["exchange_bytes"], by[key]["final_test"]) == (other["exchange_bytes"], other["final_test"])
@@ -54,7 +51,7 @@ def test_smoke_study_crosses_policies_compression_and_bandwidths(tmp_path: Path)
 
     again = _sweep(tmp_path)  # resume: every run is complete, none is launched again
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count("done before, skipped") == 6 and " ran " not in again.stdout
+    assert again.stdout.count("done before, skipped") == 4 and " ran " not in again.stdout
 
     plot = subprocess.run([SPARSE_DIST, "plot", str(output), "--dpi", "40"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)

@@ -154,15 +154,16 @@ def _reference_losses(data: Path, pointer: Path, epochs: int, ranks: int, replic
 
 def test_a_checkpoint_resumes_at_other_p_and_c_bitwise_as_a_run_started_there_from_its_state(data: Path,
                                                                                             tmp_path: Path) -> None:
-    """P = 4 to epoch 4, then P = 2 to 8, P = 3 to 12, P = 4 with c = 2 to 16: each leg's losses equal, bitwise,
-    those of a run at its P and c started from the state it resumed from; all of them stay within float
-    rounding of one uninterrupted P = 4 run."""
+    """P = 4 to epoch 4, then P = 2 to 8, P = 4 with c = 2 to 12: each leg's losses equal, bitwise, those of a
+    run at its P and c started from the state it resumed from; all of them stay within float rounding of one
+    uninterrupted P = 4 run. (An uneven P = 3 leg is left out for the suite's time: the legs share one code
+    path, and test_per_rank_policy_state_is_dropped... writes at P = 3.)"""
     path, whole = tmp_path / "run.ckpt", tmp_path / "whole.jsonl"
-    assert _train(data, "--epochs", "16", "--out", str(whole), ranks=4).returncode == 0
+    assert _train(data, "--epochs", "12", "--out", str(whole), ranks=4).returncode == 0
     first = _train(data, "--epochs", "4", "--checkpoint", str(path), "--out", str(tmp_path / "leg0.jsonl"), ranks=4)
     assert first.returncode == 0, first.stderr  # no --checkpoint-every: the default interval, and the last epoch
     losses = _losses(tmp_path / "leg0.jsonl")
-    for leg, (ranks, replication, epochs) in enumerate(((2, 1, 8), (3, 1, 12), (4, 2, 16)), start=1):
+    for leg, (ranks, replication, epochs) in enumerate(((2, 1, 8), (4, 2, 12)), start=1):
         expected = _reference_losses(data, path, epochs, ranks, replication)
         out = tmp_path / f"leg{leg}.jsonl"
         resumed = _train(data, "--epochs", str(epochs), "--checkpoint", str(path), "--resume", "--replication",
@@ -174,7 +175,7 @@ def test_a_checkpoint_resumes_at_other_p_and_c_bitwise_as_a_run_started_there_fr
         assert [leg_losses[e] for e in sorted(leg_losses)] == expected, (ranks, replication)
         losses.update(leg_losses)
     uninterrupted = _losses(whole)
-    assert sorted(losses) == sorted(uninterrupted) == list(range(1, 17))
+    assert sorted(losses) == sorted(uninterrupted) == list(range(1, 13))
     assert max(abs(losses[e] - uninterrupted[e]) for e in uninterrupted) < 1e-5, (losses, uninterrupted)
 
 
@@ -187,11 +188,11 @@ def test_a_checkpoint_resumes_at_other_p_and_c_bitwise_as_a_run_started_there_fr
 def test_per_rank_policy_state_is_dropped_with_one_note_at_another_p(data: Path, tmp_path: Path, policy: list[str],
                                                                      note: str) -> None:
     path = str(tmp_path / "run.ckpt")
-    assert _train(data, *policy, "--epochs", "4", "--checkpoint", path, ranks=4).returncode == 0
+    assert _train(data, *policy, "--epochs", "4", "--checkpoint", path, ranks=3).returncode == 0
     resumed = _train(data, *policy, "--epochs", "8", "--checkpoint", path, "--resume", "--out",
                      str(tmp_path / "r.jsonl"), ranks=2)
     assert resumed.returncode == 0, resumed.stderr
-    assert resumed.stdout.count(f"resumed at P=2 from a P=4 checkpoint: {note}") == 1, resumed.stdout
+    assert resumed.stdout.count(f"resumed at P=2 from a P=3 checkpoint: {note}") == 1, resumed.stdout
     losses = _losses(tmp_path / "r.jsonl")
     assert sorted(losses) == [5, 6, 7, 8] and all(math.isfinite(v) for v in losses.values())
     current = read_pointer(path)  # the next set holds the P = 2 run's own per-rank state

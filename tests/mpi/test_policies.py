@@ -59,7 +59,7 @@ def test_combined_sampling_and_staleness_move_fewer_bytes(cora_shards: Path, tmp
     common = ["--plan", "sparse-bcast", "--epochs", "30", "--eval-every", "30", "--seed", "1", "--dropout", "0",
               "--input-exchange", "per-epoch"]
     assert _train(cora_shards, *common, "--out", str(exact_out), ranks=4).returncode == 0
-    run = _train(cora_shards, *common, "--sample", "bns:p=0.5,side=owner", "--stale", "sancus-h:eps=0.05",
+    run = _train(cora_shards, *common, "--sample", "bns:keep=0.5,side=owner", "--stale", "sancus-h:eps=0.05",
                  "--out", str(policy_out), ranks=4)
     assert run.returncode == 0, run.stderr
     assert _exchange_bytes(policy_out) < 0.6 * _exchange_bytes(exact_out)
@@ -157,9 +157,10 @@ def shrinking_shards(tmp_path_factory) -> Path:
                  partitioner="block")
 
 
-# each side and layer-0 exchange once, at P = 2 and 4 between them (every pair at both P: ~55 s of the suite)
-@pytest.mark.parametrize("side,input_exchange,ranks", [("auto", "per-epoch", 4), ("owner", "per-epoch", 2),
-                                                       ("auto", "once", 2), ("owner", "per-epoch", 4)])
+# each side and layer-0 exchange once, at P = 2 and 4 between them (every pair at both P: ~55 s of the suite;
+# (owner, per-epoch) at P = 2 is left out: owner-side at P = 4 and auto at both P cover it)
+@pytest.mark.parametrize("side,input_exchange,ranks", [("auto", "per-epoch", 4), ("auto", "once", 2),
+                                                       ("owner", "per-epoch", 4)])
 def test_sancus_h_costs_no_more_than_its_plan_and_skips_when_weights_stand_still(
         shrinking_shards: Path, tmp_path: Path, side: str, input_exchange: str, ranks: int) -> None:
     # Weights all but frozen (Adam moves each by ~lr a step). Layer 0 exchanging X every epoch: its unmasked rows

@@ -1,5 +1,7 @@
 """The in-memory training checks under real mpiexec, one launch per rank count (tests/mpi/cases/training_cases.py):
 
+* distributed SpMM against scipy (spmm_cases.py): 6 matrices x F in {1, 64} x two dtypes x 3 plans, forward,
+  transpose, autograd, counted == predicted bytes;
 * every exchange plan x GCN/SAGE, two datasets, 5 epochs (train_parity.py): logits, first gradients, losses
   and final weights equal the plain-torch reference (tests/support/reference_gcn.py);
 * layer 0 from a halo fetched once, receiver-side dropout, compression (static_input_cases.py): exact against
@@ -31,21 +33,22 @@ def parity_shards(tmp_path_factory) -> list[str]:
     return [str(write(random_directed(), root / "random")), str(write(cora(), root / "cora"))]
 
 
-ALL = "parity,static,pipe,gat,policy,minibatch"
+ALL = "spmm,parity,static,pipe,gat,policy,minibatch"
 
 
 # One launch per (P, c): every check this launch's P and c can run (policy_cases.py and minibatch_cases.py are
 # written for c = 1; P = 1 parity runs alone in tests/mpi/test_train.py, P = 1 mini-batch inside P = 2)
 @pytest.mark.parametrize("ranks,replication,sections,gat_policies", [
-    (2, 1, ALL, False), (3, 1, ALL, True), (4, 2, "parity,static,pipe,gat", True),
-    (4, 1, "parity,gat,policy,minibatch", False)])
+    (2, 1, ALL, False), (3, 1, ALL, True), (4, 2, "spmm,parity,static,pipe,gat", True),
+    (4, 1, "spmm,parity,gat,policy,minibatch", False)])
 def test_training_cases_equal_their_references(parity_shards: list[str], ranks: int, replication: int, sections: str,
                                                gat_policies: bool) -> None:
     extra = ["--gat-policies"] if gat_policies else []
     result = run_case(ranks, "training_cases.py", "--replication", str(replication), "--sections", sections, *extra,
                       "--parity", *parity_shards, timeout=500)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "(12 parity runs," in result.stdout and "all checks pass" in result.stdout, result.stdout + result.stderr
+    assert "(72 SpMM cases per rank, 12 parity runs," in result.stdout and "all checks pass" in result.stdout, \
+        result.stdout + result.stderr
     if "minibatch" in sections:  # the mini-batch cases say what they checked
         assert f"BYTES P={ranks}" in result.stdout and "mismatches=0" in result.stdout, result.stdout
         assert f"EXACT P={ranks}" in result.stdout and (ranks != 2 or "EXACT P=1" in result.stdout), result.stdout

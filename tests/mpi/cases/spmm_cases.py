@@ -137,6 +137,17 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
     return checked
 
 
+def run(comm, replication: int, device: str = "cpu") -> tuple[list[str], int]:
+    """Every matrix x width x dtype x plan of this launch (collective); the failures and the cases checked."""
+    failures: list[str] = []
+    checked = 0
+    for label, layout, a in layouts_and_matrices(comm.size // replication):
+        for width in (1, 64):
+            for dtype in (torch.float32, torch.float64):
+                checked += check_case(comm, replication, label, layout, a, width, dtype, device, failures)
+    return failures, checked
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replication", type=int, default=1)
@@ -149,13 +160,7 @@ def main() -> int:
     device = args.device
     if device == "cuda":
         device = f"cuda:{comm.rank % torch.cuda.device_count()}"
-    groups = comm.size // args.replication
-    failures: list[str] = []
-    checked = 0
-    for label, layout, a in layouts_and_matrices(groups):
-        for width in (1, 64):
-            for dtype in (torch.float32, torch.float64):
-                checked += check_case(comm, args.replication, label, layout, a, width, dtype, device, failures)
+    failures, checked = run(comm, args.replication, device)
     for failure in failures:
         sys.stderr.write(f"[rank {comm.rank}] FAIL {failure}\n")
     all_passed = comm.all_true(not failures)

@@ -1,4 +1,5 @@
 """Every in-memory training check of one launch, so each rank count pays the interpreter start-up once:
+spmm_cases.py (distributed SpMM against scipy, every plan, forward, transpose, autograd, bytes),
 train_parity.py (with ``--parity DIR...``: every plan x GCN/SAGE against the plain-torch reference),
 static_input_cases.py (halo, receiver-side dropout, compression, SANCUS under dropout), pipe_cases.py
 (pipelined exchange, psc's feature cache, dgs), gat_cases.py (GAT; ``--gat-policies`` adds its sampling
@@ -22,13 +23,14 @@ import gat_cases  # noqa: E402
 import minibatch_cases  # noqa: E402
 import pipe_cases  # noqa: E402
 import policy_cases  # noqa: E402
+import spmm_cases  # noqa: E402
 import static_input_cases  # noqa: E402
 import train_parity  # noqa: E402
 
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 
 
-SECTIONS = ("parity", "static", "pipe", "gat", "policy", "minibatch")
+SECTIONS = ("spmm", "parity", "static", "pipe", "gat", "policy", "minibatch")
 
 
 def main() -> int:
@@ -44,9 +46,12 @@ def main() -> int:
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
     failures: list[str] = []
-    parity_runs = gat_runs = 0
+    parity_runs = gat_runs = spmm_checked = 0
+    if "spmm" in sections:
+        failures, spmm_checked = spmm_cases.run(comm, args.replication)
     if "parity" in sections:
-        failures, parity_runs = train_parity.run(comm, args.parity, args.replication)
+        parity_failures, parity_runs = train_parity.run(comm, args.parity, args.replication)
+        failures += parity_failures
     if "static" in sections:
         failures += static_input_cases.run(comm, args.replication)
     if "pipe" in sections:
@@ -61,7 +66,7 @@ def main() -> int:
         assert args.replication == 1
         failures += minibatch_cases.run(comm)
     return finish(comm, failures, f"training cases P={comm.size} c={args.replication} [{','.join(sections)}] "
-                  f"({parity_runs} parity runs, {gat_runs} exact GAT runs)")
+                  f"({spmm_checked} SpMM cases per rank, {parity_runs} parity runs, {gat_runs} exact GAT runs)")
 
 
 if __name__ == "__main__":
