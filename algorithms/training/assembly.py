@@ -20,6 +20,7 @@ import torch
 
 from algorithms.layers import layer_type
 from algorithms.model import GraphModel
+from algorithms.optim import Adam
 from algorithms.policies.base import EpochWork
 from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, model_exchange_widths,
                                      receiver_side)
@@ -129,7 +130,7 @@ class TrainingRun:
         self.features = self.halo.own_values if self.halo is not None else features_tensor
         self.layer_input = self.halo.values if self.halo is not None else features_tensor
 
-    def _optimizer(self) -> torch.optim.Optimizer:
+    def _optimizer(self) -> Adam:
         """Adam; weight decay on the first layer only (Kipf & Welling) or on every weight."""
         config = self.config
         first = self.model.layer_parameters(0)
@@ -140,4 +141,4 @@ class TrainingRun:
             groups = [{"params": first + rest, "weight_decay": config.weight_decay}]
         else:
             raise ValueError(f"weight_decay_scope must be 'first' or 'all', got {config.weight_decay_scope!r}")
-        return torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)
+        return Adam([g for g in groups if g["params"]], lr=config.lr)  # torch's arithmetic, no torch._dynamo
