@@ -42,9 +42,10 @@ from sparse_dist.compress import Codec
 
 GIB = 1 << 30
 
-RUNTIME_BYTES = 90 << 20
+RUNTIME_BYTES = 32 << 20
 """What a rank's resident set grows by for any graph: library code and kernels paged in at their first use (torch
-2.x CPU wheel: 80 MiB after set-up, 90 MiB after an epoch, on a 2,000-node graph)."""
+2.13 CPU wheel, Cora: about 31 MiB beyond the graph and features. It was 90 MiB while ``torch.optim.Adam``'s
+first step imported ``torch._dynamo``; :mod:`algorithms.optim` no longer does)."""
 GRAPH_BYTES_PER_EDGE = 80
 """A rank's edges at the peak: the CSR as loaded (int64 ids, float32 values), the normalised rows, the operator's
 local and remote blocks and the torch tensors of both directions."""
