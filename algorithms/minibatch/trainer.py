@@ -240,21 +240,15 @@ class MinibatchTrainer:
     def step_gradients(self, batch: Batch, dropout_epoch: int, training: bool = True) -> float:
         """Forward and backward of one batch, gradients allreduced into ``p.grad``; returns the global loss.
 
-        Collective (one allreduce). The optimiser is not stepped (what the exactness tests compare).
+        Collective (one allreduce, over the full-graph trainer's replica column: all ranks, as c = 1). The
+        optimiser is not stepped (what the exactness tests compare).
         """
         self.model.train(training)
         self.optimizer.zero_grad(set_to_none=False)
         logits = self.forward(batch, dropout_epoch, training)
         loss = self._loss_sum(logits, batch.seeds) / batch.global_count
         loss.backward()
-        params = list(self.model.parameters())
-        flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
-        self.comm.allreduce_(flat, "grad_allreduce")
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return float(flat[-1])
+        return float(self.full.allreduce_gradients(loss)[-1])  # the full-graph step's clip and allreduce
 
     # ---------------------------------------------------------------- epochs
     def train_epoch(self) -> dict[str, Any]:

@@ -80,7 +80,7 @@ class Trainer(TrainingRun):
         loss = local_loss_sum(logits, self.train_rows, self.train_labels, self.graph.multilabel,
                               self.graph.num_classes) / self.global_counts["train"]
         loss.backward()
-        flat = self._allreduce_gradients(loss)
+        flat = self.allreduce_gradients(loss)
         with self.spmm.timer.measure("optimizer", self.device):
             self.optimizer.step()
         if self.device.type == "cuda":
@@ -99,9 +99,10 @@ class Trainer(TrainingRun):
             record["audit"] = self.audit.end(audit, used)
         return record
 
-    def _allreduce_gradients(self, loss: torch.Tensor) -> torch.Tensor:
+    def allreduce_gradients(self, loss: torch.Tensor) -> torch.Tensor:
         """Clip (where on), then sum the weight gradients and the loss in one flat allreduce over the replica
-        column; returns the flat buffer (its last entry the global loss)."""
+        column; returns the flat buffer (its last entry the global loss). Collective; the mini-batch trainer
+        steps through it too."""
         params = self.parameters()
         if self.config.clip > 0:
             # Each of the G row groups clips its local gradient to clip / sqrt(G) (SANCUS' scaling), so the
