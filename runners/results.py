@@ -152,6 +152,19 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"min": float(array.min()), "mean": float(array.mean()), "max": float(array.max())}
 
 
+def cpu_seconds() -> dict[str, float]:
+    """This process's CPU seconds so far, all its threads (MPI's and the progress thread's included): ``user``
+    and ``system``. System time is mostly the kernel's network stack when ranks talk over TCP."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, where os.times() counts 10 ms ticks
+    return {"user": usage.ru_utime, "system": usage.ru_stime}
+
+
+def cpu_since(before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds (``user``, ``system``) spent since :func:`cpu_seconds` read ``before``."""
+    now = cpu_seconds()
+    return {key: now[key] - before[key] for key in now}
+
+
 def peak_memory_bytes(device: torch.device) -> dict[str, int]:
     """Peak resident set of this process (and peak CUDA allocation when on a GPU)."""
     peak = {"rss": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}

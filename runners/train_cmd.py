@@ -52,7 +52,8 @@ from runners.minibatch_flags import (add_minibatch_arguments, make_trainer, mini
                                      mode_record)
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
-from runners.results import ResultsWriteError, ResultsWriter, environment, peak_memory_bytes, spread
+from runners.results import (ResultsWriteError, ResultsWriter, cpu_seconds, cpu_since, environment, peak_memory_bytes,
+                             spread)
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME, since_launch
 from runners.train_paths import PathError, check_paths, overlap_problems  # noqa: F401  (PathError: importers')
@@ -171,11 +172,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compress what training exchanges send, rows and gradients: fp16, bf16, int8 "
                              "(per-row float32 scale), int8:stochastic (unbiased rounding); add ,feedback for "
                              "error feedback at the sender (default: none; evaluation stays exact)")
-    parser.add_argument("--progress", choices=PROGRESS_MODES, default="test",
+    parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
                         help="how a pipelined (pipe) exchange moves on while the rank computes: test = MPI_Test "
-                             "of the outstanding exchanges at every layer's exchange (default); thread = also a "
+                             "of the outstanding exchanges at every layer's exchange; thread = also a "
                              "thread probing MPI every 100 us; none = only the MPI library's own progress "
-                             "(e.g. MPICH_ASYNC_PROGRESS=1)")
+                             "(e.g. MPICH_ASYNC_PROGRESS=1); auto = thread where some rank is on another node "
+                             "(TCP transfers move only inside MPI calls), else test (default)")
     parser.add_argument("--clip", type=non_negative, default=0.0,
                         help="gradient-norm bound, >= 0; each row group clips locally to clip/sqrt(G) "
                              "(default: 0, off)")
@@ -357,7 +359,8 @@ def _traffic_spread(per_rank: list[dict[str, dict[str, int]]]) -> dict[str, dict
 
 def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
     times = {key: spread([g["time"][key] for g in gathered]) for key in gathered[0]["time"]}
-    return {"time": times, "bytes": _traffic_spread([g["bytes"] for g in gathered])}
+    cpu = {key: spread([g["cpu"][key] for g in gathered]) for key in gathered[0]["cpu"]}
+    return {"time": times, "cpu": cpu, "bytes": _traffic_spread([g["bytes"] for g in gathered])}
 
 
 def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
@@ -365,6 +368,7 @@ def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
     gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes})
     memory = {key: spread([g["memory"][key] for g in gathered]) for key in gathered[0]["memory"]}
     return {"type": "setup", "input_exchange": trainer.input_exchange.record(),
+            "progress": getattr(trainer, "progress_mode", None),  # what --progress resolved to (full-graph runs)
             "receiver_dropout": trainer.receiver_dropout, "halo": memory,
             "halo_bytes_per_rank": [g["memory"]["halo_bytes"] for g in gathered],
             "bytes": _traffic_spread([g["bytes"] for g in gathered])}
@@ -414,13 +418,15 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     clock = AccuracyClock(args.target_acc)  # rank 0's: the wall times are rank 0's clock after each allgather
     stopped = False
     while trainer.epoch < config.epochs and not stopped:
+        cpu_before = cpu_seconds()
         record = trainer.train_epoch()
+        cpu = cpu_since(cpu_before)  # the step's CPU seconds on this rank, all threads (not the evaluation)
         epoch = record["epoch"]
         last = epoch == config.epochs
         evaluated = epoch % config.eval_every == 0 or last
         if evaluated:
             metrics = trainer.evaluate()
-        gathered = comm.allgather_object({"time": record["time"], "bytes": record["bytes"],
+        gathered = comm.allgather_object({"time": record["time"], "cpu": cpu, "bytes": record["bytes"],
                                           "cache_bytes": record["cache_bytes"],
                                           "feature_cache": record.get("feature_cache"),
                                           "eval_bytes": trainer.eval_bytes if evaluated else None,
@@ -465,10 +471,12 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         metrics.update(ogb_metric)
     totals = comm.allgather_object(bytes_by_phase(comm.stats.snapshot()))  # the whole run, per phase
     peaks = comm.allgather_object(peak_memory_bytes(trainer.device))
+    cpu_total = comm.allgather_object(cpu_seconds())  # since the process started: imports and set-up included
     attention = comm.allgather_object(trainer.attention_bytes())
     if leader:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
-                      "attention_structure_bytes_per_rank": attention, "bytes_total": _traffic_spread(totals),
+                      "attention_structure_bytes_per_rank": attention, "cpu_seconds_per_rank": cpu_total,
+                      "bytes_total": _traffic_spread(totals),
                       **clock.record(), "stopped_at_target": stopped, "wall_total": since_launch()})
         writer.close()
         final = metrics.get("test_acc", metrics.get("test_f1"))

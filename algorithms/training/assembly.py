@@ -27,7 +27,7 @@ from algorithms.static_input import (HaloBudgetError, choose_input_exchange, eva
 from algorithms.training.config import PROGRESS_MODES, TrainConfig
 from algorithms.training.graph import LocalGraph, row_normalize_features
 from algorithms.training.metrics import SPLITS, moved_since
-from sparse_dist.comm import Communicator, ProgressThread, said_once
+from sparse_dist.comm import Communicator, ProgressThread, said_once, threads_may_call_mpi
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.factory import make_strategy
@@ -85,9 +85,10 @@ class TrainingRun:
                              row_masks=self.receiver_dropout or self.model.needs_source_ids, codec=self.codec)
         if config.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
-        strategy.tests_progress = config.progress != "none"
+        self.progress_mode = resolve_progress(comm, config.progress) if strategy.posts_ahead is None else "none"
+        strategy.tests_progress = self.progress_mode != "none"
         self.progress_thread = (ProgressThread(comm, lambda: strategy.outstanding() > 0)
-                                if config.progress == "thread" and strategy.posts_ahead is None else None)
+                                if self.progress_mode == "thread" else None)
         return dims
 
     def _data(self) -> None:
@@ -142,3 +143,18 @@ class TrainingRun:
         else:
             raise ValueError(f"weight_decay_scope must be 'first' or 'all', got {config.weight_decay_scope!r}")
         return Adam([g for g in groups if g["params"]], lr=config.lr)  # torch's arithmetic, no torch._dynamo
+
+
+def resolve_progress(comm: Communicator, mode: str) -> str:
+    """``auto`` -> ``thread`` where some rank of ``comm`` is on another node and MPI gave
+    ``MPI_THREAD_MULTIPLE``, else ``test``; other modes unchanged. Collective over ``comm`` for ``auto``.
+
+    Why: between nodes MPICH's ofi/tcp (and Open MPI's tcp) move a posted transfer only inside MPI calls.
+    Testing at each layer's exchange leaves the socket idle while a layer computes, so the transfer ends
+    inside the next blocking collective (measured, 200k synthetic, P = 2, 1 Gbit/s: the gradient allreduce
+    waited 0.88 s of a 1.70 s epoch with ``test``, 0.32 s of 1.28 s with ``thread``). Within one node the
+    shared-memory copy costs the same core either way, and ``test`` spares the thread.
+    """
+    if mode != "auto":
+        return mode
+    return "thread" if comm.spans_nodes() and threads_may_call_mpi() else "test"

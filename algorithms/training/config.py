@@ -9,7 +9,7 @@ from typing import Any
 from algorithms.layers import LayerOptions
 from algorithms.policies.spec import AxisSpec
 
-PROGRESS_MODES: tuple[str, ...] = ("test", "thread", "none")
+PROGRESS_MODES: tuple[str, ...] = ("auto", "test", "thread", "none")
 """How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
 
 
@@ -38,7 +38,8 @@ class TrainConfig:
     dropout_side: str = "auto"     # "owner", "receiver" (exchanges carry pre-dropout rows), "auto"
     halo_budget: int | None = None  # bytes of halo rows a rank may keep under "once" (None: unlimited)
     audit_every: int = 0           # every k epochs, one exact forward beside the policy's (0: never)
-    progress: str = "test"         # pipelined exchanges: "test" (at every layer), "thread" (and a probe thread), "none"
+    progress: str = "auto"         # pipelined exchanges: "test" (at every layer), "thread" (and a probe thread), "none";
+                                   # "auto": "thread" where some rank is on another node (TCP needs it), else "test"
     compress: str = "none"         # exchanged rows and gradients: "none", "fp16", "bf16", "int8[:stochastic]", ",feedback"
     heads: int = 1                 # GAT: attention heads of each hidden layer (concatenated)
     output_heads: int = 1          # GAT: attention heads of the output layer (averaged)

@@ -3,7 +3,8 @@
 On one prepared dataset, trains the same model under each configuration
 and reports exchange bytes (forward + backward, all ranks, all epochs),
 the epoch-time breakdown (median over epochs after the first, slowest
-rank), and the final test accuracy:
+rank), the CPU seconds of an epoch (``cpu_usr``, ``cpu_sys``: median, slowest rank, all threads; system
+time is mostly the kernel's TCP stack when ranks are on different nodes), and the final test accuracy:
 
 * BNS-GCN (Fig. 5 / Table 6): exact ``p2p`` vs ``bns`` with p = 0.1, 0.01, 0;
 * SANCUS (Table 5): ``dense-bcast`` (CAGNET) vs ``sancus-e`` (eps 1),
@@ -55,7 +56,8 @@ import torch
 
 from algorithms.train import TrainConfig, Trainer
 from runners.data.shards import load_local_graph
-from runners.argtypes import at_least, non_negative, number, probability
+from runners.argtypes import at_least, non_negative, number, positive, probability
+from runners.results import cpu_seconds, cpu_since
 from runners.argtypes import seed as seed_number
 
 psc_budget = number(0.0, 1.0, low_open=True)
@@ -64,6 +66,7 @@ from sparse_dist.comm import Communicator, default_threads_per_rank
 from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, first_reaching, validation_value
 
 TIME_KEYS = ("total", "local_spmm", "exchange", "allreduce", "dense")
+EXCHANGE_PHASES = ("forward", "backward", "sample")  # a training epoch's exchanges (the halo is set-up)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-acc", type=psc_budget, default=None, metavar="A",  # (0, 1] like a budget
                         help="validation accuracy in (0, 1] that tta_s times each configuration to (default: "
                              f"{DEFAULT_TARGET_FRACTION:g} x exact p2p's best in this run)")
+    parser.add_argument("--beta-gbs", type=positive, default=None, metavar="GBS",
+                        help="the link's bandwidth in GB/s, as `sparse-dist bench network` measured it on the same "
+                             "network: adds each row's ideal epoch (exact p2p's compute plus the row's own "
+                             "exchange bytes over the link; pipe rows the larger of the two) and the ratio to it")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
@@ -141,9 +148,11 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
     config = TrainConfig(hidden=args.hidden, layers=args.layers, dropout=args.dropout, seed=args.seed,
                          epochs=args.epochs, **settings)
     trainer = Trainer(comm, graph, config)
-    records, points = [], []
+    records, points, cpu = [], [], []
     for _ in range(args.epochs):
+        cpu_before = cpu_seconds()
         records.append(trainer.train_epoch())
+        cpu.append(cpu_since(cpu_before))
         value = validation_value(trainer.evaluate())  # collective: its allreduce waits for the slowest rank
         points.append((records[-1]["epoch"], time.perf_counter() - started, value))
     trainer.close()  # collective: pipelined flights still outstanding complete before the next configuration
@@ -151,13 +160,21 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
     halo = trainer.setup_bytes["halo"]["recv"]
     moved = halo + sum(r["bytes"][phase]["recv"] for r in records for phase in ("forward", "backward", "sample"))
     broadcasts = sum(len(b["active"]) for r in records for b in r["broadcasts"])
+    timed = records[1:] or records
+    link_bytes = statistics.mean(sum(max(r["bytes"][phase]["sent"], r["bytes"][phase]["recv"])
+                                     for phase in EXCHANGE_PHASES) for r in timed)
     gathered = comm.allgather_object({"moved": moved, "halo": halo, "times": [r["time"] for r in records[1:] or records],
-                                      "cache": records[-1]["cache_bytes"]})
+                                      "cpu": cpu[1:] or cpu, "cache": records[-1]["cache_bytes"],
+                                      "link_bytes": link_bytes})
     times = {key: statistics.median(max(g["times"][k][key] for g in gathered) for k in range(len(gathered[0]["times"])))
              for key in TIME_KEYS}
+    cpu_medians = {key: statistics.median(max(g["cpu"][k][key] for g in gathered) for k in range(len(gathered[0]["cpu"])))
+                   for key in ("user", "system")}
     return {"bytes": int(sum(g["moved"] for g in gathered)), "halo_bytes": int(sum(g["halo"] for g in gathered)),
             "input_exchange": trainer.input_exchange.mode, "receiver_dropout": trainer.receiver_dropout,
-            "time": times, "test_acc": metrics["test_acc"],
+            "progress": trainer.progress_mode,
+            "time": times, "cpu": cpu_medians, "test_acc": metrics["test_acc"],
+            "link_bytes": max(g["link_bytes"] for g in gathered),
             "active_broadcasts": broadcasts, "cache_bytes_max": max(g["cache"] for g in gathered),
             "curve": points, "best_val": max(p[2] for p in points), "wall_total": time.perf_counter() - started,
             **settings}
@@ -173,6 +190,23 @@ def add_time_to_target(results: dict[str, dict[str, Any]], target_acc: float | N
     return target
 
 
+def add_ideal(results: dict[str, dict[str, Any]], beta_gbs: float) -> None:
+    """Each row's ``ideal_s``: exact p2p's compute (its epoch less its exchange and allreduce waits) plus the
+    row's own exchange time on a link of ``beta_gbs`` GB/s; a pipe row overlaps them (the larger of the two).
+
+    A row's link time is its slowest rank's bytes per epoch over the link, each phase counted once in the
+    busier direction (links are full duplex). The ideal leaves out what the policy itself computes (codecs,
+    sampling) and the CPU the network stack takes from compute: the ratio shows both.
+    """
+    exact = results["exact p2p"]["time"]
+    compute = exact["total"] - exact["exchange"] - exact["allreduce"]
+    for row in results.values():
+        link = row["link_bytes"] / (beta_gbs * 1e9)
+        pipelined = str(row.get("stale", "")).startswith("pipe")
+        row["ideal_s"] = max(compute, link) if pipelined else compute + link
+        row["to_ideal"] = row["time"]["total"] / row["ideal_s"]
+
+
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or default_threads_per_rank())
     chosen = set(_selected(args)) | {"exact p2p", "dense-bcast"}
@@ -180,21 +214,26 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                for name, settings in configurations(args.sancus_h_eps, args.psc_budget) if name in chosen}
     if comm.rank == 0:
         target = add_time_to_target(results, args.target_acc)
+        if args.beta_gbs is not None:
+            add_ideal(results, args.beta_gbs)
         exact, dense = results["exact p2p"], results["dense-bcast"]
         print(f"policies on {args.data}: P={comm.size}, {args.epochs} epochs, GCN hidden {args.hidden}, "
               f"{args.layers} layers, dropout {args.dropout}, seed {args.seed}; tta_s: seconds from each "
               f"configuration's start to val_acc >= {target:.4f}"
               + ("" if args.target_acc is not None else f" ({DEFAULT_TARGET_FRACTION:g} x exact p2p's best)"))
         print(f"{'config':<15}{'exchange MB':>12}{'halo MB':>9}{'/p2p':>7}{'/dense':>8}{'epoch_s':>9}{'local':>8}"
-              f"{'exch':>8}{'allred':>8}{'dense':>8}{'t/p2p':>7}{'t/dense':>8}{'test_acc':>9}{'tta_s':>8}")
+              f"{'exch':>8}{'allred':>8}{'dense':>8}{'cpu_usr':>8}{'cpu_sys':>8}{'t/p2p':>7}{'t/dense':>8}"
+              f"{'test_acc':>9}{'tta_s':>8}" + (f"{'ideal_s':>8}{'/ideal':>7}" if args.beta_gbs is not None else ""))
         for name, r in results.items():
             t = r["time"]
             print(f"{name:<15}{r['bytes'] / 1e6:>12.2f}{r['halo_bytes'] / 1e6:>9.2f}{r['bytes'] / max(exact['bytes'], 1):>7.3f}"
                   f"{r['bytes'] / max(dense['bytes'], 1):>8.3f}{t['total']:>9.4f}{t['local_spmm']:>8.4f}"
                   f"{t['exchange']:>8.4f}{t['allreduce']:>8.4f}{t['dense']:>8.4f}"
+                  f"{r['cpu']['user']:>8.3f}{r['cpu']['system']:>8.3f}"
                   f"{t['total'] / exact['time']['total']:>7.2f}{t['total'] / dense['time']['total']:>8.2f}"
                   f"{r['test_acc']:>9.4f}"
-                  + (f"{r['time_to_target']:>8.2f}" if r["time_to_target"] is not None else f"{'-':>8}"))
+                  + (f"{r['time_to_target']:>8.2f}" if r["time_to_target"] is not None else f"{'-':>8}")
+                  + (f"{r['ideal_s']:>8.3f}{r['to_ideal']:>7.2f}" if args.beta_gbs is not None else ""))
         if args.json:
             print(json.dumps({"world_size": comm.size, "config": {k: v for k, v in vars(args).items()
                                                                   if k != "func"}, "results": results}))
