@@ -6,6 +6,7 @@ the epoch-time breakdown (median over epochs after the first, slowest
 rank), the CPU seconds of an epoch (``cpu_usr``, ``cpu_sys``: median, slowest rank, all threads; system
 time is mostly the kernel's TCP stack when ranks are on different nodes), and the final test accuracy:
 
+* the exact plans: ``p2p``, ``dense-bcast`` (CAGNET) and ``sparse-bcast``;
 * BNS-GCN (Fig. 5 / Table 6): exact ``p2p`` vs ``bns`` with p = 0.1, 0.01, 0;
 * SANCUS (Table 5): ``dense-bcast`` (CAGNET) vs ``sancus-e`` (eps 1),
   ``sancus-a`` (eps 1) and ``sancus-h`` (eps ``--sancus-h-eps``), with
@@ -110,6 +111,7 @@ def configurations(h_eps: float, psc_budget: float = 0.1) -> list[tuple[str, dic
         ("bns p=0.01", {"plan": "p2p", "sample": "bns:keep=0.01"}),
         ("bns p=0", {"plan": "p2p", "sample": "bns:keep=0"}),
         ("dense-bcast", {"plan": "dense-bcast"}),
+        ("sparse-bcast", {"plan": "sparse-bcast"}),
         ("sancus-e1", {"plan": "dense-bcast", "stale": "sancus-e:eps=1"}),
         ("sancus-a1", {"plan": "dense-bcast", "stale": "sancus-a:eps=1"}),
         (f"sancus-h{h_eps:g}", {"plan": "dense-bcast", "stale": f"sancus-h:eps={h_eps}"}),
