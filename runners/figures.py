@@ -27,6 +27,7 @@ PARTS = (("t_local_spmm", "local SpMM"), ("t_dense", "dense"), ("t_exchange", "e
 def label(row: dict[str, Any]) -> str:
     """``plan policy`` (``p2p fp16`` for a compressed exact run, ``p2p bns:p=0.1 + int8`` otherwise)."""
     c = f", c={row['replication']}" if int(row["replication"]) > 1 else ""
+    c = f" {row['variant']}{c}" if row.get("variant") else c
     compress = str(row.get("compress") or "none")
     if compress == "none":
         return f"{row['plan']} {row['policy']}{c}"

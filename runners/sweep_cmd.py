@@ -101,7 +101,7 @@ def run_command(study: Study, run: Run, launcher: str) -> list[str]:
             "--plan", run.plan, "--replication", str(run.replication), "--sample", run.sample,
             "--stale", run.stale, *(["--compress", run.compress] if run.compress != "none" else []),
             "--seed", str(run.seed), "--epochs", str(epochs), "--print-every", str(max(epochs // 4, 1)),
-            *train_flags(study.train)]
+            *train_flags(study.train), *train_flags(dict(run.variant_train))]
 
 
 def prepare_command(study: Study, run: Run) -> list[str]:
@@ -164,7 +164,7 @@ class StudyTable:
             extra = {"study": self.study.name, "run": run.run_id, "dataset": run.dataset.name,
                      "nodes": meta.get("num_nodes", run.nodes), "edges": meta.get("num_edges"),
                      "scaling": self.study.scaling, "policy": run.policy, "launcher": self.launcher,
-                     "bandwidth": run.bandwidth,
+                     "bandwidth": run.bandwidth, "variant": run.variant,
                      "results_file": str(path.relative_to(self.study.output))}
             self.rows[run.run_id] = summarise_run(records, self.study.warmup, extra)
             self.records[run.run_id] = records

@@ -42,7 +42,7 @@ DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's pa
 EXCHANGE_PHASES = ("forward", "backward", "sample", "fetch")  # a training epoch's exchanges (mini-batch: the last two)
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
-    "stale", "compress", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
+    "stale", "compress", "variant", "mode", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
     "t_dropout", "t_optimizer", "exchange_bytes", "sample_bytes", "fetch_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "best_val", "target_acc",
@@ -97,7 +97,7 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
     row: dict[str, Any] = {
         "world_size": world, "replication": config["replication"], "plan": config["plan"],
         "sample": config["sample"], "stale": config["stale"], "compress": config.get("compress", "none"),
-        "seed": config["seed"], "model": config["model"],
+        "mode": config.get("mode", "full"), "seed": config["seed"], "model": config["model"],
         "hidden": config["hidden"], "layers": config["layers"], "dtype": config["dtype"], "data": config["data"],
         "input_exchange": setup.get("input_exchange", {}).get("mode", "per-epoch"),
         "receiver_dropout": bool(setup.get("receiver_dropout", False)),
@@ -133,11 +133,12 @@ CURVE = "_validation_curve"
 
 def default_targets(rows: list[dict[str, Any]]) -> dict[tuple[Any, int], float]:
     """Per (dataset, P): :data:`DEFAULT_TARGET_FRACTION` of the best validation value of its exact p2p run(s),
-    uncompressed (a compressed exact run races to the target like every other policy)."""
+    uncompressed and no variant (a compressed exact run, or a mini-batch one, races to the target like every
+    other policy)."""
     best: dict[tuple[Any, int], float] = {}
     for row in rows:
         if (row.get("plan") == "p2p" and row.get("policy") == "exact" and (row.get("compress") or "none") == "none"
-                and row.get("best_val") is not None):
+                and not row.get("variant") and row.get("best_val") is not None):
             key = (row.get("dataset"), int(row["world_size"]))
             best[key] = max(best.get(key, float("-inf")), float(row["best_val"]))
     return {key: DEFAULT_TARGET_FRACTION * value for key, value in best.items()}

@@ -56,7 +56,11 @@ sampling and a staleness spec joined by ``+``. Compression (``compress``, the va
 study-wide, ``compress`` is crossed with every plan and policy; a policy entry written as a table
 (``{ policy = "...", plans = [...], compress = [...] }``) runs on those plans and compressions only,
 so a study can list exactly the configurations it compares (fp16 on exact p2p, without fp16 on every
-sampling policy). Two entries that give the same (plan, policy, compression) are refused. A run's id
+sampling policy). An entry may also carry its own ``train`` options with a ``name`` for them, a *variant*:
+``{ policy = "exact", plans = ["p2p"], name = "minibatch", train = { mode = "minibatch", fanouts = "15,10,5",
+batch-size = 1024 } }`` races mini-batch training against the full-graph runs of the same study (the entry's
+options follow ``[train]``, so they win; the run id gains ``_minibatch``, ``results.csv`` has ``variant`` and
+``mode``, and a variant is never the exact run the default target is taken from). Two entries that give the same (plan, policy, compression) are refused. A run's id
 gains ``_<compression>`` where it is not ``none`` (``..._p2p_exact_int8_feedback_s0``), so the ids of
 uncompressed runs are what they were; ``results.csv`` has a ``compress`` column and ``policy`` stays the
 sampling + staleness text. With a ``[network]`` table each run
@@ -83,7 +87,7 @@ from sparse_dist.plans import PLAN_NAMES
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "compress", "seeds",
               "epochs", "warmup", "timeout", "launcher", "launcher_args", "target_acc"}
 DATASET_KEYS = {"name", "path", "synthetic", "partitioner", "parts", "nodes_per_rank", "sizes", "seed", "epochs"}
-POLICY_ENTRY_KEYS = {"policy", "plans", "compress"}
+POLICY_ENTRY_KEYS = {"policy", "plans", "compress", "name", "train"}
 SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
 NETWORK_KEYS = {"nodes", "ranks_per_node", "bandwidth", "latency"}
 LAUNCHERS = ("auto", "mpiexec", "srun")
@@ -151,6 +155,8 @@ class PolicyEntry:
     policy: PolicySpec  # parsed once, by the parser `train --sample/--stale` uses
     plans: tuple[str, ...] | None = None
     compress: tuple[str, ...] | None = None
+    name: str = ""      # a variant's label (with ``train``): run ids, results.csv's ``variant``, plot lines
+    train: tuple[tuple[str, Any], ...] = ()  # this entry's own `train` options, after the study's [train]
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,8 @@ class Run:
     seed: int
     bandwidth: str | None = None
     compress: str = "none"  # `train --compress`
+    variant: str = ""       # the policy entry's name, where it has its own `train` options
+    variant_train: tuple[tuple[str, Any], ...] = ()
 
     @property
     def data_name(self) -> str:
@@ -178,7 +186,9 @@ class Run:
         policy = re.sub(r"[^A-Za-z0-9.=-]+", "_", self.policy if self.compress == "none"
                         else f"{self.policy}_{self.compress}")
         network = "" if self.bandwidth is None else f"_bw{self.bandwidth}"
-        return f"{self.data_name}_P{self.ranks}_c{self.replication}_{self.plan}_{policy}_s{self.seed}{network}"
+        variant = f"_{self.variant}" if self.variant else ""
+        return (f"{self.data_name}_P{self.ranks}_c{self.replication}_{self.plan}_{policy}{variant}_s{self.seed}"
+                f"{network}")
 
 
 @dataclass
@@ -207,7 +217,11 @@ class Study:
 
     def configurations(self) -> list[tuple[str, PolicySpec, str]]:
         """Every (plan, policy, compression) the study crosses, in run order, refused combinations included."""
-        return [(plan, entry.policy, compress) for plan in self.plans for entry in self.policies
+        return [(plan, policy, compress) for plan, policy, compress, _ in self.entry_configurations()]
+
+    def entry_configurations(self) -> list[tuple[str, PolicySpec, str, PolicyEntry]]:
+        """:meth:`configurations`, each with the policy entry it came from (its variant name and options)."""
+        return [(plan, entry.policy, compress, entry) for plan in self.plans for entry in self.policies
                 if entry.plans is None or plan in entry.plans
                 for compress in (entry.compress if entry.compress is not None else self.compress)]
 
@@ -231,7 +245,7 @@ class Study:
                             skipped.append(f"P={ranks}: {self.network.misfit(ranks)}")
                         continue
                     bandwidths = self.network.bandwidths if self.network is not None else [None]
-                    for plan, policy, compress in self.configurations():
+                    for plan, policy, compress, entry in self.entry_configurations():
                         problem = policy.refusal(plan)
                         if problem:
                             line = f"{plan} + {policy}: {problem}"
@@ -239,7 +253,7 @@ class Study:
                                 skipped.append(line)
                             continue
                         runs.extend(Run(dataset, nodes, ranks, c, plan, policy.text, str(policy.sample),
-                                        str(policy.stale), seed, bandwidth, compress)
+                                        str(policy.stale), seed, bandwidth, compress, entry.name, entry.train)
                                     for bandwidth in bandwidths for seed in self.seeds)
         return runs, skipped
 
@@ -371,8 +385,26 @@ def _policy_entries(path: Path, value: Any, plans: list[str]) -> list[PolicyEntr
             if stray:
                 raise StudyError(f"{spot}.plans: {stray} not in study.plans {plans}")
         codecs = _compressions(f"{spot}.compress", table["compress"]) if "compress" in table else None
-        entries.append(PolicyEntry(policy, only, codecs))
+        name, options = _variant(spot, table)
+        entries.append(PolicyEntry(policy, only, codecs, name, options))
     return entries
+
+
+def _variant(spot: str, table: dict[str, Any]) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """A policy entry's ``name`` and ``train`` options: both or neither (the name tells its runs apart)."""
+    if ("name" in table) != ("train" in table):
+        raise StudyError(f"{spot}: give 'name' and 'train' together (a variant's label and its own train options, "
+                         f"e.g. name = \"minibatch\", train = {{ mode = \"minibatch\", fanouts = \"15,10,5\" }})")
+    if "name" not in table:
+        return "", ()
+    name = _expect(f"{spot}.name", table["name"], str, "a name")
+    if not re.fullmatch(r"[A-Za-z0-9.-]+", name):
+        raise StudyError(f"{spot}.name: use letters, digits, '.' or '-', found {name!r}")
+    options = _expect(f"{spot}.train", table["train"], dict, "a table of `train` options")
+    clash = sorted(set(k.replace("-", "_") for k in options) & TRAIN_FLAGS_SET_BY_STUDY)
+    if clash:
+        raise StudyError(f"{spot}.train sets {clash}, which the study itself decides per run")
+    return name, tuple(options.items())
 
 
 def _network(path: Path, table: Any) -> NetworkSpec:
@@ -464,13 +496,14 @@ def load_study(path: str | Path) -> Study:
                    if study.get("launcher_args") else [],
                    train=dict(train), datasets=datasets, network=network,
                    target_acc=float(target_acc) if target_acc is not None else None, compress=list(compress))
-    configurations = parsed.configurations()
-    seen: set[tuple[str, str, str]] = set()
-    for plan, policy, codec in configurations:
-        if (plan, policy.text, codec) in seen:
-            raise StudyError(f"{path}: study.policies: plan {plan}, policy {policy.text}, compress {codec} comes "
-                             f"from two entries; list each configuration once")
-        seen.add((plan, policy.text, codec))
+    configurations = parsed.entry_configurations()
+    seen: set[tuple[str, str, str, str]] = set()
+    for plan, policy, codec, entry in configurations:
+        if (plan, policy.text, codec, entry.name) in seen:
+            named = f", name {entry.name}" if entry.name else ""
+            raise StudyError(f"{path}: study.policies: plan {plan}, policy {policy.text}, compress {codec}{named} "
+                             f"comes from two entries; list each configuration once")
+        seen.add((plan, policy.text, codec, entry.name))
     problem = check_train_table(train, configurations)
     if problem:
         raise StudyError(f"{path}: {problem}")

@@ -41,7 +41,7 @@ def _train_parser() -> _TrainParser:
     return parser
 
 
-def check_train_table(train: dict[str, Any], configurations: list[tuple[str, PolicySpec, str]]) -> str | None:
+def check_train_table(train: dict[str, Any], configurations: list[tuple[str, PolicySpec, str, Any]]) -> str | None:
     """Why a study's ``[train]`` table cannot run (one sentence), or None: a key that is no ``train`` option
     (suggesting the nearest), a value its typed parser refuses, or a combination ``train`` would refuse with
     one of the study's (plan, policy, compression) configurations. Run when a study is loaded, so
@@ -60,13 +60,18 @@ def check_train_table(train: dict[str, Any], configurations: list[tuple[str, Pol
             parser.parse_args(["--data", ".", *train_flags({key: value})])
         except _FlagRefused as exc:
             return f"[train] {key} = {value!r}: {exc}"
-    for plan, policy, compress in configurations:
+    for plan, policy, compress, entry in configurations:
         if policy.refusal(plan):
             continue  # the study skips it
-        args = parser.parse_args(["--data", ".", "--plan", plan, "--sample", str(policy.sample),
-                                  "--stale", str(policy.stale), "--compress", compress, *train_flags(train)])
+        where = "[train]" if not entry.name else f"[train] and variant {entry.name}'s train"
+        try:
+            args = parser.parse_args(["--data", ".", "--plan", plan, "--sample", str(policy.sample),
+                                      "--stale", str(policy.stale), "--compress", compress, *train_flags(train),
+                                      *train_flags(dict(entry.train))])
+        except _FlagRefused as exc:
+            return f"{where}: {exc}"
         problem = check_arguments(args)
         if problem:
             shown = "" if compress == "none" else f" and compress {compress}"
-            return f"[train] with plan {plan} and policy {policy.text}{shown}: {problem}"
+            return f"{where} with plan {plan} and policy {policy.text}{shown}: {problem}"
     return None

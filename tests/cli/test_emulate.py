@@ -209,8 +209,10 @@ def _records(path: Path) -> list[dict]:
 @needs_namespaces
 def test_two_emulated_nodes_train_exactly_as_plain_mpiexec(tmp_path: Path) -> None:
     data = write(cora(), tmp_path / "cora", parts=2)
-    train = [SPARSE_DIST, "train", "--data", str(data), "--plan", "p2p", "--epochs", "3", "--threads", "1",
-             "--print-every", "1000", "--seed", "0"]
+    # pipe: its flights progress by MPI_Test on one node and from a probe thread between nodes (--progress
+    # auto), which must change no value
+    train = [SPARSE_DIST, "train", "--data", str(data), "--plan", "p2p", "--stale", "pipe:tau=1", "--epochs", "3",
+             "--threads", "1", "--print-every", "1000", "--seed", "0"]
     plain = run_mpi(2, [*train, "--out", str(tmp_path / "plain.jsonl")], timeout=200)
     assert plain.returncode == 0, plain.stderr
     process = _emulate("--nodes", "2", "--ranks-per-node", "1", "--bandwidth", "1gbit", "--timeout", "200",
@@ -225,6 +227,9 @@ def test_two_emulated_nodes_train_exactly_as_plain_mpiexec(tmp_path: Path) -> No
     assert [e["bytes"] for e in epochs_a] == [e["bytes"] for e in epochs_b]
     final_a, final_b = a[-1], b[-1]
     assert final_a["bytes_total"] == final_b["bytes_total"]
+    assert [next(r for r in records if r["type"] == "setup")["progress"] for records in (a, b)] == ["test", "thread"]
+    assert all(e["cpu"]["user"]["min"] > 0 and e["cpu"]["system"]["min"] >= 0 for e in epochs_b)
+    assert len(b[-1]["cpu_seconds_per_rank"]) == 2
     environment = next(r for r in b if r["type"] == "environment")
     assert environment["network"]["bandwidth"] == "1gbit" and environment["ranks_on_node"] == 1
     assert "network" not in next(r for r in a if r["type"] == "environment")

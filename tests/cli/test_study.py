@@ -327,3 +327,72 @@ def test_figure_labels_name_the_compression() -> None:
     assert label(row) == label({**row, "compress": "none"}) == "p2p exact"
     assert label({**row, "compress": "fp16"}) == "p2p fp16"
     assert label({**row, "policy": "bns:keep=0.1", "compress": "int8,feedback"}) == "p2p bns:keep=0.1 + int8,feedback"
+
+
+VARIANTS = ('policies = ["exact", "bns:keep=0.1", "sancus-e:eps=1"]',
+            'policies = ["exact", { policy = "exact", plans = ["p2p"], name = "minibatch", '
+            'train = { mode = "minibatch", fanouts = "5,5", batch-size = 16, hidden = 4 } }]')
+
+
+def test_a_variant_runs_its_own_train_options_after_the_studys(tmp_path: Path) -> None:
+    from runners.sweep_cmd import run_command
+
+    study = load_study(_write(tmp_path, GOOD.replace(*VARIANTS)))
+    runs, _ = study.runs()
+    variants = [r for r in runs if r.variant]
+    assert {(r.plan, r.policy) for r in variants} == {("p2p", "exact")} and len(variants) == len(runs) // 3
+    plain = next(r for r in runs if not r.variant and r.plan == "p2p" and r.ranks == 2 and r.replication == 1)
+    twin = next(r for r in variants if (r.ranks, r.replication, r.seed) == (plain.ranks, 1, plain.seed))
+    assert twin.run_id == plain.run_id.replace("_exact_s", "_exact_minibatch_s")
+    command = run_command(study, twin, "mpiexec")
+    assert command[-8:] == ["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "16", "--hidden", "4"]
+    hidden = [i for i, word in enumerate(command) if word == "--hidden"]
+    assert [command[i + 1] for i in hidden] == ["8", "4"]  # [train]'s first, the variant's last: argparse keeps it
+    assert "--mode" not in run_command(study, plain, "mpiexec")
+
+
+@pytest.mark.parametrize("entry,sentence", [
+    ('{ policy = "exact", name = "mb" }', "give 'name' and 'train' together"),
+    ('{ policy = "exact", name = "m b", train = { mode = "minibatch" } }', "use letters, digits, '.' or '-'"),
+    ('{ policy = "exact", name = "mb", train = { epochs = 3 } }', "train sets ['epochs'], which the study itself"),
+    ('{ policy = "exact", name = "mb", train = { mode = "minibatch", fanouts = "0" } }', "variant mb's train"),
+])
+def test_a_variant_is_refused_at_load_in_one_sentence(tmp_path: Path, entry: str, sentence: str) -> None:
+    text = GOOD.replace('policies = ["exact", "bns:keep=0.1", "sancus-e:eps=1"]', f'policies = ["exact", {entry}]')
+    with pytest.raises(StudyError, match="") as caught:
+        load_study(_write(tmp_path, text))
+    assert sentence in str(caught.value), str(caught.value)
+
+
+def test_the_default_target_is_never_a_variants_and_labels_name_it(tmp_path: Path) -> None:
+    from runners.figures import label
+    from runners.study.collect import read_csv, write_csv
+
+    config = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none",
+              "stale": "none", "seed": 0, "model": "gcn", "hidden": 8, "layers": 2, "dtype": "float32", "data": "d"}
+    final = {"type": "final", "epochs": 2, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
+
+    def row(variant: str, mode: str, best: float) -> dict:
+        epochs = [{**_epoch(n, 1.0, (0.1, 0.2, 0.3, 0.4), 100), "val_acc": best * n / 2, "wall": float(n)}
+                  for n in (1, 2)]
+        return summarise_run([{**config, "mode": mode}, *epochs, final], 0,
+                             {"run": f"r-{variant}", "dataset": "d", "policy": "exact", "variant": variant})
+
+    write_csv(tmp_path / "results.csv", [row("", "full", 0.5), row("minibatch", "minibatch", 0.9)])
+    table = {r["run"]: r for r in read_csv(tmp_path / "results.csv")}
+    assert table["r-minibatch"]["mode"] == "minibatch" and table["r-"]["mode"] == "full"
+    assert [r["target_acc"] for r in table.values()] == pytest.approx([0.98 * 0.5] * 2)  # not 0.98 x 0.9
+    assert label({"plan": "p2p", "policy": "exact", "replication": 1, "variant": "minibatch"}) == "p2p exact minibatch"
+
+
+def test_the_minibatch_study_races_minibatch_against_full_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    study = load_study(root / "runners" / "study" / "studies" / "minibatch-vs-full.toml")
+    runs, skipped = study.runs()
+    assert skipped == []
+    assert {(r.ranks, r.policy, r.variant) for r in runs} == {
+        (p, policy, variant) for p in (2, 4) for policy, variant in (
+            ("exact", ""), ("bns:keep=0.1", ""), ("pipe:tau=1", ""), ("exact", "minibatch"),
+            ("exact", "minibatch-prefetch"))}
+    assert {r.bandwidth for r in runs} == {"1gbit"}

@@ -107,12 +107,12 @@ def test_plans_refuse_policies_they_cannot_carry() -> None:
 
 
 def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
-    result = run_mpi(2, [SPARSE_DIST, "bench", "policies", "--data", str(cora_shards), "--epochs", "3", "--json"],
-                     timeout=240)
+    result = run_mpi(2, [SPARSE_DIST, "bench", "policies", "--data", str(cora_shards), "--epochs", "3", "--json",
+                         "--beta-gbs", "0.5"], timeout=240)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])["results"]
     compressed = [f + fb for f in ("fp16", "bf16", "int8", "int8s") for fb in ("", "+fb")]
-    assert list(report) == ["exact p2p", "bns p=0.1", "bns p=0.01", "bns p=0", "dense-bcast", "sancus-e1",
+    assert list(report) == ["exact p2p", "bns p=0.1", "bns p=0.01", "bns p=0", "dense-bcast", "sparse-bcast", "sancus-e1",
                             "sancus-a1", "sancus-h0.05", "sancus-e1 -bwd", "p2p X/epoch", "dense X/epoch",
                             "pipe t1", "pipe t1 g.95", "pipe t2", "psc B0.1", "dgs R.5", "dgs R.25 Q.5",
                             *compressed]
@@ -123,6 +123,16 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
     assert not report["sancus-h0.05"]["receiver_dropout"] and not report["sancus-e1"]["receiver_dropout"]
     assert report["sancus-h0.05"]["bytes"] <= report["dense-bcast"]["bytes"]
     assert report["bns p=0"]["bytes"] == 0
+    assert 0 < report["sparse-bcast"]["bytes"] <= report["dense-bcast"]["bytes"]
+    # the ideal epoch: exact p2p's compute plus the row's busier-direction bytes over a 0.5 GB/s link; pipe overlaps
+    exact_time = report["exact p2p"]["time"]
+    compute = exact_time["total"] - exact_time["exchange"] - exact_time["allreduce"]
+    for name, row in report.items():
+        link = row["link_bytes"] / 0.5e9
+        ideal = max(compute, link) if name.startswith("pipe") else compute + link
+        assert row["ideal_s"] == pytest.approx(ideal) and row["to_ideal"] == pytest.approx(row["time"]["total"] / ideal)
+        assert row["cpu"]["user"] > 0 and row["cpu"]["system"] >= 0, name
+    assert report["bns p=0"]["link_bytes"] == 0 and report["exact p2p"]["link_bytes"] > report["bns p=0.1"]["link_bytes"]
     assert 0 < report["bns p=0.1"]["bytes"] < report["exact p2p"]["bytes"] < report["dense-bcast"]["bytes"]
     assert report["sancus-e1"]["bytes"] < report["dense-bcast"]["bytes"]  # epoch 1 reuses the epoch-0 blocks
     assert report["sancus-e1 -bwd"]["bytes"] < report["sancus-e1"]["bytes"]
