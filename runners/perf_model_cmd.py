@@ -172,8 +172,12 @@ def _policy_for(row: dict[str, Any], active: float | None = None) -> ExpectedTra
 def compare(args: argparse.Namespace) -> int:
     results = Path(args.results)
     rows = read_csv(results / "results.csv")
+    sampled = [row for row in rows if str(row.get("mode") or "full") != "full"]
+    rows = [row for row in rows if row not in sampled]
+    if sampled:  # the model prices full-graph epochs; a mini-batch epoch's work is the sampler's
+        print(f"note: {len(sampled)} mini-batch run(s) left out (the model prices full-graph epochs only)")
     if not rows:
-        raise ResultsError(f"{results / 'results.csv'}: no finished runs to compare")
+        raise ResultsError(f"{results / 'results.csv'}: no finished full-graph runs to compare")
     net = network_from(args)
     out: list[dict[str, Any]] = []
     workloads: dict[tuple[str, int], Workload] = {}
@@ -189,7 +193,7 @@ def compare(args: argparse.Namespace) -> int:
 
     def configuration(row: dict[str, Any]) -> tuple:
         return (row["dataset"], row["plan"], row["policy"], row.get("compress") or "none", row["replication"],
-                row["hidden"], row["layers"])
+                row["hidden"], row["layers"], row.get("bandwidth") or "", row.get("variant") or "")
 
     for row in sorted(rows, key=lambda r: (*map(str, configuration(r)), r["world_size"])):
         base = min((r for r in rows if configuration(r) == configuration(row)), key=lambda r: r["world_size"])
