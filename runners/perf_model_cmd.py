@@ -29,6 +29,7 @@ from runners.argtypes import add_renamed, at_least, fraction, int_list, non_nega
 from runners.study.collect import ResultsError, read_csv, write_csv_rows
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
+from sparse_dist.compress import Codec
 from sparse_dist.cost import NETWORKS, Network
 from sparse_dist.layout import Grid
 from sparse_dist.predict import predict_halo_bytes
@@ -166,7 +167,7 @@ def _policy_for(row: dict[str, Any], active: float | None = None) -> ExpectedTra
         # one row group exchanges nothing, so the share does not matter there
         single = int(row["world_size"]) == int(row["replication"])
         active = 1.0 if single or measured in (None, "") else float(measured)
-    return ExpectedTraffic.of(policy, active)
+    return ExpectedTraffic.of(policy, active, Codec.parse(str(row.get("compress") or "none")))
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 Epoch time = slowest rank's compute + exchange + gradient allreduce (no
 overlap assumed, so it is an upper estimate where MPI progresses in the
-background).
+background), except for a pipelined policy (``pipe``), whose exchange overlaps
+the compute: max(compute, exchange) + allreduce. Compression (``--compress``)
+scales every exchanged row to the bytes its codec sends.
 
 **Workload** (:class:`Workload`): rows, nonzeros (local / remote columns)
 and the boundary matrix ``|B_ij|`` per row group. Either measured exactly
@@ -57,6 +59,7 @@ from algorithms.policies import AxisSpec, PolicySpec
 from runners.data.partition import BoundaryAccumulator
 from runners.data.shards import part_file, read_meta
 from sparse_dist.layout import Grid, RowLayout
+from sparse_dist.compress import Codec
 from sparse_dist.cost import Network, allreduce_time, bcast_time, log2_steps
 from sparse_dist.plans import plan_class
 from sparse_dist.predict import predict_spmm_bytes
@@ -126,21 +129,30 @@ class ExpectedTraffic:
     active: float = 1.0
     agreement: bool = False      # one allgather of flags per layer (sancus-a, sancus-h)
     skip_backward: bool = False  # stale blocks' gradients are dropped too
+    overlapped: bool = False     # pipelined: the exchange runs while layers compute (pipe)
+    codec: Codec | None = None   # compressed rows (``--compress``)
+
+    def row_scale(self, width: int, itemsize: int) -> float:
+        """Bytes a row of ``width`` travels as, over its uncompressed bytes."""
+        return 1.0 if self.codec is None else self.codec.row_bytes(width) / (width * itemsize)
 
     @staticmethod
-    def of(policy: PolicySpec, active: float | None = None) -> "ExpectedTraffic":
+    def of(policy: PolicySpec, active: float | None = None, codec: Codec | None = None) -> "ExpectedTraffic":
         """From a parsed policy; ``active`` overrides (and, for a data-dependent rule, supplies) the share
         of forward blocks sent."""
         sampler = policy.sample.build()
         p = float(sampler.p) if sampler is not None else 1.0
         rule = policy.stale.build()
         if rule is None:
-            return ExpectedTraffic(p)
+            return ExpectedTraffic(p, codec=codec)
+        if policy.stale.name == "pipe":  # every flight is sent, later: the exact bytes, overlapped
+            return ExpectedTraffic(p, overlapped=True, codec=codec)
         if active is None:
             active = rule.scheduled_share()
             if active is None:
                 raise ValueError(f"{policy.stale}: the share of active broadcasts is data-dependent; give it (--active)")
-        return ExpectedTraffic(p, active, agreement=rule.agreement, skip_backward=bool(rule.skip_backward))
+        return ExpectedTraffic(p, active, agreement=rule.agreement, skip_backward=bool(rule.skip_backward),
+                               codec=codec)
 
     @staticmethod
     def from_specs(sample: str, stale: str, active: float | None = None) -> "ExpectedTraffic":
@@ -237,10 +249,14 @@ class Prediction:
     exchange_bytes_max_rank: float
     exchange_bytes_max_recv: float
     notes: list[str] = field(default_factory=list)
+    overlapped: bool = False  # pipe: the exchange hides behind the compute where it is shorter
 
     @property
     def epoch(self) -> float:
-        return self.compute_spmm + self.compute_dense + self.exchange + self.allreduce
+        compute = self.compute_spmm + self.compute_dense
+        if self.overlapped:
+            return max(compute, self.exchange) + self.allreduce
+        return compute + self.exchange + self.allreduce
 
 
 def cores_per_rank(net: Network, ranks: int, threads: int) -> float:
@@ -276,17 +292,18 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Expected
         backward_share = keep * (policy.active if policy.skip_backward else 1.0)
         fractions = [policy.active * keep] + ([backward_share] if backward else [])
         volume = predict_spmm_bytes(grid, layout, work.boundary, work.union, plan, width, s)
+        scale = policy.row_scale(width, s)  # compressed rows (the 1.5D completion is not compressed)
         for direction, fraction in zip(("forward", "backward"), fractions):
             per_rank = volume[direction].astype(float)
             if c > 1:  # the 1.5D partial-sum allreduce / block broadcast is not sampled or skipped
                 extra = _replication_bytes(grid, layout, width, s, direction)
-                per_rank = (per_rank - extra) * fraction + extra
+                per_rank = (per_rank - extra) * fraction * scale + extra
             else:
-                per_rank = per_rank * fraction
+                per_rank = per_rank * fraction * scale
             total_bytes += float(per_rank[:, 0].sum())
             max_rank += per_rank.sum(axis=1)
             received += per_rank[:, 1]
-            exchange += _exchange_time(work, grid, plan, width * s, fraction, net, direction)
+            exchange += _exchange_time(work, grid, plan, width * s, fraction * scale, net, direction)
         if policy.agreement:
             exchange += log2_steps(groups) * net.link(groups)[0]
     grad_bytes = (shape.parameters + 1) * s
@@ -298,7 +315,7 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Expected
         exchange, allreduce = exchange * slowdown, allreduce * slowdown
     notes = list(work.notes)
     return Prediction(ranks, plan, spmm, dense, exchange, allreduce, total_bytes, float(max_rank.max()),
-                      float(received.max()), notes)
+                      float(received.max()), notes, overlapped=policy.overlapped)
 
 
 def _replication_bytes(grid: Grid, layout: RowLayout, width: int, itemsize: int, direction: str) -> np.ndarray:

@@ -134,3 +134,32 @@ def test_calibration_reproduces_the_calibration_run(tmp_path: Path) -> None:
     assert again.compute_spmm == pytest.approx(0.03) and again.compute_dense == pytest.approx(0.2)
     # half the rows and nonzeros per rank at twice the ranks: compute halves (no overlap, same rates)
     assert math.isclose(rates.spmm * 0.03, float(np.max(work.nnz_local + work.nnz_remote)) * (12 + 2 * 4))
+
+
+def test_pipe_overlaps_its_exchange_and_compression_scales_the_rows(tmp_path: Path) -> None:
+    from sparse_dist.compress import Codec
+
+    data = write(random_directed(n=240, seed=5), tmp_path / "d", parts=4)
+    work = workload_from_shards(data, 4)
+    shape = ModelShape((12, 16, 4))
+    layout = RowLayout.from_counts(work.rows.tolist())
+    exact = predict_epoch(work, shape, "p2p", ExpectedTraffic(), Rates(spmm=1e9, dense=1e9), FLAT)
+    pipe_traffic = ExpectedTraffic.from_specs("none", "pipe:tau=1")
+    assert pipe_traffic.overlapped and pipe_traffic.active == 1.0
+    for rates in (Rates(spmm=1e9, dense=1e9), Rates(spmm=1e3, dense=1e3)):  # exchange-bound, then compute-bound
+        plain = predict_epoch(work, shape, "p2p", ExpectedTraffic(), rates, FLAT)
+        pipe = predict_epoch(work, shape, "p2p", pipe_traffic, rates, FLAT)
+        compute = plain.compute_spmm + plain.compute_dense
+        assert pipe.exchange_bytes_total == plain.exchange_bytes_total  # every flight is sent, later
+        assert pipe.epoch == pytest.approx(max(compute, plain.exchange) + plain.allreduce)
+        assert plain.epoch == pytest.approx(compute + plain.exchange + plain.allreduce)
+    # fp16: 2 bytes a value; int8: 1 byte a value plus a float32 scale a row
+    per_width = {w: [predict_spmm_bytes(Grid(4), layout, work.boundary, work.union, "p2p", w, 4)[d][:, 0].sum()
+                     for d in ("forward", "backward")] for w in (12, 4)}
+    rows_sent = {(w, d): per_width[w][k] / (4 * w) for w in (12, 4) for k, d in enumerate(("forward", "backward"))}
+    legs = ((12, "forward"), (4, "forward"), (4, "backward"))
+    for codec, row_bytes in (("fp16", lambda w: 2 * w), ("int8", lambda w: w + 4)):
+        compressed = predict_epoch(work, shape, "p2p", ExpectedTraffic(codec=Codec.parse(codec)),
+                                   Rates(spmm=1e9, dense=1e9), FLAT)
+        assert compressed.exchange_bytes_total == pytest.approx(sum(rows_sent[leg] * row_bytes(leg[0]) for leg in legs))
+        assert compressed.exchange < exact.exchange
