@@ -396,3 +396,15 @@ def test_the_minibatch_study_races_minibatch_against_full_graph(monkeypatch: pyt
             ("exact", ""), ("bns:keep=0.1", ""), ("pipe:tau=1", ""), ("exact", "minibatch"),
             ("exact", "minibatch-prefetch"))}
     assert {r.bandwidth for r in runs} == {"1gbit"}
+
+
+def test_the_measured_subset_of_the_emulated_policies_study_is_its_200k_1gbit_part(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    studies = root / "runners" / "study" / "studies"
+    full, _ = load_study(studies / "emulated-policies.toml").runs()
+    subset, skipped = load_study(studies / "emulated-policies-200k.toml").runs()
+    assert skipped == [] and len(subset) == 20
+    assert {(r.ranks, r.plan, r.policy, r.compress) for r in subset} == {
+        (r.ranks, r.plan, r.policy, r.compress) for r in full if r.dataset.name == "syn200k" and r.bandwidth == "1gbit"}
