@@ -82,16 +82,18 @@ class Codec:
         if self.format in _HALF:
             return rows.to(_HALF[self.format]).contiguous().view(torch.uint8).reshape(rows.shape[0], -1)
         width = rows.shape[1]
-        peak = rows.abs().amax(dim=1, keepdim=True) if width else rows.new_zeros(rows.shape[0], 1)
+        # max |x| per row as |max(max x, -min x)|: two reductions, no |rows|-sized temporary (the same value;
+        # the outer abs turns a zero row's -0.0 into the 0.0 the scale has always been sent as)
+        peak = (torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg()).abs_()
+                if width else rows.new_zeros(rows.shape[0], 1))
         scale = (peak / 127.0).to(torch.float32)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        ratio = rows.to(torch.float32) / safe
+        ratio = rows.to(torch.float32) / safe  # the one float temporary; rounded in place below
         if self.stochastic:
             generator = torch.Generator(device=rows.device).manual_seed(self._stream(seed_key))
-            ratio = torch.floor(ratio + torch.rand(ratio.shape, generator=generator, device=rows.device,
-                                                   dtype=ratio.dtype))
+            ratio.add_(torch.rand(ratio.shape, generator=generator, device=rows.device, dtype=ratio.dtype)).floor_()
         else:
-            ratio = torch.round(ratio)
+            ratio.round_()
         codes = ratio.clamp_(-127, 127).to(torch.int8)
         out = torch.empty(rows.shape[0], width + _SCALE_BYTES, dtype=torch.uint8, device=rows.device)
         out[:, :_SCALE_BYTES] = scale.contiguous().view(torch.uint8).reshape(rows.shape[0], _SCALE_BYTES)
@@ -106,7 +108,7 @@ class Codec:
             return payload.contiguous().view(_HALF[self.format]).reshape(payload.shape[0], width).to(dtype)
         scale = payload[:, :_SCALE_BYTES].contiguous().view(torch.float32)
         codes = payload[:, _SCALE_BYTES:].contiguous().view(torch.int8)
-        return codes.to(dtype) * scale.to(dtype)
+        return codes.to(dtype).mul_(scale.to(dtype))
 
     def empty(self, rows: int, width: int, device: torch.device) -> torch.Tensor:
         """A receive buffer for ``rows`` coded rows of ``width``."""
@@ -129,7 +131,7 @@ class Codec:
         carried = residual if index is None else residual.index_select(0, index)
         target = rows.detach() + carried
         payload = self.encode(target, seed_key)
-        error = target - self.decode(payload, rows.shape[1], rows.dtype)
+        error = target.sub_(self.decode(payload, rows.shape[1], rows.dtype))  # target is not needed after encode
         if index is None:
             residual.copy_(error)
         else:

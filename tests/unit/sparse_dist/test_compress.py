@@ -89,3 +89,17 @@ def test_compress_specs_are_parsed_and_checked() -> None:
     for bad in ("int4", "fp16:stochastic", "int8,fast", "int8:floor"):
         with pytest.raises(ValueError):
             Codec.parse(bad)
+
+
+def test_int8_sends_a_zero_row_as_zero_bytes_and_a_negative_row_by_its_largest_magnitude() -> None:
+    from sparse_dist.compress import Codec
+
+    rows = torch.zeros(3, 5)
+    rows[1] = torch.tensor([-4.0, -1.0, -2.0, -0.5, -3.0])
+    rows[2] = torch.tensor([1.0, -6.35, 0.0, 2.0, 6.0])
+    payload = Codec.parse("int8").encode(rows)
+    assert torch.equal(payload[0], torch.zeros(9, dtype=torch.uint8))  # scale +0.0, not -0.0
+    scales = payload[:, :4].contiguous().view(torch.float32).flatten()
+    assert torch.equal(scales, torch.tensor([0.0, 4.0 / 127.0, 6.35 / 127.0]))
+    codes = payload[:, 4:].contiguous().view(torch.int8)
+    assert codes[1, 0] == -127 and codes[2, 1] == -127 and codes[2, 4] == round(6.0 / (6.35 / 127.0))
