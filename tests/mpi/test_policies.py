@@ -131,7 +131,6 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
         link = row["link_bytes"] / 0.5e9
         ideal = max(compute, link) if name.startswith("pipe") else compute + link
         assert row["ideal_s"] == pytest.approx(ideal) and row["to_ideal"] == pytest.approx(row["time"]["total"] / ideal)
-        assert row["bound_s"] == pytest.approx(max(ideal, row["cpu"]["user"] + row["cpu"]["system"]))
         assert row["cpu"]["user"] > 0 and row["cpu"]["system"] >= 0, name
     assert report["bns p=0"]["link_bytes"] == 0 and report["exact p2p"]["link_bytes"] > report["bns p=0.1"]["link_bytes"]
     assert 0 < report["bns p=0.1"]["bytes"] < report["exact p2p"]["bytes"] < report["dense-bcast"]["bytes"]
