@@ -175,7 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
                         help="how a pipelined (pipe) exchange moves on while the rank computes: test = MPI_Test "
                              "of the outstanding exchanges at every layer's exchange; thread = also a "
-                             "thread probing MPI every 100 us; none = only the MPI library's own progress "
+                             "thread probing MPI every 1 ms; none = only the MPI library's own progress "
                              "(e.g. MPICH_ASYNC_PROGRESS=1); auto = thread where some rank is on another node "
                              "(TCP transfers move only inside MPI calls), else test (default)")
     parser.add_argument("--clip", type=non_negative, default=0.0,
