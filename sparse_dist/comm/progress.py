@@ -26,8 +26,9 @@ class ProgressThread:
     """Drives MPI's progress engine while non-blocking exchanges are outstanding (a daemon thread).
 
     Every ``interval`` seconds (:data:`PROBE_INTERVAL`), while ``busy()`` is true, it calls ``MPI_Iprobe`` on a
-    private duplicate of ``comm``: the probe completes no request, so it never races the main thread's waits and tests, but an
-    MPI library that progresses on every call (MPICH, Open MPI) moves the outstanding transfers on meanwhile.
+    private duplicate of ``comm``: the probe completes no request, so it never races the main thread's waits and
+    tests, but an MPI library that progresses on every call (MPICH, Open MPI) moves the outstanding transfers on
+    meanwhile.
     Needs ``MPI_THREAD_MULTIPLE`` (which :func:`world` asks for). Construction is collective over ``comm``
     (one ``Dup``); the thread stops at :meth:`stop` or at interpreter exit, before MPI is finalised.
     """
