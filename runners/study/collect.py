@@ -171,7 +171,7 @@ def broadcast_fraction(epochs: list[dict[str, Any]], groups: int) -> float | Non
     Each decision lists the ids of the ACTIVE owners out of ``owners`` exchanged ones (older results
     files lack ``owners``: every row group is counted then).
     """
-    decisions = [d for e in epochs for d in e.get("broadcasts", [])]
+    decisions = [d for e in epochs for d in e.get("broadcasts") or []]  # a mini-batch epoch records None
     owners = sum(int(d.get("owners", groups)) for d in decisions)
     return sum(len(d["active"]) for d in decisions) / owners if owners else None
 

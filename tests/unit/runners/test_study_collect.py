@@ -29,7 +29,12 @@ def _row(epochs: list[dict]) -> dict:
 
 def test_a_minibatch_runs_sample_and_fetch_bytes_are_its_exchange_bytes(tmp_path: Path) -> None:
     mini = {"forward": 0, "backward": 0, "grad_allreduce": 50, "sample": 1000, "fetch": 300}
-    row = _row([_epoch(1, mini), _epoch(2, {**mini, "sample": 3000})])
+    # as the mini-batch trainer writes them: no broadcast decisions (None), its own step parts
+    row = _row([{**_epoch(n, {**mini, "sample": sample}), "broadcasts": None,
+                 "time": {part: {"min": 1.0, "mean": 1.0, "max": 1.0}
+                          for part in ("total", "sample", "fetch", "compute", "allreduce", "wait")}}
+                for n, sample in ((1, 1000), (2, 3000))])
+    assert row["broadcast_fraction"] is None and row["epoch_time"] == 1.0
     assert row["sample_bytes"] == pytest.approx((1000 + 3000) / 2 * 2)  # mean over epochs, times P
     assert row["fetch_bytes"] == pytest.approx(300 * 2)
     assert row["exchange_bytes"] == pytest.approx(row["sample_bytes"] + row["fetch_bytes"])
