@@ -113,6 +113,9 @@ def _network_arguments(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--beta-gbs", type=positive, help="override bandwidth (GB/s) on and off node, > 0")
     parser.add_argument("--ranks-per-node", type=at_least(1), help="override ranks per node, >= 1")
     parser.add_argument("--cores-per-node", type=at_least(1), help="override cores per node, >= 1")
+    parser.add_argument("--machine-cores", type=at_least(1),
+                        help="the runs' emulated nodes all shared this many cores of one machine (`sparse-dist "
+                             "emulate`), >= 1: a rank computes with at most this / P cores")
 
 
 def network_from(args: argparse.Namespace) -> Network:
@@ -128,6 +131,8 @@ def network_from(args: argparse.Namespace) -> Network:
         changes["ranks_per_node"] = args.ranks_per_node
     if args.cores_per_node:
         changes["cores_per_node"] = args.cores_per_node
+    if args.machine_cores:
+        changes["machine_cores"] = args.machine_cores
     return replace(net, **changes) if changes else net
 
 
@@ -184,7 +189,9 @@ def compare(args: argparse.Namespace) -> int:
     workloads: dict[tuple[str, int], Workload] = {}
     data_dirs = {row["run"]: _data_dir(results, row) for row in rows}
     print(f"network {net.name}: alpha {net.alpha_intra * 1e6:.2f} us, {1e-9 / net.beta_intra:.1f} GB/s, "
-          f"{net.cores_per_node} cores a node ({net.note})")
+          f"{net.cores_per_node} cores a node"
+          + (f", all nodes on {net.machine_cores} cores of one machine" if net.machine_cores else "")
+          + f" ({net.note})")
 
     def work_of(row: dict[str, Any]) -> Workload:
         key = (str(data_dirs[row["run"]]), int(row["world_size"]) // int(row["replication"]))

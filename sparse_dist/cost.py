@@ -36,6 +36,7 @@ class Network:
     nics_per_node: int = 1
     cores_per_node: int = 1
     note: str = ""
+    machine_cores: int | None = None  # an emulated cluster: all ranks of a run share this many cores of one machine
 
     def link(self, group_size: int) -> tuple[float, float]:
         """(alpha, beta) of a collective over ``group_size`` consecutive ranks placed ``ranks_per_node`` a node.

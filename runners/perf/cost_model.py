@@ -261,7 +261,10 @@ class Prediction:
 
 def cores_per_rank(net: Network, ranks: int, threads: int) -> float:
     """Cores one rank computes with: its threads, or its share of the node when oversubscribed."""
-    return min(float(threads), net.cores_per_node / min(net.ranks_per_node, ranks))
+    share = net.cores_per_node / min(net.ranks_per_node, ranks)
+    if net.machine_cores is not None:  # emulated nodes on one machine: its cores are all the ranks get
+        share = min(share, net.machine_cores / ranks)
+    return min(float(threads), share)
 
 
 def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: ExpectedTraffic, rates: Rates, net: Network,

@@ -163,3 +163,14 @@ def test_pipe_overlaps_its_exchange_and_compression_scales_the_rows(tmp_path: Pa
                                    Rates(spmm=1e9, dense=1e9), FLAT)
         assert compressed.exchange_bytes_total == pytest.approx(sum(rows_sent[leg] * row_bytes(leg[0]) for leg in legs))
         assert compressed.exchange < exact.exchange
+
+
+def test_emulated_nodes_share_the_machines_cores() -> None:
+    from dataclasses import replace
+
+    from runners.perf.cost_model import cores_per_rank
+
+    one_core_nodes = Network("emu", 5e-5, 8e-9, 5e-5, 8e-9, ranks_per_node=1, cores_per_node=1)
+    assert [cores_per_rank(one_core_nodes, p, 1) for p in (2, 4)] == [1.0, 1.0]
+    shared = replace(one_core_nodes, machine_cores=2)  # 4 emulated nodes on a 2-core machine: half a core each
+    assert [cores_per_rank(shared, p, 1) for p in (1, 2, 4)] == [1.0, 1.0, 0.5]
