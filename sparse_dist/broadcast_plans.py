@@ -186,7 +186,7 @@ class _BroadcastPlan(ExchangePlan):
         sent = [Transfer(part.owner, part.message) for part in self._gradient_parts(forward.parts, strategy)]
         for part in sent:
             part.start = starter(part)
-        return self._flight(context, sent, strategy, forward.source_epoch)
+        return self._flight(context, sent, strategy, forward.source_epoch, gradients=True)
 
     def _sum_pieces(self, payload: torch.Tensor, count: int, width: int, codec: Codec) -> torch.Tensor:
         """The owner's sum of the other ranks' decoded pieces (its own slot of the gather is empty)."""

@@ -187,18 +187,24 @@ class Flight:
     ``ahead``: how many parts are posted beyond the one being consumed (1: prefetch depth 1, so at
     most two receive buffers exist at once); None posts every part at once (a pipelined strategy
     keeps the flight and consumes it epochs later). Posting starts with the construction (the first
-    part, or all). Collective: every rank of the replica column posts the same parts in the same
-    order, so several flights may be outstanding on one communicator.
+    part, or all), unless ``deferred``: then with :meth:`start` or the first consumption. Collective:
+    every rank of the replica column posts the same parts in the same order, so several flights may be
+    outstanding on one communicator.
     """
 
     def __init__(self, epoch: int, layer: int, parts: list[Transfer], ahead: int | None = 1,
-                 source_epoch: int | None = None) -> None:
+                 source_epoch: int | None = None, deferred: bool = False) -> None:
         """``source_epoch``: the epoch of the forward messages the parts carry (a backward flight reverses a
         forward flight, which a pipelined strategy took from an earlier epoch); ``epoch`` by default."""
         self.epoch, self.layer, self.parts, self.ahead = epoch, layer, parts, ahead
         self.source_epoch = epoch if source_epoch is None else source_epoch
         self._posted = 0
-        self._post_until(len(parts) if ahead is None else 1)
+        if not deferred:
+            self._post_until(len(parts) if ahead is None else 1)
+
+    def start(self) -> None:
+        """Post every part not posted yet (a deferred flight; collective, like posting)."""
+        self._post_until(len(self.parts))
 
     def _post_until(self, count: int) -> None:
         while self._posted < min(count, len(self.parts)):
@@ -327,6 +333,11 @@ class ExchangeStrategy:
     def on_gradients(self, context: ExchangeContext, part: Transfer) -> torch.Tensor | None:
         """The owner's summed gradient of an arrived ``part`` as this transpose adds it."""
         return part.rows
+
+    defers_gradients: ClassVar[bool] = False  # gradient flights wait for start_deferred (a pipelined strategy)
+
+    def start_deferred(self) -> None:
+        """Post the gradient flights kept unposted (none here). Collective over the plan's column."""
 
     def progress(self) -> None:
         """Drive outstanding exchanges kept across calls (none here); local, never blocks."""

@@ -167,9 +167,12 @@ class ExchangePlan(ABC):
         that part's rows, ``rows x width``) summed at the owner of the rows. Collective over ``col_comm``."""
 
     def _flight(self, context: ExchangeContext | None, parts: list[Transfer], strategy: ExchangeStrategy,
-                source_epoch: int | None = None) -> Flight:
+                source_epoch: int | None = None, gradients: bool = False) -> Flight:
+        """A flight of ``parts``; a training call's gradient flight stays unposted where the strategy defers
+        them (:attr:`ExchangeStrategy.defers_gradients`)."""
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
-        return Flight(epoch, layer, parts, strategy.posts_ahead, source_epoch)
+        deferred = gradients and context is not None and strategy.defers_gradients
+        return Flight(epoch, layer, parts, strategy.posts_ahead, source_epoch, deferred)
 
     @abstractmethod
     def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Transfer]:

@@ -173,7 +173,7 @@ class PointToPointPlan(ExchangePlan):
             return self.col_comm.ialltoallv(send, sends, recv, receives, phase=phase), recv
 
         part.start = start
-        return self._flight(context, [part], strategy, source_epoch)
+        return self._flight(context, [part], strategy, source_epoch, gradients=backward)
 
     def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Transfer]:
         return [Transfer(-1, self._sample(strategy, epoch) if strategy.samples else self.exact_pairs)]

@@ -141,6 +141,22 @@ class PipelinedStrategy(ExchangeStrategy):
         return [(backward, flight) for backward, queues in ((False, self._rows), (True, self._gradients))
                 for _, queue in sorted(list(queues.items())) for flight in list(queue)]
 
+    @property
+    def defers_gradients(self) -> bool:  # type: ignore[override]
+        """With ``tau >= 1`` a gradient flight is used epochs later: it is posted after the step's gradient
+        allreduce (:meth:`start_deferred`), not during the backward pass. Over TCP a flight posted during the
+        backward is still on the wire when the allreduce follows it on the same connection, and the allreduce
+        waits for it; posted after, it travels while the next epoch's forward computes."""
+        return self.tau >= 1
+
+    def start_deferred(self) -> None:
+        """Post the kept gradient flights still unposted, layers in order (collective over the column; the
+        trainer calls it right after the gradient allreduce). A flight consumed before it (a warm-up epoch)
+        was posted by its consumption."""
+        for backward, flight in self.kept_flights():
+            if backward:
+                flight.start()
+
     def progress(self) -> None:
         """Test every kept flight (``tests_progress``; each layer's forward and transpose call it on entry)."""
         if self.tests_progress:

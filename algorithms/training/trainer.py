@@ -81,6 +81,7 @@ class Trainer(TrainingRun):
                               self.graph.num_classes) / self.global_counts["train"]
         loss.backward()
         flat = self.allreduce_gradients(loss)
+        self.spmm.strategy.start_deferred()  # pipe: this step's gradient flights, behind the allreduce (collective)
         with self.spmm.timer.measure("optimizer", self.device):
             self.optimizer.step()
         if self.device.type == "cuda":
