@@ -27,7 +27,7 @@ from algorithms.static_input import (HaloBudgetError, choose_input_exchange, eva
 from algorithms.training.config import PROGRESS_MODES, TrainConfig
 from algorithms.training.graph import LocalGraph, row_normalize_features
 from algorithms.training.metrics import SPLITS, moved_since
-from sparse_dist.comm import Communicator, ProgressThread, said_once, threads_may_call_mpi
+from sparse_dist.comm import Communicator, ProgressThread, said_once, spans_nodes, threads_may_call_mpi
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.factory import make_strategy
@@ -157,4 +157,4 @@ def resolve_progress(comm: Communicator, mode: str) -> str:
     """
     if mode != "auto":
         return mode
-    return "thread" if comm.spans_nodes() and threads_may_call_mpi() else "test"
+    return "thread" if spans_nodes(comm) and threads_may_call_mpi() else "test"

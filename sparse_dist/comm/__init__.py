@@ -97,7 +97,7 @@ from sparse_dist.comm.communicator import (DEFAULT_REDUCE_SEGMENT_BYTES, REDUCE_
 from sparse_dist.comm.layouts import _segments  # noqa: F401
 from sparse_dist.comm.cuda_aware import (GPU_AWARE_SETTINGS, CudaAwareness, GpuAwareError, detect_cuda_aware_mpi,
                                          gpu_path_report)
-from sparse_dist.comm.node import default_threads_per_rank, ranks_on_this_node
+from sparse_dist.comm.node import default_threads_per_rank, ranks_on_this_node, spans_nodes
 from sparse_dist.comm.progress import ProgressThread
 from sparse_dist.comm.requests import Pending
 from sparse_dist.comm.staging import FORCE_HOST_STAGING_ENV, STAGING_IDLE_LIMIT_BYTES, StagingPool
@@ -109,5 +109,5 @@ __all__ = [
     "USER_ERROR_STATUS", "CollectiveError", "Communicator", "CudaAwareness", "GpuAwareError", "Pending",
     "ProgressThread", "StagingPool", "default_threads_per_rank", "detect_cuda_aware_mpi", "gpu_path_report",
     "mpi_library_version", "mpi_vendor_details", "rank_ranges", "ranked_messages", "said_once", "ranks_on_this_node",
-    "run_or_abort", "threads_may_call_mpi", "world", "world_rank",
+    "run_or_abort", "spans_nodes", "threads_may_call_mpi", "world", "world_rank",
 ]

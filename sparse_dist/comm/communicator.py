@@ -104,18 +104,6 @@ class Communicator:
         sub = self._comm.Split(color, key)
         return Communicator(stats=self.stats, _owned=sub, _parent=self)
 
-    def spans_nodes(self) -> bool:
-        """Whether some rank of this communicator is on another node than this one (collective).
-
-        The same answer on every rank: if any two ranks share no node, no rank's node holds them all.
-        """
-        _start_deferred()
-        local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
-            return local.Get_size() < self.size
-        finally:
-            local.Free()
-
     def free(self) -> None:
         """Release the duplicated MPI communicator (collective)."""
         _start_deferred()

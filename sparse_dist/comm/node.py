@@ -1,21 +1,38 @@
-"""Ranks per node and the default thread count of a rank (collective over the world)."""
+"""Ranks per node, whether a communicator spans nodes, and the default thread count of a rank."""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from sparse_dist.comm.requests import _start_deferred
 from sparse_dist.comm.startup import MPI, _initialised
 
+if TYPE_CHECKING:
+    from sparse_dist.comm.communicator import Communicator
 
-def ranks_on_this_node() -> int:
-    """How many ranks of the world share this node (for a default thread count; collective over the world)."""
+
+def _on_my_node(mpi_comm: Any) -> int:
+    """How many ranks of ``mpi_comm`` share this rank's node (collective over ``mpi_comm``)."""
     _start_deferred()
-    local = _initialised().Split_type(MPI.COMM_TYPE_SHARED)
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return local.Get_size()
     finally:
         local.Free()
+
+
+def ranks_on_this_node() -> int:
+    """How many ranks of the world share this node (for a default thread count; collective over the world)."""
+    return _on_my_node(_initialised())
+
+
+def spans_nodes(comm: Communicator) -> bool:
+    """Whether some rank of ``comm`` is on another node than this one (collective over ``comm``).
+
+    The same answer on every rank: if any two ranks share no node, no rank's node holds them all.
+    """
+    return _on_my_node(comm._comm) < comm.size
 
 
 def default_threads_per_rank() -> int:
