@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runners.study.collect import broadcast_fraction, summarise_run
-from runners.study.spec import StudyError, load_study
+from runners.study.spec import Study, StudyError, load_study
 from runners.sweep_cmd import launcher_for, train_flags
 
 GOOD = """
@@ -148,10 +148,26 @@ def _epoch(n: int, total: float, parts: tuple[float, float, float, float], sent:
             "broadcasts": broadcasts or []}
 
 
+CONFIG = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none", "stale": "none",
+          "seed": 0, "model": "gcn", "hidden": 8, "layers": 2, "dtype": "float32", "data": "d"}
+
+
+def _raced_row(config: dict, best: float, extra: dict) -> dict:
+    """The study row of a two-epoch run whose validation accuracy climbs to ``best``."""
+    epochs = [{**_epoch(n, 1.0, (0.1, 0.2, 0.3, 0.4), 100), "val_acc": best * n / 2, "wall": float(n)} for n in (1, 2)]
+    final = {"type": "final", "epochs": 2, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
+    return summarise_run([config, *epochs, final], 0, {"dataset": "d", "policy": "exact", **extra})
+
+
+def _shipped_study(monkeypatch: pytest.MonkeyPatch, name: str) -> Study:
+    """A study file of runners/study/studies, loaded from the repository root as the docs run it."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    return load_study(root / "runners" / "study" / "studies" / name)
+
+
 def test_summary_leaves_out_warmup_epochs() -> None:
-    config = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none",
-              "stale": "none", "seed": 0, "model": "gcn", "hidden": 8, "layers": 2, "dtype": "float32",
-              "data": "d"}
+    config = CONFIG
     epochs = [_epoch(1, 10.0, (9, 9, 9, 9), 1e9), _epoch(2, 1.0, (0.1, 0.2, 0.3, 0.4), 100),
               _epoch(3, 3.0, (0.3, 0.4, 0.5, 0.6), 300)]
     final = {"type": "final", "epochs": 3, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
@@ -203,10 +219,8 @@ def test_output_is_relative_to_the_current_directory_and_a_dataset_path_to_the_s
 
 def test_the_shipped_studies_write_where_the_readme_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     root = Path(__file__).resolve().parents[2]
-    monkeypatch.chdir(root)
     for name in ("tiny", "clustered-strong", "clustered-weak"):
-        study = load_study(root / "runners" / "study" / "studies" / f"{name}.toml")
-        assert study.output == root / "results" / name
+        assert _shipped_study(monkeypatch, f"{name}.toml").output == root / "results" / name
 
 
 def test_compression_is_crossed_with_plans_and_policies(tmp_path: Path) -> None:
@@ -282,16 +296,9 @@ def test_a_dataset_trains_its_own_epochs(tmp_path: Path) -> None:
 def test_results_carry_the_compression_and_the_default_target_ignores_compressed_runs(tmp_path: Path) -> None:
     from runners.study.collect import read_csv, write_csv
 
-    config = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none",
-              "stale": "none", "seed": 0, "model": "gcn", "hidden": 8, "layers": 2, "dtype": "float32", "data": "d"}
-    final = {"type": "final", "epochs": 2, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
-
     def row(compress: str | None, best: float) -> dict:
-        run_config = config if compress is None else {**config, "compress": compress}
-        epochs = [{**_epoch(n, 1.0, (0.1, 0.2, 0.3, 0.4), 100), "val_acc": best * n / 2, "wall": float(n)}
-                  for n in (1, 2)]
-        return summarise_run([run_config, *epochs, final], 0, {"run": f"r-{compress}", "dataset": "d",
-                                                               "policy": "exact"})
+        run_config = CONFIG if compress is None else {**CONFIG, "compress": compress}
+        return _raced_row(run_config, best, {"run": f"r-{compress}"})
 
     rows = [row(None, 0.5), row("fp16", 0.9)]  # a results file older than --compress reads as "none"
     write_csv(tmp_path / "results.csv", rows)
@@ -302,8 +309,7 @@ def test_results_carry_the_compression_and_the_default_target_ignores_compressed
 
 def test_the_emulated_policies_study_runs_the_issues_configurations(monkeypatch: pytest.MonkeyPatch) -> None:
     root = Path(__file__).resolve().parents[2]
-    monkeypatch.chdir(root)
-    study = load_study(root / "runners" / "study" / "studies" / "emulated-policies.toml")
+    study = _shipped_study(monkeypatch, "emulated-policies.toml")
     runs, skipped = study.runs()
     assert skipped == []
     configurations = {(r.plan, r.policy, r.compress) for r in runs}
@@ -359,7 +365,7 @@ def test_a_variant_runs_its_own_train_options_after_the_studys(tmp_path: Path) -
 ])
 def test_a_variant_is_refused_at_load_in_one_sentence(tmp_path: Path, entry: str, sentence: str) -> None:
     text = GOOD.replace('policies = ["exact", "bns:keep=0.1", "sancus-e:eps=1"]', f'policies = ["exact", {entry}]')
-    with pytest.raises(StudyError, match="") as caught:
+    with pytest.raises(StudyError) as caught:
         load_study(_write(tmp_path, text))
     assert sentence in str(caught.value), str(caught.value)
 
@@ -368,15 +374,8 @@ def test_the_default_target_is_never_a_variants_and_labels_name_it(tmp_path: Pat
     from runners.figures import label
     from runners.study.collect import read_csv, write_csv
 
-    config = {"type": "config", "world_size": 2, "replication": 1, "plan": "p2p", "sample": "none",
-              "stale": "none", "seed": 0, "model": "gcn", "hidden": 8, "layers": 2, "dtype": "float32", "data": "d"}
-    final = {"type": "final", "epochs": 2, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
-
     def row(variant: str, mode: str, best: float) -> dict:
-        epochs = [{**_epoch(n, 1.0, (0.1, 0.2, 0.3, 0.4), 100), "val_acc": best * n / 2, "wall": float(n)}
-                  for n in (1, 2)]
-        return summarise_run([{**config, "mode": mode}, *epochs, final], 0,
-                             {"run": f"r-{variant}", "dataset": "d", "policy": "exact", "variant": variant})
+        return _raced_row({**CONFIG, "mode": mode}, best, {"run": f"r-{variant}", "variant": variant})
 
     write_csv(tmp_path / "results.csv", [row("", "full", 0.5), row("minibatch", "minibatch", 0.9)])
     table = {r["run"]: r for r in read_csv(tmp_path / "results.csv")}
@@ -386,9 +385,7 @@ def test_the_default_target_is_never_a_variants_and_labels_name_it(tmp_path: Pat
 
 
 def test_the_minibatch_study_races_minibatch_against_full_graph(monkeypatch: pytest.MonkeyPatch) -> None:
-    root = Path(__file__).resolve().parents[2]
-    monkeypatch.chdir(root)
-    study = load_study(root / "runners" / "study" / "studies" / "minibatch-vs-full.toml")
+    study = _shipped_study(monkeypatch, "minibatch-vs-full.toml")
     runs, skipped = study.runs()
     assert skipped == []
     assert {(r.ranks, r.policy, r.variant) for r in runs} == {
@@ -400,11 +397,8 @@ def test_the_minibatch_study_races_minibatch_against_full_graph(monkeypatch: pyt
 
 def test_the_measured_subset_of_the_emulated_policies_study_is_its_200k_1gbit_part(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    root = Path(__file__).resolve().parents[2]
-    monkeypatch.chdir(root)
-    studies = root / "runners" / "study" / "studies"
-    full, _ = load_study(studies / "emulated-policies.toml").runs()
-    subset, skipped = load_study(studies / "emulated-policies-200k.toml").runs()
+    full, _ = _shipped_study(monkeypatch, "emulated-policies.toml").runs()
+    subset, skipped = _shipped_study(monkeypatch, "emulated-policies-200k.toml").runs()
     assert skipped == [] and len(subset) == 20
     assert {(r.ranks, r.plan, r.policy, r.compress) for r in subset} == {
         (r.ranks, r.plan, r.policy, r.compress) for r in full if r.dataset.name == "syn200k" and r.bandwidth == "1gbit"}
