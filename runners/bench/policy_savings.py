@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from algorithms.policies import AxisSpec
 from algorithms.train import TrainConfig, Trainer
 from runners.data.shards import load_local_graph
 from runners.argtypes import at_least, non_negative, number, positive, probability
@@ -205,8 +206,9 @@ def add_ideal(results: dict[str, dict[str, Any]], beta_gbs: float) -> None:
     compute = exact["total"] - exact["exchange"] - exact["allreduce"]
     for row in results.values():
         link = row["link_bytes"] / (beta_gbs * 1e9)
-        pipelined = str(row.get("stale", "")).startswith("pipe")
-        row["ideal_s"] = max(compute, link) if pipelined else compute + link
+        rule = AxisSpec.parse("stale", str(row.get("stale", "none"))).build()
+        overlapped = rule is not None and rule.pipelined and rule.tau >= 1  # pipe's flights travel while it computes
+        row["ideal_s"] = max(compute, link) if overlapped else compute + link
         row["to_ideal"] = row["time"]["total"] / row["ideal_s"]
 
 

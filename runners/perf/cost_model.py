@@ -145,8 +145,8 @@ class ExpectedTraffic:
         rule = policy.stale.build()
         if rule is None:
             return ExpectedTraffic(p, codec=codec)
-        if policy.stale.name == "pipe":  # every flight is sent, later: the exact bytes, overlapped
-            return ExpectedTraffic(p, overlapped=True, codec=codec)
+        if rule.pipelined:  # every flight is sent, later: the exact bytes, overlapped from tau = 1 on
+            return ExpectedTraffic(p, overlapped=rule.tau >= 1, codec=codec)
         if active is None:
             active = rule.scheduled_share()
             if active is None:
