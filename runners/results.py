@@ -154,7 +154,9 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def cpu_seconds() -> dict[str, float]:
     """This process's CPU seconds so far, all its threads (MPI's and the progress thread's included): ``user``
-    and ``system``. System time is mostly the kernel's network stack when ranks talk over TCP."""
+    and ``system``. System time is mostly the kernel's network stack when ranks talk over TCP. Their sum is the
+    run time the kernel measured; the split between the two is sampled at timer ticks, so over an interval of a
+    few milliseconds one side can read 0 while the other holds it all."""
     usage = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, where os.times() counts 10 ms ticks
     return {"user": usage.ru_utime, "system": usage.ru_stime}
 

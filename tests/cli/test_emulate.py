@@ -228,7 +228,9 @@ def test_two_emulated_nodes_train_exactly_as_plain_mpiexec(tmp_path: Path) -> No
     final_a, final_b = a[-1], b[-1]
     assert final_a["bytes_total"] == final_b["bytes_total"]
     assert [next(r for r in records if r["type"] == "setup")["progress"] for records in (a, b)] == ["test", "thread"]
-    assert all(e["cpu"]["user"]["min"] > 0 and e["cpu"]["system"]["min"] >= 0 for e in epochs_b)
+    # the kernel splits run time into user and system at timer ticks: a short epoch may show all of it on one side
+    assert all(e["cpu"]["user"]["min"] >= 0 and e["cpu"]["system"]["min"] >= 0 for e in epochs_b)
+    assert all(e["cpu"]["user"]["max"] + e["cpu"]["system"]["max"] > 0 for e in epochs_b)
     assert len(b[-1]["cpu_seconds_per_rank"]) == 2
     environment = next(r for r in b if r["type"] == "environment")
     assert environment["network"]["bandwidth"] == "1gbit" and environment["ranks_on_node"] == 1
