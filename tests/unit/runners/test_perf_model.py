@@ -33,6 +33,23 @@ def test_collective_formulas() -> None:
     assert t == pytest.approx(2e-6 + 300e-9)
 
 
+def test_two_groups_broadcast_both_ways_at_once_more_groups_take_turns() -> None:
+    from sparse_dist.layout import Grid
+    from sparse_dist.plans import plan_class
+
+    dense = plan_class("dense-bcast")
+    rows, row_bytes = np.array([3e5, 1e5]), 512.0
+    two = dense.exchange_seconds(rows, np.zeros((2, 2)), np.zeros(2), Grid(2), row_bytes, FLAT)
+    # the prefetch has both owners' broadcasts in flight, one each way: the larger one, not the sum
+    assert two == pytest.approx(bcast_time(3e5 * row_bytes, 2, FLAT))
+    rows3 = np.array([3e5, 1e5, 2e5])
+    three = dense.exchange_seconds(rows3, np.zeros((3, 3)), np.zeros(3), Grid(3), row_bytes, FLAT)
+    assert three == pytest.approx(sum(bcast_time(r * row_bytes, 3, FLAT) for r in rows3))
+    # 1.5D with two groups and two replica columns: each column holds one owner
+    assert dense.exchange_seconds(rows, np.zeros((2, 2)), np.zeros(2), Grid(4, 2), row_bytes, FLAT) == \
+        pytest.approx(bcast_time(3e5 * row_bytes, 2, FLAT))
+
+
 def test_off_node_bandwidth_is_shared_by_the_ranks_of_a_node() -> None:
     net = Network("two-tier", 1e-6, 1e-10, 5e-6, 1e-9, ranks_per_node=4, nics_per_node=1)
     assert net.link(4) == (1e-6, 1e-10)
