@@ -51,6 +51,8 @@ class Codec:
     feedback: bool = False
     seed: int = 0
     residuals: dict[tuple[int, str, int], torch.Tensor] = field(default_factory=dict, repr=False)
+    # work buffers reused from block to block and message to message (see :meth:`_buffer`); not state
+    _scratch: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -124,7 +126,11 @@ class Codec:
             peak = rows.new_zeros(rows.shape[0], 1)
         scale = (peak / 127.0).to(torch.float32)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        ratio = rows.to(torch.float32) / safe  # the block's one float temporary; rounded in place below
+        ratio = self._buffer("ratio", rows.shape[0], width, torch.float32, rows.device)  # rounded in place below
+        if rows.dtype == torch.float32:
+            torch.div(rows, safe, out=ratio)
+        else:  # as rows.to(float32) / safe
+            ratio.copy_(rows).div_(safe)
         if noise is not None:
             ratio.add_(noise).floor_()
         else:
@@ -133,6 +139,16 @@ class Codec:
         out[:, :_SCALE_BYTES] = scale.view(torch.uint8).reshape(rows.shape[0], _SCALE_BYTES)
         out[:, _SCALE_BYTES:].view(torch.int8).copy_(ratio)  # integral values: the cast is exact
         return ratio, scale
+
+    def _buffer(self, name: str, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A ``rows x width`` work buffer kept between blocks and messages. Allocating and freeing a fresh
+        megabyte temporary per block made the allocator hand pages back and fault them in again: without
+        emulation, P = 2 on the 200k graph, int8 with feedback took 0.815 s an epoch with fresh temporaries
+        and 0.742 s with glibc told to keep freed memory, against exact's 0.655-0.685 s."""
+        flat = self._scratch.get(name)
+        if flat is None or flat.numel() < rows * width or flat.dtype != dtype or flat.device != device:
+            flat = self._scratch[name] = torch.empty(rows * width, dtype=dtype, device=device)
+        return flat[: rows * width].view(rows, width)
 
     def empty(self, rows: int, width: int, device: torch.device) -> torch.Tensor:
         """A receive buffer for ``rows`` coded rows of ``width``."""
@@ -159,7 +175,11 @@ class Codec:
         noise = self._noise(rows, seed_key)
         for block in _row_blocks(rows):  # each block's passes stay in cache: a few hundred KiB at a time
             at = None if index is None else index[block]
-            target = rows[block] + (residual[block] if at is None else residual.index_select(0, at))
+            target = self._buffer("target", rows[block].shape[0], rows.shape[1], rows.dtype, rows.device)
+            if at is None:
+                torch.add(rows[block], residual[block], out=target)
+            else:  # the carried residual plus the rows (the same sum either way round)
+                torch.index_select(residual, 0, at, out=target).add_(rows[block])
             codes, scale = self._quantize(target, out[block], None if noise is None else noise[block])
             # e = (x + e_prev) - decode(encode(x + e_prev)), decoded as the receiver does (codes times scale in
             # the rows' dtype) from the codes still at hand
