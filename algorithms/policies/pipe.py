@@ -35,6 +35,11 @@ class PipeRule(PolicyBase):
         if not 0.0 <= self.gamma < 1.0:
             raise ValueError(f"pipe: gamma must lie in [0, 1), got {self.gamma}")
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether its flights travel while layers compute: from ``tau = 1`` on (``tau = 0`` waits as exact)."""
+        return self.tau >= 1
+
     def scheduled_share(self) -> float:
         """Every owner sends every epoch (the exchange is late, not skipped)."""
         return 1.0

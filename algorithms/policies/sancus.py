@@ -36,6 +36,7 @@ class SancusRule(PolicyBase):
     eps: float
     skip_backward: bool = False
     pipelined: ClassVar[bool] = False  # a cached-block rule (CachedStrategy), not a pipelined one
+    overlaps: ClassVar[bool] = False   # a skipped block moves nothing; a sent one is waited for
     caches: ClassVar[bool] = True
 
     def __post_init__(self) -> None:

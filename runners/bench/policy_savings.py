@@ -207,8 +207,7 @@ def add_ideal(results: dict[str, dict[str, Any]], beta_gbs: float) -> None:
     for row in results.values():
         link = row["link_bytes"] / (beta_gbs * 1e9)
         rule = AxisSpec.parse("stale", str(row.get("stale", "none"))).build()
-        overlapped = rule is not None and rule.pipelined and rule.tau >= 1  # pipe's flights travel while it computes
-        row["ideal_s"] = max(compute, link) if overlapped else compute + link
+        row["ideal_s"] = max(compute, link) if rule is not None and rule.overlaps else compute + link
         row["to_ideal"] = row["time"]["total"] / row["ideal_s"]
 
 

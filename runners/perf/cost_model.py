@@ -146,7 +146,7 @@ class ExpectedTraffic:
         if rule is None:
             return ExpectedTraffic(p, codec=codec)
         if rule.pipelined:  # every flight is sent, later: the exact bytes, overlapped from tau = 1 on
-            return ExpectedTraffic(p, overlapped=rule.tau >= 1, codec=codec)
+            return ExpectedTraffic(p, overlapped=rule.overlaps, codec=codec)
         if active is None:
             active = rule.scheduled_share()
             if active is None:
