@@ -36,8 +36,8 @@ import torch
 FORMATS: tuple[str, ...] = ("fp16", "bf16", "int8")
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _SCALE_BYTES = 4
-# int8 works through a message a block of rows at a time, so that its five or six passes over a block (scale,
-# divide, round, clamp, cast, and feedback's decode and subtract) read cache, not memory: 256 Ki values are
+# The codec works through a message a block of rows at a time, so that int8's five or six passes over a block
+# (scale, divide, round, clamp, cast, and feedback's decode and subtract) read cache, not memory: 256 Ki values are
 # 1 MiB of float32 (this machine's L2 a core; a block's operations cost a few microseconds each)
 _BLOCK_VALUES = 1 << 18
 
@@ -85,12 +85,10 @@ class Codec:
         rows = rows.detach()
         if rows.shape[0] == 0:
             return self.empty(0, rows.shape[1], rows.device)
-        if self.format in _HALF:
-            return rows.to(_HALF[self.format]).contiguous().view(torch.uint8).reshape(rows.shape[0], -1)
         out = self.empty(rows.shape[0], rows.shape[1], rows.device)
         noise = self._noise(rows, seed_key)
         for block in _row_blocks(rows):
-            self._quantize(rows[block], out[block], None if noise is None else noise[block])
+            self._encode_block(rows[block], out[block], None if noise is None else noise[block])
         return out
 
     def decode(self, payload: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -111,11 +109,25 @@ class Codec:
         generator = torch.Generator(device=rows.device).manual_seed(self._stream(seed_key))
         return torch.rand(rows.shape, generator=generator, device=rows.device, dtype=torch.float32)
 
+    def _encode_block(self, rows: torch.Tensor, out: torch.Tensor, noise: torch.Tensor | None,
+                      decoded: torch.dtype | None = None) -> torch.Tensor | None:
+        """Write the code of ``rows`` (a block of a message) into ``out`` (its rows of the payload). With
+        ``decoded``, also return what the receiver will decode, in that dtype, in a work buffer (error feedback
+        needs it; int8 computes it from the codes at hand, not from the payload)."""
+        if self.format in _HALF:
+            # (a zero-width block has no bytes to view: a zero-width half tensor stands in)
+            half = out.view(_HALF[self.format]) if out.shape[1] else rows.new_empty(rows.shape, dtype=_HALF[self.format])
+            half.copy_(rows)  # rounded to nearest, as rows.to(format)
+            if decoded is None:
+                return None
+            return self._buffer("decoded", rows.shape[0], rows.shape[1], decoded, rows.device).copy_(half)
+        codes, scale = self._quantize(rows, out, noise)
+        return None if decoded is None else codes.to(decoded).mul_(scale.to(decoded))
+
     def _quantize(self, rows: torch.Tensor, out: torch.Tensor,
                   noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """int8: write ``rows``' scales and codes into ``out`` (its rows of the payload); returns the rounded
-        codes as float32 (``r x F``) and their scales (``r x 1``), which error feedback decodes without reading
-        the payload again."""
+        codes as float32 (``r x F``, a work buffer) and their scales (``r x 1``)."""
         width = rows.shape[1]
         if width:
             # max |x| as |max(max x, -min x)|: no |rows|-sized temporary (torch.aminmax along a dimension is an
@@ -167,8 +179,6 @@ class Codec:
         residual = self.residuals.get(key)
         if residual is None or residual.shape != (total, rows.shape[1]):
             residual = self.residuals[key] = rows.new_zeros(total, rows.shape[1])
-        if self.format in _HALF:
-            return self._send_half(rows, residual, positions)
         index = None if positions is None else torch.from_numpy(np.asarray(positions, dtype=np.int64)).to(rows.device)
         rows = rows.detach()
         out = self.empty(rows.shape[0], rows.shape[1], rows.device)
@@ -180,27 +190,14 @@ class Codec:
                 torch.add(rows[block], residual[block], out=target)
             else:  # the carried residual plus the rows (the same sum either way round)
                 torch.index_select(residual, 0, at, out=target).add_(rows[block])
-            codes, scale = self._quantize(target, out[block], None if noise is None else noise[block])
-            # e = (x + e_prev) - decode(encode(x + e_prev)), decoded as the receiver does (codes times scale in
-            # the rows' dtype) from the codes still at hand
-            error = target.sub_(codes.to(target.dtype).mul_(scale.to(target.dtype)))
+            # e = (x + e_prev) - decode(encode(x + e_prev)), decoded as the receiver does
+            error = target.sub_(self._encode_block(target, out[block], None if noise is None else noise[block],
+                                                   decoded=target.dtype))
             if at is None:
                 residual[block] = error
             else:
                 residual.index_copy_(0, at, error)
         return out
-
-    def _send_half(self, rows: torch.Tensor, residual: torch.Tensor, positions: np.ndarray | None) -> torch.Tensor:
-        """fp16 / bf16 with feedback: the residual of the rows sent is what rounding to the format lost."""
-        index = None if positions is None else torch.from_numpy(np.asarray(positions, dtype=np.int64)).to(rows.device)
-        target = rows.detach() + (residual if index is None else residual.index_select(0, index))
-        payload = self.encode(target)
-        error = target.sub_(self.decode(payload, rows.shape[1], rows.dtype))
-        if index is None:
-            residual.copy_(error)
-        else:
-            residual.index_copy_(0, index, error)
-        return payload
 
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": {key: value.cpu() for key, value in self.residuals.items()}}
