@@ -418,12 +418,12 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     clock = AccuracyClock(args.target_acc)  # rank 0's: the wall times are rank 0's clock after each allgather
     stopped = False
     while trainer.epoch < config.epochs and not stopped:
-        cpu_before = cpu_seconds()
-        record = trainer.train_epoch()
-        cpu = cpu_since(cpu_before)  # the step's CPU seconds on this rank, all threads (not the evaluation)
-        epoch = record["epoch"]
+        epoch = trainer.epoch + 1
         last = epoch == config.epochs
         evaluated = epoch % config.eval_every == 0 or last
+        cpu_before = cpu_seconds()
+        record = trainer.train_epoch(evaluation_follows=evaluated)
+        cpu = cpu_since(cpu_before)  # the step's CPU seconds on this rank, all threads (not the evaluation)
         if evaluated:
             metrics = trainer.evaluate()
         gathered = comm.allgather_object({"time": record["time"], "cpu": cpu, "bytes": record["bytes"],

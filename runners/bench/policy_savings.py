@@ -155,7 +155,7 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
     records, points, cpu = [], [], []
     for _ in range(args.epochs):
         cpu_before = cpu_seconds()
-        records.append(trainer.train_epoch())
+        records.append(trainer.train_epoch(evaluation_follows=True))
         cpu.append(cpu_since(cpu_before))
         value = validation_value(trainer.evaluate())  # collective: its allreduce waits for the slowest rank
         points.append((records[-1]["epoch"], time.perf_counter() - started, value))

@@ -7,6 +7,7 @@ On the random directed graph of static_input_cases.py laid out over this launch'
 * ``tau = 1, 2`` (with and without ``gamma`` smoothing, owner- and receiver-side dropout, layer 0 exchanged
   per epoch or read from its halo, GCN and SAGE) equal the single-process simulation of T-stale boundary
   rows and gradients (tests/support/reference_pipe.py): 5 losses, the first step's gradients, the final weights;
+  also where an evaluation comes between steps and the gradient flights are posted after it;
 * each epoch's forward uses the flight of exactly epoch ``t - tau`` (epoch ``t`` in the first ``tau``):
   never an older one; and moves exactly the exact path's bytes (the byte model), with sampling the
   sampled path's bytes;
@@ -82,7 +83,7 @@ def check_tau_zero(comm, data: dict, layout: RowLayout, replication: int, failur
 def check_simulated(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
     grid_groups = layout.owner_of(np.arange(layout.n_rows))
     lo, hi = layout.row_range(comm.rank // replication)
-    for plan, model, layers, tau, gamma, input_exchange, side in SIMULATED:
+    for index, (plan, model, layers, tau, gamma, input_exchange, side) in enumerate(SIMULATED):
         stale = f"pipe:tau={tau}" + (f",gamma={gamma}" if gamma else "")
         label = f"{plan} {model} L={layers} {stale} input={input_exchange} side={side} P={comm.size} c={replication}"
         trainer = trainer_for(comm, data, layout, replication, plan=plan, model=model, layers=layers, stale=stale,
@@ -94,7 +95,12 @@ def check_simulated(comm, data: dict, layout: RowLayout, replication: int, failu
         shape = ModelShape(dims, kind=model, input_once=input_exchange == "once", receiver_dropout=side == "receiver")
         strategy = trainer.spmm.strategy
         for epoch in range(EPOCHS):
-            record = trainer.train_epoch()
+            # half the configurations evaluate after every other step: their gradient flights wait for the
+            # evaluation's forward, and must still carry the same values and be booked to their step
+            evaluated = index % 2 == 1 and epoch % 2 == 0
+            record = trainer.train_epoch(evaluation_follows=evaluated)
+            if evaluated:
+                trainer.evaluate()
             want = reference.step()
             if abs(record["loss"] - want) > ATOL + RTOL * abs(want):
                 failures.append(f"{label}: epoch {epoch + 1} loss {record['loss']:.7f} != simulation {want:.7f}")
