@@ -63,7 +63,7 @@ from sparse_dist.comm import (Communicator, default_threads_per_rank, mpi_vendor
                              said_once)
 from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
-from sparse_dist.hostmem import huge_page_state
+from sparse_dist.hostmem import freed_memory_state, huge_page_state
 from sparse_dist.layout import Grid
 from sparse_dist.plans import PLAN_NAMES
 
@@ -396,7 +396,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     writer.write({"type": "config", **config.record(), **mode_record(args), "data": args.data, "world_size": comm.size,
                   "device": args.device, "gpu_aware": comm.gpu_aware, "target_acc": args.target_acc,
                   "stop_at_target": args.stop_at_target})
-    writer.write({"type": "environment", "huge_pages": huge_page_state(),
+    writer.write({"type": "environment", "huge_pages": huge_page_state(), "freed_memory": freed_memory_state(),
                   **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node()),
                   **({"memory": resources} if resources is not None else {}),
                   "launch": {"time": LAUNCH_TIME, "source": LAUNCH_SOURCE}})

@@ -33,6 +33,7 @@ from algorithms.training.config import TrainConfig
 from algorithms.training.graph import LocalGraph
 from algorithms.training.metrics import TIMED_PARTS, local_loss_sum, moved_since, split_metrics, step_breakdown
 from sparse_dist.comm import Communicator
+from sparse_dist.hostmem import keep_freed_memory
 
 
 class Trainer(TrainingRun):
@@ -42,6 +43,7 @@ class Trainer(TrainingRun):
     def __init__(self, comm: Communicator, graph: LocalGraph, config: TrainConfig,
                  device: str | torch.device = "cpu") -> None:
         super().__init__(comm, graph, config, device)
+        keep_freed_memory()  # where the user asked: set-up is done, epochs allocate the same sizes again
         self.audit = Audit(config.audit_every, comm, self.col_comm,
                            lambda trace: self.forward(training=True, bypass_policy=True, trace=trace))
         # the record of the step whose deferred gradient flights wait for the evaluation (see train_epoch)

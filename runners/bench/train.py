@@ -58,7 +58,7 @@ from runners.train_cmd import add_attention_arguments, attention_problem
 from runners.data.shards import load_local_graph, write_shards
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
-from sparse_dist.hostmem import huge_page_state
+from sparse_dist.hostmem import freed_memory_state, huge_page_state
 from sparse_dist.plans import PLAN_NAMES
 
 TIME_PARTS = ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer")  # "dense" is the rest
@@ -361,7 +361,8 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
         "config": {key: value for key, value in vars(args).items() if key not in ("func", "command", "bench")},
         "world_size": comm.size, "threads_per_rank": threads, "device": args.device,
         "devices": comm.allgather_object(str(device)), "dataset": ours.pop("dataset"),
-        "environment": {**mpi_vendor_details(), "torch": torch.__version__, "huge_pages": huge_page_state()},
+        "environment": {**mpi_vendor_details(), "torch": torch.__version__, "huge_pages": huge_page_state(),
+                        "freed_memory": freed_memory_state()},
         "notes": notes, "sparse_dist": ours,
     }
     if baseline is not None:

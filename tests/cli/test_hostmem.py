@@ -1,6 +1,8 @@
-"""Large CPU tensors on transparent huge pages: far fewer page faults for a fresh tensor."""
+"""Large CPU tensors on transparent huge pages (far fewer page faults for a fresh tensor), and freed memory kept
+for reuse on request (the pages of a freed block stay for the next one)."""
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +43,38 @@ def test_huge_pages_are_the_default_and_the_user_can_switch_them_off() -> None:
     assert default_faults < pages // 20  # 2 MiB pages: 32 faults for the block
     if "[madvise]" in KERNEL.read_text():  # in "always" mode the kernel may use huge pages unasked
         assert off_faults > pages // 2  # 4 KiB pages: one fault each
+
+
+REUSE_PROBE = """
+from sparse_dist.hostmem import freed_memory_state, keep_freed_memory
+keep_freed_memory()
+import torch
+def resident_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+block = torch.ones(16 << 20)  # 64 MiB, written in full
+held = resident_mib()
+del block
+print(freed_memory_state(), "|", held - resident_mib())
+"""
+
+
+def _returned_mib(value: str | None) -> tuple[str, int]:
+    """The probe's freed-memory state and how many MiB freeing a 64 MiB block gave back to the kernel."""
+    env = {key: val for key, val in os.environ.items() if key != "SPARSE_DIST_FREED_MEMORY"}
+    if value is not None:
+        env["SPARSE_DIST_FREED_MEMORY"] = value
+    result = subprocess.run([sys.executable, "-c", REUSE_PROBE], capture_output=True, text=True, timeout=120,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    state, returned = result.stdout.strip().rsplit("|", 1)
+    return state.strip(), int(returned)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_freed_memory_is_returned_by_default_and_kept_on_request() -> None:
+    kept_state, kept_returned = _returned_mib("keep")
+    default_state, default_returned = _returned_mib(None)
+    assert kept_state.startswith("kept for reuse"), kept_state
+    assert default_state == "returned to the kernel (the default)", default_state
+    assert default_returned >= 60, default_returned  # the block's pages go back when it is freed
+    assert kept_returned <= 4, kept_returned  # they stay, for the next block of that size
