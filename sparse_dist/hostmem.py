@@ -39,10 +39,13 @@ import ctypes
 import os
 import sys
 
+from sparse_dist.log import get_logger
+
 VARIABLE = "THP_MEM_ALLOC_ENABLE"
 FREED_VARIABLE = "SPARSE_DIST_FREED_MEMORY"  # keep, or release (the default)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 _kept = False
+_log = get_logger(__name__)
 _KERNEL_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
@@ -56,7 +59,11 @@ def keep_freed_memory() -> bool:
     """Make glibc keep freed memory for reuse where ``SPARSE_DIST_FREED_MEMORY=keep`` (see the module
     docstring); True when it now does. Rank-local; the trainer calls it once its set-up is done."""
     global _kept
-    if os.environ.get(FREED_VARIABLE, "release") != "keep":
+    choice = os.environ.get(FREED_VARIABLE, "release")
+    if choice not in ("keep", "release"):
+        _log.warning("%s=%r is neither keep nor release: freed memory is returned (the default)", FREED_VARIABLE,
+                     choice)
+    if choice != "keep":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
