@@ -251,8 +251,10 @@ class MinibatchTrainer:
         return float(self.full.allreduce_gradients(loss)[-1])  # the full-graph step's clip and allreduce
 
     # ---------------------------------------------------------------- epochs
-    def train_epoch(self) -> dict[str, Any]:
-        """One epoch of ``steps_per_epoch`` synchronous steps; the record the train command writes (collective)."""
+    def train_epoch(self, evaluation_follows: bool = False) -> dict[str, Any]:
+        """One epoch of ``steps_per_epoch`` synchronous steps; the record the train command writes (collective).
+        ``evaluation_follows`` is the full-graph trainer's (it times pipelined flights); a mini-batch step keeps
+        none, so it changes nothing here."""
         before = self.comm.stats.snapshot()
         start = time.perf_counter()
         parts = {"sample": 0.0, "fetch": 0.0, "compute": 0.0, "allreduce": 0.0, "wait": 0.0}
