@@ -119,6 +119,7 @@ class StalenessRule(Protocol):
     needs_gap: bool
     skip_backward: bool
     pipelined: bool  # True: a PipelinedStrategy rule (tau, gamma); False: a CachedStrategy rule (decide)
+    overlaps: bool   # its flights travel while layers compute (a pipelined rule from tau = 1 on)
 
     def decide(self, view: StalenessView, comm: Communicator) -> np.ndarray:
         """Boolean ACTIVE mask over all ``G`` owners (collective over ``comm``)."""

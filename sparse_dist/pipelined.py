@@ -143,11 +143,11 @@ class PipelinedStrategy(ExchangeStrategy):
 
     @property
     def defers_gradients(self) -> bool:  # type: ignore[override]
-        """With ``tau >= 1`` a gradient flight is used epochs later: it is posted after the step's gradient
-        allreduce (:meth:`start_deferred`), not during the backward pass. Over TCP a flight posted during the
-        backward is still on the wire when the allreduce follows it on the same connection, and the allreduce
-        waits for it; posted after, it travels while the next epoch's forward computes."""
-        return self.tau >= 1
+        """Where the rule overlaps (``tau >= 1``) a gradient flight is used epochs later: it is posted after the
+        step's gradient allreduce (:meth:`start_deferred`), not during the backward pass. Over TCP a flight
+        posted during the backward is still on the wire when the allreduce follows it on the same connection,
+        and the allreduce waits for it; posted after, it travels while the next epoch's forward computes."""
+        return self.rule.overlaps
 
     def start_deferred(self) -> None:
         """Post the kept gradient flights still unposted, layers in order (collective over the column; the
