@@ -27,6 +27,7 @@ from sparse_dist.exchange import ExchangeContext, Flight, Transfer
 from sparse_dist.exchange_plan import ExchangePlan, Gathered
 from sparse_dist.products import Output
 from sparse_dist.receiver_dropout import ReceiverDropout
+from sparse_dist.turns import pause_point
 
 
 class PartialSpMM:
@@ -59,6 +60,7 @@ class PartialSpMM:
         flight = self.plan.post_rows(h, phase, context, strategy)
         used = strategy.rows_to_use(context, flight) if context is not None else flight
         meanwhile()
+        pause_point()  # a computation run in turns (an evaluation beside a step) lets the caller work meanwhile
         for part in used.arrivals():
             yield part, strategy.on_rows(context, part) if context is not None else part.rows
         if context is not None:
