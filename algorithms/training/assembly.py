@@ -13,7 +13,7 @@ halo or the policy's cache), every rank in the same order.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -87,8 +87,15 @@ class TrainingRun:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
         self.progress_mode = resolve_progress(comm, config.progress) if strategy.posts_ahead is None else "none"
         strategy.tests_progress = self.progress_mode != "none"
-        self.progress_thread = (ProgressThread(comm, lambda: strategy.outstanding() > 0)
-                                if self.progress_mode == "thread" else None)
+        if config.overlap_evaluation and not threads_may_call_mpi():  # the same answer on every rank
+            raise ValueError("overlap_evaluation runs the evaluation's exchanges from a second thread, which needs "
+                             "MPI_THREAD_MULTIPLE; this MPI does not give it")
+        # an evaluation beside a step (overlap_evaluation) leaves its exchanges in flight while the step computes
+        self.evaluation_progress = resolve_progress(comm, config.progress) if config.overlap_evaluation else "none"
+        self._evaluation_in_flight: Callable[[], bool] = lambda: False
+        self.progress_thread = (ProgressThread(comm, lambda: strategy.outstanding() > 0
+                                               or self._evaluation_in_flight())
+                                if "thread" in (self.progress_mode, self.evaluation_progress) else None)
         return dims
 
     def _data(self) -> None:

@@ -40,6 +40,8 @@ class TrainConfig:
     audit_every: int = 0           # every k epochs, one exact forward beside the policy's (0: never)
     progress: str = "auto"         # pipelined exchanges: "test" (at every layer), "thread" (and a probe thread), "none";
                                    # "auto": "thread" where some rank is on another node (TCP needs it), else "test"
+    overlap_evaluation: bool = False  # evaluations may run beside the next step (Trainer.train_epoch's
+                                      # evaluate_alongside); their transfers progress like pipelined ones
     compress: str = "none"         # exchanged rows and gradients: "none", "fp16", "bf16", "int8[:stochastic]", ",feedback"
     heads: int = 1                 # GAT: attention heads of each hidden layer (concatenated)
     output_heads: int = 1          # GAT: attention heads of the output layer (averaged)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from algorithms.attention_structure import cached_structure_bytes
+from algorithms.training.alongside import AlongsideEvaluation
 from algorithms.training import state as checkpoint_state
 from algorithms.training.assembly import TrainingRun
 from algorithms.training.audit import Audit
@@ -63,8 +64,14 @@ class Trainer(TrainingRun):
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.model.parameters())
 
-    def train_epoch(self, evaluation_follows: bool = False) -> dict[str, Any]:
+    def train_epoch(self, evaluation_follows: bool = False, evaluate_alongside: bool = False) -> dict[str, Any]:
         """One full-graph step; returns the global loss and this rank's time breakdown (collective).
+
+        ``evaluate_alongside`` (needs ``overlap_evaluation`` in the config): the exact evaluation of the weights
+        this step starts from runs in turns beside the step (:mod:`algorithms.training.alongside`); the
+        record's ``evaluation`` holds its metrics (what :meth:`evaluate` would have given before the step),
+        ``evaluation_seconds`` the wall time of its turns, and :attr:`eval_bytes` its bytes. The step's own
+        time, compute and bytes leave the evaluation's out.
 
         A pipelined strategy's gradient flights of this step are posted after the gradient allreduce, or, with
         ``evaluation_follows``, after the next :meth:`evaluate`'s forward: over TCP an evaluation posted behind
@@ -86,11 +93,19 @@ class Trainer(TrainingRun):
             extra.update(work.before_epoch(self.epoch))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
+        alongside = self._alongside() if evaluate_alongside else None
+        if alongside is not None:
+            alongside.turn()  # its layer 0, its first exchange posted: it travels during the forward
         used: list[torch.Tensor] | None = [] if audit is not None else None
         logits = self.forward(training=True, trace=used)
         loss = local_loss_sum(logits, self.train_rows, self.train_labels, self.graph.multilabel,
                               self.graph.num_classes) / self.global_counts["train"]
+        if alongside is not None:
+            alongside.turn()  # and its next one during the backward
         loss.backward()
+        if alongside is not None:
+            extra["evaluation"] = alongside.finish()  # before the optimiser changes the weights
+            self.eval_bytes = alongside.share.bytes()
         flat = self.allreduce_gradients(loss)
         deferring = evaluation_follows and self.spmm.strategy.defers_gradients
         if not deferring:
@@ -103,8 +118,12 @@ class Trainer(TrainingRun):
         broadcasts = self.spmm.strategy.decisions(self.epoch)
         self.epoch += 1
         booked = TIMED_PARTS + tuple(part for work in self.work for part in work.booked)
+        computed = self.spmm.compute_seconds()
+        if alongside is not None:
+            stats_before, computed, wall = alongside.share.excluded_from(stats_before, computed, wall)
+            extra["evaluation_seconds"] = alongside.share.wall
         record = {"epoch": self.epoch, "loss": float(flat[-1]),
-                  **step_breakdown(self.comm, stats_before, wall, self.spmm.compute_seconds(), booked),
+                  **step_breakdown(self.comm, stats_before, wall, computed, booked),
                   "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes(), **extra}
         for work in self.work:  # e.g. psc's feature-cache hits
             record.update(work.after_epoch())
@@ -114,6 +133,14 @@ class Trainer(TrainingRun):
         if deferring:
             self._unposted_step = record
         return record
+
+    def _alongside(self) -> AlongsideEvaluation:
+        if not self.config.overlap_evaluation:
+            raise ValueError("evaluate_alongside needs overlap_evaluation in the config (its progress is set up "
+                             "with the run)")
+        alongside = AlongsideEvaluation(self.comm, self.spmm.timer, self.device, self._exact_metrics)
+        self._evaluation_in_flight = lambda: alongside.in_flight
+        return alongside
 
     def _post_deferred(self) -> None:
         """Post the gradient flights a step left for after the evaluation, and add their bytes to that step's
@@ -153,12 +180,16 @@ class Trainer(TrainingRun):
         """
         before = self.comm.stats.snapshot()
         self.model.eval()
-        logits = self.forward(training=False)
-        metrics = split_metrics(logits, self.labels, self.masks, self.graph.multilabel, self.global_counts,
-                                self.col_comm)
+        metrics = self._exact_metrics()
         self.eval_bytes = moved_since(self.comm, before)
         self._post_deferred()  # the last step's gradient flights, if it left them for now
         return metrics
+
+    def _exact_metrics(self) -> dict[str, float]:
+        """Accuracy per split from an exact forward without dropout (collective)."""
+        logits = self.forward(training=False)
+        return split_metrics(logits, self.labels, self.masks, self.graph.multilabel, self.global_counts,
+                             self.col_comm)
 
     @torch.no_grad()
     def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,8 @@ On the random directed graph of static_input_cases.py laid out over this launch'
   sampled path's bytes;
 * a checkpoint taken with flights outstanding resumes to the uninterrupted run's weights, bitwise;
 * the progress mode (tests, a probe thread, the MPI library alone) changes no number;
+* an evaluation run beside the next step (every plan, pipe, sancus, bns with int8, GAT) gives bitwise the
+  metrics and bytes of one after the step, and leaves the steps bitwise the same;
 * at c = 1, psc's feature cache (psc_cases.py, which this launch runs too: one launch per rank count), and
   dgs: nodes = features = 1 bitwise the exact path, its explanation time booked apart.
 """
@@ -227,6 +229,59 @@ def check_progress_modes(comm, data: dict, layout: RowLayout, replication: int, 
             failures.append(f"pipe:tau=1 --progress {progress} P={comm.size}: not bitwise the --progress test run")
 
 
+ALONGSIDE = [
+    {"plan": "p2p"},
+    {"plan": "p2p", "stale": "pipe:tau=1", "progress": "thread"},
+    {"plan": "sparse-bcast", "stale": "sancus-e:eps=1"},
+    {"plan": "dense-bcast", "input_exchange": "per-epoch"},
+    {"plan": "p2p", "sample": "bns:p=0.5", "compress": "int8,feedback"},
+    {"plan": "p2p", "model": "gat"},
+]
+
+
+def _keep_evaluation_logits(trainer: Trainer) -> list[torch.Tensor]:
+    """The logits of every evaluation forward ``trainer`` makes from now on (its forward wrapped)."""
+    kept: list[torch.Tensor] = []
+    forward = trainer.forward
+
+    def keeping(training: bool, **options) -> torch.Tensor:
+        logits = forward(training, **options)
+        if not training:
+            kept.append(logits.detach().clone())
+        return logits
+
+    trainer.forward = keeping
+    return kept
+
+
+def check_evaluation_alongside(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    """An evaluation run in turns beside the next step (``overlap_evaluation``) gives bitwise the logits, metrics
+    and bytes of :meth:`Trainer.evaluate` after the step, and changes nothing of the steps: losses, step bytes
+    and final weights bitwise those of a run that evaluates after each step."""
+    for settings in ALONGSIDE:
+        label = f"evaluation alongside {settings} P={comm.size} c={replication}"
+        after = trainer_for(comm, data, layout, replication, layers=3, **settings)
+        beside = trainer_for(comm, data, layout, replication, layers=3, overlap_evaluation=True, **settings)
+        logits_after, logits_beside = _keep_evaluation_logits(after), _keep_evaluation_logits(beside)
+        expected: tuple[dict, dict] | None = None
+        for epoch in range(EPOCHS):
+            mine = beside.train_epoch(evaluate_alongside=expected is not None)
+            theirs = after.train_epoch()
+            if expected is not None and (mine["evaluation"], beside.eval_bytes) != expected:
+                failures.append(f"{label}: epoch {epoch}'s evaluation beside the next step gave "
+                                f"{mine['evaluation']} moving {beside.eval_bytes}, after the step {expected}")
+            if (mine["loss"], mine["bytes"]) != (theirs["loss"], theirs["bytes"]):
+                failures.append(f"{label}: step {epoch + 1} loss/bytes {mine['loss']} {mine['bytes']} != "
+                                f"{theirs['loss']} {theirs['bytes']}")
+            expected = (after.evaluate(), after.eval_bytes)
+        if not all(torch.equal(a, b) for a, b in zip(beside.parameters(), after.parameters())):
+            failures.append(f"{label}: final weights differ")
+        if len(logits_beside) != EPOCHS - 1 or not all(torch.equal(a, b) for a, b in zip(logits_beside, logits_after)):
+            failures.append(f"{label}: {len(logits_beside)} evaluations beside a step, logits not bitwise those after")
+        beside.close()
+        after.close()
+
+
 def run(comm, replication: int) -> list[str]:
     """This rank's failures of every check above (collective)."""
     layout = RowLayout.from_counts(COUNTS[Grid(comm.size, replication).groups])
@@ -237,6 +292,7 @@ def run(comm, replication: int) -> list[str]:
     check_sampled_bytes(comm, data, layout, replication, failures)
     check_resume(comm, data, layout, replication, failures)
     check_progress_modes(comm, data, layout, replication, failures)
+    check_evaluation_alongside(comm, data, layout, replication, failures)
     if replication == 1:  # psc and dgs sample each receiver's edges: 1D only
         check_exact_through_the_cache(comm, data, layout, failures)
         check_cache_budgets(comm, data, layout, failures)
