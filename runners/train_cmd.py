@@ -52,15 +52,13 @@ from runners.minibatch_flags import (add_minibatch_arguments, make_trainer, mini
                                      mode_record)
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
-from runners.results import (ResultsWriteError, ResultsWriter, cpu_seconds, cpu_since, environment, peak_memory_bytes,
-                             spread)
+from runners.results import ResultsWriter, cpu_seconds, environment, peak_memory_bytes, spread
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME, since_launch
+from runners.train_epochs import run_epochs, traffic_spread
 from runners.train_paths import PathError, check_paths, overlap_problems  # noqa: F401  (PathError: importers')
 from runners.resources import check_train_resources, readable_meta
-from runners.time_to_accuracy import AccuracyClock, at_target, validation_name, validation_value
-from sparse_dist.comm import (Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node,
-                             said_once)
+from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
 from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import freed_memory_state, huge_page_state
@@ -131,6 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training epochs, >= 1 (default: %(default)s)")
     parser.add_argument("--eval-every", type=at_least(1), default=1,
                         help="evaluate every k epochs and after the last, k >= 1 (default: %(default)s)")
+    parser.add_argument("--overlap-evaluation", action="store_true",
+                        help="evaluate each epoch's weights beside the next step, in turns, so the evaluation's "
+                             "exchanges travel while that step computes (the same metrics, bitwise; an epoch's row "
+                             "is written after the next step; full-graph mode; default: evaluate after the step)")
     parser.add_argument("--print-every", type=at_least(1), default=10,
                         help="rank-0 progress line every k epochs, k >= 1 (default: %(default)s)")
     parser.add_argument("--seed", type=seed_number, default=0,
@@ -222,6 +224,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     problem = minibatch_flag_problem(args)
     if problem:
         return problem
+    if args.overlap_evaluation and getattr(args, "mode", "full") == "minibatch":
+        return "--overlap-evaluation is for full-graph training (a mini-batch step has no exchanges to hide it behind)"
     if args.stop_at_target and args.target_acc is None:
         return "--stop-at-target needs --target-acc A (the validation accuracy to stop at)"
     if args.resume and not args.checkpoint:
@@ -351,18 +355,6 @@ def _ogb_metric(comm: Communicator, trainer: Trainer, meta: dict[str, Any]) -> d
     return {f"test_ogb_{key}": float(value) for key, value in result.items()}
 
 
-def _traffic_spread(per_rank: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Bytes per phase and direction as min/mean/max over ranks."""
-    return {phase: {direction: spread([g[phase][direction] for g in per_rank]) for direction in ("sent", "recv")}
-            for phase in per_rank[0]}
-
-
-def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
-    times = {key: spread([g["time"][key] for g in gathered]) for key in gathered[0]["time"]}
-    cpu = {key: spread([g["cpu"][key] for g in gathered]) for key in gathered[0]["cpu"]}
-    return {"time": times, "cpu": cpu, "bytes": _traffic_spread([g["bytes"] for g in gathered])}
-
-
 def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
     """How layer 0 gets its input, what each rank keeps for it, and the bytes before the first epoch (collective)."""
     gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes})
@@ -371,7 +363,7 @@ def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
             "progress": getattr(trainer, "progress_mode", None),  # what --progress resolved to (full-graph runs)
             "receiver_dropout": trainer.receiver_dropout, "halo": memory,
             "halo_bytes_per_rank": [g["memory"]["halo_bytes"] for g in gathered],
-            "bytes": _traffic_spread([g["bytes"] for g in gathered])}
+            "bytes": traffic_spread([g["bytes"] for g in gathered])}
 
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
@@ -414,57 +406,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                   f"{trainer.epoch}", flush=True)
             if resumption.note:
                 print(resumption.note, flush=True)
-    metrics: dict[str, float] = {}
-    clock = AccuracyClock(args.target_acc)  # rank 0's: the wall times are rank 0's clock after each allgather
-    stopped = False
-    while trainer.epoch < config.epochs and not stopped:
-        epoch = trainer.epoch + 1
-        last = epoch == config.epochs
-        evaluated = epoch % config.eval_every == 0 or last
-        cpu_before = cpu_seconds()
-        record = trainer.train_epoch(evaluation_follows=evaluated)
-        cpu = cpu_since(cpu_before)  # the step's CPU seconds on this rank, all threads (not the evaluation)
-        if evaluated:
-            metrics = trainer.evaluate()
-        gathered = comm.allgather_object({"time": record["time"], "cpu": cpu, "bytes": record["bytes"],
-                                          "cache_bytes": record["cache_bytes"],
-                                          "feature_cache": record.get("feature_cache"),
-                                          "eval_bytes": trainer.eval_bytes if evaluated else None,
-                                          "audit": record.get("audit"),
-                                          "at_target": at_target(args.target_acc, metrics, evaluated),
-                                          **({"results_error": writer.error} if writer.error else {})})
-        elapsed = since_launch()  # after the allgather: every rank has finished this epoch and its evaluation
-        # rank 0's verdict, seen alike by every rank (the metric is global, but one boolean decides for all)
-        stopped = bool(args.stop_at_target and gathered[0]["at_target"])
-        if gathered[0].get("results_error"):  # rank 0 could not write the results file: every rank stops here
-            trainer.close()
-            raise said_once(ResultsWriteError(gathered[0]["results_error"]))
-        if leader:
-            if evaluated:
-                clock.observe(epoch, elapsed, metrics)
-            evaluation = {"eval_bytes": _traffic_spread([g["eval_bytes"] for g in gathered])} if evaluated else {}
-            if record.get("audit") is not None:  # the errors are global (the same on every rank)
-                evaluation["audit"] = {"layer_error": record["audit"]["layer_error"],
-                                       "seconds": spread([g["audit"]["seconds"] for g in gathered]),
-                                       "bytes": _traffic_spread([g["audit"]["bytes"] for g in gathered])}
-            if record.get("explanation") is not None:  # dgs: rank 0's explanation (loss and mask means)
-                evaluation["explanation"] = record["explanation"]
-            if record.get("feature_cache") is not None:  # summed over ranks: needed boundary rows and cache hits
-                totals = {key: sum(g["feature_cache"][key] for g in gathered) for key in ("needed", "hits")}
-                evaluation["feature_cache"] = {**totals, "hit_rate": totals["hits"] / max(totals["needed"], 1)}
-            writer.write({"type": "epoch", "epoch": epoch, "wall": elapsed, "loss": record["loss"], **metrics,
-                          **_summarise(gathered), **evaluation, "broadcasts": record["broadcasts"],
-                          "cache_bytes": spread([g["cache_bytes"] for g in gathered])})
-            if epoch % args.print_every == 0 or last or epoch == 1 or stopped:
-                shown = " ".join(f"{key} {value:.4f}" for key, value in metrics.items())
-                wall = max(g["time"]["total"] for g in gathered)
-                print(f"epoch {epoch:4d} loss {record['loss']:.4f} {shown} time {wall:.4f}s", flush=True)
-        if stopped and leader:
-            print(f"stopped at epoch {epoch}: {validation_name(metrics)} {validation_value(metrics):.4f} >= "
-                  f"--target-acc {args.target_acc:g}", flush=True)
-        if checkpoints is not None and (epoch % every == 0 or last or stopped):  # collective: one set, current at once
-            checkpoints.commit(epoch, trainer.state() if leader else None,
-                               trainer.policy_state() if trainer.has_policy_state else None)
+    rows, stopped = run_epochs(comm, args, trainer, config, writer, checkpoints, every)
+    metrics, clock = rows.metrics, rows.clock
     trainer.close()  # collective: the last pipelined flights complete before the totals are counted
     ogb_metric = _ogb_metric(comm, trainer, graph.extra["meta"]) if "ogb_name" in graph.extra["meta"] else None
     if ogb_metric is not None:
@@ -476,7 +419,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     if leader:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
                       "attention_structure_bytes_per_rank": attention, "cpu_seconds_per_rank": cpu_total,
-                      "bytes_total": _traffic_spread(totals),
+                      "bytes_total": traffic_spread(totals),
                       **clock.record(), "stopped_at_target": stopped, "wall_total": since_launch()})
         writer.close()
         final = metrics.get("test_acc", metrics.get("test_f1"))

@@ -251,10 +251,12 @@ class MinibatchTrainer:
         return float(self.full.allreduce_gradients(loss)[-1])  # the full-graph step's clip and allreduce
 
     # ---------------------------------------------------------------- epochs
-    def train_epoch(self, evaluation_follows: bool = False) -> dict[str, Any]:
+    def train_epoch(self, evaluation_follows: bool = False, evaluate_alongside: bool = False) -> dict[str, Any]:
         """One epoch of ``steps_per_epoch`` synchronous steps; the record the train command writes (collective).
         ``evaluation_follows`` is the full-graph trainer's (it times pipelined flights); a mini-batch step keeps
-        none, so it changes nothing here."""
+        none, so it changes nothing here. ``evaluate_alongside`` is full-graph only (the command refuses it)."""
+        if evaluate_alongside:
+            raise ValueError("an evaluation beside the step is for full-graph training")
         before = self.comm.stats.snapshot()
         start = time.perf_counter()
         parts = {"sample": 0.0, "fetch": 0.0, "compute": 0.0, "allreduce": 0.0, "wait": 0.0}

@@ -93,6 +93,26 @@ def test_stop_at_target_stops_every_rank_after_that_epoch(cora_shards: Path, tmp
     assert f"stopped at epoch {len(epochs)}" in result.stdout
 
 
+def test_evaluation_beside_the_next_step_writes_the_same_rows_and_stops_one_step_later(cora_shards: Path,
+                                                                                       tmp_path: Path) -> None:
+    """``--overlap-evaluation``: every row's loss, accuracies, step bytes and evaluation bytes are bitwise those of
+    the run that evaluates after each step; the epoch reaching the target is found during the next step, which
+    is then evaluated too and ends the run."""
+    flags = ["--epochs", "60", "--target-acc", "0.5", "--stop-at-target"]
+    _, after = _train(cora_shards, tmp_path / "after.jsonl", 2, *flags)
+    result, beside = _train(cora_shards, tmp_path / "beside.jsonl", 2, *flags, "--overlap-evaluation")
+    rows_after = [r for r in after if r["type"] == "epoch"]
+    rows_beside = [r for r in beside if r["type"] == "epoch"]
+    reached = rows_after[-1]["epoch"]
+    assert [r["epoch"] for r in rows_beside] == list(range(1, reached + 2))
+    keys = ("loss", "train_acc", "val_acc", "test_acc", "bytes", "eval_bytes")
+    assert [[r[k] for k in keys] for r in rows_beside[:reached]] == [[r[k] for k in keys] for r in rows_after]
+    final = beside[-1]
+    assert final["stopped_at_target"] and final["target_epoch"] == reached and final["epochs"] == reached + 1
+    assert final["time_to_target"] == rows_beside[reached - 1]["wall"]
+    assert f"stopped at epoch {reached + 1}: epoch {reached}'s val_acc" in result.stdout
+
+
 # ---------------------------------------------------------------- results.csv and plots, no training
 
 def _run_records(plan: str, stale: str, ranks: int, curve: list[tuple[float, float]], seed: int = 0
