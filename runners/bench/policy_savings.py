@@ -44,6 +44,9 @@ after that epoch's evaluation (whose allreduce waits for the slowest rank); ``-`
 (:data:`runners.time_to_accuracy.DEFAULT_TARGET_FRACTION`), the same for every row. The first configuration
 (exact ``p2p``) also pays the process's one-time warm-ups (first kernels, lazy imports), so its ``tta_s`` reads
 high beside the others; ``sparse-dist train --target-acc`` (one launch per run) is the fair comparison.
+With ``--overlap-evaluation`` each epoch's evaluation runs beside the next step (the same metrics): an epoch's
+point on the curve is taken after that next step (the last epoch's after its own evaluation), the epoch-time
+columns still leave the evaluation's turns out, and ``evaluation_turns_s`` (JSON) is their median on rank 0.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-acc", type=psc_budget, default=None, metavar="A",  # (0, 1] like a budget
                         help="validation accuracy in (0, 1] that tta_s times each configuration to (default: "
                              f"{DEFAULT_TARGET_FRACTION:g} x exact p2p's best in this run)")
+    parser.add_argument("--overlap-evaluation", action="store_true",
+                        help="evaluate each epoch's weights beside the next step, in turns, so the evaluation's "
+                             "exchanges travel while the step computes (the same metrics; tta_s then reads each "
+                             "epoch's accuracy at the end of the next step, the last epoch's after it)")
     parser.add_argument("--beta-gbs", type=positive, default=None, metavar="GBS",
                         help="the link's bandwidth in GB/s, as `sparse-dist bench network` measured it on the same "
                              "network: adds each row's ideal epoch (exact p2p's compute plus the row's own "
@@ -149,16 +156,20 @@ def _selected(args: argparse.Namespace) -> list[str]:
 def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
     started = time.perf_counter()  # this configuration's "launch" (see the module docstring)
     graph = load_local_graph(comm, args.data, comm.size, 1)
+    overlap = args.overlap_evaluation
     config = TrainConfig(hidden=args.hidden, layers=args.layers, dropout=args.dropout, seed=args.seed,
-                         epochs=args.epochs, **settings)
+                         epochs=args.epochs, overlap_evaluation=overlap, **settings)
     trainer = Trainer(comm, graph, config)
     records, points, cpu = [], [], []
-    for _ in range(args.epochs):
+    for epoch in range(args.epochs):
         cpu_before = cpu_seconds()
-        records.append(trainer.train_epoch(evaluation_follows=True))
-        cpu.append(cpu_since(cpu_before))
-        value = validation_value(trainer.evaluate())  # collective: its allreduce waits for the slowest rank
-        points.append((records[-1]["epoch"], time.perf_counter() - started, value))
+        records.append(trainer.train_epoch(evaluation_follows=not overlap, evaluate_alongside=overlap and epoch > 0))
+        cpu.append(cpu_since(cpu_before))  # with overlap, the evaluation's turns too
+        if overlap and epoch > 0:  # the previous epoch's weights, evaluated beside this step
+            points.append((epoch, time.perf_counter() - started, validation_value(records[-1]["evaluation"])))
+        if not overlap or epoch == args.epochs - 1:
+            value = validation_value(trainer.evaluate())  # collective: its allreduce waits for the slowest rank
+            points.append((records[-1]["epoch"], time.perf_counter() - started, value))
     trainer.close()  # collective: pipelined flights still outstanding complete before the next configuration
     metrics = trainer.evaluate()
     halo = trainer.setup_bytes["halo"]["recv"]
@@ -170,6 +181,7 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
     gathered = comm.allgather_object({"moved": moved, "halo": halo, "times": [r["time"] for r in records[1:] or records],
                                       "cpu": cpu[1:] or cpu, "cache": records[-1]["cache_bytes"],
                                       "link_bytes": link_bytes})
+    alongside = [r["evaluation_seconds"] for r in records if "evaluation_seconds" in r]
     times = {key: statistics.median(max(g["times"][k][key] for g in gathered) for k in range(len(gathered[0]["times"])))
              for key in TIME_KEYS}
     cpu_medians = {key: statistics.median(max(g["cpu"][k][key] for g in gathered) for k in range(len(gathered[0]["cpu"])))
@@ -180,6 +192,8 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
             "time": times, "cpu": cpu_medians, "test_acc": metrics["test_acc"],
             "link_bytes": max(g["link_bytes"] for g in gathered),
             "active_broadcasts": broadcasts, "cache_bytes_max": max(g["cache"] for g in gathered),
+            "evaluation": "alongside" if overlap else "after",
+            **({"evaluation_turns_s": statistics.median(alongside)} if alongside else {}),
             "curve": points, "best_val": max(p[2] for p in points), "wall_total": time.perf_counter() - started,
             **settings}
 
