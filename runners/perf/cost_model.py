@@ -71,6 +71,7 @@ class Rates:
     spmm: float   # nnz * width per core-second
     dense: float  # rows * sum(F_in * F_out) per core-second
     source: str = ""
+    policy: float = 0.0  # the policy's own compute (dgs's explanation): unsampled nnz * width per core-second
 
 
 @dataclass(frozen=True)
@@ -250,10 +251,11 @@ class Prediction:
     exchange_bytes_max_recv: float
     notes: list[str] = field(default_factory=list)
     overlapped: bool = False  # pipe: the exchange hides behind the compute where it is shorter
+    compute_policy: float = 0.0  # the policy's own compute, an epoch on average (dgs's explanation)
 
     @property
     def epoch(self) -> float:
-        compute = self.compute_spmm + self.compute_dense
+        compute = self.compute_spmm + self.compute_dense + self.compute_policy
         if self.overlapped:
             return max(compute, self.exchange) + self.allreduce
         return compute + self.exchange + self.allreduce
@@ -282,6 +284,10 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Expected
     nnz = work.nnz_local + (policy.sample_p if sampled else 1.0) * work.nnz_remote
     passes = shape.spmm_passes
     spmm = float(np.max(nnz)) * passes / c / (rates.spmm * cores)
+    # A policy's own compute (dgs's explanation: forward and backward passes over the unsampled blocks),
+    # priced at the rate its calibration run gave it (an average epoch, so its schedule's share of epochs).
+    units = float(np.max(work.nnz_local + work.nnz_remote)) * passes / c / cores
+    policy_compute = units / rates.policy if rates.policy > 0 else 0.0
     dense = float(np.max(work.rows)) * shape.dense_work_per_row / (rates.dense * cores)
 
     # Bytes: the exact byte model scaled by the policy's expected fractions.
@@ -318,7 +324,7 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Expected
         exchange, allreduce = exchange * slowdown, allreduce * slowdown
     notes = list(work.notes)
     return Prediction(ranks, plan, spmm, dense, exchange, allreduce, total_bytes, float(max_rank.max()),
-                      float(received.max()), notes, overlapped=policy.overlapped)
+                      float(received.max()), notes, overlapped=policy.overlapped, compute_policy=policy_compute)
 
 
 def _replication_bytes(grid: Grid, layout: RowLayout, width: int, itemsize: int, direction: str) -> np.ndarray:

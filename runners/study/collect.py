@@ -7,7 +7,8 @@ are means over ranks, so they add up to ``epoch_time_mean_rank``. ``t_dense``
 is all compute besides the local SpMM (weight multiplies, dropout, loss,
 optimiser), what the performance model calls dense; ``t_masks`` (making
 dropout masks), ``t_dropout`` (applying them) and ``t_optimizer`` show three
-of its parts (0 in results files older than them). Bytes are
+of its parts (0 in results files older than them); ``t_policy`` is the compute a policy books for itself
+beside them (dgs's explanation, in the epochs that explain; 0 for the others). Bytes are
 per epoch, averaged over the timed epochs: ``exchange_bytes`` is what all
 ranks sent in the training exchanges together (:data:`EXCHANGE_PHASES`: forward and backward SpMM
 exchanges, and a mini-batch run's sampling rounds and feature pulls, which are also ``sample_bytes`` and
@@ -39,12 +40,13 @@ from runners.results import ResultsWriter, temporary_beside
 from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, curve, first_reaching
 
 DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
+OWN_PARTS = ("total", "local_spmm", "exchange", "allreduce") + DENSE_PARTS  # every other time part is a policy's
 EXCHANGE_PHASES = ("forward", "backward", "sample", "fetch")  # a training epoch's exchanges (mini-batch: the last two)
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
     "stale", "compress", "variant", "mode", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
-    "t_dropout", "t_optimizer", "exchange_bytes", "sample_bytes", "fetch_bytes",
+    "t_dropout", "t_optimizer", "t_policy", "exchange_bytes", "sample_bytes", "fetch_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "best_val", "target_acc",
     "time_to_target", "target_epoch", "wall_total", "peak_rss_max",
     "threads_per_rank", "ranks_on_node", "cpu_count", "launcher", "bandwidth", "results_file", "data",
@@ -123,6 +125,9 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
     for part in ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer"):
         row[f"t_{part}"] = _mean([e["time"].get(part, {"mean": 0.0})["mean"] for e in timed])
     row["t_dense"] = _mean([sum(e["time"].get(part, {"mean": 0.0})["mean"] for part in DENSE_PARTS) for e in timed])
+    full = row["mode"] == "full"  # a mini-batch epoch's parts (sampling, fetching) are its own, not a policy's
+    row["t_policy"] = _mean([sum(value["mean"] for part, value in e["time"].items() if part not in OWN_PARTS)
+                             for e in timed]) if full else 0.0
     row.update(extra)
     return row
 

@@ -153,6 +153,27 @@ def test_calibration_reproduces_the_calibration_run(tmp_path: Path) -> None:
     assert math.isclose(rates.spmm * 0.03, float(np.max(work.nnz_local + work.nnz_remote)) * (12 + 2 * 4))
 
 
+def test_a_policys_own_compute_is_calibrated_on_its_run_and_priced_by_the_unsampled_blocks(tmp_path: Path) -> None:
+    """dgs's explanation (``t_policy``): the calibration run is reproduced, a run with twice the nonzeros per rank
+    pays twice the seconds, and a row without the column (an older results.csv) prices none."""
+    data = write(random_directed(n=240, seed=5), tmp_path / "d", parts=2)
+    work = workload_from_shards(data, 2)
+    shape = ModelShape((12, 16, 4))
+    dgs = ExpectedTraffic.from_specs("dgs:nodes=0.5", "none")
+    row = {"run": "r", "world_size": 2, "replication": 1, "threads_per_rank": 1, "plan": "p2p",
+           "t_local_spmm": 0.03, "t_dense": 0.2, "t_policy": 0.5}
+    rates = calibrate(row, work, shape, FLAT, dgs)
+    again = predict_epoch(work, shape, "p2p", dgs, rates, FLAT)
+    assert again.compute_policy == pytest.approx(0.5)
+    assert again.epoch == pytest.approx(again.compute_spmm + again.compute_dense + 0.5 + again.exchange
+                                        + again.allreduce)
+    doubled = workload_from_shards(data, 2)
+    doubled.nnz_local, doubled.nnz_remote = 2 * doubled.nnz_local, 2 * doubled.nnz_remote
+    assert predict_epoch(doubled, shape, "p2p", dgs, rates, FLAT).compute_policy == pytest.approx(1.0)
+    older = calibrate({key: value for key, value in row.items() if key != "t_policy"}, work, shape, FLAT, dgs)
+    assert predict_epoch(work, shape, "p2p", dgs, older, FLAT).compute_policy == 0.0
+
+
 def test_pipe_overlaps_its_exchange_and_compression_scales_the_rows(tmp_path: Path) -> None:
     from sparse_dist.compress import Codec
 

@@ -54,3 +54,23 @@ def test_a_full_graph_runs_exchange_bytes_stay_forward_plus_backward(phases: tup
     row = _row([_epoch(1, sent)])
     assert row["exchange_bytes"] == pytest.approx(300 * 2) and row["exchange_bytes_max_rank"] == pytest.approx(1200)
     assert row["sample_bytes"] == row["fetch_bytes"] == 0
+
+
+def test_a_policys_own_time_parts_are_t_policy_and_stay_out_of_t_dense() -> None:
+    """dgs books its explanation as ``explain`` in the epochs that explain: ``t_policy`` is its mean over the
+    timed epochs; the known parts stay where they were; a mini-batch run's own parts are not a policy's."""
+    traffic = {"forward": 1, "backward": 1, "grad_allreduce": 1}
+
+    def timed(parts: dict[str, float]) -> dict:
+        return {part: {"min": v, "mean": v, "max": v} for part, v in {"total": 1.0, **parts}.items()}
+    explaining = [{**_epoch(n, traffic), "time": timed({"local_spmm": 0.2, "dense": 0.3,
+                                                               **({"explain": 3.0} if n == 2 else {})})}
+                  for n in (1, 2, 3)]
+    row = _row(explaining)
+    assert row["t_policy"] == pytest.approx(1.0) and row["t_dense"] == pytest.approx(0.3)
+    assert row["t_local_spmm"] == pytest.approx(0.2)
+    assert _row([{**_epoch(1, traffic), "time": timed({"dense": 0.3})}])["t_policy"] == 0.0
+    mini = {**CONFIG, "mode": "minibatch"}
+    minibatch = summarise_run([mini, {**_epoch(1, {**traffic, "sample": 1}), "broadcasts": None,
+                                      "time": timed({"sample": 0.4, "compute": 0.5})}, FINAL], 0, {"run": "m"})
+    assert minibatch["t_policy"] == 0.0
