@@ -61,10 +61,11 @@ class EpochRows:
     def __post_init__(self) -> None:
         self.clock = AccuracyClock(self.args.target_acc)  # rank 0's: wall times are its clock after each allgather
 
-    def write(self, step: _Step, metrics: dict[str, float] | None) -> bool:
+    def write(self, step: _Step, metrics: dict[str, float] | None, turns: float | None = None) -> bool:
         """Gather ``step``'s figures, write its row (with the last evaluation's metrics, ``metrics`` where this
-        step was evaluated), print progress; whether the run stops at target here (rank 0's verdict, the same
-        on every rank). Collective."""
+        step was evaluated; ``turns``: this rank's seconds in that evaluation's turns beside the next step),
+        print progress; whether the run stops at target here (rank 0's verdict, the same on every rank).
+        Collective."""
         args, trainer, writer, record = self.args, self.trainer, self.writer, step.record
         evaluated = metrics is not None
         if metrics is not None:
@@ -73,7 +74,7 @@ class EpochRows:
                                                "cache_bytes": record["cache_bytes"],
                                                "feature_cache": record.get("feature_cache"),
                                                "eval_bytes": trainer.eval_bytes if evaluated else None,
-                                               "audit": record.get("audit"),
+                                               "audit": record.get("audit"), "turns": turns,
                                                "at_target": at_target(args.target_acc, self.metrics, evaluated),
                                                **({"results_error": writer.error} if writer.error else {})})
         elapsed = since_launch()  # after the allgather: every rank has finished this epoch and its evaluation
@@ -88,6 +89,8 @@ class EpochRows:
         if evaluated:
             self.clock.observe(epoch, elapsed, self.metrics)
         evaluation = {"eval_bytes": traffic_spread([g["eval_bytes"] for g in gathered])} if evaluated else {}
+        if turns is not None:  # the same on every rank: an evaluation beside the next step
+            evaluation["evaluation_turns"] = spread([g["turns"] for g in gathered])
         if record.get("audit") is not None:  # the errors are global (the same on every rank)
             evaluation["audit"] = {"layer_error": record["audit"]["layer_error"],
                                    "seconds": spread([g["audit"]["seconds"] for g in gathered]),
@@ -130,7 +133,7 @@ def run_epochs(comm: Communicator, args: argparse.Namespace, trainer: Trainer, c
                                      evaluate_alongside=waiting is not None)
         step = _Step(epoch, record, cpu_since(cpu_before), evaluated)  # CPU: the step's (and a turned evaluation's)
         if waiting is not None:  # the previous epoch's row, its evaluation done beside this step
-            if rows.write(waiting, record["evaluation"]):
+            if rows.write(waiting, record["evaluation"], record["evaluation_seconds"]):
                 reached = (waiting.epoch, dict(rows.metrics))
             waiting = None
         if overlap and evaluated and reached is None and epoch < config.epochs:

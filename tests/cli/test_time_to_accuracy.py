@@ -107,6 +107,8 @@ def test_evaluation_beside_the_next_step_writes_the_same_rows_and_stops_one_step
     assert [r["epoch"] for r in rows_beside] == list(range(1, reached + 2))
     keys = ("loss", "train_acc", "val_acc", "test_acc", "bytes", "eval_bytes")
     assert [[r[k] for k in keys] for r in rows_beside[:reached]] == [[r[k] for k in keys] for r in rows_after]
+    assert all(r["evaluation_turns"]["min"] > 0 for r in rows_beside[:reached])  # evaluated beside the next step
+    assert "evaluation_turns" not in rows_beside[reached] and "evaluation_turns" not in rows_after[0]
     final = beside[-1]
     assert final["stopped_at_target"] and final["target_epoch"] == reached and final["epochs"] == reached + 1
     assert final["time_to_target"] == rows_beside[reached - 1]["wall"]
