@@ -402,3 +402,8 @@ def test_the_measured_subset_of_the_emulated_policies_study_is_its_200k_1gbit_pa
     assert skipped == [] and len(subset) == 20
     assert {(r.ranks, r.plan, r.policy, r.compress) for r in subset} == {
         (r.ranks, r.plan, r.policy, r.compress) for r in full if r.dataset.name == "syn200k" and r.bandwidth == "1gbit"}
+    overlap = _shipped_study(monkeypatch, "emulated-policies-200k-overlap.toml")
+    runs, _ = overlap.runs()
+    assert [(r.ranks, r.plan, r.policy, r.compress) for r in runs] == [(r.ranks, r.plan, r.policy, r.compress)
+                                                                       for r in subset]
+    assert overlap.train.get("overlap-evaluation") is True
