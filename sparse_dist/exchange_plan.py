@@ -11,8 +11,9 @@ block products (:class:`sparse_dist.products.BlockProducts`). The concrete plans
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -118,6 +119,18 @@ class ExchangePlan(ABC):
                positions: np.ndarray | None, seed_key: tuple[int, ...]) -> torch.Tensor:
         """What a sender hands MPI for ``rows``: the rows, or their code (with feedback where asked)."""
         return rows if codec is None else codec.send(rows, key, total, positions, seed_key)
+
+    @contextmanager
+    def posting_on(self, comm: Any) -> Iterator[None]:
+        """Post this plan's exchanges on ``comm`` meanwhile: a duplicate of the replica column (the same ranks,
+        in the same order). An evaluation run in turns beside a step posts on its own duplicate, so that MPICH
+        with several VCIs (``MPIR_CVAR_CH4_NUM_VCIS``) gives its transfers their own connections and the step's
+        rows need not queue behind them. Local; requests posted meanwhile keep their communicator."""
+        saved, self.col_comm = self.col_comm, comm
+        try:
+            yield
+        finally:
+            self.col_comm = saved
 
     def _receive_buffer(self, part: Transfer, count: int, width: int, codec: Codec | None) -> torch.Tensor:
         """A receive buffer for ``count`` rows; a coded one decodes into rows when the part completes."""

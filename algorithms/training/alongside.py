@@ -23,6 +23,7 @@ import torch
 from algorithms.training.metrics import bytes_by_phase, counters_since
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.comm import Communicator
+from sparse_dist.exchange_plan import ExchangePlan
 from sparse_dist.turns import TakingTurns
 
 
@@ -59,8 +60,10 @@ class AlongsideEvaluation:
     """One evaluation, run in turns beside one step (collective: every turn may post or wait on exchanges)."""
 
     def __init__(self, comm: Communicator, timer: ComputeTimer, device: torch.device,
-                 evaluate: Callable[[], dict[str, float]]) -> None:
+                 evaluate: Callable[[], dict[str, float]], plan: ExchangePlan, own_comm: Communicator) -> None:
+        """``own_comm``: the duplicate of ``plan``'s replica column the evaluation posts its exchanges on."""
         self.comm, self.timer, self.device = comm, timer, device
+        self.plan, self.own_comm = plan, own_comm
         self.share = EvaluationShare()
 
         def work() -> dict[str, float]:
@@ -78,7 +81,8 @@ class AlongsideEvaluation:
     def _timed(self, step: Callable[[], Any]) -> Any:
         before, computed = self.comm.stats.snapshot(), dict(self.timer.seconds)
         start = time.perf_counter()
-        result = step()
+        with self.plan.posting_on(self.own_comm):
+            result = step()
         wall = time.perf_counter() - start
         after = self.timer.seconds
         self.share.add(wall, {key: after[key] - computed.get(key, 0.0) for key in after},

@@ -69,6 +69,9 @@ class TrainingRun:
         self.first_row = graph.layout.offsets[self.group]
         grid_comms = split_grid(comm, Grid(comm.size, replication))
         self.col_comm = grid_comms[1]  # the G ranks holding distinct rows: losses, counts, gradients
+        # the evaluation beside a step posts on its own duplicate of the column (ExchangePlan.posting_on)
+        self.evaluation_comm = (self.col_comm.split(0, self.col_comm.rank) if config.overlap_evaluation
+                                else self.col_comm)
         self.normalized = layer_type(config.model).normalize_adjacency(self.col_comm, graph.layout, graph.rows,
                                                                        self.group)  # collective for GCN
         self.matrix = DistCSR(comm, graph.layout, self.normalized, replication=replication, name=graph.name,

@@ -138,7 +138,8 @@ class Trainer(TrainingRun):
         if not self.config.overlap_evaluation:
             raise ValueError("evaluate_alongside needs overlap_evaluation in the config (its progress is set up "
                              "with the run)")
-        alongside = AlongsideEvaluation(self.comm, self.spmm.timer, self.device, self._exact_metrics)
+        alongside = AlongsideEvaluation(self.comm, self.spmm.timer, self.device, self._exact_metrics,
+                                        self.spmm.plan, self.evaluation_comm)
         self._evaluation_in_flight = lambda: alongside.in_flight
         return alongside
 
