@@ -247,7 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     if not getattr(args, "mpi", True):
         return _run_without_mpi(args)
-    from sparse_dist.comm import GpuAwareError, run_or_abort, world, world_rank
+    from sparse_dist.comm import GpuAwareError, run_or_abort, separate_endpoints, world, world_rank
+
+    if getattr(args, "overlap_evaluation", False):
+        separate_endpoints()  # the evaluation's own communicator gets its own connections (MPICH)
 
     def body() -> int:
         try:

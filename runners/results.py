@@ -178,9 +178,11 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
 def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_node: int) -> dict[str, Any]:
     """Where a run ran: versions, MPI library, ranks and threads, the node's CPU count (to spot
     oversubscription: ranks_on_node * threads_per_rank > cpu_count), and the network when
-    ``sparse-dist emulate`` ran it (its ``SPARSE_DIST_NETWORK``; absent otherwise)."""
+    ``sparse-dist emulate`` ran it (its ``SPARSE_DIST_NETWORK``; absent otherwise), and MPICH's VCIs where
+    set (``MPIR_CVAR_CH4_NUM_VCIS``: ``--overlap-evaluation`` asks for 2)."""
     network = os.environ.get("SPARSE_DIST_NETWORK")
+    vcis = os.environ.get("MPIR_CVAR_CH4_NUM_VCIS")
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "platform": platform.platform(), "argv": sys.argv, "world_size": world_size,
             "threads_per_rank": threads, "cpu_count": os.cpu_count(), "ranks_on_node": ranks_on_node, **mpi,
-            **({"network": json.loads(network)} if network else {})}
+            **({"network": json.loads(network)} if network else {}), **({"mpich_vcis": vcis} if vcis else {})}

@@ -101,7 +101,8 @@ from sparse_dist.comm.node import default_threads_per_rank, ranks_on_this_node, 
 from sparse_dist.comm.progress import ProgressThread
 from sparse_dist.comm.requests import Pending
 from sparse_dist.comm.staging import FORCE_HOST_STAGING_ENV, STAGING_IDLE_LIMIT_BYTES, StagingPool
-from sparse_dist.comm.startup import mpi_library_version, mpi_vendor_details, threads_may_call_mpi, world_rank
+from sparse_dist.comm.startup import (mpi_library_version, mpi_vendor_details, separate_endpoints,
+                                     threads_may_call_mpi, world_rank)
 
 __all__ = [
     "ABORT_GRACE_SECONDS", "DEFAULT_REDUCE_SEGMENT_BYTES", "DISTINCT_MESSAGES_SHOWN", "FORCE_HOST_STAGING_ENV",
@@ -109,5 +110,5 @@ __all__ = [
     "USER_ERROR_STATUS", "CollectiveError", "Communicator", "CudaAwareness", "GpuAwareError", "Pending",
     "ProgressThread", "StagingPool", "default_threads_per_rank", "detect_cuda_aware_mpi", "gpu_path_report",
     "mpi_library_version", "mpi_vendor_details", "rank_ranges", "ranked_messages", "said_once", "ranks_on_this_node",
-    "run_or_abort", "spans_nodes", "threads_may_call_mpi", "world", "world_rank",
+    "run_or_abort", "separate_endpoints", "spans_nodes", "threads_may_call_mpi", "world", "world_rank",
 ]

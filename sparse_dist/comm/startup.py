@@ -6,6 +6,7 @@ See "Initialisation" in :mod:`sparse_dist.comm`. Every module of the package tak
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import mpi4py
@@ -14,7 +15,21 @@ mpi4py.rc.initialize = False  # started by _initialised() on first use, not at i
 mpi4py.rc.finalize = True     # still finalised by mpi4py at exit once started
 from mpi4py import MPI  # noqa: E402
 
-__all__ = ["MPI", "mpi_library_version", "mpi_vendor_details", "threads_may_call_mpi", "world_rank"]
+__all__ = ["MPI", "mpi_library_version", "mpi_vendor_details", "separate_endpoints", "threads_may_call_mpi",
+           "world_rank"]
+
+ENDPOINTS_VARIABLE = "MPIR_CVAR_CH4_NUM_VCIS"
+"""MPICH's number of virtual communication interfaces (VCIs); it spreads communicators over them."""
+
+
+def separate_endpoints(count: int = 2) -> None:
+    """Ask MPICH for ``count`` VCIs unless the environment sets ``MPIR_CVAR_CH4_NUM_VCIS``; before MPI starts
+    (then nothing). MPICH spreads communicators over its VCIs, each with its own network endpoint, so between
+    nodes a transfer on one communicator need not queue behind another's on one TCP connection (measured over
+    an emulated 1 Gbit/s link: 100 KB posted behind 27 MB on another communicator arrived after 0.01-0.02 s
+    with two VCIs, 0.23-0.27 s with one). Other MPI libraries ignore the variable."""
+    if not MPI.Is_initialized():
+        os.environ.setdefault(ENDPOINTS_VARIABLE, str(count))
 
 
 def mpi_library_version() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,9 @@ def test_evaluation_beside_the_next_step_writes_the_same_rows_and_stops_one_step
     result, beside = _train(cora_shards, tmp_path / "beside.jsonl", 2, *flags, "--overlap-evaluation")
     rows_after = [r for r in after if r["type"] == "epoch"]
     rows_beside = [r for r in beside if r["type"] == "epoch"]
+    # its own communicator on its own MPICH endpoints (unless the environment says otherwise)
+    assert next(r for r in beside if r["type"] == "environment").get("mpich_vcis") == os.environ.get(
+        "MPIR_CVAR_CH4_NUM_VCIS", "2")
     reached = rows_after[-1]["epoch"]
     assert [r["epoch"] for r in rows_beside] == list(range(1, reached + 2))
     keys = ("loss", "train_acc", "val_acc", "test_acc", "bytes", "eval_bytes")
