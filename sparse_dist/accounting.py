@@ -119,3 +119,16 @@ class ComputeTimer:
     def reset(self) -> None:
         self._seconds.clear()
         self._pending.clear()
+
+    @contextmanager
+    def apart(self) -> Iterator["ComputeTimer"]:
+        """Book what is measured meanwhile on another timer (yielded), not this one: work that runs inside a
+        step but is not the step's (an evaluation run in turns beside it). Reads nothing, so on a CUDA device
+        it synchronises nothing."""
+        side = ComputeTimer()
+        saved = self._seconds, self._pending
+        self._seconds, self._pending = side._seconds, side._pending
+        try:
+            yield side
+        finally:
+            self._seconds, self._pending = saved

@@ -12,8 +12,8 @@ The evaluation posts on its own duplicate of the replica column (:meth:`Exchange
 two VCIs (``--overlap-evaluation`` asks for them) then sends its transfers on their own connections, so the
 step's rows do not queue behind them (measured at 1 Gbit/s: psc's exchange wait 0.18 -> 0.09 s a step).
 
-What the turns took (their wall time, the compute they booked, their bytes and waits) is kept apart
-(:class:`EvaluationShare`), so the step's record stays the step's own. Every rank hands over its turns at the
+What the turns took (their wall time, their bytes and waits: :class:`EvaluationShare`; the compute they measure,
+on a timer of their own) is kept apart, so the step's record stays the step's own. Every rank hands over its turns at the
 same points of the same step, so the MPI calls of both computations come in the same order everywhere.
 """
 
@@ -32,29 +32,26 @@ from sparse_dist.turns import TakingTurns
 
 
 class EvaluationShare:
-    """What an evaluation's turns took inside one step: wall seconds, booked compute seconds, counters."""
+    """What an evaluation's turns took inside one step: wall seconds and communication counters (the compute
+    they measure is booked apart, :meth:`ComputeTimer.apart`)."""
 
     def __init__(self) -> None:
         self.wall = 0.0
-        self.computed: dict[str, float] = {}
         self.counters: dict[str, dict[str, float]] = {}
 
-    def add(self, wall: float, computed: dict[str, float], counters: dict[str, dict[str, float]]) -> None:
+    def add(self, wall: float, counters: dict[str, dict[str, float]]) -> None:
         self.wall += wall
-        for key, seconds in computed.items():
-            self.computed[key] = self.computed.get(key, 0.0) + seconds
         for phase, values in counters.items():
             into = self.counters.setdefault(phase, {})
             for key, value in values.items():
                 into[key] = into.get(key, 0.0) + value
 
-    def excluded_from(self, before: dict[str, dict[str, float]], computed: dict[str, float],
-                      wall: float) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
-        """The step's ``before`` counters, compute seconds and wall time with this share taken out."""
+    def excluded_from(self, before: dict[str, dict[str, float]],
+                      wall: float) -> tuple[dict[str, dict[str, float]], float]:
+        """The step's ``before`` counters and wall time with this share taken out."""
         shifted = {phase: {key: value + self.counters.get(phase, {}).get(key, 0.0) for key, value in values.items()}
                    for phase, values in before.items()}
-        own = {key: seconds - self.computed.get(key, 0.0) for key, seconds in computed.items()}
-        return shifted, own, wall - self.wall
+        return shifted, wall - self.wall
 
     def bytes(self) -> dict[str, dict[str, int]]:
         return bytes_by_phase(self.counters)
@@ -83,14 +80,11 @@ class AlongsideEvaluation:
         return self._turns.running
 
     def _timed(self, step: Callable[[], Any]) -> Any:
-        before, computed = self.comm.stats.snapshot(), dict(self.timer.seconds)
+        before = self.comm.stats.snapshot()
         start = time.perf_counter()
-        with self.plan.posting_on(self.own_comm):
+        with self.timer.apart(), self.plan.posting_on(self.own_comm):
             result = step()
-        wall = time.perf_counter() - start
-        after = self.timer.seconds
-        self.share.add(wall, {key: after[key] - computed.get(key, 0.0) for key in after},
-                       counters_since(self.comm, before))
+        self.share.add(time.perf_counter() - start, counters_since(self.comm, before))
         return result
 
     def turn(self) -> None:

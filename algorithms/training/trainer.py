@@ -118,12 +118,11 @@ class Trainer(TrainingRun):
         broadcasts = self.spmm.strategy.decisions(self.epoch)
         self.epoch += 1
         booked = TIMED_PARTS + tuple(part for work in self.work for part in work.booked)
-        computed = self.spmm.compute_seconds()
         if alongside is not None:
-            stats_before, computed, wall = alongside.share.excluded_from(stats_before, computed, wall)
+            stats_before, wall = alongside.share.excluded_from(stats_before, wall)
             extra["evaluation_seconds"] = alongside.share.wall
         record = {"epoch": self.epoch, "loss": float(flat[-1]),
-                  **step_breakdown(self.comm, stats_before, wall, computed, booked),
+                  **step_breakdown(self.comm, stats_before, wall, self.spmm.compute_seconds(), booked),
                   "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes(), **extra}
         for work in self.work:  # e.g. psc's feature-cache hits
             record.update(work.after_epoch())
