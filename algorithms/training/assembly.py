@@ -88,17 +88,19 @@ class TrainingRun:
                              row_masks=self.receiver_dropout or self.model.needs_source_ids, codec=self.codec)
         if config.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
-        self.progress_mode = resolve_progress(comm, config.progress) if strategy.posts_ahead is None else "none"
-        strategy.tests_progress = self.progress_mode != "none"
         if config.overlap_evaluation and not threads_may_call_mpi():  # the same answer on every rank
             raise ValueError("overlap_evaluation runs the evaluation's exchanges from a second thread, which needs "
                              "MPI_THREAD_MULTIPLE; this MPI does not give it")
-        # an evaluation beside a step (overlap_evaluation) leaves its exchanges in flight while the step computes
-        self.evaluation_progress = resolve_progress(comm, config.progress) if config.overlap_evaluation else "none"
+        # pipelined flights, and an evaluation beside a step (overlap_evaluation), stay in flight while it computes
+        all_at_once = strategy.posts_ahead is None  # a pipelined strategy posts every part at once
+        progress = (resolve_progress(comm, config.progress) if all_at_once or config.overlap_evaluation
+                    else "none")  # collective for auto: resolved once
+        self.progress_mode = progress if all_at_once else "none"
+        strategy.tests_progress = self.progress_mode != "none"
         self._evaluation_in_flight: Callable[[], bool] = lambda: False
         self.progress_thread = (ProgressThread(comm, lambda: strategy.outstanding() > 0
                                                or self._evaluation_in_flight())
-                                if "thread" in (self.progress_mode, self.evaluation_progress) else None)
+                                if progress == "thread" else None)
         return dims
 
     def _data(self) -> None:
