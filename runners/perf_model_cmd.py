@@ -150,18 +150,15 @@ def _shape(row: dict[str, Any], meta: dict[str, Any]) -> ModelShape:
 def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Network, policy: ExpectedTraffic) -> Rates:
     """Per-core rates that reproduce one measured run's local SpMM and dense time."""
     cores = cores_per_rank(net, int(row["world_size"]), int(row["threads_per_rank"] or 1))
-    unit = Rates(spmm=1.0, dense=1.0)
+    unit = Rates(spmm=1.0, dense=1.0, policy=1.0)
     replication = int(row["replication"])
     probe = predict_epoch(work, shape, row["plan"], policy, unit, net, replication, int(row["threads_per_rank"] or 1))
     # probe.compute_* are the work units of the slowest rank divided by cores: rate = units / measured seconds
     own = float(row.get("t_policy") or 0.0)  # results.csv files older than the column: none
-    with_policy = replace(unit, policy=1.0)
-    policy_units = predict_epoch(work, shape, row["plan"], policy, with_policy, net, replication,
-                                 int(row["threads_per_rank"] or 1)).compute_policy
     return Rates(spmm=probe.compute_spmm / float(row["t_local_spmm"]),
                  dense=probe.compute_dense / float(row["t_dense"]),
                  source=f"{row['run']} ({cores:g} core(s) a rank)",
-                 policy=policy_units / own if own > 0 else 0.0)
+                 policy=probe.compute_policy / own if own > 0 else 0.0)
 
 
 def _row_policy(row: dict[str, Any]) -> PolicySpec:
