@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparse_dist.comm.startup import ENDPOINTS_VARIABLE
+
 
 def temporary_beside(path: Path) -> Path:
     """Where a file is written before it is renamed to ``path`` (hidden, unique to this process)."""
@@ -181,7 +183,7 @@ def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_nod
     ``sparse-dist emulate`` ran it (its ``SPARSE_DIST_NETWORK``; absent otherwise), and MPICH's VCIs where
     set (``MPIR_CVAR_CH4_NUM_VCIS``: ``--overlap-evaluation`` asks for 2)."""
     network = os.environ.get("SPARSE_DIST_NETWORK")
-    vcis = os.environ.get("MPIR_CVAR_CH4_NUM_VCIS")
+    vcis = os.environ.get(ENDPOINTS_VARIABLE)
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "platform": platform.platform(), "argv": sys.argv, "world_size": world_size,
             "threads_per_rank": threads, "cpu_count": os.cpu_count(), "ranks_on_node": ranks_on_node, **mpi,
