@@ -38,12 +38,11 @@ def _summarise(gathered: list[dict[str, Any]]) -> dict[str, Any]:
 
 @dataclass
 class _Step:
-    """A step whose row is not written yet: its record, this rank's CPU seconds, whether it is evaluated."""
+    """A step whose row is not written yet: its record and this rank's CPU seconds."""
 
     epoch: int
     record: dict[str, Any]
     cpu: dict[str, float]
-    evaluated: bool
 
 
 @dataclass
@@ -131,7 +130,7 @@ def run_epochs(comm: Communicator, args: argparse.Namespace, trainer: Trainer, c
         cpu_before = cpu_seconds()
         record = trainer.train_epoch(evaluation_follows=evaluated and not overlap,
                                      evaluate_alongside=waiting is not None)
-        step = _Step(epoch, record, cpu_since(cpu_before), evaluated)  # CPU: the step's (and a turned evaluation's)
+        step = _Step(epoch, record, cpu_since(cpu_before))  # CPU: the step's (and a turned evaluation's)
         if waiting is not None:  # the previous epoch's row, its evaluation done beside this step
             if rows.write(waiting, record["evaluation"], record["evaluation_seconds"]):
                 reached = (waiting.epoch, dict(rows.metrics))
