@@ -45,15 +45,54 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _parser() -> argparse.ArgumentParser:
-    from runners import demo_cmd, perf_model_cmd, plot_cmd, prepare_cmd, sweep_cmd, train_cmd
-    from runners.bench import minibatch as bench_minibatch
-    from runners.bench import network as bench_network
-    from runners.bench import partition as bench_partition
-    from runners.bench import policy_savings as bench_policies
-    from runners.bench import spmm as bench_spmm
-    from runners.bench import train as bench_train
-    from runners.emulate import command as emulate_cmd
+# name -> (module, one-line summary, whether the command runs under MPI). A module offers ``add_arguments``
+# and ``main``; only the module of the command being run is imported (most import torch, about a second).
+_COMMANDS: dict[str, tuple[str, str, bool]] = {
+    "demo": ("runners.demo_cmd", "distributed SpMM on a built-in graph vs scipy", True),
+    "prepare": ("runners.prepare_cmd", "write a dataset as shards (single process)", True),
+    "train": ("runners.train_cmd", "distributed full-graph training from shards", True),
+    "sweep": ("runners.sweep_cmd", "run a scaling study (TOML) with mpiexec or srun; collect a CSV", False),
+    "plot": ("runners.plot_cmd", "PNG figures of one or more studies", False),
+    "cost": ("runners.perf_model_cmd", "alpha-beta cost model: compare with a study, or predict large P", False),
+    "emulate": ("runners.emulate.command", "an MPI job over emulated nodes: namespaces, capped links, TCP", False),
+}
+_BENCH_KINDS: dict[str, tuple[str, str, bool]] = {
+    "spmm": ("runners.bench.spmm", "distributed SpMM vs single-process torch SpMM", True),
+    "network": ("runners.bench.network", "alpha and beta of this MPI for `sparse-dist cost`", True),
+    "train": ("runners.bench.train", "full training epochs: sparse-dist vs PyG on the same graph", True),
+    "policies": ("runners.bench.policy_savings", "exact vs BNS-GCN sampling vs SANCUS staleness, one run", True),
+    "minibatch": ("runners.bench.minibatch",
+                  "distributed mini-batch training vs PyG NeighborLoader + SAGEConv, one run", True),
+    "partition": ("runners.bench.partition",
+                  "partitioners side by side: balance, cut, remote rows of K-hop sampling", True),
+}
+_GLOBAL_FLAGS_WITH_VALUES = ("--log-level", "--gpu-aware")
+
+
+def _named_command(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word after the global flags), or None (``--help``, a typo)."""
+    words = iter(argv)
+    for word in words:
+        if len(word) > 2 and any(flag.startswith(word) for flag in _GLOBAL_FLAGS_WITH_VALUES):  # argparse's abbrevs
+            next(words, None)
+        elif not word.startswith("-"):
+            return RENAMED_COMMANDS.get(word, word)
+    return None
+
+
+def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line's parser. With ``argv``, only the module of the command it names is imported
+    (``sparse-dist emulate``, ``sweep`` and ``plot`` then start without torch); the others get a stub that
+    lists them in ``--help``. Without ``argv``, every command is complete."""
+    import importlib
+
+    wanted = _named_command(argv) if argv is not None else None
+
+    def module_if(name: str) -> object | None:
+        table = _BENCH_KINDS if name.startswith("bench ") else _COMMANDS
+        module_name = table[name.removeprefix("bench ")][0]
+        chosen = argv is None or wanted == name.split()[0]
+        return importlib.import_module(module_name) if chosen else None
 
     parser = _Parser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
@@ -67,26 +106,13 @@ def _parser() -> argparse.ArgumentParser:
                              "demand a library that reports it (on: else a clear error before any exchange), "
                              "stage through host memory (off), or hand them over unchecked (force)")
     commands = parser.add_subparsers(dest="command", required=True)
-    _command(commands, "demo", "distributed SpMM on a built-in graph vs scipy", demo_cmd)
-    _command(commands, "prepare", "write a dataset as shards (single process)", prepare_cmd)
-    _command(commands, "train", "distributed full-graph training from shards", train_cmd)
-    _command(commands, "sweep", "run a scaling study (TOML) with mpiexec or srun; collect a CSV", sweep_cmd,
-             mpi=False)
-    _command(commands, "plot", "PNG figures of one or more studies", plot_cmd, mpi=False)
-    _command(commands, "cost", "alpha-beta cost model: compare with a study, or predict large P",
-             perf_model_cmd, mpi=False, aliases=[old for old, new in RENAMED_COMMANDS.items() if new == "cost"])
-    _command(commands, "emulate", "an MPI job over emulated nodes: namespaces, capped links, TCP", emulate_cmd,
-             mpi=False)
+    for name, (_, summary, mpi) in _COMMANDS.items():
+        aliases = [old for old, new in RENAMED_COMMANDS.items() if new == name]
+        _command(commands, name, summary, module_if(name), mpi=mpi, aliases=aliases)
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
-    _command(bench_kinds, "spmm", "distributed SpMM vs single-process torch SpMM", bench_spmm)
-    _command(bench_kinds, "network", "alpha and beta of this MPI for `sparse-dist cost`", bench_network)
-    _command(bench_kinds, "train", "full training epochs: sparse-dist vs PyG on the same graph", bench_train)
-    _command(bench_kinds, "policies", "exact vs BNS-GCN sampling vs SANCUS staleness, one run", bench_policies)
-    _command(bench_kinds, "minibatch", "distributed mini-batch training vs PyG NeighborLoader + SAGEConv, one run",
-             bench_minibatch)
-    _command(bench_kinds, "partition", "partitioners side by side: balance, cut, remote rows of K-hop sampling",
-             bench_partition)
+    for name, (_, summary, mpi) in _BENCH_KINDS.items():
+        _command(bench_kinds, name, summary, module_if(f"bench {name}"), mpi=mpi)
     info = commands.add_parser("info", help="versions, MPI library, CUDA and CUDA-aware MPI status")
     info.set_defaults(func=_info)
     return parser
@@ -110,7 +136,7 @@ RENAMED_COMMANDS = {"model": "cost"}
 """Old command name -> new one: the old name still runs the command this release and says the new one."""
 
 
-def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object,
+def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object | None,
              mpi: bool = True, aliases: list[str] | None = None) -> None:
     """A subcommand whose module offers ``add_arguments(parser)`` and ``main(comm, args)``.
 
@@ -118,8 +144,12 @@ def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, mo
     ``mpiexec`` jobs it launches do not inherit a singleton MPI's environment; ``comm`` is None.
     A module's ``EPILOG`` (preformatted text) ends its ``--help``; its ``check_arguments(args)`` returns
     a flag problem (or None) to refuse before MPI starts (kept in :data:`_CHECKS`, not in the namespace,
-    which the benchmarks write into their JSON).
+    which the benchmarks write into their JSON). ``module`` None: a stub, listed in ``--help`` but not
+    parsed (:func:`_parser` with the command line of another command).
     """
+    if module is None:
+        subparsers.add_parser(name, aliases=aliases or [], help=summary).set_defaults(stub=True)
+        return
     epilog = getattr(module, "EPILOG", None)
     parser = subparsers.add_parser(name, aliases=aliases or [], help=summary, description=summary, epilog=epilog,
                                    formatter_class=argparse.RawDescriptionHelpFormatter if epilog
@@ -232,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     prefer_huge_pages()  # before anything imports torch (see sparse_dist.hostmem)
     warnings.showwarning = _show_warning
-    args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = _parser(words).parse_args(words)
+    if getattr(args, "stub", False):  # a command line _named_command misread (an abbreviated global flag)
+        args = _parser().parse_args(words)
     if isinstance(args.command, str) and args.command in RENAMED_COMMANDS:  # emulate's own "command" is a list
         new = RENAMED_COMMANDS[args.command]
         deprecation_notice("sparse-dist", f"sparse-dist {args.command}", f"sparse-dist {new}")
@@ -288,20 +321,27 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
         _SHOW_WARNING(message, category, filename, lineno, file, line)
 
 
+_TOOL_ERRORS = (("runners.study.spec", "StudyError"), ("runners.study.collect", "ResultsError"),
+                ("runners.results", "ResultsWriteError"))
+
+
+def _loaded_user_errors() -> tuple[type[BaseException], ...]:
+    """The single-process tools' user errors whose modules are loaded (one not loaded cannot have been raised;
+    importing ``runners.study.spec`` would import torch into ``emulate`` and ``plot``)."""
+    return (FileNotFoundError, *(getattr(sys.modules[module], name) for module, name in _TOOL_ERRORS
+                                 if module in sys.modules))
+
+
 def _run_without_mpi(args: argparse.Namespace) -> int:
     """Single-process tools: a user error is one line on stderr and exit status 2."""
-    from runners.results import ResultsWriteError
-    from runners.study.collect import ResultsError
-    from runners.study.spec import StudyError
-
     try:
         return args.func(None, args)
-    except (StudyError, ResultsError, ResultsWriteError, FileNotFoundError) as exc:
-        if args.debug:
-            raise
-        print(f"sparse-dist {args.command}: {exc}", file=sys.stderr)
-        return 2
     except BaseException as exc:  # out of memory, a full disk, Ctrl-C, SIGTERM: one sentence
+        if isinstance(exc, _loaded_user_errors()):
+            if args.debug:
+                raise
+            print(f"sparse-dist {args.command}: {exc}", file=sys.stderr)
+            return 2
         described = describe_environment_error(args.command)(exc)
         if described is None or args.debug:
             raise

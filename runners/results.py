@@ -8,12 +8,12 @@ import platform
 import resource
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from sparse_dist.comm.startup import ENDPOINTS_VARIABLE
+if TYPE_CHECKING:
+    import torch
 
 
 def temporary_beside(path: Path) -> Path:
@@ -171,6 +171,8 @@ def cpu_since(before: dict[str, float]) -> dict[str, float]:
 
 def peak_memory_bytes(device: torch.device) -> dict[str, int]:
     """Peak resident set of this process (and peak CUDA allocation when on a GPU)."""
+    import torch
+
     peak = {"rss": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
     if device.type == "cuda":
         peak["cuda"] = int(torch.cuda.max_memory_allocated(device))
@@ -182,6 +184,10 @@ def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_nod
     oversubscription: ranks_on_node * threads_per_rank > cpu_count), and the network when
     ``sparse-dist emulate`` ran it (its ``SPARSE_DIST_NETWORK``; absent otherwise), and MPICH's VCIs where
     set (``MPIR_CVAR_CH4_NUM_VCIS``: ``--overlap-evaluation`` asks for 2)."""
+    import torch  # here, not at the top: sweep and plot read results files without torch
+
+    from sparse_dist.comm.startup import ENDPOINTS_VARIABLE
+
     network = os.environ.get("SPARSE_DIST_NETWORK")
     vcis = os.environ.get(ENDPOINTS_VARIABLE)
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,

@@ -28,6 +28,7 @@ Each results file is read once per sweep, so collecting stays linear in the numb
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -39,7 +40,6 @@ from typing import Any
 
 from runners.launcher_path import find_mpiexec
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
-from runners.data.shards import read_meta
 from runners.study.spec import Run, Study, StudyError, load_study
 from runners.study.train_table import train_flags
 
@@ -160,7 +160,8 @@ class StudyTable:
                 return None
             records = read_records(path)
             meta_path = self.study.prepared_dir(run) / "meta.json"
-            meta = read_meta(meta_path.parent) if meta_path.is_file() else {}
+            # the run read and checked it; its two sizes only (runners.data.shards would import torch here)
+            meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
             extra = {"study": self.study.name, "run": run.run_id, "dataset": run.dataset.name,
                      "nodes": meta.get("num_nodes", run.nodes), "edges": meta.get("num_edges"),
                      "scaling": self.study.scaling, "policy": run.policy, "launcher": self.launcher,

@@ -248,3 +248,25 @@ def test_sys_executable_runs_the_same_cli() -> None:
     result = subprocess.run([sys.executable, "-m", "runners.cli", "--version"], capture_output=True, text=True,
                             timeout=120, cwd=ROOT)
     assert result.returncode == 0 and result.stdout.startswith("sparse-dist "), result.stderr
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["--log", "DEBUG", "plot", "x"], "plot"), (["--log-level=INFO", "emulate", "--", "true"], "emulate"),
+    (["--gpu-aware", "off", "--debug", "train", "--data", "d"], "train"), (["model", "compare"], "cost"),
+    (["--help"], None)])
+def test_the_named_command_is_found_past_the_global_flags(argv: list[str], command: str | None) -> None:
+    assert cli._named_command(argv) == command
+
+
+def test_emulate_and_plot_parse_without_importing_torch() -> None:
+    """Only the named command's module is imported: ``emulate`` (which wraps every emulated run) and ``plot``
+    start in a fraction of a second; ``train`` still gets its whole parser."""
+    probe = ("import sys\nfrom runners.cli import _parser\n"
+             "_parser(['emulate', '--nodes', '2', '--', 'true']).parse_args(['emulate', '--nodes', '2', '--', 'true'])\n"
+             "_parser(['plot', 'x']).parse_args(['plot', 'x'])\n"
+             "print('torch' in sys.modules)\n"
+             "args = _parser(['train', '--data', 'd']).parse_args(['train', '--data', 'd', '--epochs', '3'])\n"
+             "print('torch' in sys.modules, args.epochs)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True", "3"], result.stdout
