@@ -150,10 +150,10 @@ time.sleep(120)
 def test_builds_the_nodes_and_leaves_nothing_after_a_timeout(tmp_path: Path) -> None:
     links = _root_links()
     marker = f"sdemu-test-{uuid.uuid4().hex}"
-    process = _emulate("--nodes", "2", "--ranks-per-node", "1", "--bandwidth", "100mbit", "--timeout", "8", "--",
+    process = _emulate("--nodes", "2", "--ranks-per-node", "1", "--bandwidth", "100mbit", "--timeout", "4", "--",
                        sys.executable, "-c", RANK_VIEW, str(tmp_path / "rank"), marker)
     rc, _, stderr = _finish(process)
-    assert rc == 124 and "killed the job after --timeout 8 s" in stderr, stderr
+    assert rc == 124 and "killed the job after --timeout 4 s" in stderr, stderr
     views = [json.loads((tmp_path / f"rank{r}").read_text()) for r in range(2)]
     prefix = prefix_of(process.pid)
     for view in views:

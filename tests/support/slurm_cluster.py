@@ -132,29 +132,33 @@ class LocalSlurm:
             state = result.stdout.strip()
             if state.startswith("idle"):
                 return
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise RuntimeError(f"the test Slurm node did not become idle in {timeout:.0f} s (state {state!r}); "
                            f"logs under {self.root / 'log'}")
 
     def stop(self) -> None:
-        """Cancel jobs, stop slurmctld, slurmd and munged (by their pid files)."""
+        """Cancel jobs, stop slurmctld, slurmd and munged (by their pid files): SIGTERM to all three at once,
+        SIGKILL to any still alive after 10 s."""
         if self.conf.exists():
             self.command("scancel", "--user", "root", check=False)
+        pids = []
         for pid_file in (self.root / "slurmd.pid", self.root / "slurmctld.pid", self.root / "munge" / "munged.pid"):
             try:
-                pid = int(pid_file.read_text().strip())
+                pids.append(int(pid_file.read_text().strip()))
             except (OSError, ValueError):
                 continue
-            for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            for pid in pids:
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
-                    break
-                deadline = time.monotonic() + wait
-                while time.monotonic() < deadline and _alive(pid):
-                    time.sleep(0.1)
-                if not _alive(pid):
-                    break
+                    pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+                time.sleep(0.05)
+            pids = [pid for pid in pids if _alive(pid)]
+            if not pids:
+                break
 
     # ------------------------------------------------------------- commands
     def command(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -186,7 +190,7 @@ class LocalSlurm:
                 self.command("scancel", str(job_id), check=False)
                 raise TimeoutError(f"Slurm job {job_id} still {info.get('JobState')} after {timeout:.0f} s "
                                    f"(reason {info.get('Reason')}); cancelled")
-            time.sleep(1)
+            time.sleep(0.2)
 
 
 def _alive(pid: int) -> bool:

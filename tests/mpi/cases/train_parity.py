@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,30 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
 MODES = (("per-epoch", "owner"), ("once", "receiver"))
 
 
-def check(comm, directory: Path, data: dict, model: str, plan: str, replication: int, mode: tuple[str, str],
+@dataclass
+class ReferenceRun:
+    """What the single-process reference gives for one (dataset, model): every plan is compared with the same."""
+
+    logits: torch.Tensor  # evaluation logits before training, all rows
+    first_gradients: list[torch.Tensor]  # after epoch 1, in Reference.flat_parameters() order
+    losses: list[float]
+    final: list[torch.Tensor]  # parameters after EPOCHS epochs
+
+
+def reference_run(data: dict, model: str) -> ReferenceRun:
+    reference = Reference(data["adjacency"], data["features"], data["labels"], data["train"],
+                          data["num_classes"], model)
+    with torch.no_grad():
+        logits = reference.forward(training=False)
+    losses, first_gradients = [], []
+    for epoch in range(EPOCHS):
+        losses.append(reference.step())
+        if epoch == 0:
+            first_gradients = [p.grad.clone() for p in reference.flat_parameters()]
+    return ReferenceRun(logits, first_gradients, losses, [p.detach().clone() for p in reference.flat_parameters()])
+
+
+def check(comm, directory: Path, want: ReferenceRun, model: str, plan: str, replication: int, mode: tuple[str, str],
           failures: list[str]) -> None:
     label = f"{directory.name} {model} {plan} input={mode[0]} dropout-side={mode[1]} P={comm.size} c={replication}"
     graph = load_local_graph(comm, directory, comm.size // replication, replication)
@@ -66,48 +90,49 @@ def check(comm, directory: Path, data: dict, model: str, plan: str, replication:
                                                input_exchange=mode[0], dropout_side=mode[1]))
     if (trainer.halo is not None) != (mode[0] == "once") or trainer.receiver_dropout != (mode[1] == "receiver"):
         failures.append(f"{label}: the trainer did not take the asked input mode")
-    reference = Reference(data["adjacency"], data["features"], data["labels"], data["train"],
-                          data["num_classes"], model)
     lo, hi = graph.layout.row_range(comm.rank // replication)
 
     with torch.no_grad():
         logits = trainer.forward(training=False)
-        want_logits = reference.forward(training=False)[lo:hi]
+    want_logits = want.logits[lo:hi]
     if not close(logits, want_logits):
         failures.append(f"{label}: forward logits differ by {(logits - want_logits).abs().max():.2e}")
 
-    pairs = []
+    names, mine = [], []  # Reference.flat_parameters() order: per layer W, (Wn for SAGE), b
     for layer in range(trainer.model.num_layers):
-        ref_layer = reference.params[layer]
-        pairs.append((f"W{layer}", trainer.model.weights[layer], ref_layer[0]))
+        names.append(f"W{layer}")
+        mine.append(trainer.model.weights[layer])
         if model == "sage":
-            pairs.append((f"Wn{layer}", trainer.model.neighbour_weights[layer], ref_layer[1]))
-        pairs.append((f"b{layer}", trainer.model.biases[layer], ref_layer[-1]))
+            names.append(f"Wn{layer}")
+            mine.append(trainer.model.neighbour_weights[layer])
+        names.append(f"b{layer}")
+        mine.append(trainer.model.biases[layer])
     for epoch in range(EPOCHS):
-        got_loss = trainer.train_epoch()["loss"]
-        want_loss = reference.step()
+        got_loss, want_loss = trainer.train_epoch()["loss"], want.losses[epoch]
         if abs(got_loss - want_loss) > ATOL + RTOL * abs(want_loss):
             failures.append(f"{label}: epoch {epoch + 1} loss {got_loss:.7f} != reference {want_loss:.7f}")
         if epoch == 0:
-            for name, mine, theirs in pairs:
-                if not close(mine.grad, theirs.grad):
+            for name, parameter, theirs in zip(names, mine, want.first_gradients, strict=True):
+                if not close(parameter.grad, theirs):
                     failures.append(f"{label}: gradient of {name} differs by "
-                                    f"{(mine.grad - theirs.grad).abs().max():.2e}")
-    for name, mine, theirs in pairs:
-        if not close(mine, theirs):
-            failures.append(f"{label}: {name} after {EPOCHS} epochs differs by {(mine - theirs).abs().max():.2e}")
+                                    f"{(parameter.grad - theirs).abs().max():.2e}")
+    for name, parameter, theirs in zip(names, mine, want.final, strict=True):
+        if not close(parameter, theirs):
+            failures.append(f"{label}: {name} after {EPOCHS} epochs differs by {(parameter - theirs).abs().max():.2e}")
 
 
 def run(comm, directories: list[Path], replication: int) -> tuple[list[str], int]:
-    """Every dataset x model x plan check of this launch (collective); the failures and the number of runs."""
+    """Every dataset x model x plan check of this launch (collective); the failures and the number of runs.
+    The reference runs once per dataset and model: the plans are compared with the same run."""
     failures: list[str] = []
     runs = 0
     for index, directory in enumerate(directories):
         data = full_graph(directory)
         for model in ("gcn", "sage"):
+            want = reference_run(data, model)
             for plan in PLAN_NAMES:
                 mode = MODES[(index + (model == "sage")) % len(MODES)]
-                check(comm, directory, data, model, plan, replication, mode, failures)
+                check(comm, directory, want, model, plan, replication, mode, failures)
                 runs += 1
     return failures, runs
 
