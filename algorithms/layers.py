@@ -123,6 +123,9 @@ class GraphLayer(nn.Module, ABC):
     weight_matrices: ClassVar[int] = 1  # fan_in x fan_out products per row (performance model: work, parameters)
     activation: ClassVar[str] = "relu"  # applied by the model after this layer unless it is the last
     takes_operator: ClassVar[bool] = False  # forward gets the operator (DistSpMM / StaticHalo), not a callable
+    # the layer sees its input only through the product A h (no self term, no attention): an evaluation may
+    # hand layer 0 the static input's kept product (StaticHalo.aggregate) and an operator that returns it as is
+    input_only_through_product: ClassVar[bool] = False
 
     def __init__(self, fan_in: int, fan_out: int) -> None:
         super().__init__()
@@ -209,6 +212,7 @@ class GCNLayer(GraphLayer):
     """GCN (Kipf & Welling): ``H' = Â H W + b``; parameters ``[weight, bias]``."""
 
     kind = "gcn"
+    input_only_through_product = True
 
     def __init__(self, fan_in: int, fan_out: int, *, generator: torch.Generator,
                  dtype: torch.dtype = torch.float32) -> None:

@@ -37,6 +37,11 @@ MODEL_KINDS: tuple[str, ...] = tuple(LAYER_TYPES)
 __all__ = ["GraphModel", "MODEL_KINDS", "glorot"]
 
 
+def _as_is(h: torch.Tensor, context: ExchangeContext) -> torch.Tensor:
+    """The operator of a layer handed an input that is already the product (:meth:`StaticHalo.aggregate`)."""
+    return h
+
+
 class GraphModel(nn.Module):
     """An L-layer model of one registered layer kind whose propagation is a distributed SpMM.
 
@@ -107,6 +112,8 @@ class GraphModel(nn.Module):
         first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
         passes). ``bypass_policy``: exchange exactly although training (same masks; the audit's forward).
         ``trace``: each layer's output rows (before its activation) are appended to it, detached.
+        Evaluating (``training`` False) with a static halo, a layer 0 that sees its input only through the
+        product (GCN) multiplies the halo's kept ``Â_ext X`` (:meth:`StaticHalo.aggregate`): one GEMM.
         Under owner-side dropout each exchanging SpMM layer's context also says how to make its input
         without the mask (``ExchangeContext.unmasked``: what ``sancus-h`` compares; made only if asked);
         layer 1 after a static halo, on either side, without any mask (layer 0 recomputed locally, unmasked).
@@ -135,6 +142,8 @@ class GraphModel(nn.Module):
                                       dropout=dropout.masks(index) if receiver and not local else None,
                                       bypass_policy=bypass_policy, unmasked=unmasked)
             operator = (halo if layer.takes_operator else halo.multiply) if local else spmm
+            if local and not training and layer.input_only_through_product and isinstance(halo, StaticHalo):
+                h, operator = halo.aggregate(), _as_is  # evaluation: the static input's kept product
             h = layer(h, operator, context, scale)
             if trace is not None:
                 trace.append(h.detach())

@@ -96,6 +96,7 @@ class StaticHalo:
             self._own_scipy = own_part
             self.own_block, self._own_shared = plan.csr(own_part), False
         self._transposed: dict[str, torch.Tensor] = {}
+        self._aggregate: torch.Tensor | None = None
 
     @property
     def own_values(self) -> torch.Tensor:
@@ -120,6 +121,15 @@ class StaticHalo:
     def multiply(self, h: torch.Tensor, context: ExchangeContext | None = None) -> torch.Tensor:
         """``Â_ext h`` for ``h`` of shape ``(n_g + count) x F`` (own rows, then halo rows); local, no exchange."""
         return extended_product(h, self.plan, self.own_block, self.halo_block, self._transpose, self.count)
+
+    def aggregate(self) -> torch.Tensor:
+        """``Â_ext values`` (``n_g x F``, no gradient): the static input's product, made at the first call and
+        kept (as many bytes as the own rows), so that an evaluation's layer 0 is one GEMM of these rows
+        instead of a GEMM of own and halo rows and an SpMM (``(Â X) W = Â (X W)`` to rounding). Local."""
+        if self._aggregate is None:
+            with torch.no_grad():
+                self._aggregate = self.multiply(self.values)
+        return self._aggregate
 
 
 def extended_product(h: torch.Tensor, plan: ExchangePlan, own_block: torch.Tensor, far_block: torch.Tensor,

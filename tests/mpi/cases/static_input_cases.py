@@ -6,7 +6,7 @@ P = 3 one row group is EMPTY, the others uneven), for every plan:
 * exactness: 3 training losses, the first step's weight gradients and the
   evaluation logits equal the independent single-process reference
   (tests/support/reference_gcn.py) for input modes (once, receiver), (once, owner)
-  and (per-epoch, receiver);
+  and (per-epoch, receiver); with the halo, evaluations multiply the kept ``Â_ext X``;
 * bytes: the one-time halo exchange counts exactly what
   ``predict_halo_bytes`` says on every rank; each training epoch's forward
   and backward bytes, and each evaluation's forward bytes, equal the exact
@@ -126,6 +126,10 @@ def check_modes(comm, data: dict, layout: RowLayout, replication: int, failures:
                 want_logits = reference.forward(training=False)[lo:hi]
             if not close(logits, want_logits):
                 failures.append(f"{label}: evaluation logits differ by {(logits - want_logits).abs().max():.2e}")
+            if input_exchange == "once":  # the evaluations' layer 0 multiplies Â_ext X, made once and kept
+                kept = trainer.halo.aggregate()
+                if kept is not trainer.halo.aggregate() or not close(kept, trainer.halo.multiply(trainer.halo.values)):
+                    failures.append(f"{label}: the kept layer-0 product is not Â_ext X, or is made again")
 
 
 def check_sampled(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
