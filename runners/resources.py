@@ -3,7 +3,8 @@
 ``train``: :func:`train_memory` estimates, per rank, the bytes a run adds to what the process holds when it
 starts (interpreter, torch, MPI): its rows of the graph (CSR as loaded, normalised, and as the operator's
 torch blocks), its features (loaded as float32, normalised in float64, kept as a tensor), layer 0's halo rows
-(``--input-exchange once``), per layer the activations autograd keeps and their gradients, the parameters with
+(``--input-exchange once``) and, for GCN, the product of layer 0 its evaluations keep (``once``, or ``auto`` which
+often takes it), per layer the activations autograd keeps and their gradients, the parameters with
 their gradients and Adam's two moments, the exchange buffers of the boundary rows and a staleness policy's
 caches. :func:`check_train_resources` (collective) prints the estimate (rank 0, one line) and refuses the run in
 one sentence, with the flag that would help, when the ranks of a node together need more than its
@@ -154,6 +155,8 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     training = {
         "features": rows * features * (4 * KEPT_FEATURE_COPIES + itemsize),
         "halo": boundary * features * itemsize if input_exchange == "once" else 0,
+        # GCN's evaluations keep layer 0's product A X where the halo is fetched once (auto takes it often)
+        "evaluation": rows * features * itemsize if model == "gcn" and input_exchange != "per-epoch" else 0,
         "activations": (INPUT_DROPOUT_COPIES * rows * features + ACTIVATION_COPIES * rows * sum(d for _, d in widths))
                        * itemsize + attention,
         "parameters": OPTIMIZER_COPIES * parameters * itemsize,
