@@ -82,7 +82,7 @@ def _named_command(argv: list[str]) -> str | None:
 
 def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line's parser. With ``argv``, only the module of the command it names is imported
-    (``sparse-dist emulate``, ``sweep`` and ``plot`` then start without torch); the others get a stub that
+    (``sparse-dist emulate`` and ``plot`` then start without torch); the others get a stub that
     lists them in ``--help``. Without ``argv``, every command is complete."""
     import importlib
 
