@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from algorithms.optim import Adam
 from algorithms.water_fill import water_fill
 from sparse_dist.exchange import ExchangeContext
 
@@ -75,7 +76,7 @@ class Explainer:
                                torch.ones(width, device=device)).argmax(dim=1)
         node_logit = torch.ones(self.remote_count, device=device, dtype=torch.float64, requires_grad=True)
         feature_logit = torch.ones(width, device=device, dtype=torch.float64, requires_grad=True)
-        optimizer = torch.optim.Adam([node_logit, feature_logit], lr=self.LEARNING_RATE)
+        optimizer = Adam([{"params": [node_logit, feature_logit]}], lr=self.LEARNING_RATE)  # no torch._dynamo
         loss = torch.zeros(())
         for _ in range(sampler.steps):
             nodes, features = torch.sigmoid(node_logit), torch.sigmoid(feature_logit)

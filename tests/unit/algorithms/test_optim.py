@@ -40,6 +40,15 @@ def test_the_updates_and_the_state_are_bitwise_torch_adams() -> None:
                for i in b["state"] for key in b["state"][i])
 
 
+def test_float64_parameters_in_one_group_update_bitwise_as_torch_adams() -> None:
+    """What dgs's explainer (algorithms/policies/dgs_explainer.py) optimises: float64 logits, one group."""
+    ours, theirs = ([torch.nn.Parameter(p.detach().double()) for p in _parameters(3)] for _ in range(2))
+    mine, reference = Adam([{"params": ours}], lr=0.05), torch.optim.Adam(theirs, lr=0.05)
+    _train(mine, ours, 20)
+    _train(reference, theirs, 20)
+    assert all(a.dtype == torch.float64 and torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
 def test_a_state_moves_between_the_two_and_training_goes_on_alike() -> None:
     ours, theirs = _parameters(2), _parameters(2)
     reference = torch.optim.Adam(_groups(theirs), lr=0.02)
