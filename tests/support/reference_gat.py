@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from reference_adam import TextbookAdam
 from reference_gcn import Reference, dropout_keep
 
 DOMAIN = 0x67415441
@@ -95,7 +96,7 @@ class GATReference(Reference):
             self.shapes.append((k, width, not last))
             fan_in = out
         self.n = n
-        self.optimizer = torch.optim.Adam([
+        self.optimizer = TextbookAdam([
             {"params": self.params[0], "weight_decay": weight_decay},
             {"params": [p for layer in self.params[1:] for p in layer], "weight_decay": 0.0}], lr=lr)
         self.epoch = 0

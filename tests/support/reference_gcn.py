@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from reference_adam import TextbookAdam
+
 
 def normalized_adjacency(adjacency: np.ndarray, model: str) -> torch.Tensor:
     a = adjacency.astype(np.float64).copy()
@@ -72,7 +74,7 @@ class Reference:
                               * bound).float().requires_grad_())
             layer.append(torch.zeros(fan_out, requires_grad=True))
             self.params.append(layer)
-        self.optimizer = torch.optim.Adam([
+        self.optimizer = TextbookAdam([
             {"params": self.params[0], "weight_decay": weight_decay},
             {"params": [p for layer in self.params[1:] for p in layer], "weight_decay": 0.0}], lr=lr)
         self.epoch = 0
