@@ -11,6 +11,7 @@ import torch
 from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from algorithms.dropout import GlobalRowDropout, KeepRule, keep_mask
 from algorithms.normalize import add_remaining_self_loops, mean_normalize
+from algorithms.training.graph import row_normalize_features
 from runners.data.datasets import DatasetError, load_planetoid, planted_classes
 from runners.data.shards import ShardError, read_meta, write_shards
 from datasets_for_tests import random_directed
@@ -147,3 +148,17 @@ def test_checkpoint_round_trip_and_damage(tmp_path: Path) -> None:
     path.write_bytes(b"hello\nworld")
     with pytest.raises(CheckpointError, match="not a sparse_dist checkpoint"):
         load_checkpoint(path)
+
+
+def test_row_normalisation_is_in_place_and_keeps_zero_sum_rows_zero() -> None:
+    rng = np.random.default_rng(3)
+    features = rng.random((50, 7))
+    features[4] = 0.0
+    features[9, :2], features[9, 2:] = (1.0, -1.0), 0.0  # sums to 0 with nonzero entries
+    expected = np.zeros_like(features)
+    sums = features.sum(axis=1)
+    for row in range(features.shape[0]):
+        if sums[row] != 0:
+            expected[row] = features[row] / sums[row]
+    result = row_normalize_features(features)
+    assert result is features and np.array_equal(result, expected)
