@@ -112,8 +112,8 @@ class GraphModel(nn.Module):
         first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
         passes). ``bypass_policy``: exchange exactly although training (same masks; the audit's forward).
         ``trace``: each layer's output rows (before its activation) are appended to it, detached.
-        Evaluating (``training`` False) with a static halo, a layer 0 that sees its input only through the
-        product (GCN) multiplies the halo's kept ``Â_ext X`` (:meth:`StaticHalo.aggregate`): one GEMM.
+        Evaluating (``training`` False) with a static halo, layer 0 is :meth:`_layer0_without_masks` (GCN's
+        multiplies the halo's kept ``Â_ext X``: one GEMM).
         Under owner-side dropout each exchanging SpMM layer's context also says how to make its input
         without the mask (``ExchangeContext.unmasked``: what ``sancus-h`` compares; made only if asked);
         layer 1 after a static halo, on either side, without any mask (layer 0 recomputed locally, unmasked).
@@ -141,10 +141,11 @@ class GraphModel(nn.Module):
                                       halo_rows=halo.count if local else 0,
                                       dropout=dropout.masks(index) if receiver and not local else None,
                                       bypass_policy=bypass_policy, unmasked=unmasked)
-            operator = (halo if layer.takes_operator else halo.multiply) if local else spmm
-            if local and not training and layer.input_only_through_product and isinstance(halo, StaticHalo):
-                h, operator = halo.aggregate(), _as_is  # evaluation: the static input's kept product
-            h = layer(h, operator, context, scale)
+            if local and not training and isinstance(halo, StaticHalo):
+                h = self._layer0_without_masks(h, halo, context)
+            else:
+                operator = (halo if layer.takes_operator else halo.multiply) if local else spmm
+                h = layer(h, operator, context, scale)
             if trace is not None:
                 trace.append(h.detach())
         return h
@@ -152,10 +153,18 @@ class GraphModel(nn.Module):
     def _mask_free_after_halo(self, x: torch.Tensor, halo: StaticHalo, epoch: int) -> Callable[[], torch.Tensor]:
         """Makes, on demand, layer 1's input with no dropout mask anywhere (layer 0 recomputed locally from
         the halo, unmasked; no exchange): still whenever the weights are, on either dropout side."""
-        first = self.layers[0]
         context = ExchangeContext(epoch=epoch, layer=0, training=False, halo_rows=halo.count)
-        activation = first.activation
-        return lambda: self._unmasked(first(x, halo.multiply, context, 1.0), activation)()
+        activation = self.layers[0].activation
+        return lambda: self._unmasked(self._layer0_without_masks(x, halo, context), activation)()
+
+    def _layer0_without_masks(self, x: torch.Tensor, halo: StaticHalo, context: ExchangeContext) -> torch.Tensor:
+        """Layer 0's output rows from the halo with no dropout mask (an evaluation; the mask-free input of
+        layer 1). A layer that sees its input only through the product multiplies the halo's kept
+        ``Â_ext X`` (:meth:`StaticHalo.aggregate`): one GEMM, no SpMM. Local."""
+        first = self.layers[0]
+        if first.input_only_through_product:
+            return first(halo.aggregate(), _as_is, context, 1.0)
+        return first(x, halo if first.takes_operator else halo.multiply, context, 1.0)
 
     @staticmethod
     def _unmasked(h: torch.Tensor, activation: str | None) -> Callable[[], torch.Tensor]:
