@@ -120,10 +120,11 @@ class TrainingRun:
     def _layer_input(self, sampler: Any, dims: list[int]) -> None:
         """Layer 0's input: features scaled, the input exchange chosen, the halo fetched where ``once``."""
         config, graph = self.config, self.graph
-        features = graph.features.astype(np.float64)
         if config.feature_norm == "row":
-            features = row_normalize_features(features)
-        elif config.feature_norm != "none":
+            features = row_normalize_features(graph.features)
+        elif config.feature_norm == "none":
+            features = graph.features.astype(np.float64)
+        else:
             raise ValueError(f"feature_norm must be 'row' or 'none', got {config.feature_norm!r}")
         features_tensor = torch.from_numpy(features).to(self.dtype).to(self.device)
         requested = "per-epoch" if self.feeds_layer0 else config.input_exchange

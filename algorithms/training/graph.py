@@ -27,11 +27,12 @@ class LocalGraph:
 
 
 def row_normalize_features(features: np.ndarray) -> np.ndarray:
-    """Divide each row by its sum (rows summing to 0 become 0), as Kipf & Welling do, IN PLACE; returns
-    ``features``. Callers pass their float64 copy: writing into it spares a second array of the same size
-    (0.25 -> 0.03 s for 100k x 128 rows; the same values bitwise)."""
-    sums = features.sum(axis=1, keepdims=True)
+    """A float64 copy of ``features`` with each row divided by its sum (rows summing to 0 become 0), as Kipf &
+    Welling do. The division writes into the copy itself: no second array of the same size (0.25 -> 0.03 s
+    for 100k x 128 rows; the same values bitwise)."""
+    normalized = features.astype(np.float64)
+    sums = normalized.sum(axis=1, keepdims=True)
     zero = sums[:, 0] == 0
-    np.divide(features, sums, out=features, where=~zero[:, None])
-    features[zero] = 0
-    return features
+    np.divide(normalized, sums, out=normalized, where=~zero[:, None])
+    normalized[zero] = 0
+    return normalized

@@ -186,9 +186,8 @@ class PygPeer:
                                   "sparse-dist by the weighted degree")
         if matrix is not None:
             self.adjacency = sparse_csr(matrix, dtype, device)
-        features = graph.features.astype(np.float64)
-        if config.feature_norm == "row":
-            features = row_normalize_features(features)
+        features = (row_normalize_features(graph.features) if config.feature_norm == "row"
+                    else graph.features.astype(np.float64))
         self.features = torch.from_numpy(features).to(dtype).to(device)
         self.labels = torch.from_numpy(graph.labels).to(device)
         if graph.multilabel:

@@ -150,7 +150,7 @@ def test_checkpoint_round_trip_and_damage(tmp_path: Path) -> None:
         load_checkpoint(path)
 
 
-def test_row_normalisation_is_in_place_and_keeps_zero_sum_rows_zero() -> None:
+def test_row_normalisation_copies_and_keeps_zero_sum_rows_zero() -> None:
     rng = np.random.default_rng(3)
     features = rng.random((50, 7))
     features[4] = 0.0
@@ -160,5 +160,8 @@ def test_row_normalisation_is_in_place_and_keeps_zero_sum_rows_zero() -> None:
     for row in range(features.shape[0]):
         if sums[row] != 0:
             expected[row] = features[row] / sums[row]
+    before = features.copy()
+    result = row_normalize_features(features.astype(np.float32))
+    assert result.dtype == np.float64
     result = row_normalize_features(features)
-    assert result is features and np.array_equal(result, expected)
+    assert np.array_equal(result, expected) and np.array_equal(features, before)  # a copy: the input stays
