@@ -88,11 +88,8 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     wanted = _named_command(argv) if argv is not None else None
 
-    def module_if(name: str) -> object | None:
-        table = _BENCH_KINDS if name.startswith("bench ") else _COMMANDS
-        module_name = table[name.removeprefix("bench ")][0]
-        chosen = argv is None or wanted == name.split()[0]
-        return importlib.import_module(module_name) if chosen else None
+    def module_if(command: str, module_name: str) -> object | None:
+        return importlib.import_module(module_name) if argv is None or wanted == command else None
 
     parser = _Parser(prog="sparse-dist", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
@@ -106,13 +103,13 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                              "demand a library that reports it (on: else a clear error before any exchange), "
                              "stage through host memory (off), or hand them over unchecked (force)")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, (_, summary, mpi) in _COMMANDS.items():
+    for name, (module_name, summary, mpi) in _COMMANDS.items():
         aliases = [old for old, new in RENAMED_COMMANDS.items() if new == name]
-        _command(commands, name, summary, module_if(name), mpi=mpi, aliases=aliases)
+        _command(commands, name, summary, module_if(name, module_name), mpi=mpi, aliases=aliases)
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
-    for name, (_, summary, mpi) in _BENCH_KINDS.items():
-        _command(bench_kinds, name, summary, module_if(f"bench {name}"), mpi=mpi)
+    for name, (module_name, summary, mpi) in _BENCH_KINDS.items():
+        _command(bench_kinds, name, summary, module_if("bench", module_name), mpi=mpi)
     info = commands.add_parser("info", help="versions, MPI library, CUDA and CUDA-aware MPI status")
     info.set_defaults(func=_info)
     return parser
