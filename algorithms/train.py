@@ -11,9 +11,9 @@ in the same order.
 from __future__ import annotations
 
 from algorithms.training.config import PROGRESS_MODES, TrainConfig
-from algorithms.training.graph import LocalGraph, row_normalize_features
+from algorithms.training.graph import LocalGraph, row_normalize_features, scaled_features
 from algorithms.training.metrics import SPLITS, bytes_by_phase
 from algorithms.training.trainer import Trainer
 
 __all__ = ["PROGRESS_MODES", "SPLITS", "LocalGraph", "TrainConfig", "Trainer", "bytes_by_phase",
-           "row_normalize_features"]
+           "row_normalize_features", "scaled_features"]

@@ -25,7 +25,7 @@ from algorithms.policies.base import EpochWork
 from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, model_exchange_widths,
                                      receiver_side)
 from algorithms.training.config import PROGRESS_MODES, TrainConfig
-from algorithms.training.graph import LocalGraph, row_normalize_features
+from algorithms.training.graph import LocalGraph, scaled_features
 from algorithms.training.metrics import SPLITS, moved_since
 from sparse_dist.comm import Communicator, ProgressThread, said_once, spans_nodes, threads_may_call_mpi
 from sparse_dist.compress import Codec
@@ -120,12 +120,7 @@ class TrainingRun:
     def _layer_input(self, sampler: Any, dims: list[int]) -> None:
         """Layer 0's input: features scaled, the input exchange chosen, the halo fetched where ``once``."""
         config, graph = self.config, self.graph
-        if config.feature_norm == "row":
-            features = row_normalize_features(graph.features)
-        elif config.feature_norm == "none":
-            features = graph.features.astype(np.float64)
-        else:
-            raise ValueError(f"feature_norm must be 'row' or 'none', got {config.feature_norm!r}")
+        features = scaled_features(graph.features, config.feature_norm)
         features_tensor = torch.from_numpy(features).to(self.dtype).to(self.device)
         requested = "per-epoch" if self.feeds_layer0 else config.input_exchange
         try:

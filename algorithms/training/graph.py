@@ -26,6 +26,16 @@ class LocalGraph:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def scaled_features(features: np.ndarray, feature_norm: str) -> np.ndarray:
+    """Layer 0's input rows as a float64 copy, scaled as ``--feature-norm`` says (``row``: each row divided by
+    its sum; ``none``: as loaded). One place for the trainer and the single-process peers it is compared with."""
+    if feature_norm == "row":
+        return row_normalize_features(features)
+    if feature_norm == "none":
+        return features.astype(np.float64)
+    raise ValueError(f"feature_norm must be 'row' or 'none', got {feature_norm!r}")
+
+
 def row_normalize_features(features: np.ndarray) -> np.ndarray:
     """A float64 copy of ``features`` with each row divided by its sum (rows summing to 0 become 0), as Kipf &
     Welling do. The division writes into the copy itself: no second array of the same size (0.25 -> 0.03 s

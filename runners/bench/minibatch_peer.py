@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.model import GraphModel
-from algorithms.train import LocalGraph, TrainConfig, row_normalize_features
+from algorithms.train import LocalGraph, TrainConfig, scaled_features
 from runners.bench.pyg_peer import DTYPES, _PygModel, trainer_adam
 
 
@@ -139,8 +139,7 @@ class PygMinibatchPeer:
             self.notes.append("edge weights are not all 1: PyG's mean divides by the edge count")
         # PyG's edge (source -> target) carries A[target, source]: row i aggregates over its stored columns
         edge_index = torch.from_numpy(np.vstack([matrix.col, matrix.row]).astype(np.int64))
-        features = (row_normalize_features(graph.features) if config.feature_norm == "row"
-                    else graph.features.astype(np.float64))
+        features = scaled_features(graph.features, config.feature_norm)
         self.data = Data(x=torch.from_numpy(features).to(dtype), edge_index=edge_index,
                          y=torch.from_numpy(graph.labels), num_nodes=graph.rows.shape[0])
         self.train_ids = torch.from_numpy(np.flatnonzero(graph.masks["train"]))

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.model import GraphModel
-from algorithms.train import LocalGraph, TrainConfig, row_normalize_features
+from algorithms.train import LocalGraph, TrainConfig, scaled_features
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -186,8 +186,7 @@ class PygPeer:
                                   "sparse-dist by the weighted degree")
         if matrix is not None:
             self.adjacency = sparse_csr(matrix, dtype, device)
-        features = (row_normalize_features(graph.features) if config.feature_norm == "row"
-                    else graph.features.astype(np.float64))
+        features = scaled_features(graph.features, config.feature_norm)
         self.features = torch.from_numpy(features).to(dtype).to(device)
         self.labels = torch.from_numpy(graph.labels).to(device)
         if graph.multilabel:
