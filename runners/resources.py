@@ -3,12 +3,12 @@
 ``train``: :func:`train_memory` estimates, per rank, the bytes a run adds to what the process holds when it
 starts (interpreter, torch, MPI): its rows of the graph (CSR as loaded, normalised, and as the operator's
 torch blocks), its features (loaded as float32, normalised in float64, kept as a tensor), layer 0's halo rows
-(``--input-exchange once``) and, for GCN, the product of layer 0 its evaluations keep (``once``, or ``auto`` which
-often takes it), per layer the activations autograd keeps and their gradients, the parameters with
-their gradients and Adam's two moments, the exchange buffers of the boundary rows and a staleness policy's
-caches. :func:`check_train_resources` (collective) prints the estimate (rank 0, one line) and refuses the run in
-one sentence, with the flag that would help, when the ranks of a node together need more than its
-``MemAvailable`` (``/proc/meminfo``).
+(``--input-exchange once``) and, for a layer that sees its input only through the product (GCN), the product
+of layer 0 its evaluations keep (``once``, or ``auto`` which often takes it), per layer the activations
+autograd keeps and their gradients, the parameters with their gradients and Adam's two moments, the exchange
+buffers of the boundary rows and a staleness policy's caches. :func:`check_train_resources` (collective) prints
+the estimate (rank 0, one line) and refuses the run in one sentence, with the flag that would help, when the
+ranks of a node together need more than its ``MemAvailable`` (``/proc/meminfo``).
 
 ``train``'s disk: :func:`train_disk` estimates the checkpoint sets (``main.ckpt``: the parameters, counted
 exactly from the layer widths, three times (weights and Adam's two moments) plus a small fixed part; a
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from algorithms.layers import layer_type
 from algorithms.static_input import exchange_widths, receiver_side
 from runners.data.shards import ShardError, read_meta
 from sparse_dist.comm import Communicator, said_once
@@ -155,8 +156,10 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     training = {
         "features": rows * features * (4 * KEPT_FEATURE_COPIES + itemsize),
         "halo": boundary * features * itemsize if input_exchange == "once" else 0,
-        # GCN's evaluations keep layer 0's product A X where the halo is fetched once (auto takes it often)
-        "evaluation": rows * features * itemsize if model == "gcn" and input_exchange != "per-epoch" else 0,
+        # evaluations keep layer 0's product A X where the halo is fetched once (auto takes it often) and the
+        # layer sees its input only through that product (GCN)
+        "evaluation": (rows * features * itemsize if layer_type(model).input_only_through_product
+                       and input_exchange != "per-epoch" else 0),
         "activations": (INPUT_DROPOUT_COPIES * rows * features + ACTIVATION_COPIES * rows * sum(d for _, d in widths))
                        * itemsize + attention,
         "parameters": OPTIMIZER_COPIES * parameters * itemsize,
