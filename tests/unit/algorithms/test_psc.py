@@ -80,3 +80,19 @@ def test_psc_specs_are_checked() -> None:
         with pytest.raises(ValueError, match=message):
             AxisSpec.parse("sample", bad)
 
+
+
+@pytest.mark.parametrize("shape", [(0, 7), (3, 5), (5000, 128), (70001, 9), (3001, 1000)])
+def test_squared_row_norms_match_float64_sums_whatever_the_chunking(shape: tuple[int, int]) -> None:
+    """psc's per-row norms: summed in float64 (numpy's own sums to rounding), and bit for bit the one-shot
+    float64 sum the chunked loop replaced, for shapes under, across and off the chunk size."""
+    import torch
+    from sparse_dist.importance import squared_row_norms
+
+    rows = torch.from_numpy(np.random.default_rng(shape[0]).standard_normal(shape).astype(np.float32) * 1e3)
+    norms = squared_row_norms(rows)
+    assert norms.dtype == np.float64 and norms.shape == (shape[0],)
+    wide = rows.numpy().astype(np.float64)
+    np.testing.assert_allclose(norms, (wide * wide).sum(axis=1), rtol=1e-12)
+    assert np.array_equal(norms, rows.double().square().sum(dim=1).numpy())
+    assert np.array_equal(squared_row_norms(rows[::2]), rows[::2].double().square().sum(dim=1).numpy())
