@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.csr import csr_bytes, entry_rows
+from sparse_dist.csr import csr_bytes, distinct_ids, entry_rows
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.layout import RowLayout
 from sparse_dist.plans import ExchangePlan
@@ -64,7 +64,7 @@ class StaticHalo:
         group, device = plan.group, own_values.device
         lo, hi = layout.row_range(group)
         rows = sp.csr_matrix(rows)
-        columns = np.unique(rows.indices).astype(np.int64)
+        columns = distinct_ids(rows.indices, layout.n_rows)[0].astype(np.int64)
         self.halo_ids = columns[(columns < lo) | (columns >= hi)]
         owners = layout.owner_of(self.halo_ids)
         groups = layout.parts
