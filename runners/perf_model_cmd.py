@@ -6,7 +6,9 @@
   the prediction from the dataset's exact partition statistics, compute
   rates calibrated on the same configuration's smallest-P run, and the
   alpha-beta network model; prints measured vs predicted and the error,
-  and writes ``model.csv`` beside ``results.csv``.
+  for the step and for the cycle (a step and its evaluation:
+  :func:`runners.perf.cost_model.predict_cycle`), and writes ``model.csv``
+  beside ``results.csv``.
 * ``sparse-dist cost predict --graph ogbn-papers100M --ranks 64,256,1024``:
   the same model for a graph and P this machine cannot run, from the
   partition model of :mod:`runners.perf.cost_model` and rates calibrated on a
@@ -35,7 +37,8 @@ from sparse_dist.layout import Grid
 from sparse_dist.predict import predict_halo_bytes
 from sparse_dist.plans import PLAN_NAMES, PointToPointPlan
 from runners.perf.cost_model import (ModelShape, ExpectedTraffic, Prediction, Rates, Workload, cores_per_rank,
-                                predict_epoch, workload_analytic, workload_from_shards)
+                                predict_cycle, predict_epoch, predict_evaluation, workload_analytic,
+                                workload_from_shards)
 from runners.data.shards import read_meta
 
 # Public figures of OGB graphs (symmetrised nonzeros = twice the undirected edges).
@@ -47,7 +50,8 @@ GRAPHS: dict[str, dict[str, int]] = {
 DEFAULT_POLICIES = "exact,bns:keep=0.1,sancus-h:eps=0.05"
 COMPARE_COLUMNS = ("run", "world_size", "plan", "policy", "compress", "calibration", "measured_epoch", "predicted_epoch",
                    "error", "predicted_compute", "predicted_exchange", "predicted_allreduce", "measured_bytes",
-                   "predicted_bytes")
+                   "predicted_bytes", "overlap_evaluation", "measured_cycle", "predicted_cycle", "cycle_error",
+                   "predicted_eval_compute", "predicted_eval_exchange")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,10 +159,13 @@ def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Netwo
     probe = predict_epoch(work, shape, row["plan"], policy, unit, net, replication, int(row["threads_per_rank"] or 1))
     # probe.compute_* are the work units of the slowest rank divided by cores: rate = units / measured seconds
     own = float(row.get("t_policy") or 0.0)  # results.csv files older than the column: none
+    turns = float(row.get("t_evaluation_turns") or 0.0)  # an evaluation's compute, where it ran beside a step
+    evaluation = predict_evaluation(work, shape, row["plan"], unit, net, replication, int(row["threads_per_rank"] or 1))
     return Rates(spmm=probe.compute_spmm / float(row["t_local_spmm"]),
                  dense=probe.compute_dense / float(row["t_dense"]),
                  source=f"{row['run']} ({cores:g} core(s) a rank)",
-                 policy=probe.compute_policy / own if own > 0 else 0.0)
+                 policy=probe.compute_policy / own if own > 0 else 0.0,
+                 evaluation=evaluation.compute / turns if turns > 0 else 0.0)
 
 
 def _row_policy(row: dict[str, Any]) -> PolicySpec:
@@ -209,16 +216,24 @@ def compare(args: argparse.Namespace) -> int:
         base = min((r for r in rows if configuration(r) == configuration(row)), key=lambda r: r["world_size"])
         rates = calibrate(base, work_of(base), _shape(base, read_meta(data_dirs[base["run"]])), net,
                           _policy_for(base))
-        prediction = predict_epoch(work_of(row), _shape(row, read_meta(data_dirs[row["run"]])), row["plan"],
-                                   _policy_for(row), rates, net, int(row["replication"]),
-                                   int(row["threads_per_rank"] or 1))
+        shape = _shape(row, read_meta(data_dirs[row["run"]]))
+        threads = int(row["threads_per_rank"] or 1)
+        prediction = predict_epoch(work_of(row), shape, row["plan"], _policy_for(row), rates, net,
+                                   int(row["replication"]), threads)
+        evaluation = predict_evaluation(work_of(row), shape, row["plan"], rates, net, int(row["replication"]), threads)
+        alongside = str(row.get("overlap_evaluation") or "False") == "True"
+        cycle = predict_cycle(prediction, evaluation, alongside, int(row.get("eval_every") or 1))
+        measured_cycle = float(row["cycle_time"]) if row.get("cycle_time") not in (None, "") else None
         out.append({"run": row["run"], "world_size": row["world_size"], "plan": row["plan"], "policy": row["policy"],
                     "compress": row.get("compress") or "none",
                     "calibration": base["run"] == row["run"], "measured_epoch": row["epoch_time"],
                     "predicted_epoch": prediction.epoch, "error": prediction.epoch / float(row["epoch_time"]) - 1.0,
                     "predicted_compute": prediction.compute_spmm + prediction.compute_dense,
                     "predicted_exchange": prediction.exchange, "predicted_allreduce": prediction.allreduce,
-                    "measured_bytes": row["exchange_bytes"], "predicted_bytes": prediction.exchange_bytes_total})
+                    "measured_bytes": row["exchange_bytes"], "predicted_bytes": prediction.exchange_bytes_total,
+                    "overlap_evaluation": alongside, "measured_cycle": measured_cycle, "predicted_cycle": cycle,
+                    "cycle_error": cycle / measured_cycle - 1.0 if measured_cycle else None,
+                    "predicted_eval_compute": evaluation.compute, "predicted_eval_exchange": evaluation.exchange})
     _print_compare(out)
     write_csv_rows(results / "model.csv", COMPARE_COLUMNS, out)
     print(f"wrote {results / 'model.csv'}")
@@ -234,19 +249,26 @@ def _data_dir(results: Path, row: dict[str, Any]) -> Path:
 
 
 def _print_compare(out: list[dict[str, Any]]) -> None:
-    print(f"{'P':>3} {'plan':<13}{'policy':<20}{'measured s':>11}{'predicted s':>12}{'error':>8}"
-          f"{'bytes measured':>16}{'bytes predicted':>16}")
+    print(f"{'P':>3} {'plan':<13}{'policy':<20}{'step s':>9}{'predicted':>10}{'error':>8}"
+          f"{'cycle s':>9}{'predicted':>10}{'error':>8}{'bytes measured':>16}{'bytes predicted':>16}")
     for r in out:
         mark = "  (calibration)" if r["calibration"] else ""
         policy = r["policy"] + ("" if r.get("compress", "none") == "none" else f" +{r['compress']}")
-        print(f"{r['world_size']:>3} {r['plan']:<13}{policy:<20}{r['measured_epoch']:>11.4f}"
-              f"{r['predicted_epoch']:>12.4f}{r['error'] * 100:>7.1f}%{r['measured_bytes']:>16.0f}"
+        cycle = (f"{r['measured_cycle']:>9.4f}{r['predicted_cycle']:>10.4f}{r['cycle_error'] * 100:>7.1f}%"
+                 if r.get("measured_cycle") else f"{'-':>9}{r['predicted_cycle']:>10.4f}{'-':>8}")
+        print(f"{r['world_size']:>3} {r['plan']:<13}{policy:<20}{r['measured_epoch']:>9.4f}"
+              f"{r['predicted_epoch']:>10.4f}{r['error'] * 100:>7.1f}%{cycle}{r['measured_bytes']:>16.0f}"
               f"{r['predicted_bytes']:>16.0f}{mark}")
-    checked = [abs(r["error"]) for r in out if not r["calibration"]]
-    if checked:
-        print(f"predicted runs: {len(checked)}, |error| mean {statistics.fmean(checked) * 100:.1f}%, "
-              f"max {max(checked) * 100:.1f}%, within 20%: {sum(e <= 0.20 for e in checked)}/{len(checked)}, "
-              f"within 25%: {sum(e <= 0.25 for e in checked)}/{len(checked)}")
+    _print_errors("step, predicted runs", [abs(r["error"]) for r in out if not r["calibration"]])
+    _print_errors("cycle (step and evaluation), every run", [abs(r["cycle_error"]) for r in out
+                                                             if r.get("cycle_error") is not None])
+
+
+def _print_errors(what: str, errors: list[float]) -> None:
+    if errors:
+        print(f"{what}: {len(errors)}, |error| mean {statistics.fmean(errors) * 100:.1f}%, "
+              f"max {max(errors) * 100:.1f}%, within 20%: {sum(e <= 0.20 for e in errors)}/{len(errors)}, "
+              f"within 25%: {sum(e <= 0.25 for e in errors)}/{len(errors)}")
 
 
 def predict(args: argparse.Namespace) -> int:

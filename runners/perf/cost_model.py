@@ -4,7 +4,9 @@ Epoch time = slowest rank's compute + exchange + gradient allreduce (no
 overlap assumed, so it is an upper estimate where MPI progresses in the
 background), except for a pipelined policy (``pipe``), whose exchange overlaps
 the compute: max(compute, exchange) + allreduce. Compression (``--compress``)
-scales every exchanged row to the bytes its codec sends.
+scales every exchanged row to the bytes its codec sends. The cycle (a step and
+its evaluation, what time-to-accuracy adds up) adds an exact forward after the
+step or beside the next one (:func:`predict_evaluation`, :func:`predict_cycle`).
 
 **Workload** (:class:`Workload`): rows, nonzeros (local / remote columns)
 and the boundary matrix ``|B_ij|`` per row group. Either measured exactly
@@ -72,6 +74,7 @@ class Rates:
     dense: float  # rows * sum(F_in * F_out) per core-second
     source: str = ""
     policy: float = 0.0  # the policy's own compute (dgs's explanation): unsampled nnz * width per core-second
+    evaluation: float = 0.0  # the evaluation's compute: its work at unit rates per second (0: from spmm, dense)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,21 @@ class ModelShape:
             f_in, f_out = self.dims[0], self.dims[1]
             whole[0] = (min(f_in, f_out), f_out < f_in)
         return sum(width * (2 if backward else 1) for width, backward in whole)
+
+    @property
+    def evaluation_widths(self) -> list[int]:
+        """Per layer, the width an evaluation's forward multiplies by ``Â`` (no dropout, so each layer transforms
+        first where that narrows): 0 for layer 0 where it reads the product ``Â_ext X`` kept since the first
+        evaluation (X's halo kept, and a layer that sees its input only through the product)."""
+        kept = self.input_once and layer_type(self.kind).input_only_through_product
+        return [0 if layer == 0 and kept else min(f_in, f_out)
+                for layer, (f_in, f_out) in enumerate(zip(self.dims[:-1], self.dims[1:]))]
+
+    @property
+    def evaluation_exchanges(self) -> list[int]:
+        """Widths of the evaluation's forward exchanges: exact, uncompressed, one per exchanging layer."""
+        return [min(f_in, f_out) for layer, (f_in, f_out) in enumerate(zip(self.dims[:-1], self.dims[1:]))
+                if layer > 0 or not self.input_once]
 
     @property
     def dense_work_per_row(self) -> int:
@@ -259,6 +277,58 @@ class Prediction:
         if self.overlapped:
             return max(compute, self.exchange) + self.allreduce
         return compute + self.exchange + self.allreduce
+
+
+EVALUATION_DENSE_SHARE = 1.0 / 3.0
+"""The evaluation's share of a training step's dense work: its forward GEMM, of the step's three per layer
+(forward, and the backward's two); used where the calibration run measured no evaluation compute."""
+
+
+@dataclass(frozen=True)
+class EvaluationCost:
+    """One evaluation (exact forward, no dropout, every split's metrics): the slowest rank's compute, and its
+    forward exchanges' seconds on the link (exact rows, uncompressed, whatever the training policy)."""
+
+    compute: float
+    exchange: float
+
+
+def predict_evaluation(work: Workload, shape: ModelShape, plan: str, rates: Rates, net: Network,
+                       replication: int = 1, threads: int = 1) -> EvaluationCost:
+    """An evaluation of ``shape`` on ``work.groups * replication`` ranks.
+
+    Compute: the forward's SpMMs over every (unsampled) entry at :attr:`ModelShape.evaluation_widths` and its
+    GEMMs, priced at ``rates.evaluation`` where a calibration run measured its evaluation's compute, else at
+    the step's SpMM rate and :data:`EVALUATION_DENSE_SHARE` of its dense rate."""
+    groups, c = work.groups, replication
+    grid = Grid(groups * c, c)
+    cores = cores_per_rank(net, groups * c, threads)
+    spmm_units = float(np.max(work.nnz_local + work.nnz_remote)) * sum(shape.evaluation_widths) / c / cores
+    dense_units = float(np.max(work.rows)) * shape.dense_work_per_row * EVALUATION_DENSE_SHARE / cores
+    if rates.evaluation > 0:
+        compute = (spmm_units + dense_units) / rates.evaluation
+    else:
+        compute = spmm_units / rates.spmm + dense_units / rates.dense
+    exchange = sum(_exchange_time(work, grid, plan, width * shape.itemsize, 1.0, net, "forward")
+                   for width in shape.evaluation_exchanges)
+    return EvaluationCost(compute, exchange)
+
+
+def predict_cycle(step: Prediction, evaluation: EvaluationCost, alongside: bool, every: int = 1) -> float:
+    """Seconds from one epoch's row to the next: a step and, every ``every`` epochs, an evaluation.
+
+    After its step (``alongside`` False) an evaluation adds its compute and its exchanges. Beside the next
+    step (``--overlap-evaluation``) it shares the rank's core and the node's link with that step: its
+    exchanges hide in the step's compute, its compute does not hide (one core a rank; the turns), so the
+    cycle is the longer of the step plus that compute, and everything that crosses the link (the step's
+    exchanges and the evaluation's) plus that compute: the second bounds a run whose link is the bottleneck
+    (200 Mbit/s), and a pipelined step, whose flights also ride in the evaluation's turns."""
+    if alongside:
+        on_link = step.exchange + step.allreduce + evaluation.exchange
+        evaluated = max(step.epoch + evaluation.compute, on_link + evaluation.compute)
+    else:
+        evaluated = step.epoch + evaluation.compute + evaluation.exchange
+    return ((every - 1) * step.epoch + evaluated) / every
 
 
 def cores_per_rank(net: Network, ranks: int, threads: int) -> float:

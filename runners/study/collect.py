@@ -15,6 +15,12 @@ exchanges, and a mini-batch run's sampling rounds and feature pulls, which are a
 ``fetch_bytes``; 0 in full-graph runs, so their ``exchange_bytes`` is unchanged),
 ``exchange_bytes_max_rank`` the largest sent + received of one rank.
 
+The evaluation: ``eval_every`` and ``overlap_evaluation`` are the run's flags; ``cycle_time`` the mean wall
+seconds from one epoch's row to the next over the timed epochs (the step and its evaluation, however they
+overlap; with ``overlap_evaluation`` the last row, whose evaluation ran after its own step with nothing beside
+it, is left out); ``t_evaluation_turns`` the mean seconds of an evaluation's turns beside the next step (its
+compute; 0 without ``overlap_evaluation``); ``eval_bytes`` what all ranks sent in one evaluation.
+
 Time-to-accuracy (every epoch counted, warm-up included: it is time from launch): ``wall_total`` is the run's
 wall seconds from launch to its ``final`` record; ``best_val`` the best validation accuracy (micro-F1 for
 multi-label) of any epoch; ``time_to_target`` the ``wall`` (seconds since launch, slowest rank, evaluation
@@ -47,7 +53,8 @@ CSV_COLUMNS = (
     "stale", "compress", "variant", "mode", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
     "t_dropout", "t_optimizer", "t_policy", "exchange_bytes", "sample_bytes", "fetch_bytes",
-    "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "final_test", "final_val", "best_val", "target_acc",
+    "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "eval_every", "overlap_evaluation",
+    "cycle_time", "t_evaluation_turns", "eval_bytes", "final_test", "final_val", "best_val", "target_acc",
     "time_to_target", "target_epoch", "wall_total", "peak_rss_max",
     "threads_per_rank", "ranks_on_node", "cpu_count", "launcher", "bandwidth", "results_file", "data",
 )
@@ -128,8 +135,26 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
     full = row["mode"] == "full"  # a mini-batch epoch's parts (sampling, fetching) are its own, not a policy's
     row["t_policy"] = _mean([sum(value["mean"] for part, value in e["time"].items() if part not in OWN_PARTS)
                              for e in timed]) if full else 0.0
+    row.update(evaluation_columns(config, timed, world))
     row.update(extra)
     return row
+
+
+def evaluation_columns(config: dict[str, Any], timed: list[dict[str, Any]], world: int) -> dict[str, Any]:
+    """``eval_every``, ``overlap_evaluation``, ``cycle_time``, ``t_evaluation_turns`` and ``eval_bytes`` of a
+    run's timed epoch rows (see the module docstring)."""
+    alongside = bool(config.get("overlap_evaluation", False))
+    walls = [e["wall"] for e in timed if "wall" in e]  # results files older than ``wall``: no cycle
+    cycles = [later - earlier for earlier, later in zip(walls, walls[1:])]
+    if alongside:
+        cycles = cycles[:-1]
+    evaluated = [e for e in timed if e.get("eval_bytes")]
+    return {"eval_every": config.get("eval_every", 1), "overlap_evaluation": alongside,
+            "cycle_time": _mean(cycles) if cycles else None,
+            "t_evaluation_turns": _mean([e["evaluation_turns"]["mean"] for e in timed if e.get("evaluation_turns")])
+            if alongside else 0.0,
+            "eval_bytes": _mean([sum(_phase_sent({"bytes": e["eval_bytes"]}, phase) for phase in EXCHANGE_PHASES)
+                                 * world for e in evaluated]) if evaluated else None}
 
 
 CURVE = "_validation_curve"

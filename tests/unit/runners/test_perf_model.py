@@ -212,3 +212,57 @@ def test_emulated_nodes_share_the_machines_cores() -> None:
     assert [cores_per_rank(one_core_nodes, p, 1) for p in (2, 4)] == [1.0, 1.0]
     shared = replace(one_core_nodes, machine_cores=2)  # 4 emulated nodes on a 2-core machine: half a core each
     assert [cores_per_rank(shared, p, 1) for p in (1, 2, 4)] == [1.0, 1.0, 0.5]
+
+
+def test_an_evaluation_is_an_exact_forward_priced_by_the_step_rates_or_its_own_turns(tmp_path: Path) -> None:
+    """Exchanges: every exchanging layer's forward, exact and uncompressed, at the narrower width; layer 0
+    of a GCN with X's halo kept multiplies nothing (the kept product); compute from the step's SpMM rate and a
+    third of its dense rate, unless a calibration run's turns measured it (then reproduced)."""
+    from sparse_dist.plans import plan_class
+    from runners.perf.cost_model import EVALUATION_DENSE_SHARE, predict_evaluation
+
+    data = write(random_directed(n=240, seed=5), tmp_path / "d", parts=4)
+    work = workload_from_shards(data, 4)
+    rates = Rates(spmm=1e6, dense=2e6)
+    widths = {(12, 16, 4): [12, 4], (16, 16, 8): [16, 8]}
+    for dims, exchanged in widths.items():
+        for once in (False, True):
+            shape = ModelShape(dims, input_once=once)
+            cost = predict_evaluation(work, shape, "p2p", rates, FLAT)
+            sent = exchanged[1:] if once else exchanged
+            assert cost.exchange == pytest.approx(sum(plan_class("p2p").exchange_seconds(
+                work.rows, work.boundary, work.union, Grid(4), w * 4, FLAT) for w in sent))
+            spmm_widths = ([0] if once else exchanged[:1]) + exchanged[1:]
+            nnz = float(np.max(work.nnz_local + work.nnz_remote))
+            dense = float(np.max(work.rows)) * sum(a * b for a, b in zip(dims[:-1], dims[1:]))
+            assert cost.compute == pytest.approx(nnz * sum(spmm_widths) / 1e6
+                                                 + dense * EVALUATION_DENSE_SHARE / 2e6)
+    # SAGE's layer 0 sees its input outside the product too: with X's halo kept it still multiplies
+    sage_once = predict_evaluation(work, ModelShape((12, 16, 4), kind="sage", input_once=True), "p2p", rates, FLAT)
+    sage = predict_evaluation(work, ModelShape((12, 16, 4), kind="sage"), "p2p", rates, FLAT)
+    assert sage_once.compute == pytest.approx(sage.compute) and sage_once.exchange < sage.exchange
+    row = {"run": "r", "world_size": 4, "replication": 1, "threads_per_rank": 1, "plan": "p2p",
+           "t_local_spmm": 0.03, "t_dense": 0.2, "t_evaluation_turns": 0.07}
+    shape = ModelShape((12, 16, 4), input_once=True)
+    measured = calibrate(row, work, shape, FLAT, ExpectedTraffic())
+    assert predict_evaluation(work, shape, "p2p", measured, FLAT).compute == pytest.approx(0.07)
+
+
+def test_the_cycle_adds_the_evaluation_after_its_step_and_bounds_it_by_core_or_link_beside_the_next() -> None:
+    from runners.perf.cost_model import EvaluationCost, Prediction, predict_cycle
+
+    def step(compute: float, exchange: float, overlapped: bool = False) -> Prediction:
+        return Prediction(2, "p2p", compute, 0.0, exchange, 0.01, 0, 0, 0, overlapped=overlapped)
+
+    evaluation = EvaluationCost(compute=0.25, exchange=0.45)
+    assert predict_cycle(step(0.8, 0.9), evaluation, False) == pytest.approx(0.8 + 0.9 + 0.01 + 0.25 + 0.45)
+    # beside the next step: its exchange hides in the step's compute, its compute does not
+    assert predict_cycle(step(0.8, 0.9), evaluation, True) == pytest.approx(0.8 + 0.9 + 0.01 + 0.25)
+    # a link-bound run (a sampled step, a slow link): everything on the link, then the evaluation's compute
+    slow = EvaluationCost(compute=0.25, exchange=2.3)
+    assert predict_cycle(step(0.7, 0.45), slow, True) == pytest.approx(0.45 + 0.01 + 2.3 + 0.25)
+    # pipe: its step hides the exchange, the link does not
+    assert predict_cycle(step(0.8, 4.6, overlapped=True), slow, True) == pytest.approx(4.6 + 0.01 + 2.3 + 0.25)
+    # evaluating every other epoch: the mean of a plain step and an evaluated one
+    assert predict_cycle(step(0.8, 0.9), evaluation, False, every=2) == pytest.approx(
+        ((0.8 + 0.9 + 0.01) * 2 + 0.25 + 0.45) / 2)

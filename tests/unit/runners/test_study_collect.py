@@ -74,3 +74,23 @@ def test_a_policys_own_time_parts_are_t_policy_and_stay_out_of_t_dense() -> None
     minibatch = summarise_run([mini, {**_epoch(1, {**traffic, "sample": 1}), "broadcasts": None,
                                       "time": timed({"sample": 0.4, "compute": 0.5})}, FINAL], 0, {"run": "m"})
     assert minibatch["t_policy"] == 0.0
+
+
+@pytest.mark.parametrize("alongside", [False, True])
+def test_the_cycle_is_the_wall_between_rows_and_an_evaluation_beside_a_step_books_its_turns(alongside: bool) -> None:
+    """``cycle_time``: the mean gap between consecutive rows' ``wall`` (the last gap left out where the last
+    evaluation ran after its own step, nothing beside it); turns and evaluation bytes as written."""
+    walls = [5.0, 7.0, 10.0, 13.5, 14.0]  # gaps 2, 3, 3.5, 0.5 (the last: an evaluation alone)
+    epochs = [{**_epoch(n, {"forward": 10, "backward": 10, "grad_allreduce": 1}), "wall": wall,
+               "eval_bytes": {"forward": {side: {"min": 0, "mean": 40, "max": 40} for side in ("sent", "recv")},
+                              "other": {side: {"min": 0, "mean": 8, "max": 8} for side in ("sent", "recv")}},
+               **({"evaluation_turns": {"min": 0.1, "mean": 0.2 * n, "max": 0.3}} if alongside and n < 5 else {})}
+              for n, wall in enumerate(walls, 1)]
+    row = summarise_run([{**CONFIG, "overlap_evaluation": alongside, "eval_every": 1}, *epochs, FINAL], 1, {})
+    assert row["overlap_evaluation"] is alongside and row["eval_every"] == 1
+    assert row["cycle_time"] == pytest.approx((3 + 3.5) / 2 if alongside else (3 + 3.5 + 0.5) / 3)
+    assert row["t_evaluation_turns"] == pytest.approx((0.4 + 0.6 + 0.8) / 3 if alongside else 0.0)
+    assert row["eval_bytes"] == pytest.approx(40 * 2)  # the evaluation's forward, all ranks; "other" is not
+    older = summarise_run([CONFIG, *[{k: v for k, v in e.items() if k not in ("wall", "eval_bytes")}
+                                     for e in epochs], FINAL], 1, {})
+    assert older["cycle_time"] is None and older["eval_bytes"] is None and older["eval_every"] == 1
