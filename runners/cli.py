@@ -22,6 +22,7 @@ from runners import launch as _launch  # noqa: F401  first: its fallback launch 
 
 import argparse
 import errno
+import os
 import platform
 import re
 import signal
@@ -334,6 +335,11 @@ def _run_without_mpi(args: argparse.Namespace) -> int:
     try:
         return args.func(None, args)
     except BaseException as exc:  # out of memory, a full disk, Ctrl-C, SIGTERM: one sentence
+        if isinstance(exc, BrokenPipeError) and not args.debug:
+            # the reader of stdout left (`sparse-dist sweep --dry-run STUDY | head`): stop as a shell tool does,
+            # quietly with 128 + SIGPIPE, and point stdout at nothing so that the exit's flush says nothing either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
         if isinstance(exc, _loaded_user_errors()):
             if args.debug:
                 raise

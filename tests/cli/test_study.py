@@ -114,6 +114,22 @@ def test_a_misspelt_train_key_stops_a_dry_run(tmp_path: Path) -> None:
     assert result.stdout == ""
 
 
+def test_a_reader_that_leaves_ends_a_dry_run_quietly(tmp_path: Path) -> None:
+    """``sweep --dry-run STUDY | head``: the reader closed the pipe before the first line; the command stops
+    with 128 + SIGPIPE and no traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    path = _write(tmp_path, GOOD)
+    process = subprocess.Popen([sys.executable, "-m", "runners.cli", "sweep", str(path), "--dry-run"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # before its imports are done: its first line meets a closed pipe
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGPIPE, stderr
+    assert stderr == ""
+
+
 def test_missing_and_invalid_files(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="not found"):
         load_study(tmp_path / "nope.toml")

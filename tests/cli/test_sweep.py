@@ -106,7 +106,16 @@ def test_model_predicts_the_exact_bytes_of_every_exact_run(study: Path) -> None:
             run = measured[row["run"]]
             assert row["world_size"] == "1"
             assert float(row["predicted_compute"]) == pytest.approx(float(run["t_local_spmm"]) + float(run["t_dense"]))
-    assert "within 25%" in result.stdout
+        # every run's cycle: its step and the evaluation after it, measured between rows and predicted
+        run = measured[row["run"]]
+        assert run["overlap_evaluation"] == "False" and run["eval_every"] == "1"
+        assert float(run["cycle_time"]) > float(run["epoch_time"]) and float(run["eval_bytes"]) >= 0
+        assert float(row["measured_cycle"]) == float(run["cycle_time"])
+        assert float(row["predicted_cycle"]) == pytest.approx(float(row["predicted_epoch"])
+                                                              + float(row["predicted_eval_compute"])
+                                                              + float(row["predicted_eval_exchange"]))
+        assert float(row["predicted_eval_compute"]) > 0
+    assert "within 25%" in result.stdout and "cycle (step and evaluation), every run: 6" in result.stdout
 
 
 def test_model_predicts_layer_0_from_a_halo_fetched_once(study: Path) -> None:
