@@ -159,13 +159,10 @@ def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Netwo
     probe = predict_epoch(work, shape, row["plan"], policy, unit, net, replication, int(row["threads_per_rank"] or 1))
     # probe.compute_* are the work units of the slowest rank divided by cores: rate = units / measured seconds
     own = float(row.get("t_policy") or 0.0)  # results.csv files older than the column: none
-    turns = float(row.get("t_evaluation_turns") or 0.0)  # an evaluation's compute, where it ran beside a step
-    evaluation = predict_evaluation(work, shape, row["plan"], unit, net, replication, int(row["threads_per_rank"] or 1))
     return Rates(spmm=probe.compute_spmm / float(row["t_local_spmm"]),
                  dense=probe.compute_dense / float(row["t_dense"]),
                  source=f"{row['run']} ({cores:g} core(s) a rank)",
-                 policy=probe.compute_policy / own if own > 0 else 0.0,
-                 evaluation=evaluation.compute / turns if turns > 0 else 0.0)
+                 policy=probe.compute_policy / own if own > 0 else 0.0)
 
 
 def _row_policy(row: dict[str, Any]) -> PolicySpec:

@@ -59,6 +59,9 @@ class ExchangePlan(ABC):
     no_samples_reason: ClassVar[str] = ""
     no_history_reason: ClassVar[str] = ""
     no_per_receiver_reason: ClassVar[str] = ""
+    # performance model: whether an exchange posted beside other work travels during that work (measured: p2p's
+    # messages do; a broadcast plan's collectives, rounds that each need the poster's MPI calls, wait for it)
+    progresses_unattended: ClassVar[bool] = False
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
                  strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:

@@ -54,6 +54,7 @@ class PointToPointPlan(ExchangePlan):
     """
 
     name = "p2p"
+    progresses_unattended = True
     no_history_reason = ("staleness policies (cached historical blocks) need a broadcast plan: "
                          "use dense-bcast or sparse-bcast")
 

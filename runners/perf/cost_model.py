@@ -74,7 +74,6 @@ class Rates:
     dense: float  # rows * sum(F_in * F_out) per core-second
     source: str = ""
     policy: float = 0.0  # the policy's own compute (dgs's explanation): unsampled nnz * width per core-second
-    evaluation: float = 0.0  # the evaluation's compute: its work at unit rates per second (0: from spmm, dense)
 
 
 @dataclass(frozen=True)
@@ -281,7 +280,7 @@ class Prediction:
 
 EVALUATION_DENSE_SHARE = 1.0 / 3.0
 """The evaluation's share of a training step's dense work: its forward GEMM, of the step's three per layer
-(forward, and the backward's two); used where the calibration run measured no evaluation compute."""
+(forward, and the backward's two)."""
 
 
 @dataclass(frozen=True)
@@ -291,43 +290,43 @@ class EvaluationCost:
 
     compute: float
     exchange: float
+    hides_beside_step: bool = True  # its exchanges travel while a step beside it computes (the plan's)
 
 
 def predict_evaluation(work: Workload, shape: ModelShape, plan: str, rates: Rates, net: Network,
                        replication: int = 1, threads: int = 1) -> EvaluationCost:
     """An evaluation of ``shape`` on ``work.groups * replication`` ranks.
 
-    Compute: the forward's SpMMs over every (unsampled) entry at :attr:`ModelShape.evaluation_widths` and its
-    GEMMs, priced at ``rates.evaluation`` where a calibration run measured its evaluation's compute, else at
-    the step's SpMM rate and :data:`EVALUATION_DENSE_SHARE` of its dense rate."""
+    Compute: the forward's SpMMs over every (unsampled) entry at :attr:`ModelShape.evaluation_widths` at the
+    step's SpMM rate, and its GEMMs at :data:`EVALUATION_DENSE_SHARE` of the step's dense work at its rate.
+    (An evaluation's turns beside a step are no measure of its compute: they also wait for its exchanges.)"""
     groups, c = work.groups, replication
     grid = Grid(groups * c, c)
     cores = cores_per_rank(net, groups * c, threads)
-    spmm_units = float(np.max(work.nnz_local + work.nnz_remote)) * sum(shape.evaluation_widths) / c / cores
-    dense_units = float(np.max(work.rows)) * shape.dense_work_per_row * EVALUATION_DENSE_SHARE / cores
-    if rates.evaluation > 0:
-        compute = (spmm_units + dense_units) / rates.evaluation
-    else:
-        compute = spmm_units / rates.spmm + dense_units / rates.dense
+    spmm = float(np.max(work.nnz_local + work.nnz_remote)) * sum(shape.evaluation_widths) / c / (rates.spmm * cores)
+    dense = float(np.max(work.rows)) * shape.dense_work_per_row * EVALUATION_DENSE_SHARE / (rates.dense * cores)
     exchange = sum(_exchange_time(work, grid, plan, width * shape.itemsize, 1.0, net, "forward")
                    for width in shape.evaluation_exchanges)
-    return EvaluationCost(compute, exchange)
+    return EvaluationCost(spmm + dense, exchange, plan_class(plan).progresses_unattended)
 
 
 def predict_cycle(step: Prediction, evaluation: EvaluationCost, alongside: bool, every: int = 1) -> float:
     """Seconds from one epoch's row to the next: a step and, every ``every`` epochs, an evaluation.
 
     After its step (``alongside`` False) an evaluation adds its compute and its exchanges. Beside the next
-    step (``--overlap-evaluation``) it shares the rank's core and the node's link with that step: its
-    exchanges hide in the step's compute, its compute does not hide (one core a rank; the turns), so the
-    cycle is the longer of the step plus that compute, and everything that crosses the link (the step's
-    exchanges and the evaluation's) plus that compute: the second bounds a run whose link is the bottleneck
-    (200 Mbit/s), and a pipelined step, whose flights also ride in the evaluation's turns."""
-    if alongside:
+    step (``--overlap-evaluation``) it shares the rank's core and the node's link with that step. Its compute
+    does not hide (one core a rank: the turns). Its exchanges hide in the step's compute where the plan's
+    posted exchanges travel on their own (``p2p``); the cycle is then the longer of the step plus that compute
+    and everything that crosses the link (the step's exchanges and allreduce, the evaluation's exchanges) plus
+    that compute: the bound of a link-bound run (200 Mbit/s) and of ``pipe``, whose step leaves its flights to
+    the evaluation's turns. A broadcast plan's evaluation exchanges wait for its turns (measured at 1 Gbit/s
+    and 200 Mbit/s: its turns took the evaluation's compute plus its exchanges' link time), so they add to
+    the cycle as after the step."""
+    if not alongside or not evaluation.hides_beside_step:
+        evaluated = step.epoch + evaluation.compute + evaluation.exchange
+    else:
         on_link = step.exchange + step.allreduce + evaluation.exchange
         evaluated = max(step.epoch + evaluation.compute, on_link + evaluation.compute)
-    else:
-        evaluated = step.epoch + evaluation.compute + evaluation.exchange
     return ((every - 1) * step.epoch + evaluated) / every
 
 

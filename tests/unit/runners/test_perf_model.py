@@ -214,10 +214,11 @@ def test_emulated_nodes_share_the_machines_cores() -> None:
     assert [cores_per_rank(shared, p, 1) for p in (1, 2, 4)] == [1.0, 1.0, 0.5]
 
 
-def test_an_evaluation_is_an_exact_forward_priced_by_the_step_rates_or_its_own_turns(tmp_path: Path) -> None:
+def test_an_evaluation_is_an_exact_forward_priced_by_the_step_rates(tmp_path: Path) -> None:
     """Exchanges: every exchanging layer's forward, exact and uncompressed, at the narrower width; layer 0
     of a GCN with X's halo kept multiplies nothing (the kept product); compute from the step's SpMM rate and a
-    third of its dense rate, unless a calibration run's turns measured it (then reproduced)."""
+    third of its dense rate (an evaluation's turns, which also wait, do not calibrate it); only p2p's exchanges
+    travel beside a step."""
     from sparse_dist.plans import plan_class
     from runners.perf.cost_model import EVALUATION_DENSE_SHARE, predict_evaluation
 
@@ -237,15 +238,16 @@ def test_an_evaluation_is_an_exact_forward_priced_by_the_step_rates_or_its_own_t
             dense = float(np.max(work.rows)) * sum(a * b for a, b in zip(dims[:-1], dims[1:]))
             assert cost.compute == pytest.approx(nnz * sum(spmm_widths) / 1e6
                                                  + dense * EVALUATION_DENSE_SHARE / 2e6)
+            assert cost.hides_beside_step
     # SAGE's layer 0 sees its input outside the product too: with X's halo kept it still multiplies
     sage_once = predict_evaluation(work, ModelShape((12, 16, 4), kind="sage", input_once=True), "p2p", rates, FLAT)
     sage = predict_evaluation(work, ModelShape((12, 16, 4), kind="sage"), "p2p", rates, FLAT)
     assert sage_once.compute == pytest.approx(sage.compute) and sage_once.exchange < sage.exchange
-    row = {"run": "r", "world_size": 4, "replication": 1, "threads_per_rank": 1, "plan": "p2p",
-           "t_local_spmm": 0.03, "t_dense": 0.2, "t_evaluation_turns": 0.07}
-    shape = ModelShape((12, 16, 4), input_once=True)
-    measured = calibrate(row, work, shape, FLAT, ExpectedTraffic())
-    assert predict_evaluation(work, shape, "p2p", measured, FLAT).compute == pytest.approx(0.07)
+    for plan in ("dense-bcast", "sparse-bcast"):
+        broadcast = predict_evaluation(work, ModelShape((12, 16, 4)), plan, rates, FLAT)
+        assert not broadcast.hides_beside_step and broadcast.exchange == pytest.approx(sum(
+            plan_class(plan).exchange_seconds(work.rows, work.boundary, work.union, Grid(4), w * 4, FLAT)
+            for w in (12, 4)))
 
 
 def test_the_cycle_adds_the_evaluation_after_its_step_and_bounds_it_by_core_or_link_beside_the_next() -> None:
@@ -263,6 +265,9 @@ def test_the_cycle_adds_the_evaluation_after_its_step_and_bounds_it_by_core_or_l
     assert predict_cycle(step(0.7, 0.45), slow, True) == pytest.approx(0.45 + 0.01 + 2.3 + 0.25)
     # pipe: its step hides the exchange, the link does not
     assert predict_cycle(step(0.8, 4.6, overlapped=True), slow, True) == pytest.approx(4.6 + 0.01 + 2.3 + 0.25)
+    # a broadcast plan's evaluation exchanges wait for its turns: as after the step, beside it or not
+    waiting = EvaluationCost(compute=0.25, exchange=0.45, hides_beside_step=False)
+    assert predict_cycle(step(0.8, 0.9), waiting, True) == pytest.approx(0.8 + 0.9 + 0.01 + 0.25 + 0.45)
     # evaluating every other epoch: the mean of a plain step and an evaluated one
     assert predict_cycle(step(0.8, 0.9), evaluation, False, every=2) == pytest.approx(
         ((0.8 + 0.9 + 0.01) * 2 + 0.25 + 0.45) / 2)
