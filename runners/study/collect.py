@@ -18,8 +18,9 @@ exchanges, and a mini-batch run's sampling rounds and feature pulls, which are a
 The evaluation: ``eval_every`` and ``overlap_evaluation`` are the run's flags; ``cycle_time`` the mean wall
 seconds from one epoch's row to the next over the timed epochs (the step and its evaluation, however they
 overlap; with ``overlap_evaluation`` the last row, whose evaluation ran after its own step with nothing beside
-it, is left out); ``t_evaluation_turns`` the mean seconds of an evaluation's turns beside the next step (its
-compute; 0 without ``overlap_evaluation``); ``eval_bytes`` what all ranks sent in one evaluation.
+it, is left out); ``t_evaluation_turns`` the mean wall seconds of an evaluation's turns beside the next step
+(its compute and its waits for its own exchanges; 0 without ``overlap_evaluation``); ``eval_bytes`` what all
+ranks sent in one evaluation.
 
 Time-to-accuracy (every epoch counted, warm-up included: it is time from launch): ``wall_total`` is the run's
 wall seconds from launch to its ``final`` record; ``best_val`` the best validation accuracy (micro-F1 for
