@@ -150,10 +150,10 @@ def evaluation_columns(config: dict[str, Any], timed: list[dict[str, Any]], worl
     if alongside:
         cycles = cycles[:-1]
     evaluated = [e for e in timed if e.get("eval_bytes")]
+    turns = [e["evaluation_turns"]["mean"] for e in timed if e.get("evaluation_turns")]
     return {"eval_every": config.get("eval_every", 1), "overlap_evaluation": alongside,
             "cycle_time": _mean(cycles) if cycles else None,
-            "t_evaluation_turns": _mean([e["evaluation_turns"]["mean"] for e in timed if e.get("evaluation_turns")])
-            if alongside else 0.0,
+            "t_evaluation_turns": _mean(turns) if turns else 0.0,
             "eval_bytes": _mean([sum(_phase_sent({"bytes": e["eval_bytes"]}, phase) for phase in EXCHANGE_PHASES)
                                  * world for e in evaluated]) if evaluated else None}
 
