@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparse_dist.comm import Communicator
-from sparse_dist.csr import distinct_ids, entry_rows
+from sparse_dist.csr import distinct_ids_and_positions, entry_rows
 from sparse_dist.gather import fetch_by_global_id
 from sparse_dist.layout import RowLayout
 
@@ -64,7 +64,7 @@ def gcn_normalize(comm: Communicator, layout: RowLayout, rows: sp.csr_matrix, gr
     first_row = layout.offsets[group]
     with_loops = add_remaining_self_loops(rows, first_row)
     degree_inv_sqrt = inverse_sqrt(np.asarray(with_loops.sum(axis=1)).ravel())
-    columns, inverse = distinct_ids(with_loops.indices, layout.n_rows)
+    columns, inverse = distinct_ids_and_positions(with_loops.indices, layout.n_rows)
     column_scale = fetch_by_global_id(comm, layout, columns, degree_inv_sqrt)
     return scale_symmetric(with_loops, degree_inv_sqrt, column_scale[inverse])
 

@@ -30,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.csr import entry_rows
+from sparse_dist.csr import distinct_ids, entry_rows
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.log import get_logger
 
@@ -146,7 +146,7 @@ class DistCSR:
             picked = order[lo:hi]
             local_cols = local.indices[picked].astype(np.int64) - self.layout.offsets[j]
             if j != self.group:
-                ids = np.unique(local_cols)
+                ids = distinct_ids(local_cols, self.layout.count(j))
                 counts[j] = ids.size
                 if j in share:
                     self.recv_ids[j] = ids

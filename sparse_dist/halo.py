@@ -64,7 +64,7 @@ class StaticHalo:
         group, device = plan.group, own_values.device
         lo, hi = layout.row_range(group)
         rows = sp.csr_matrix(rows)
-        columns = distinct_ids(rows.indices, layout.n_rows)[0].astype(np.int64)
+        columns = distinct_ids(rows.indices, layout.n_rows).astype(np.int64)
         self.halo_ids = columns[(columns < lo) | (columns >= hi)]
         owners = layout.owner_of(self.halo_ids)
         groups = layout.parts

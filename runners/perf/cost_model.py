@@ -51,7 +51,7 @@ data-dependent rules take it from a measured run or an assumption).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -114,19 +114,20 @@ class ModelShape:
         return sum(width * (2 if backward else 1) for width, backward in whole)
 
     @property
-    def evaluation_widths(self) -> list[int]:
-        """Per layer, the width an evaluation's forward multiplies by ``Â`` (no dropout, so each layer transforms
-        first where that narrows): 0 for layer 0 where it reads the product ``Â_ext X`` kept since the first
-        evaluation (X's halo kept, and a layer that sees its input only through the product)."""
-        kept = self.input_once and layer_type(self.kind).input_only_through_product
-        return [0 if layer == 0 and kept else min(f_in, f_out)
-                for layer, (f_in, f_out) in enumerate(zip(self.dims[:-1], self.dims[1:]))]
+    def evaluation_exchanges(self) -> list[int]:
+        """Widths of the evaluation's forward exchanges: :attr:`exchanges` without dropout (each layer transforms
+        first where that narrows), exact and uncompressed."""
+        return [width for width, _ in replace(self, receiver_dropout=False).exchanges]
 
     @property
-    def evaluation_exchanges(self) -> list[int]:
-        """Widths of the evaluation's forward exchanges: exact, uncompressed, one per exchanging layer."""
-        return [min(f_in, f_out) for layer, (f_in, f_out) in enumerate(zip(self.dims[:-1], self.dims[1:]))
-                if layer > 0 or not self.input_once]
+    def evaluation_widths(self) -> list[int]:
+        """Per layer, the width an evaluation's forward multiplies by ``Â``: its exchange width, and for layer 0
+        with X's halo kept its local and halo columns at the same width, or 0 where the layer sees its input
+        only through the product ``Â_ext X`` kept since the first evaluation."""
+        widths = replace(self, input_once=False, receiver_dropout=False).evaluation_exchanges
+        if self.input_once and widths and layer_type(self.kind).input_only_through_product:
+            widths[0] = 0
+        return widths
 
     @property
     def dense_work_per_row(self) -> int:
