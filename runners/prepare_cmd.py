@@ -14,7 +14,7 @@ from runners.data.sampling_stats import DEFAULT_BATCH_SIZE, DEFAULT_FANOUT, form
 from runners.data.stream_synthetic import write_streamed_synthetic
 from runners.argtypes import at_least
 from runners.argtypes import seed as seed_number
-from runners.data.shards import ShardError, dataset_problem, output_problem, write_shards
+from runners.data.shards import ShardError, clear_leftovers, dataset_problem, output_problem, write_shards
 from runners.resources import check_prepare_resources, prepare_memory, shard_bytes
 
 EPILOG = """\
@@ -147,6 +147,9 @@ def main(comm: object, args: argparse.Namespace) -> int:
     problem = output_problem(args.out, args.overwrite)  # before any input is read
     if problem:
         raise ShardError(f"--out {problem}")
+    for leftover in clear_leftovers(args.out):  # what a killed prepare of this --out left beside it
+        print(f"sparse-dist prepare: {'removed' if leftover.removed else 'kept'} {leftover.path}: {leftover.why}",
+              flush=True)
     if args.source == "synthetic":  # its size is known from the flags: refuse before generating anything
         problem = dataset_problem(args.nodes, args.parts, None)
         if problem:

@@ -28,10 +28,12 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -50,6 +52,11 @@ PART_ARRAYS = ("indptr", "indices", "data", "features", "labels", "train", "val"
 PART_KINDS = {"indptr": "iu", "indices": "iu", "data": "fiu", "features": "fiu", "labels": "iub",
               "train": "biu", "val": "biu", "test": "biu"}
 """numpy dtype kinds each shard array may have (anything else is refused before it is used)."""
+PERMUTATION_FILE = "permutation.npy"
+OWN_FILE = re.compile(r"meta\.json|permutation\.npy|part-\d{5}\.npz")
+"""Every file name ``prepare`` writes into a dataset directory; nothing else there is ever removed."""
+SCRATCH_FILE = re.compile(r"\d+\.bin")
+"""The edge buckets ``prepare synthetic --stream`` keeps in ``buckets/`` of its temporary directory."""
 
 
 class ShardError(ValueError):
@@ -80,6 +87,95 @@ def removed_on_failure(temporary: Path) -> Iterator[Path]:
         raise
 
 
+def _process_runs(pid: int, word: bytes) -> bool | None:
+    """Whether process ``pid`` runs, and whether its command line holds ``word``: None (gone), False (a
+    process with that id runs something else), True."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return word in handle.read()
+    except OSError:
+        return False
+
+
+def _only_own_files(directory: Path) -> bool:
+    """Whether ``directory`` holds nothing but files prepare writes (:data:`OWN_FILE`, and the streamed
+    generator's ``buckets/N.bin``), none of them a symbolic link."""
+    for entry in directory.iterdir():
+        if entry.is_symlink():
+            return False
+        if entry.is_dir():
+            if entry.name != "buckets" or not all(not f.is_symlink() and f.is_file() and SCRATCH_FILE.fullmatch(f.name)
+                                                  for f in entry.iterdir()):
+                return False
+        elif not (entry.is_file() and OWN_FILE.fullmatch(entry.name)):
+            return False
+    return True
+
+
+def _remove_own(directory: Path) -> None:
+    """Remove a directory :func:`_only_own_files` passed: its files one by one, then the (empty) directories."""
+    for entry in directory.iterdir():
+        if entry.is_dir():
+            for item in entry.iterdir():
+                item.unlink()
+            entry.rmdir()
+        else:
+            entry.unlink()
+    directory.rmdir()
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A temporary (``.NAME.tmp-PID``) or set-aside (``.NAME.old-PID``) directory of an earlier prepare."""
+
+    path: Path
+    removed: bool
+    why: str
+
+
+def clear_leftovers(out_dir: str | Path) -> list[Leftover]:
+    """Find what a killed ``prepare`` of ``out_dir`` left beside it and remove what is provably its own.
+
+    Its temporary directory ``.NAME.tmp-PID`` (and the old dataset ``.NAME.old-PID`` that ``--overwrite`` set
+    aside, once ``out_dir`` is a dataset again) is removed when process PID no longer runs and the directory
+    holds nothing but files prepare writes; anything else is kept and reported with the command that removes
+    it. A prepare still running (its command line says ``prepare``) is left alone, unreported.
+    """
+    out_dir = Path(out_dir)
+    found: list[Leftover] = []
+    if not out_dir.name or not out_dir.parent.is_dir():
+        return found
+    pattern = re.compile(re.escape(f".{out_dir.name}.") + r"(tmp|old)-(\d+)")
+    for path in sorted(out_dir.parent.iterdir()):
+        match = pattern.fullmatch(path.name)
+        if not match or int(match.group(2)) == os.getpid():
+            continue
+        kind, pid = match.group(1), int(match.group(2))
+        runs = _process_runs(pid, b"prepare")
+        if runs:
+            continue
+        if runs is not None:
+            found.append(Leftover(path, False, f"process {pid}, whose name it bears, still runs; remove it with "
+                                               f"`rm -r {path}` if no prepare writes it"))
+        elif path.is_symlink() or not path.is_dir() or not _only_own_files(path):
+            found.append(Leftover(path, False, f"it holds files prepare did not write; remove it yourself "
+                                               f"(`rm -r {path}`) if it is not yours"))
+        elif kind == "old" and not (out_dir / "meta.json").is_file():
+            found.append(Leftover(path, False, f"the dataset a killed `prepare --overwrite` moved aside from "
+                                               f"{out_dir}: `mv {path} {out_dir}` restores it, `rm -r {path}` "
+                                               f"removes it"))
+        else:
+            _remove_own(path)
+            found.append(Leftover(path, True, f"left by a prepare (process {pid}) that was killed"))
+    return found
+
+
 def _listing(paths: list[Path], shown: int = 3) -> str:
     names = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in sorted(paths)]
     more = f", ... ({len(names)} entries in all)" if len(names) > shown else ""
@@ -87,8 +183,9 @@ def _listing(paths: list[Path], shown: int = 3) -> str:
 
 
 def dataset_files(meta: dict[str, Any]) -> set[str]:
-    """The file names ``prepare`` wrote into a dataset directory: ``meta.json`` and every file it lists."""
-    return {"meta.json", str(meta.get("permutation_file", "permutation.npy")), *map(str, meta["files"])}
+    """The file names ``prepare`` wrote into a dataset directory: ``meta.json`` and every file it lists
+    (plain names of :data:`OWN_FILE`'s form once :func:`read_meta` passed)."""
+    return {"meta.json", str(meta["permutation_file"]), *map(str, meta["files"])}
 
 
 def _not_replaceable(out_dir: Path) -> str | None:
@@ -206,7 +303,10 @@ def finish_dataset(temporary: Path, out_dir: Path, meta: dict[str, Any]) -> dict
     A previous dataset at ``out_dir`` (checked again now: it may have changed while the input was read)
     is renamed aside (``.NAME.old-PID``), the new one renamed into place, then the old one's files (only
     those its meta.json lists, and meta.json) are removed and its directory with them. A crash between the
-    two renames leaves both complete datasets beside ``out_dir``, never a half-written one.
+    two renames leaves both complete datasets beside ``out_dir``, never a half-written one (the next
+    ``prepare`` of the same ``--out`` finds them: :func:`clear_leftovers`). Only plain names of
+    :data:`OWN_FILE`'s form are removed, so nothing outside the old directory, or not written by
+    ``prepare``, ever is.
     """
     (temporary / "meta.json").write_text(json.dumps(meta, indent=1))
     problem = output_problem(out_dir, overwrite=True)
@@ -218,11 +318,11 @@ def finish_dataset(temporary: Path, out_dir: Path, meta: dict[str, Any]) -> dict
     if not any(out_dir.iterdir()):
         os.replace(temporary, out_dir)  # rename(2) replaces an empty directory
         return meta
-    old_files = dataset_files(read_meta(out_dir))
+    old_files = [name for name in dataset_files(read_meta(out_dir)) if OWN_FILE.fullmatch(name)]
     aside = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
     os.replace(out_dir, aside)
     os.replace(temporary, out_dir)
-    for name in old_files:
+    for name in old_files:  # plain names of our own form (read_meta): never a path outside the directory
         (aside / name).unlink(missing_ok=True)
     try:
         aside.rmdir()
@@ -231,27 +331,142 @@ def finish_dataset(temporary: Path, out_dir: Path, meta: dict[str, Any]) -> dict
     return meta
 
 
+def _count(low: int) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _counts(value: Any) -> bool:
+    return isinstance(value, list) and all(map(_count(0), value))
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+META_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "name": (_text, "a non-empty string"),
+    "num_nodes": (_count(1), "an integer >= 1"),
+    "num_edges": (_count(0), "an integer >= 0"),
+    "feature_dim": (_count(1), "an integer >= 1"),
+    "num_classes": (_count(1), "an integer >= 1"),
+    "multilabel": (lambda value: isinstance(value, bool), "true or false"),
+    "partitioner": (_text, "a non-empty string"),
+    "num_parts": (_count(1), "an integer >= 1"),
+    "row_offsets": (_counts, "a list of integers >= 0"),
+    "permutation_file": (_text, "a file name"),
+    "files": (lambda value: isinstance(value, dict) and all(isinstance(v, str) and _SHA256.fullmatch(v)
+                                                             for v in value.values()),
+              "an object of file name -> SHA-256 (64 hex digits)"),
+    "feature_dtype": (lambda value: value in ("float32", "float64"), "'float32' or 'float64'"),
+    "feature_norm": (lambda value: value in ("row", "none"), "'row' or 'none'"),
+    "partition_seed": (_count(0), "an integer >= 0"),
+    "partition_hops": (_count(1), "an integer >= 1"),
+    "ogb_name": (_text, "a non-empty string"),
+    "eval_metric": (_text, "a non-empty string"),
+    "partition_stats": (lambda value: isinstance(value, dict), "an object"),
+}
+"""Every field a reader of ``meta.json`` uses: its test and what it must be (those of :data:`META_FIELDS`
+are required, the others optional). Fields no reader uses are left alone."""
+STATS_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{key: (_counts, "a list of integers >= 0, one per part")
+       for key in ("inner_nodes", "boundary_nodes", "edges", "cut_edges")},
+    "train_nodes": (lambda value: value is None or _counts(value), "null or a list of integers >= 0, one per part"),
+    "boundary_over_inner": (lambda value: isinstance(value, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value), "a list of numbers >= 0"),
+    "total_boundary_nodes": (_count(0), "an integer >= 0"),
+    "total_cut_edges": (_count(0), "an integer >= 0"),
+    "predicted_forward_bytes_per_feature": (lambda value: isinstance(value, dict) and all(
+        map(_count(0), value.values())), "an object of plan -> integer >= 0"),
+}
+"""The ``partition_stats`` figures readers use (``resources`` and ``prepare``'s report)."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def name_problem(name: Any) -> str | None:
+    """Why ``name`` (read from a ``meta.json``) is not a file ``prepare`` writes into a dataset directory, or None.
+
+    A name is data, never a path: it must be a plain file name (no separator, not ``..``, not absolute) of
+    :data:`OWN_FILE`'s form, so that nothing outside the directory is ever opened or removed through it."""
+    if not isinstance(name, str) or "/" in name or "\\" in name or "\0" in name or name in ("", ".", ".."):
+        return "which is not a plain file name inside the dataset directory"
+    if not OWN_FILE.fullmatch(name) or name == "meta.json":
+        return "which is not a file prepare writes (permutation.npy, part-NNNNN.npz)"
+    return None
+
+
+def meta_problem(meta: Any) -> str | None:
+    """What makes a parsed ``meta.json`` one ``prepare`` did not write (one clause naming the field), or None:
+    a missing field, a field of the wrong type or range (:data:`META_RULES`), row offsets that do not split
+    the nodes into ``num_parts`` parts, or a file name that is not :func:`name_problem`-free, or ``files``
+    not listing exactly the permutation and one shard per part."""
+    if not isinstance(meta, dict):
+        return f"expected a JSON object, found {type(meta).__name__}"
+    missing = [key for key in META_FIELDS if key not in meta]
+    if missing:
+        return f"missing fields {missing}"
+    if meta["format_version"] != FORMAT_VERSION or isinstance(meta["format_version"], bool):
+        return f"format_version {_shown(meta['format_version'])}, expected {FORMAT_VERSION}"
+    for key, (test, what) in META_RULES.items():
+        if key in meta and not test(meta[key]):
+            return f"field {key!r} is {_shown(meta[key])}, expected {what}"
+    for key, (test, what) in STATS_RULES.items():
+        value = meta.get("partition_stats", {}).get(key)
+        if key in meta.get("partition_stats", {}) and (not test(value) or isinstance(value, list)
+                                                       and len(value) != meta["num_parts"]):
+            return f"field 'partition_stats.{key}' is {_shown(value)}, expected {what} ({meta['num_parts']} parts)"
+    offsets = meta["row_offsets"]
+    if (len(offsets) != meta["num_parts"] + 1 or offsets[0] != 0 or offsets[-1] != meta["num_nodes"]
+            or any(a > b for a, b in zip(offsets, offsets[1:]))):
+        return (f"field 'row_offsets' must have num_parts + 1 = {meta['num_parts'] + 1} non-decreasing entries "
+                f"from 0 to num_nodes = {meta['num_nodes']}")
+    for key, names in (("permutation_file", [meta["permutation_file"]]), ("files", list(meta["files"]))):
+        for name in names:
+            problem = name_problem(name)
+            if problem:
+                return f"field {key!r} names {_shown(name)}, {problem}"
+    expected = {meta["permutation_file"], *map(part_file, range(meta["num_parts"]))}
+    if set(meta["files"]) != expected:
+        odd = sorted(set(meta["files"]) ^ expected)
+        return (f"field 'files' must list {meta['permutation_file']} and one part-NNNNN.npz per part "
+                f"({meta['num_parts']} parts); {', '.join(odd[:3])}{' ...' if len(odd) > 3 else ''} "
+                f"{'is' if len(odd) == 1 else 'are'} amiss")
+    return None
+
+
 def read_meta(data_dir: str | Path) -> dict[str, Any]:
-    """``meta.json`` of a dataset directory, checked for every field the readers use."""
+    """``meta.json`` of a dataset directory, checked for every field the readers use (:func:`meta_problem`).
+
+    Refused (:class:`ShardError`, naming the file and the field): a ``meta.json`` that is a symbolic link,
+    not UTF-8 or not JSON, any :func:`meta_problem`, and a file it lists that is a symbolic link, so that
+    no reader of the dataset ever opens a path outside its directory."""
     if not Path(data_dir).is_dir():
         raise ShardError(f"{data_dir}: no such dataset directory; expected a directory made by "
                          f"`sparse-dist prepare ... --out {data_dir}`")
     path = Path(data_dir) / "meta.json"
+    if path.is_symlink():
+        raise ShardError(f"{path}: a symbolic link, not a file prepare wrote; a dataset holds its own files")
     if not path.is_file():
         raise ShardError(f"{data_dir}: not a prepared dataset (no meta.json); run `sparse-dist prepare` first")
+    raw = path.read_bytes()
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ShardError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                         f"prepare writes meta.json as JSON in UTF-8") from None
     except json.JSONDecodeError as exc:
         raise ShardError(f"{path}: not valid JSON ({exc})") from None
-    missing = [key for key in META_FIELDS if key not in meta]
-    if missing:
-        raise ShardError(f"{path}: missing fields {missing}")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise ShardError(f"{path}: format_version {meta['format_version']}, expected {FORMAT_VERSION}")
-    offsets = meta["row_offsets"]
-    if len(offsets) != meta["num_parts"] + 1 or offsets[0] != 0 or offsets[-1] != meta["num_nodes"]:
-        raise ShardError(f"{path}: row_offsets must have num_parts + 1 = {meta['num_parts'] + 1} entries "
-                         f"from 0 to num_nodes = {meta['num_nodes']}")
+    problem = meta_problem(meta)
+    if problem:
+        raise ShardError(f"{path}: {problem}")
+    linked = sorted(name for name in dataset_files(meta) if (Path(data_dir) / name).is_symlink())
+    if linked:
+        raise ShardError(f"{path}: field {'permutation_file' if linked[0] == meta['permutation_file'] else 'files'!r} "
+                         f"names {linked[0]}, which is a symbolic link; a dataset prepare wrote holds its own files")
     return meta
 
 
