@@ -75,6 +75,11 @@ class Codec:
     def __str__(self) -> str:
         return self.format + (":stochastic" if self.stochastic else "") + (",feedback" if self.feedback else "")
 
+    def tightened(self) -> str | None:
+        """Its text one step closer to exact for the accuracy guard: int8 -> fp16 (no residuals: fp16's error
+        is already 2^-11 of a value), 16-bit -> None (uncompressed)."""
+        return "fp16" if self.format == "int8" else None
+
     def row_bytes(self, width: int) -> int:
         """Bytes one row of ``width`` values travels as."""
         return width + _SCALE_BYTES if self.format == "int8" else 2 * width

@@ -11,7 +11,9 @@ A policy (a sampler of ``--sample`` or a rule of ``--stale``) is a typed object 
 * :meth:`PolicyBase.epoch_work`: an :class:`EpochWork` when it needs work in the training loop (``dgs``
   explains every ``every`` epochs, ``psc`` with a feature cache feeds layer 0), else None. The trainer calls
   the work's hooks and never names a policy;
-* :meth:`PolicyBase.resume_drops`: what of its per-rank state a resume at another layout drops.
+* :meth:`PolicyBase.resume_drops`: what of its per-rank state a resume at another layout drops;
+* :meth:`PolicyBase.tightened`: its text one step toward exact, for the accuracy guard
+  (:mod:`algorithms.training.guard`), or None where the next step is exact.
 """
 
 from __future__ import annotations
@@ -118,6 +120,16 @@ class PolicyBase:
     def resume_drops(self) -> str | None:
         """What of its per-rank state a resume at another world size, replication or plan drops, or None."""
         return None
+
+    def tightened(self) -> str | None:
+        """Its text one step closer to exact (parsed again by the one parser of policy text), or None where
+        the next step is exact itself. The default: straight to exact."""
+        return None
+
+
+def doubled_share(value: float) -> float | None:
+    """A kept share one step toward exact: doubled, or None where doubling reaches 1 (everything kept)."""
+    return None if 2.0 * value >= 1.0 else 2.0 * value
 
 
 def per_edge_refusal(run: RunShape) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from algorithms.hashing import row_hash
-from algorithms.policies.base import PolicyBase
+from algorithms.policies.base import PolicyBase, doubled_share
 from algorithms.policies.registry import PolicyKind
 
 
@@ -42,6 +42,11 @@ class BnsSampler(PolicyBase):
     def samples(self) -> bool:  # type: ignore[override]
         """``p = 1`` sends every row: the exact path, which any plan carries."""
         return self.p < 1.0
+
+    def tightened(self) -> str | None:
+        """Twice the kept share; from ``keep >= 0.5`` on, every row (exact)."""
+        keep = doubled_share(self.p)
+        return None if keep is None else f"{self.name}:keep={keep:g},side={self.side}"
 
     def keep(self, epoch: int, stream: int, global_rows: np.ndarray) -> np.ndarray:
         hashed = row_hash(self.seed, epoch, stream, global_rows)

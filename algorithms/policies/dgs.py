@@ -46,7 +46,8 @@ import numpy as np
 import torch
 
 from algorithms.hashing import uniforms
-from algorithms.policies.base import EpochWork, PolicyBase, RunShape, TrainingParts, per_edge_refusal
+from algorithms.policies.base import (EpochWork, PolicyBase, RunShape, TrainingParts, doubled_share,
+                                      per_edge_refusal)
 from algorithms.policies.dgs_explainer import Explainer, MaskedHalo
 from algorithms.policies.registry import PolicyKind
 from sparse_dist.importance import EdgeProblem
@@ -121,6 +122,14 @@ class DgsSampler(PolicyBase):
 
     def epoch_work(self, parts: TrainingParts) -> EpochWork | None:
         return DgsExplanations(self, parts)
+
+    def tightened(self) -> str | None:
+        """Twice the node share (features too, where sampled); from ``nodes >= 0.5`` on, exact."""
+        nodes = doubled_share(self.nodes)
+        if nodes is None:
+            return None
+        features = min(1.0, 2.0 * self.features)
+        return f"{self.name}:nodes={nodes:g},features={features:g},every={self.every},steps={self.steps}"
 
     def resume_drops(self) -> str | None:
         return ("dgs node probabilities and last received rows (the starting ones until the next explanation; "

@@ -12,6 +12,10 @@ from algorithms.policies.base import PolicyBase, RunShape
 from algorithms.policies.registry import PolicyKind
 
 
+SMOOTHING = 0.95
+"""The smoothing the guard turns on first (PipeGCN's feature and gradient smoothing, gamma 0.95)."""
+
+
 @dataclass(frozen=True)
 class PipeRule(PolicyBase):
     """``pipe:tau=T[,gamma=G]`` (PipeGCN, PSC-GCN): epoch ``t`` uses the boundary rows owners sent in epoch
@@ -51,6 +55,14 @@ class PipeRule(PolicyBase):
             return (f"{self.name}: gamma smooths each boundary row over consecutive messages; with a sampling "
                     f"policy rows arrive in some epochs only, so combine gamma=0 with sampling")
         return None
+
+    def tightened(self) -> str | None:
+        """Smoothing first (``gamma = 0.95``: PipeGCN's), then one epoch less of delay; ``tau = 0`` is exact."""
+        if self.tau == 0:
+            return None
+        if self.gamma == 0.0:
+            return f"{self.name}:tau={self.tau},gamma={SMOOTHING}"
+        return f"{self.name}:tau={self.tau - 1},gamma={self.gamma}" if self.tau > 1 else None
 
     def resume_drops(self) -> str | None:
         if self.tau > 0:

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from algorithms.hashing import uniforms
-from algorithms.policies.base import EpochWork, PolicyBase, RunShape, TrainingParts, per_edge_refusal
+from algorithms.policies.base import (EpochWork, PolicyBase, RunShape, TrainingParts, doubled_share,
+                                      per_edge_refusal)
 from algorithms.policies.registry import PolicyKind
 from algorithms.water_fill import water_fill
 from sparse_dist.csr import entry_rows
@@ -99,6 +100,14 @@ class PscSampler(PolicyBase):
 
     def epoch_work(self, parts: TrainingParts) -> EpochWork | None:
         return PscFeatureCache(self, parts) if self.feeds_layer0 else None
+
+    def tightened(self) -> str | None:
+        """Twice the budget (the other parameters kept); from ``budget >= 0.5`` on, every neighbour (exact)."""
+        budget = doubled_share(self.budget)
+        if budget is None:
+            return None
+        return (f"{self.name}:budget={budget:g},a_inner={self.a_inner:g},a_boundary={self.a_boundary:g},"
+                f"every={self.every},cache={self.cache:g}")
 
     def resume_drops(self) -> str | None:
         return "psc sampling probabilities (the starting ones until the next recomputation)"

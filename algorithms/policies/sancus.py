@@ -17,6 +17,7 @@ every epoch. The strategy that keeps the caches is :class:`sparse_dist.exchange.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -75,6 +76,15 @@ class SancusRule(PolicyBase):
                 flags[view.owner] = view.own_gap > self.eps
         agreed = comm.allgather_array(flags.astype(np.int64)).max(axis=0) > 0
         return never | agreed
+
+    def tightened(self) -> str | None:
+        """Half the staleness bound (whole epochs for e and a); below one epoch, or ``h``'s gap below 0.005,
+        it stops skipping (exact)."""
+        eps = math.floor(self.eps / 2.0) if self.kind != "h" else self.eps / 2.0
+        if eps < (1.0 if self.kind != "h" else 0.005):
+            return None
+        eps_text = f"{eps:g}"
+        return f"{self.name}:eps={eps_text}" + (",skip_backward=1" if self.skip_backward else "")
 
     def resume_drops(self) -> str | None:
         return f"{self.name} caches (they refill at the next exchange)"

@@ -1,0 +1,150 @@
+"""The accuracy guard's rule and the policies' ladders toward exact, in one process (algorithms.training.guard).
+
+The guard's multi-rank behaviour (the same decisions at P = 1, 2, 4, resume inside a tightening, a collapse it
+rescues) is tested under mpiexec in tests/mpi/cases/guard_cases.py.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from algorithms.policies.spec import AxisSpec
+from algorithms.training.guard import Guard, GuardSettings
+from algorithms.training.tighten import ActivePolicies
+
+
+class OneRank:
+    """The one collective the guard enters, on a single rank (records how often it was entered)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def allgather_array(self, values: np.ndarray, phase: str = "other") -> np.ndarray:
+        self.calls += 1
+        return values.reshape(1, -1)
+
+
+def ladder(axis: str, text: str) -> list[str]:
+    spec, steps = AxisSpec.parse(axis, text), [text]
+    while spec.policy is not None:
+        following = spec.policy.tightened()
+        steps.append(following or "exact")
+        spec = AxisSpec.parse(axis, following) if following else AxisSpec(axis)
+    return steps
+
+
+@pytest.mark.parametrize("axis, text, expected", [
+    ("stale", "pipe:tau=1", ["pipe:tau=1", "pipe:tau=1,gamma=0.95", "exact"]),
+    ("stale", "pipe:tau=3,gamma=0.5", ["pipe:tau=3,gamma=0.5", "pipe:tau=2,gamma=0.5", "pipe:tau=1,gamma=0.5",
+                                       "exact"]),
+    ("stale", "pipe:tau=0", ["pipe:tau=0", "exact"]),
+    ("stale", "sancus-e:eps=5", ["sancus-e:eps=5", "sancus-e:eps=2", "sancus-e:eps=1", "exact"]),
+    ("stale", "sancus-a:eps=1,skip_backward=1", ["sancus-a:eps=1,skip_backward=1", "exact"]),
+    ("stale", "sancus-h:eps=0.02", ["sancus-h:eps=0.02", "sancus-h:eps=0.01", "sancus-h:eps=0.005", "exact"]),
+    ("sample", "bns:keep=0.3,side=owner", ["bns:keep=0.3,side=owner", "bns:keep=0.6,side=owner", "exact"]),
+    ("sample", "dgs:nodes=0.5", ["dgs:nodes=0.5", "exact"]),
+])
+def test_every_ladder_reaches_exact_and_each_step_parses(axis: str, text: str, expected: list[str]) -> None:
+    assert ladder(axis, text) == expected
+
+
+def test_psc_keeps_its_other_parameters_while_its_budget_doubles() -> None:
+    steps = ladder("sample", "psc:budget=0.2,every=5,cache=0.5")
+    assert len(steps) == 4 and steps[-1] == "exact"
+    second = AxisSpec.parse("sample", steps[1]).policy
+    assert (second.budget, second.every, second.cache) == (0.4, 5, 0.5)
+
+
+def test_all_axes_tighten_together_and_compression_goes_int8_fp16_none() -> None:
+    policies = ActivePolicies(AxisSpec.parse("sample", "bns:keep=0.4"), AxisSpec.parse("stale", "pipe:tau=1"),
+                              "int8,feedback")
+    first = policies.tightened()
+    assert first.record() == {"sample": "bns:keep=0.8,side=receiver", "stale": "pipe:tau=1,gamma=0.95",
+                              "compress": "fp16"}
+    second = first.tightened()
+    assert second.is_exact and second.text == "exact"
+    assert ActivePolicies.from_record(first.record()).record() == first.record()
+
+
+def kept() -> dict:
+    return {"model": {"w": np.arange(3.0)}, "optimizer": {}}
+
+
+def test_a_validation_fall_for_patience_evaluations_is_agreed_and_then_applied_once() -> None:
+    comm = OneRank()
+    guard = Guard(GuardSettings(drop=0.05, patience=2, warmup=0), comm, active=True)
+    for epoch, value in enumerate([0.5, 0.7, 0.66, 0.64, 0.71], start=1):  # 0.66, 0.64: within 0.05 of 0.7
+        guard.observe_metrics(epoch, {"val_acc": value}, kept)
+    assert not guard.due and guard.state.best_epoch == 5
+    guard.observe_metrics(6, {"val_acc": 0.6}, kept)
+    assert not guard.due  # one strike of two
+    guard.observe_metrics(7, {"val_acc": 0.6}, kept)
+    assert guard.due and "below its best 0.7100 (epoch 5)" in guard.state.pending
+    line = guard.tightened(8, "pipe:tau=1", "pipe:tau=1,gamma=0.95", False, {"stale": "pipe:tau=1,gamma=0.95"})
+    assert not guard.due and guard.state.level == 1 and "weights of epoch 5 restored" in line
+    assert guard.state.decisions[0]["restored_epoch"] == 5 and comm.calls == 7
+
+
+def test_a_rising_loss_or_a_nan_is_a_fall() -> None:
+    guard = Guard(GuardSettings(patience=3, loss_rise=0.5, warmup=0), OneRank(), active=True)
+    for epoch, loss in enumerate([2.0, 1.0, 1.4, 1.6, 1.6], start=1):  # 1.4: within 1.5x of 1.0; two strikes
+        guard.observe_loss(epoch, loss)
+    guard.observe_metrics(1, {"val_acc": 0.5}, kept)
+    assert not guard.due
+    guard.observe_loss(6, 1.7)
+    guard.observe_metrics(2, {"val_acc": 0.5}, kept)
+    assert guard.due and "training loss" in guard.state.pending
+    other = Guard(GuardSettings(), OneRank(), active=True)
+    other.observe_loss(1, math.nan)  # also in the warm-up
+    other.observe_metrics(1, {"val_acc": 0.5}, kept)
+    assert other.due
+
+
+def test_it_never_loosens_and_stops_watching_once_exact() -> None:
+    comm = OneRank()
+    guard = Guard(GuardSettings(patience=1, warmup=0), comm, active=True)
+    guard.observe_metrics(1, {"val_acc": 0.8}, kept)
+    guard.observe_metrics(2, {"val_acc": 0.5}, kept)
+    guard.tightened(3, "bns:keep=0.6", "exact", True, {"sample": "none"})
+    calls = comm.calls
+    for epoch in range(3, 30):  # a long recovery above the old best: no decision, no collective
+        guard.observe_metrics(epoch, {"val_acc": 0.9}, kept)
+    assert not guard.due and guard.state.level == 1 and comm.calls == calls
+
+
+def test_off_or_without_a_policy_it_observes_nothing_and_enters_no_collective() -> None:
+    for settings, active in ((GuardSettings(mode="off"), True), (GuardSettings(), False)):
+        comm = OneRank()
+        guard = Guard(settings, comm, active=active)
+        for epoch in range(1, 10):
+            guard.observe_loss(epoch, float("nan"))
+            guard.observe_metrics(epoch, {"val_acc": 1.0 / epoch}, kept)
+        assert not guard.due and comm.calls == 0
+
+
+def test_its_state_survives_a_round_trip() -> None:
+    guard = Guard(GuardSettings(patience=1, warmup=0), OneRank(), active=True)
+    guard.observe_metrics(1, {"val_f1": 0.8}, kept)
+    guard.observe_metrics(2, {"val_f1": 0.1}, kept)
+    guard.tightened(3, "a", "b", False, {"stale": "b"})
+    copy = Guard(GuardSettings(patience=1), OneRank(), active=True)
+    copy.load_state_dict(guard.state_dict())
+    assert copy.state == guard.state and np.array_equal(copy.kept["model"]["w"], np.arange(3.0))
+
+
+def test_the_warmup_sets_the_best_but_counts_no_strike() -> None:
+    guard = Guard(GuardSettings(patience=1, warmup=3), OneRank(), active=True)
+    for epoch, value in enumerate([0.6, 0.3, 0.3], start=1):
+        guard.observe_loss(epoch, 10.0 * epoch)
+        guard.observe_metrics(epoch, {"val_acc": value}, kept)
+    assert not guard.due and guard.state.best_epoch == 1
+    guard.observe_metrics(4, {"val_acc": 0.3}, kept)
+    assert guard.due
+
+
+@pytest.mark.parametrize("field, value", [("mode", "on"), ("drop", 0.0), ("drop", 1.0), ("patience", 0),
+                                          ("loss_rise", 0.0), ("warmup", -1)])
+def test_settings_out_of_range_are_refused(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match="guard"):
+        GuardSettings(**{field: value})
