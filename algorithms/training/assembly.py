@@ -26,6 +26,8 @@ from algorithms.static_input import (HaloBudgetError, choose_input_exchange, eva
                                      receiver_side)
 from algorithms.training.config import PROGRESS_MODES, TrainConfig
 from algorithms.training.graph import LocalGraph, scaled_features
+from algorithms.training.guard import Guard
+from algorithms.training.tighten import ActivePolicies
 from algorithms.training.metrics import SPLITS, moved_since
 from sparse_dist.comm import Communicator, ProgressThread, said_once, spans_nodes, threads_may_call_mpi
 from sparse_dist.compress import Codec
@@ -58,6 +60,8 @@ class TrainingRun:
                 self.input_exchange = work.input_exchange(self.input_exchange, str(spec), config.input_exchange)
                 self.work.append(work)
         self.optimizer = self._optimizer()
+        self.policies = ActivePolicies(config.sample, config.stale, config.compress)  # the guard may tighten them
+        self.guard = Guard(config.guard_settings(), comm, active=not self.policies.is_exact)
         self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}
 
@@ -98,7 +102,7 @@ class TrainingRun:
         self.progress_mode = progress if all_at_once else "none"
         strategy.tests_progress = self.progress_mode != "none"
         self._evaluation_in_flight: Callable[[], bool] = lambda: False
-        self.progress_thread = (ProgressThread(comm, lambda: strategy.outstanding() > 0
+        self.progress_thread = (ProgressThread(comm, lambda: self.spmm.strategy.outstanding() > 0
                                                or self._evaluation_in_flight())
                                 if progress == "thread" else None)
         return dims

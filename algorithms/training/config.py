@@ -8,6 +8,7 @@ from typing import Any
 
 from algorithms.layers import LayerOptions
 from algorithms.policies.spec import AxisSpec
+from algorithms.training.guard import GuardSettings
 
 PROGRESS_MODES: tuple[str, ...] = ("auto", "test", "thread", "none")
 """How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
@@ -46,6 +47,11 @@ class TrainConfig:
     heads: int = 1                 # GAT: attention heads of each hidden layer (concatenated)
     output_heads: int = 1          # GAT: attention heads of the output layer (averaged)
     attention_dropout: float = 0.0  # GAT: dropout on the attention weights
+    guard: str = "auto"            # the accuracy guard (algorithms.training.guard): "auto" (on with a policy), "off"
+    guard_drop: float = 0.02       # falling: validation this far below its best ...
+    guard_patience: int = 3        # ... for this many evaluations (or the loss above its lowest this many steps)
+    guard_loss_rise: float = 0.25  # falling: training loss above (1 + this) x its lowest since the last tightening
+    guard_warmup: int = 10         # epochs that only set the best (early training swings even when exact)
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -64,6 +70,10 @@ class TrainConfig:
         """Every field as plain JSON values (policies as their text)."""
         values = {key: getattr(self, key) for key in self.__dataclass_fields__}
         return {key: str(value) if isinstance(value, AxisSpec) else value for key, value in values.items()}
+
+    def guard_settings(self) -> GuardSettings:
+        return GuardSettings(self.guard, self.guard_drop, self.guard_patience, self.guard_loss_rise,
+                             self.guard_warmup)
 
     def layer_options(self) -> LayerOptions:
         """The options only some layer kinds take (attention heads, attention dropout)."""

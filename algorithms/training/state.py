@@ -14,6 +14,7 @@ import torch
 
 from algorithms.checkpoint import checkpoint_mismatch
 from algorithms.training.assembly import TrainingRun
+from algorithms.training.tighten import ActivePolicies, install
 
 
 def written_at(run: TrainingRun) -> dict[str, Any]:
@@ -33,6 +34,7 @@ def replicated_state(run: TrainingRun) -> dict[str, Any]:
              "written_at": written_at(run)}
     for work in run.work:
         state.update(work.state())
+    state.update(run.guard.state_dict())
     return state
 
 
@@ -41,6 +43,9 @@ def load_replicated_state(run: TrainingRun, state: dict[str, Any]) -> None:
     run.optimizer.load_state_dict(state["optimizer"])
     run.epoch = int(state["epoch"])
     torch.set_rng_state(state["torch_rng"])
+    run.guard.load_state_dict(state)
+    if run.guard.state.policies is not None:  # the guard had tightened: train on with what it chose
+        install(run, ActivePolicies.from_record(run.guard.state.policies))
     for work in run.work:
         work.load_state(state)
 

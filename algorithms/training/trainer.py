@@ -33,6 +33,7 @@ from algorithms.training.audit import Audit
 from algorithms.training.config import TrainConfig
 from algorithms.training.graph import LocalGraph
 from algorithms.training.metrics import TIMED_PARTS, local_loss_sum, moved_since, split_metrics, step_breakdown
+from algorithms.training.tighten import tighten
 from sparse_dist.comm import Communicator
 from sparse_dist.hostmem import keep_freed_memory
 
@@ -84,6 +85,7 @@ class Trainer(TrainingRun):
         weights and masks, and that forward's own seconds and bytes (kept out of the step's figures).
         """
         self._post_deferred()  # a promised evaluation that did not come
+        guarded = tighten(self) if self.guard.due else None  # agreed at the last evaluation: collective
         audit = self.audit.begin() if self.audit.due(self.epoch) else None
         stats_before = self.comm.stats.snapshot()
         self.spmm.reset_compute()
@@ -106,7 +108,9 @@ class Trainer(TrainingRun):
         if alongside is not None:
             extra["evaluation"] = alongside.finish()  # before the optimiser changes the weights
             self.eval_bytes = alongside.share.bytes()
+            self.guard.observe_metrics(self.epoch, extra["evaluation"], self._kept_state)
         flat = self.allreduce_gradients(loss)
+        self.guard.observe_loss(self.epoch + 1, float(flat[-1]))
         deferring = evaluation_follows and self.spmm.strategy.defers_gradients
         if not deferring:
             self.spmm.strategy.start_deferred()  # pipe: this step's gradient flights, behind the allreduce
@@ -126,6 +130,8 @@ class Trainer(TrainingRun):
                   "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes(), **extra}
         for work in self.work:  # e.g. psc's feature-cache hits
             record.update(work.after_epoch())
+        if guarded is not None:
+            record["guard"] = guarded
         if audit is not None:
             assert used is not None
             record["audit"] = self.audit.end(audit, used)
@@ -141,6 +147,10 @@ class Trainer(TrainingRun):
                                         self.spmm.plan, self.evaluation_comm)
         self._evaluation_in_flight = lambda: alongside.in_flight
         return alongside
+
+    def complete_deferred(self) -> None:
+        """Post the gradient flights a step left for its evaluation now (collective; see :meth:`train_epoch`)."""
+        self._post_deferred()
 
     def _post_deferred(self) -> None:
         """Post the gradient flights a step left for after the evaluation, and add their bytes to that step's
@@ -183,7 +193,12 @@ class Trainer(TrainingRun):
         metrics = self._exact_metrics()
         self.eval_bytes = moved_since(self.comm, before)
         self._post_deferred()  # the last step's gradient flights, if it left them for now
+        self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
         return metrics
+
+    def _kept_state(self) -> dict[str, Any]:
+        """What the guard keeps of the best evaluation: the replicated weights and Adam state."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def _exact_metrics(self) -> dict[str, float]:
         """Accuracy per split from an exact forward without dropout (collective)."""

@@ -1,0 +1,101 @@
+"""Replace a running trainer's policies with tighter ones, between two steps: what the accuracy guard
+(:mod:`algorithms.training.guard`) does when a policy falls behind.
+
+The policies in force are :class:`ActivePolicies` (the two axes' parsed text and the compression text). A
+swap completes every flight the old strategy keeps (pipelined rows and gradients, a step's deferred gradient
+flights), builds the new strategy through the same factory as set-up, binds it to the plan, replaces the codec
+(its residuals go: an fp16 codec has none) and rebuilds the policies' per-epoch work (``psc``'s feature cache,
+``dgs``' explanations; collective where the work says so). Layer 0's input stays what set-up chose: a policy
+that fed layer 0 itself leaves the per-epoch input exchange behind, which is exact.
+
+Collective: :func:`install` and :func:`tighten` are entered by every rank at the same epoch (the guard agrees
+on it first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from algorithms.policies.spec import AxisSpec
+from sparse_dist.compress import Codec
+from sparse_dist.factory import make_strategy
+
+
+@dataclass(frozen=True)
+class ActivePolicies:
+    """The policies a run trains with now: sampling and staleness axes, and the compression text."""
+
+    sample: AxisSpec
+    stale: AxisSpec
+    compress: str = "none"
+
+    @property
+    def is_exact(self) -> bool:
+        return self.sample.is_none and self.stale.is_none and Codec.parse(self.compress) is None
+
+    @property
+    def text(self) -> str:
+        axes = [str(axis) for axis in (self.sample, self.stale) if not axis.is_none]
+        if Codec.parse(self.compress) is not None:
+            axes.append(f"compress {self.compress}")
+        return " + ".join(axes) or "exact"
+
+    def tightened(self) -> "ActivePolicies":
+        """Every active axis one step toward exact (each policy and the codec answer for themselves)."""
+        axes = []
+        for axis in (self.sample, self.stale):
+            following = axis.policy.tightened() if axis.policy is not None else None
+            axes.append(AxisSpec.parse(axis.axis, following) if following else AxisSpec(axis.axis))
+        codec = Codec.parse(self.compress)
+        compress = (codec.tightened() or "none") if codec is not None else "none"
+        return ActivePolicies(axes[0], axes[1], compress)
+
+    def record(self) -> dict[str, str]:
+        return {"sample": str(self.sample), "stale": str(self.stale), "compress": self.compress}
+
+    @classmethod
+    def from_record(cls, record: dict[str, str]) -> "ActivePolicies":
+        return cls(AxisSpec.parse("sample", record["sample"]), AxisSpec.parse("stale", record["stale"]),
+                   record["compress"])
+
+
+def install(run: Any, policies: ActivePolicies) -> None:
+    """Make ``run`` (a :class:`~algorithms.training.trainer.Trainer`) train with ``policies`` from its next
+    step on (collective: completes the old strategy's flights, rebuilds the policies' work)."""
+    run.complete_deferred()
+    old = run.spmm.strategy
+    old.complete_outstanding()
+    sampler, rule = policies.sample.build(seed=run.config.seed), policies.stale.build()
+    strategy = make_strategy(sampler, rule)
+    strategy.tests_progress = run.progress_mode != "none"  # as set-up set it (a tighter policy never adds pipe)
+    plan = run.spmm.plan
+    problem = plan.refusal(samples=strategy.samples, caches=strategy.caches, per_receiver=strategy.per_receiver)
+    if problem:  # a tighter policy needs no more of a plan than the looser one did
+        raise ValueError(f"the guard's {policies.text} cannot run on --plan {run.config.plan}: {problem}")
+    plan.strategy = strategy
+    strategy.bind(plan)
+    run.codec = Codec.parse(policies.compress, seed=run.config.seed)
+    plan.codec = run.codec
+    run.work = []
+    for spec, policy in ((policies.sample, sampler), (policies.stale, rule)):
+        work = policy.epoch_work(run) if policy is not None else None  # psc's cache: collective
+        if work is not None:
+            run.input_exchange = work.input_exchange(run.input_exchange, str(spec), run.config.input_exchange)
+            run.work.append(work)
+    run.policies = policies
+
+
+def tighten(run: Any) -> dict[str, Any]:
+    """The guard's agreed tightening, before ``run``'s next step: restore the best evaluation's weights and
+    Adam state (where kept), install the next policies; returns the decision (with ``line`` for rank 0 to say).
+    Collective."""
+    before = run.policies
+    after = before.tightened()
+    kept = run.guard.kept
+    if kept is not None:
+        run.model.load_state_dict(kept["model"])
+        run.optimizer.load_state_dict(kept["optimizer"])
+    install(run, after)
+    line = run.guard.tightened(run.epoch + 1, before.text, after.text, after.is_exact, after.record())
+    return {**run.guard.state.decisions[-1], "line": line}
