@@ -14,8 +14,10 @@ not count as done, and its re-run starts that file afresh (truncated, never
 appended to) and renames it to ``RUN.jsonl`` when it completes. Synthetic
 datasets are prepared once per size under ``OUTPUT/data``.
 
-Output, under the study's ``output`` directory:
+Output, under the study's ``output`` directory (only into one the sweep made or marked as this study's,
+or with ``overwrite = true`` in ``[study]``: :mod:`runners.study.output`):
 
+* ``.sparse-dist-sweep.json``: the mark that the directory holds this study's results;
 * ``runs/RUN.jsonl`` and ``runs/RUN.log``: each run's results and its output (``runs/RUN.jsonl.partial``
   while it runs, or after it was killed);
 * ``results.csv``: one row per finished run (:mod:`runners.study.collect`), rewritten after each run;
@@ -40,6 +42,7 @@ from typing import Any
 
 from runners.launcher_path import find_mpiexec
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
+from runners.study.output import claim_output, output_problem
 from runners.study.spec import Run, Study, StudyError, load_study
 from runners.study.train_table import train_flags
 
@@ -112,31 +115,49 @@ def prepare_command(study: Study, run: Run) -> list[str]:
             "--overwrite", *[f"--{key}={value}" for key, value in settings.items()]]
 
 
+STOP_GRACE = 10.0
+"""Seconds a job has to stop after SIGTERM (its time limit, or the sweep's end) before it is killed whole."""
+
+
 def _execute(command: list[str], log_path: Path, timeout: float) -> tuple[int | None, float]:
-    """Run ``command`` in its own process group, output to ``log_path``; rc None when it timed out."""
+    """Run ``command`` under :mod:`runners.study.guard`, output to ``log_path``; rc None when it timed out.
+
+    The guard dies with this process (``kill -9`` of the sweep included) and stops the job whole: its time
+    limit, Ctrl-C or an error here sends it SIGTERM, and it kills every process of the job still running
+    :data:`STOP_GRACE` seconds later."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    guarded = [sys.executable, "-m", "runners.study.guard", str(os.getpid()), f"{STOP_GRACE:g}", "--", *command]
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(guarded, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc: int | None = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
         except BaseException:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            _stop(process)
             raise
         if rc is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            _stop(process)
             log.write(f"\nsparse-dist sweep: killed after the study's timeout of {timeout:g} s\n")
     return rc, time.perf_counter() - started
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Ask the guard to stop its job (SIGTERM, then SIGKILL to the whole job after the grace); kill the guard's
+    session if it has not finished a while after that."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_GRACE + 10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _tail(path: Path, lines: int = 6) -> str:
@@ -184,11 +205,16 @@ class StudyTable:
 
 def main(comm: object, args: argparse.Namespace) -> int:
     study = load_study(args.study)
+    problem = output_problem(study)  # a dry run says it too: the sweep it shows would stop here
+    if problem:
+        raise StudyError(problem)
     runs, skipped = study.runs()
     launcher = launcher_for(study)
     for line in skipped:
         print(f"skipped: {line}")
     table = StudyTable(study, launcher)
+    if not args.dry_run:
+        claim_output(study)
     if args.collect_only:
         for run in runs:
             table.add(run)
