@@ -21,6 +21,8 @@ A study file (see ``studies/`` and the README)::
     launcher_args = []                     # e.g. ["--oversubscribe"] for Open MPI's mpiexec
     # target_acc = 0.78                    # results.csv's time_to_target: validation accuracy in (0, 1]
                                            # (default: 0.98 x the best of the exact p2p run, same dataset and P)
+    # overwrite = true                     # write into an output this study's sweep did not mark as its own
+                                           # (runners.study.output: its .sparse-dist-sweep.json)
 
     [train]                                # any `sparse-dist train` option, by its long name
     hidden = 64
@@ -85,7 +87,7 @@ from sparse_dist.compress import Codec
 from sparse_dist.plans import PLAN_NAMES
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "compress", "seeds",
-              "epochs", "warmup", "timeout", "launcher", "launcher_args", "target_acc"}
+              "epochs", "warmup", "timeout", "launcher", "launcher_args", "target_acc", "overwrite"}
 DATASET_KEYS = {"name", "path", "synthetic", "partitioner", "parts", "nodes_per_rank", "sizes", "seed", "epochs"}
 POLICY_ENTRY_KEYS = {"policy", "plans", "compress", "name", "train"}
 SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
@@ -214,6 +216,7 @@ class Study:
     network: NetworkSpec | None = None
     target_acc: float | None = None  # results.csv's time-to-target; None: runners.study.collect's default
     compress: list[str] = field(default_factory=lambda: ["none"])
+    overwrite: bool = False  # the sweep may write into an output it did not mark as its own (runners.study.output)
 
     def configurations(self) -> list[tuple[str, PolicySpec, str]]:
         """Every (plan, policy, compression) the study crosses, in run order, refused combinations included."""
@@ -495,7 +498,8 @@ def load_study(path: str | Path) -> Study:
                    launcher_args=_str_list(f"{path}: study.launcher_args", study["launcher_args"])
                    if study.get("launcher_args") else [],
                    train=dict(train), datasets=datasets, network=network,
-                   target_acc=float(target_acc) if target_acc is not None else None, compress=list(compress))
+                   target_acc=float(target_acc) if target_acc is not None else None, compress=list(compress),
+                   overwrite=_expect(f"{path}: study.overwrite", study.get("overwrite", False), bool, "true or false"))
     configurations = parsed.entry_configurations()
     seen: set[tuple[str, str, str, str]] = set()
     for plan, policy, codec, entry in configurations:
@@ -504,7 +508,9 @@ def load_study(path: str | Path) -> Study:
             raise StudyError(f"{path}: study.policies: plan {plan}, policy {policy.text}, compress {codec}{named} "
                              f"comes from two entries; list each configuration once")
         seen.add((plan, policy.text, codec, entry.name))
-    problem = check_train_table(train, configurations)
+    runs, _ = parsed.runs()
+    data_dirs = sorted({parsed.prepared_dir(run) for run in runs}) or [parsed.data_dir]
+    problem = check_train_table(train, configurations, data_dirs)
     if problem:
         raise StudyError(f"{path}: {problem}")
     return parsed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+from pathlib import Path
 from typing import Any
 
 from algorithms.policies import PolicySpec
@@ -41,13 +42,17 @@ def _train_parser() -> _TrainParser:
     return parser
 
 
-def check_train_table(train: dict[str, Any], configurations: list[tuple[str, PolicySpec, str, Any]]) -> str | None:
+def check_train_table(train: dict[str, Any], configurations: list[tuple[str, PolicySpec, str, Any]],
+                      data_dirs: list[Path] | None = None) -> str | None:
     """Why a study's ``[train]`` table cannot run (one sentence), or None: a key that is no ``train`` option
     (suggesting the nearest), a value its typed parser refuses, or a combination ``train`` would refuse with
-    one of the study's (plan, policy, compression) configurations. Run when a study is loaded, so
-    ``--dry-run`` and every sweep check it before any launch."""
+    one of the study's (plan, policy, compression) configurations on one of its dataset directories
+    ``data_dirs`` (the runs' real ``--data``, so that a path checked against it, such as a ``checkpoint``,
+    is refused for a true reason or not at all; default: the current directory). Run when a study is loaded,
+    so ``--dry-run`` and every sweep check it before any launch."""
     from runners.train_cmd import check_arguments
 
+    data_dirs = data_dirs or [Path(".")]
     parser = _train_parser()
     options = sorted({flag[2:].replace("-", "_") for action in parser._actions for flag in action.option_strings})
     for key, value in train.items():
@@ -57,21 +62,22 @@ def check_train_table(train: dict[str, Any], configurations: list[tuple[str, Pol
             hint = f"; did you mean {close[0]}?" if close else f"; expected some of {options}"
             return f"[train] {key}: not an option of `sparse-dist train`{hint}"
         try:
-            parser.parse_args(["--data", ".", *train_flags({key: value})])
+            parser.parse_args(["--data", str(data_dirs[0]), *train_flags({key: value})])
         except _FlagRefused as exc:
             return f"[train] {key} = {value!r}: {exc}"
-    for plan, policy, compress, entry in configurations:
-        if policy.refusal(plan):
-            continue  # the study skips it
-        where = "[train]" if not entry.name else f"[train] and variant {entry.name}'s train"
-        try:
-            args = parser.parse_args(["--data", ".", "--plan", plan, "--sample", str(policy.sample),
-                                      "--stale", str(policy.stale), "--compress", compress, *train_flags(train),
-                                      *train_flags(dict(entry.train))])
-        except _FlagRefused as exc:
-            return f"{where}: {exc}"
-        problem = check_arguments(args)
-        if problem:
-            shown = "" if compress == "none" else f" and compress {compress}"
-            return f"{where} with plan {plan} and policy {policy.text}{shown}: {problem}"
+    for data in data_dirs:
+        for plan, policy, compress, entry in configurations:
+            if policy.refusal(plan):
+                continue  # the study skips it
+            where = "[train]" if not entry.name else f"[train] and variant {entry.name}'s train"
+            try:
+                args = parser.parse_args(["--data", str(data), "--plan", plan, "--sample", str(policy.sample),
+                                          "--stale", str(policy.stale), "--compress", compress, *train_flags(train),
+                                          *train_flags(dict(entry.train))])
+            except _FlagRefused as exc:
+                return f"{where}: {exc}"
+            problem = check_arguments(args)
+            if problem:
+                shown = "" if compress == "none" else f" and compress {compress}"
+                return f"{where} with plan {plan} and policy {policy.text}{shown}: {problem}"
     return None

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import csv
+import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +173,104 @@ def test_bad_study_is_one_clear_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"{path}: study.plans: unknown plan 'ring'" in result.stderr
 
+
+
+def _small_study(tmp_path: Path, extra_study: str = "", train: str = "", epochs: int = 4) -> Path:
+    """A one-run study (P = 1) on a 120-node dataset at ``tmp_path/data``."""
+    if not (tmp_path / "data").exists():
+        write(random_directed(n=120, seed=2), tmp_path / "data", parts=1)
+    path = tmp_path / "study.toml"
+    path.write_text(STUDY.format(timeout=120).replace("ranks = [1, 3]", "ranks = [1]")
+                    .replace('plans = ["sparse-bcast", "p2p"]', 'plans = ["p2p"]')
+                    .replace('policies = ["exact", "sancus-e:eps=1"]', 'policies = ["exact"]')
+                    .replace("epochs = 4", f"epochs = {epochs}").replace('name = "t"', f'name = "t"\n{extra_study}')
+                    .replace("[train]", f"[train]\n{train}"))
+    return path
+
+
+def test_an_output_holding_files_the_study_did_not_write_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    path = _small_study(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.csv").write_bytes(b"my own table\n")
+    (tmp_path / "out" / "runs.jsonl").write_bytes(b'{"mine": 1}\n')
+    for flags in ([], ["--dry-run"]):
+        result = subprocess.run([SPARSE_DIST, "sweep", *flags, str(path)], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"sparse-dist sweep: {path}: study.output {tmp_path / 'out'} holds files this study's sweep did not "
+            f"write (results.csv, runs.jsonl), so nothing was written there; choose another output, or set "
+            f"overwrite = true in [study] to let the sweep replace its results.csv and runs.jsonl there"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["results.csv", "runs.jsonl"]
+    assert (tmp_path / "out" / "results.csv").read_bytes() == b"my own table\n"
+    path.write_text(path.read_text().replace('name = "t"', 'name = "t"\noverwrite = true'))
+    collected = subprocess.run([SPARSE_DIST, "sweep", "--collect-only", str(path)], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=120)
+    assert collected.returncode == 0, collected.stderr
+    assert (tmp_path / "out" / "results.csv").read_bytes() != b"my own table\n"
+    assert json.loads((tmp_path / "out" / ".sparse-dist-sweep.json").read_text()) == {
+        "written_by": "sparse-dist sweep", "study": "t"}
+    path.write_text(path.read_text().replace("overwrite = true", ""))  # marked as the study's own: goes on
+    again = subprocess.run([SPARSE_DIST, "sweep", "--collect-only", str(path)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    path.write_text(path.read_text().replace('name = "t"', 'name = "other"'))  # another study's output: refused
+    other = subprocess.run([SPARSE_DIST, "sweep", "--collect-only", str(path)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    assert other.returncode == 2 and "holds the results of another study, 't'" in other.stderr, other.stderr
+
+
+def test_a_checkpoint_is_checked_against_the_runs_real_dataset(tmp_path: Path) -> None:
+    outside = _small_study(tmp_path, train=f'checkpoint = "{tmp_path / "run.ckpt"}"')
+    result = subprocess.run([SPARSE_DIST, "sweep", "--dry-run", str(outside)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr  # absolute, beside the dataset: no false "lies inside ." any more
+    assert f"--checkpoint {tmp_path / 'run.ckpt'}" in result.stdout
+    inside = _small_study(tmp_path, train=f'checkpoint = "{tmp_path / "data" / "run.ckpt"}"')
+    refused = subprocess.run([SPARSE_DIST, "sweep", "--dry-run", str(inside)], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2
+    assert (f"--checkpoint {tmp_path / 'data' / 'run.ckpt'} lies inside the --data dataset directory "
+            f"{tmp_path / 'data'}") in refused.stderr
+
+
+def _processes_below(pid: int) -> list[int]:
+    from runners.study.guard import descendants
+
+    return descendants(pid)
+
+
+def test_a_killed_sweep_leaves_no_process_of_its_runs(tmp_path: Path) -> None:
+    path = _small_study(tmp_path, epochs=100000)
+    sweep = subprocess.Popen([SPARSE_DIST, "sweep", str(path)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not list((tmp_path / "out" / "runs").glob("*.jsonl.partial")) and time.monotonic() < deadline:
+            assert sweep.poll() is None
+            time.sleep(0.2)
+        job = _processes_below(sweep.pid)  # guard, mpiexec, hydra's proxy and the rank (in sessions of their own)
+        assert len(job) >= 3, job
+        sweep.kill()
+        sweep.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while _alive(job) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(job), _alive(job)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+            sweep.wait()
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that still run (a zombie waiting for PID 1 to reap it does not)."""
+    running = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                    running.append(pid)
+        except OSError:
+            pass
+    return running
