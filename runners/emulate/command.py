@@ -205,11 +205,11 @@ def run(args: argparse.Namespace) -> int:
     check_privileges()
     mpiexec = hydra_mpiexec()
     stale = leftovers()
-    _remove_stale_scratch()
-    if stale:
-        remove_namespaces(stale)
-        print(f"sparse-dist emulate: removed {len(stale)} namespace(s) a killed run left: {' '.join(stale)}",
-              file=sys.stderr)
+    scratch = _remove_stale_scratch()
+    remove_namespaces(stale)
+    if stale or scratch:
+        print(f"sparse-dist emulate: removed {len(stale)} namespace(s) and {len(scratch)} scratch directory(ies) "
+              f"killed runs left: {' '.join(stale + scratch)}", file=sys.stderr)
     link = LinkSpec(args.bandwidth, args.latency)
     prefix = prefix_of(os.getpid())
     with EmulatedCluster(args.nodes, link, prefix) as cluster, \
@@ -237,14 +237,24 @@ def run(args: argparse.Namespace) -> int:
     return rc
 
 
+def _is_wrapper(path: Path) -> bool:
+    """Whether ``path`` is a launcher wrapper :func:`runners.emulate.launcher.write_wrapper` wrote (a plain file,
+    not a symbolic link, running this package's launcher)."""
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > 4096:
+        return False
+    text = path.read_bytes()
+    return text.startswith(b"#!/bin/sh\nexec ") and b" -m runners.emulate.launcher " in text
+
+
 def _remove_stale_scratch() -> list[str]:
     """Remove the scratch directories (``TMPDIR/sdemu-PID-*`` holding only the launcher wrapper ``ssh``) of runs
-    whose ``emulate`` no longer runs: a SIGKILLed run cannot remove its own. Anything else there is left alone."""
+    whose ``emulate`` no longer runs: a SIGKILLed run cannot remove its own. Anything else there (another
+    file, a symbolic link, a wrapper that is not ours) is left alone."""
     removed = []
     for directory in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         match = re.fullmatch(re.escape(PREFIX) + r"(\d+)-.*", directory.name)
         if (not match or not directory.is_dir() or directory.is_symlink() or owner_alive(int(match.group(1)))
-                or sorted(p.name for p in directory.iterdir()) != ["ssh"]):
+                or sorted(p.name for p in directory.iterdir()) != ["ssh"] or not _is_wrapper(directory / "ssh")):
             continue
         (directory / "ssh").unlink()
         directory.rmdir()
@@ -270,7 +280,8 @@ def main(comm: object, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("sparse-dist emulate: interrupted; the job and its network are gone", file=sys.stderr)
         return 130
-    except SystemExit as exc:  # SIGTERM, after tear-down
-        if exc.code == 128 + signal.SIGTERM:
-            print("sparse-dist emulate: terminated; the job and its network are gone", file=sys.stderr)
-        raise
+    except SystemExit as exc:  # SIGTERM, after tear-down: said here, once (returned, so no one says it again)
+        if exc.code != 128 + signal.SIGTERM:
+            raise
+        print("sparse-dist emulate: terminated (SIGTERM); the job and its network are gone", file=sys.stderr)
+        return 128 + signal.SIGTERM

@@ -185,6 +185,10 @@ def test_tears_down_after_ctrl_c_and_sigterm(tmp_path: Path, how: str) -> None:
     rc, _, stderr = _finish(process, timeout=60)
     assert rc == {"sigint": 130, "sigterm": 143}[how], stderr
     assert _ours(process.pid) == [] and _processes_with(marker) == []
+    if how == "sigterm":  # said once, by emulate (the program's name never printed as a list)
+        said = [line for line in stderr.splitlines() if "terminated" in line.lower()]
+        assert said == ["sparse-dist emulate: terminated (SIGTERM); the job and its network are gone"], stderr
+        assert "['" not in stderr
 
 
 @needs_namespaces
@@ -200,6 +204,47 @@ def test_cleanup_removes_what_a_killed_run_left(tmp_path: Path) -> None:
     scratch = list(Path(tempfile.gettempdir()).glob(f"{prefix_of(process.pid)}*"))
     assert scratch == [], scratch  # the killed run's launcher wrapper directory went with its namespaces
     _wait_for(lambda: _processes_with(marker) == [], seconds=10)
+
+
+@needs_namespaces
+def test_the_next_emulate_removes_and_names_what_a_killed_run_left(tmp_path: Path) -> None:
+    process, marker = _sleeping_job(tmp_path)
+    os.kill(process.pid, signal.SIGKILL)
+    _finish(process, timeout=30)
+    assert len(_ours(process.pid)) == 4
+    scratch = list(Path(tempfile.gettempdir()).glob(f"{prefix_of(process.pid)}*"))
+    assert len(scratch) == 1
+    after = _emulate("--nodes", "1", "--bandwidth", "1gbit", "--", "true")
+    rc, _, stderr = _finish(after, timeout=60)
+    assert rc == 0, stderr
+    [line] = [line for line in stderr.splitlines() if "killed runs left" in line]
+    assert line.startswith("sparse-dist emulate: removed 4 namespace(s) and 1 scratch directory(ies) killed runs "
+                           "left: ") and f"{prefix_of(process.pid)}n0" in line and str(scratch[0]) in line, line
+    assert _ours(process.pid) == [] and not scratch[0].exists()
+    _wait_for(lambda: _processes_with(marker) == [], seconds=10)
+
+
+def test_a_scratch_directory_is_removed_only_when_it_holds_our_wrapper(tmp_path: Path) -> None:
+    from runners.emulate.launcher import write_wrapper
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ours = Path(tempfile.mkdtemp(prefix=f"{prefix_of(dead.pid)}"))
+    write_wrapper(ours, prefix_of(dead.pid), 2, pin=True)
+    foreign = Path(tempfile.mkdtemp(prefix=f"{prefix_of(dead.pid)}"))
+    (foreign / "ssh").write_bytes(b"#!/bin/sh\necho my own script\n")
+    linked = Path(tempfile.mkdtemp(prefix=f"{prefix_of(dead.pid)}"))
+    (tmp_path / "victim").write_bytes(b"mine")
+    (linked / "ssh").symlink_to(tmp_path / "victim")
+    try:
+        removed = emulate_command._remove_stale_scratch()
+        assert str(ours) in removed and not ours.exists()
+        assert str(foreign) not in removed and (foreign / "ssh").read_bytes() == b"#!/bin/sh\necho my own script\n"
+        assert str(linked) not in removed and (tmp_path / "victim").read_bytes() == b"mine"
+    finally:
+        for directory in (foreign, linked):
+            (directory / "ssh").unlink(missing_ok=True)
+            directory.rmdir()
 
 
 def _records(path: Path) -> list[dict]:
