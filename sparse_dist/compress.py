@@ -62,15 +62,22 @@ class Codec:
 
     @classmethod
     def parse(cls, text: str, seed: int = 0) -> "Codec | None":
-        """``none`` -> None; ``FORMAT[:stochastic][,feedback]`` -> a codec."""
+        """``none`` -> None; ``FORMAT[:stochastic][,feedback]`` -> a codec; empty text is refused (it would
+        silently mean none)."""
         spec = text.strip()
-        if spec in ("", "none"):
+        if not spec:
+            raise ValueError("--compress '': an empty format; write none for no compression, or "
+                             "fp16|bf16|int8[:stochastic][,feedback]")
+        if spec == "none":
             return None
         head, *options = [piece.strip() for piece in spec.split(",")]
         name, _, rounding = head.partition(":")
         if rounding not in ("", "stochastic") or any(option != "feedback" for option in options):
             raise ValueError(f"--compress {spec!r}: expected fp16|bf16|int8[:stochastic][,feedback]")
-        return cls(name, rounding == "stochastic", bool(options), seed)
+        try:
+            return cls(name, rounding == "stochastic", bool(options), seed)
+        except ValueError as exc:
+            raise ValueError(f"--compress {spec!r}: {exc}") from None
 
     def __str__(self) -> str:
         return self.format + (":stochastic" if self.stochastic else "") + (",feedback" if self.feedback else "")

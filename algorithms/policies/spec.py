@@ -19,6 +19,31 @@ from algorithms.policies.registry import AXIS_WORD, KINDS, PolicyKind
 from sparse_dist.plans import plan_class
 
 
+PARAM_LIMITS: dict[str, dict[str, tuple[float, str]]] = {
+    "psc": {"a_inner": (100.0, "an exponent of the sampling weights"),
+            "a_boundary": (100.0, "an exponent of the sampling weights"),
+            "every": (10**7, "epochs between recomputations, as train --epochs' bound")},
+    "dgs": {"every": (10**7, "epochs between explanations, as train --epochs' bound"),
+            "steps": (10**4, "optimiser steps of every explanation, each a forward and a backward")},
+    "sancus-e": {"eps": (10**7, "epochs a cached block may age, as train --epochs' bound")},
+    "sancus-a": {"eps": (10**7, "epochs a cached block may age, as train --epochs' bound")},
+    "sancus-h": {"eps": (10.0**6, "a variation-gap threshold; 0 resends every changed block")},
+    "pipe": {"tau": (1000, "epochs of delay; every epoch of delay keeps one more set of boundary rows in flight")},
+}
+"""Policy name -> parameter -> (its largest value, why): the upper ends a policy's own checks leave open (its
+lower ends and the shares in [0, 1] are its own). Checked when the text is parsed, so ``dgs:steps=10^12`` is
+refused before a run, not met at its tenth epoch."""
+
+
+def _check_ranges(name: str, values: dict[str, Any], spec: str) -> None:
+    """Refuse a parameter above its :data:`PARAM_LIMITS` bound, or not a finite number."""
+    for key, value in values.items():
+        high, why = PARAM_LIMITS.get(name, {}).get(key, (None, ""))
+        if high is not None and isinstance(value, (int, float)) and not value <= high:
+            shown = value if isinstance(value, int) else f"{value:g}"
+            raise ValueError(f"policy {spec!r}: {key} must be at most {high:g} ({why}), got {shown}")
+
+
 @dataclass(frozen=True)
 class AxisSpec:
     """One axis of a run's policy parsed once from its text: ``'none'`` (exact) or ``NAME:key=value,...``.
@@ -39,13 +64,21 @@ class AxisSpec:
         spec = text.strip()
         name, _, params = spec.partition(":")
         name = name.strip()
-        if name in ("", "none"):
+        if not spec:
+            raise ValueError(f"an empty {AXIS_WORD[axis]} policy; write 'none' for exact")
+        if not name:
+            raise ValueError(f"policy {spec!r} names no {AXIS_WORD[axis]} policy; write NAME:key=value,... "
+                             f"or 'none' for exact")
+        if name == "none":
+            if params.strip():
+                raise ValueError(f"policy {spec!r}: 'none' takes no parameters")
             return cls(axis)
         known = KINDS[axis]
         if name not in known:
             raise ValueError(f"unknown {AXIS_WORD[axis]} policy {name!r}; known: {sorted(known)} or 'none'")
         kind = known[name]
         values = kind.parse_params(params, spec)
+        _check_ranges(kind.name, values, spec)
         built = kind.build(seed=0, **values) if axis == "sample" else kind.build(**values)  # range checks run now
         return cls(axis, spec, kind, tuple(sorted(values.items())), built)
 
@@ -86,7 +119,9 @@ class PolicySpec:
     @classmethod
     def parse(cls, text: str) -> "PolicySpec":
         spec = text.strip()
-        if spec in ("exact", "none", ""):
+        if not spec:
+            raise ValueError("an empty policy; write 'exact' for no sampling and no staleness")
+        if spec in ("exact", "none"):
             return cls()
         sample, stale = AxisSpec("sample"), AxisSpec("stale")
         for piece in (part.strip() for part in spec.split("+")):
@@ -110,6 +145,8 @@ class PolicySpec:
                 pieces[-1] += "," + piece
             elif piece:
                 pieces.append(piece)
+        if not pieces:
+            raise ValueError(f"no policy in {text!r}; give at least one, e.g. 'exact'")
         return [cls.parse(piece) for piece in pieces]
 
     @property
