@@ -2,7 +2,8 @@
 
 Run ``python docs/flags_page.py`` after changing a flag; ``tests/cli/test_docs.py`` fails while the page
 differs from what this script renders. Every command's flags come from ``runners.cli._parser()``: each
-flag with its metavar, default and help text, and each command's epilog as preformatted text.
+flag with its metavar, default and help text, and each command's epilog as preformatted text; then every
+numeric flag's range and its reason (``runners.argtypes.FLAG_RANGES``).
 """
 
 from __future__ import annotations
@@ -76,12 +77,32 @@ def _section(parser: argparse.ArgumentParser, words: list[str], lines: list[str]
             _section(sub, [*words, name], lines, summaries.get(name))
 
 
+RANGES = """## Ranges, and why
+
+Every numeric flag accepts the interval its help ends with, checked while the command line is parsed: a
+value outside it is refused in one sentence, exit status 2, before MPI starts or anything is allocated
+(`runners/argtypes.py`, `FLAG_RANGES`). A thread count's upper end is the cores the rank may use
+(`os.sched_getaffinity`); `--threads N!` forces more, up to {forced}. A list's bound holds for each entry.
+"""
+
+
+def _ranges(lines: list[str]) -> None:
+    """Every command's numeric flags with their interval and the reason for its ends."""
+    from runners.argtypes import FLAG_RANGES, MAX_FORCED_THREADS
+
+    lines += ["", *RANGES.format(forced=MAX_FORCED_THREADS).rstrip("\n").splitlines(), "",
+              "| command | flag | range | why |", "|---|---|---|---|"]
+    for command, flags in FLAG_RANGES.items():
+        lines += [f"| {command} | `{flag}` | `{limit.interval()}` | {_cell(limit.why)} |" for flag, limit in flags.items()]
+
+
 def render() -> str:
     """The page's text, from the parsers as they are now."""
     from runners import cli
 
     lines = HEADER.rstrip("\n").splitlines()
     _section(cli._parser(), [], lines)
+    _ranges(lines)
     return "\n".join(lines) + "\n"
 
 

@@ -30,7 +30,8 @@ import sys
 import warnings
 from typing import Any, Callable, NoReturn
 
-from runners.argtypes import deprecation_notice, launcher_rank, launcher_world_size, replication_problem, say_once
+from runners.argtypes import (bound_flags, deprecation_notice, launcher_rank, launcher_world_size, replication_problem,
+                              say_once)
 from sparse_dist import log
 from sparse_dist.hostmem import prefer_huge_pages
 
@@ -110,7 +111,7 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     for name, (module_name, summary, mpi) in _BENCH_KINDS.items():
-        _command(bench_kinds, name, summary, module_if("bench", module_name), mpi=mpi)
+        _command(bench_kinds, name, summary, module_if("bench", module_name), mpi=mpi, path=f"bench {name}")
     info = commands.add_parser("info", help="versions, MPI library, CUDA and CUDA-aware MPI status")
     info.set_defaults(func=_info)
     return parser
@@ -135,7 +136,7 @@ RENAMED_COMMANDS = {"model": "cost"}
 
 
 def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, module: object | None,
-             mpi: bool = True, aliases: list[str] | None = None) -> None:
+             mpi: bool = True, aliases: list[str] | None = None, path: str | None = None) -> None:
     """A subcommand whose module offers ``add_arguments(parser)`` and ``main(comm, args)``.
 
     ``mpi=False``: a single-process tool (sweep, plot, cost) that never initialises MPI, so the
@@ -143,7 +144,8 @@ def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, mo
     A module's ``EPILOG`` (preformatted text) ends its ``--help``; its ``check_arguments(args)`` returns
     a flag problem (or None) to refuse before MPI starts (kept in :data:`_CHECKS`, not in the namespace,
     which the benchmarks write into their JSON). ``module`` None: a stub, listed in ``--help`` but not
-    parsed (:func:`_parser` with the command line of another command).
+    parsed (:func:`_parser` with the command line of another command). Every numeric flag gets its range from
+    :data:`runners.argtypes.FLAG_RANGES` under ``path`` (default: ``name``), checked while it is parsed.
     """
     if module is None:
         subparsers.add_parser(name, aliases=aliases or [], help=summary).set_defaults(stub=True)
@@ -153,6 +155,7 @@ def _command(subparsers: argparse._SubParsersAction, name: str, summary: str, mo
                                    formatter_class=argparse.RawDescriptionHelpFormatter if epilog
                                    else argparse.HelpFormatter)
     module.add_arguments(parser)  # type: ignore[attr-defined]
+    bound_flags(parser, path or name)
     parser.set_defaults(func=module.main, mpi=mpi)  # type: ignore[attr-defined]
     _CHECKS[module.main] = (getattr(module, "check_arguments", None), parser)  # type: ignore[attr-defined]
 
@@ -246,6 +249,18 @@ def describe_environment_error(command: str) -> Callable[[BaseException], tuple[
     return describe
 
 
+def device_problem() -> str | None:
+    """Why ``--device cuda`` cannot run in this process (no GPU torch can use), or None; asked before MPI starts,
+    so every rank of a job on a machine without a GPU refuses alike and rank 0 says it once."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    built = (f"torch {torch.__version__} was built without CUDA" if torch.version.cuda is None
+             else f"torch sees no GPU (built with CUDA {torch.version.cuda})")
+    return f"argument --device: cuda needs a GPU, but {built}; use --device cpu"
+
+
 def _allocator_failure(exc: BaseException) -> bool:
     """torch's way of running out of memory: ``RuntimeError`` from its CPU allocator, ``OutOfMemoryError`` on CUDA."""
     return isinstance(exc, RuntimeError) and (type(exc).__name__ == "OutOfMemoryError"
@@ -272,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = check(args) if check is not None else None
     if not problem and getattr(args, "mpi", False) and isinstance(getattr(args, "replication", None), int):
         problem = replication_problem(args.replication, launcher_world_size())
+    if not problem and getattr(args, "device", None) == "cuda":
+        problem = device_problem()
     if problem:
         (command_parser or _parser()).error(problem)
     log.configure(args.log_level)

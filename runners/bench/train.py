@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> str | None:
     """Flag combinations argparse cannot check (refused before MPI starts)."""
+    if args.synthetic is not None and args.classes > args.features:
+        return (f"--classes {args.classes} is more than --features {args.features}: the synthetic graph plants "
+                f"each class in its own features; give --features {args.classes} or more")
     return attention_problem(args)
 
 
