@@ -121,9 +121,9 @@ class PolicyBase:
         """What of its per-rank state a resume at another world size, replication or plan drops, or None."""
         return None
 
-    def tightened(self) -> str | None:
-        """Its text one step closer to exact (parsed again by the one parser of policy text), or None where
-        the next step is exact itself. The default: straight to exact."""
+    def tightened(self, run: RunShape) -> str | None:
+        """Its text one step closer to exact in ``run`` (parsed again by the one parser of policy text), or
+        None where the next step is exact itself. The default: straight to exact."""
         return None
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from algorithms.hashing import row_hash
-from algorithms.policies.base import PolicyBase, doubled_share
+from algorithms.policies.base import PolicyBase, RunShape, doubled_share
 from algorithms.policies.registry import PolicyKind
 
 
@@ -43,7 +43,7 @@ class BnsSampler(PolicyBase):
         """``p = 1`` sends every row: the exact path, which any plan carries."""
         return self.p < 1.0
 
-    def tightened(self) -> str | None:
+    def tightened(self, run: RunShape) -> str | None:
         """Twice the kept share; from ``keep >= 0.5`` on, every row (exact)."""
         keep = doubled_share(self.p)
         return None if keep is None else f"{self.name}:keep={keep:g},side={self.side}"

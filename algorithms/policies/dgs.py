@@ -123,7 +123,7 @@ class DgsSampler(PolicyBase):
     def epoch_work(self, parts: TrainingParts) -> EpochWork | None:
         return DgsExplanations(self, parts)
 
-    def tightened(self) -> str | None:
+    def tightened(self, run: RunShape) -> str | None:
         """Twice the node share (features too, where sampled); from ``nodes >= 0.5`` on, exact."""
         nodes = doubled_share(self.nodes)
         if nodes is None:

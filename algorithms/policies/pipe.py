@@ -56,13 +56,16 @@ class PipeRule(PolicyBase):
                     f"policy rows arrive in some epochs only, so combine gamma=0 with sampling")
         return None
 
-    def tightened(self) -> str | None:
-        """Smoothing first (``gamma = 0.95``: PipeGCN's), then one epoch less of delay; ``tau = 0`` is exact."""
+    def tightened(self, run: RunShape) -> str | None:
+        """Smoothing first (``gamma = 0.95``: PipeGCN's; not beside a sampler, which it refuses), then one epoch
+        less of delay; ``tau = 0`` is exact."""
         if self.tau == 0:
             return None
-        if self.gamma == 0.0:
+        if self.gamma == 0.0 and not run.samples:
             return f"{self.name}:tau={self.tau},gamma={SMOOTHING}"
-        return f"{self.name}:tau={self.tau - 1},gamma={self.gamma}" if self.tau > 1 else None
+        if self.tau == 1:
+            return None
+        return f"{self.name}:tau={self.tau - 1}" + (f",gamma={self.gamma}" if self.gamma else "")
 
     def resume_drops(self) -> str | None:
         if self.tau > 0:

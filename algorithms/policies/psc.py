@@ -101,7 +101,7 @@ class PscSampler(PolicyBase):
     def epoch_work(self, parts: TrainingParts) -> EpochWork | None:
         return PscFeatureCache(self, parts) if self.feeds_layer0 else None
 
-    def tightened(self) -> str | None:
+    def tightened(self, run: RunShape) -> str | None:
         """Twice the budget (the other parameters kept); from ``budget >= 0.5`` on, every neighbour (exact)."""
         budget = doubled_share(self.budget)
         if budget is None:

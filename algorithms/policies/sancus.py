@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from algorithms.policies.base import PolicyBase
+from algorithms.policies.base import PolicyBase, RunShape
 from algorithms.policies.registry import PolicyKind, flag
 from sparse_dist.comm import Communicator
 from sparse_dist.exchange import StalenessView
@@ -77,7 +77,7 @@ class SancusRule(PolicyBase):
         agreed = comm.allgather_array(flags.astype(np.int64)).max(axis=0) > 0
         return never | agreed
 
-    def tightened(self) -> str | None:
+    def tightened(self, run: RunShape) -> str | None:
         """Half the staleness bound (whole epochs for e and a); below one epoch, or ``h``'s gap below 0.005,
         it stops skipping (exact)."""
         eps = math.floor(self.eps / 2.0) if self.kind != "h" else self.eps / 2.0

@@ -52,6 +52,7 @@ class TrainConfig:
     guard_patience: int = 3        # ... for this many evaluations (or the loss above its lowest this many steps)
     guard_loss_rise: float = 0.25  # falling: training loss above (1 + this) x its lowest since the last tightening
     guard_warmup: int = 10         # epochs that only set the best (early training swings even when exact)
+    guard_sharp: float = 0.10      # falling at once: one evaluation this far below the best
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -73,7 +74,7 @@ class TrainConfig:
 
     def guard_settings(self) -> GuardSettings:
         return GuardSettings(self.guard, self.guard_drop, self.guard_patience, self.guard_loss_rise,
-                             self.guard_warmup)
+                             self.guard_warmup, self.guard_sharp)
 
     def layer_options(self) -> LayerOptions:
         """The options only some layer kinds take (attention heads, attention dropout)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from algorithms.policies.base import RunShape
 from algorithms.policies.spec import AxisSpec
 from sparse_dist.compress import Codec
 from sparse_dist.factory import make_strategy
@@ -42,14 +43,13 @@ class ActivePolicies:
         return " + ".join(axes) or "exact"
 
     def tightened(self) -> "ActivePolicies":
-        """Every active axis one step toward exact (each policy and the codec answer for themselves)."""
-        axes = []
-        for axis in (self.sample, self.stale):
-            following = axis.policy.tightened() if axis.policy is not None else None
-            axes.append(AxisSpec.parse(axis.axis, following) if following else AxisSpec(axis.axis))
+        """Every active axis one step toward exact (each policy and the codec answer for themselves, the
+        staleness rule knowing whether the sampling axis still samples)."""
+        sample = _step(self.sample, RunShape())
+        stale = _step(self.stale, RunShape(samples=sample.policy is not None and sample.policy.samples))
         codec = Codec.parse(self.compress)
         compress = (codec.tightened() or "none") if codec is not None else "none"
-        return ActivePolicies(axes[0], axes[1], compress)
+        return ActivePolicies(sample, stale, compress)
 
     def record(self) -> dict[str, str]:
         return {"sample": str(self.sample), "stale": str(self.stale), "compress": self.compress}
@@ -58,6 +58,11 @@ class ActivePolicies:
     def from_record(cls, record: dict[str, str]) -> "ActivePolicies":
         return cls(AxisSpec.parse("sample", record["sample"]), AxisSpec.parse("stale", record["stale"]),
                    record["compress"])
+
+
+def _step(axis: AxisSpec, run: RunShape) -> AxisSpec:
+    following = axis.policy.tightened(run) if axis.policy is not None else None
+    return AxisSpec.parse(axis.axis, following) if following else AxisSpec(axis.axis)
 
 
 def install(run: Any, policies: ActivePolicies) -> None:

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from algorithms.policies.base import RunShape
 from algorithms.policies.spec import AxisSpec
 from algorithms.training.guard import Guard, GuardSettings
 from algorithms.training.tighten import ActivePolicies
@@ -28,7 +29,7 @@ class OneRank:
 def ladder(axis: str, text: str) -> list[str]:
     spec, steps = AxisSpec.parse(axis, text), [text]
     while spec.policy is not None:
-        following = spec.policy.tightened()
+        following = spec.policy.tightened(RunShape())
         steps.append(following or "exact")
         spec = AxisSpec.parse(axis, following) if following else AxisSpec(axis)
     return steps
@@ -57,14 +58,26 @@ def test_psc_keeps_its_other_parameters_while_its_budget_doubles() -> None:
 
 
 def test_all_axes_tighten_together_and_compression_goes_int8_fp16_none() -> None:
-    policies = ActivePolicies(AxisSpec.parse("sample", "bns:keep=0.4"), AxisSpec.parse("stale", "pipe:tau=1"),
+    policies = ActivePolicies(AxisSpec.parse("sample", "bns:keep=0.4"), AxisSpec.parse("stale", "pipe:tau=2"),
                               "int8,feedback")
     first = policies.tightened()
-    assert first.record() == {"sample": "bns:keep=0.8,side=receiver", "stale": "pipe:tau=1,gamma=0.95",
-                              "compress": "fp16"}
-    second = first.tightened()
-    assert second.is_exact and second.text == "exact"
+    assert first.record() == {"sample": "bns:keep=0.8,side=receiver", "stale": "pipe:tau=1", "compress": "fp16"}
+    second = first.tightened()  # the sampler gone, pipe may smooth
+    assert second.record() == {"sample": "none", "stale": "pipe:tau=1,gamma=0.95", "compress": "none"}
+    assert second.tightened().is_exact and second.tightened().text == "exact"
     assert ActivePolicies.from_record(first.record()).record() == first.record()
+
+
+def test_beside_a_sampler_pipe_lowers_tau_without_smoothing() -> None:
+    # pipe's smoothing is refused beside a sampler: bns + pipe:tau=2 goes to tau=1 unsmoothed, then exact
+    assert AxisSpec.parse("stale", "pipe:tau=1,gamma=0.95").policy.refusal(RunShape(samples=True)) is not None
+    policies = ActivePolicies(AxisSpec.parse("sample", "bns:keep=0.1"), AxisSpec.parse("stale", "pipe:tau=2"))
+    first = policies.tightened()
+    assert first.record() == {"sample": "bns:keep=0.2,side=receiver", "stale": "pipe:tau=1", "compress": "none"}
+    assert first.tightened().record()["stale"] == "none"
+    # once the sampler is gone (keep 0.6 -> exact), smoothing is a step again
+    late = ActivePolicies(AxisSpec.parse("sample", "bns:keep=0.6"), AxisSpec.parse("stale", "pipe:tau=1"))
+    assert late.tightened().record() == {"sample": "none", "stale": "pipe:tau=1,gamma=0.95", "compress": "none"}
 
 
 def kept() -> dict:
@@ -77,9 +90,9 @@ def test_a_validation_fall_for_patience_evaluations_is_agreed_and_then_applied_o
     for epoch, value in enumerate([0.5, 0.7, 0.66, 0.64, 0.71], start=1):  # 0.66, 0.64: within 0.05 of 0.7
         guard.observe_metrics(epoch, {"val_acc": value}, kept)
     assert not guard.due and guard.state.best_epoch == 5
-    guard.observe_metrics(6, {"val_acc": 0.6}, kept)
+    guard.observe_metrics(6, {"val_acc": 0.63}, kept)
     assert not guard.due  # one strike of two
-    guard.observe_metrics(7, {"val_acc": 0.6}, kept)
+    guard.observe_metrics(7, {"val_acc": 0.63}, kept)
     assert guard.due and "below its best 0.7100 (epoch 5)" in guard.state.pending
     line = guard.tightened(8, "pipe:tau=1", "pipe:tau=1,gamma=0.95", False, {"stale": "pipe:tau=1,gamma=0.95"})
     assert not guard.due and guard.state.level == 1 and "weights of epoch 5 restored" in line
@@ -133,6 +146,15 @@ def test_its_state_survives_a_round_trip() -> None:
     assert copy.state == guard.state and np.array_equal(copy.kept["model"]["w"], np.arange(3.0))
 
 
+def test_one_evaluation_far_below_the_best_is_a_collapse_at_once() -> None:
+    guard = Guard(GuardSettings(drop=0.02, sharp=0.1, patience=5, warmup=0), OneRank(), active=True)
+    guard.observe_metrics(1, {"val_acc": 0.6}, kept)
+    guard.observe_metrics(2, {"val_acc": 0.51}, kept)  # 9 points: a strike, not a collapse
+    assert not guard.due and guard.state.value_strikes == 1
+    guard.observe_metrics(3, {"val_acc": 0.49}, kept)
+    assert guard.due and "more than 0.1 below its best 0.6000" in guard.state.pending
+
+
 def test_the_warmup_sets_the_best_but_counts_no_strike() -> None:
     guard = Guard(GuardSettings(patience=1, warmup=3), OneRank(), active=True)
     for epoch, value in enumerate([0.6, 0.3, 0.3], start=1):
@@ -144,7 +166,8 @@ def test_the_warmup_sets_the_best_but_counts_no_strike() -> None:
 
 
 @pytest.mark.parametrize("field, value", [("mode", "on"), ("drop", 0.0), ("drop", 1.0), ("patience", 0),
-                                          ("loss_rise", 0.0), ("warmup", -1)])
+                                          ("loss_rise", 0.0), ("warmup", -1), ("sharp", 0.01),
+                                          ("sharp", 1.0)])
 def test_settings_out_of_range_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match="guard"):
         GuardSettings(**{field: value})
