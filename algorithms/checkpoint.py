@@ -63,6 +63,7 @@ VERSION = 1
 POINTER_KIND = "sparse_dist checkpoint set"
 MAIN_FILE = "main.ckpt"
 KILL_ENV = "SPARSE_DIST_CHECKPOINT_KILL"
+_DIGEST = re.compile(rb"[0-9a-f]{64}")
 KILL_POINTS = ("begin", "partial", "written", "agreed", "pointer-temp", "current", "cleaning")
 """Where the test hook may kill a rank: after the set directory exists; halfway through writing this rank's
 file; after its files are written (before the barrier); after the barrier; (rank 0) with the pointer's
@@ -137,8 +138,11 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], str]:
     fields = header.split(b" ")
     if len(fields) != 3 or fields[0] != MAGIC:
         raise CheckpointError(f"{path}: not a sparse_dist checkpoint (header {header[:40]!r})")
-    if fields[1] != str(VERSION).encode():
-        raise CheckpointError(f"{path}: checkpoint format {fields[1].decode()}, expected {VERSION}")
+    if fields[1] != str(VERSION).encode():  # header bytes are shown as bytes: a damaged one need not be UTF-8
+        raise CheckpointError(f"{path}: checkpoint format {fields[1][:20]!r}, expected {VERSION}")
+    if not _DIGEST.fullmatch(fields[2]):
+        raise CheckpointError(f"{path}: damaged checkpoint header: its checksum field {fields[2][:80]!r} is not "
+                              f"a SHA-256")
     digest = hashlib.sha256(payload).hexdigest()
     if digest.encode() != fields[2]:
         raise CheckpointError(f"{path}: checksum mismatch (file damaged): sha256 {digest[:16]}..., "
@@ -150,6 +154,16 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], str]:
         reason = next((line for line in lines if "unsupported" in line.lower()), lines[0])  # torch: the refused type
         reason = reason.split(". ")[0].rstrip(".")
         raise CheckpointError(f"{path}: refused: not a checkpoint this version can read safely ({reason})") from None
+
+
+def is_checkpoint_file(path: str | Path) -> bool:
+    """Whether ``path`` is a file this module wrote (a pointer, a set file, or the single-file format before
+    sets), judged by its first bytes only (damaged or not): ``train --checkpoint`` replaces such a file and
+    refuses any other (:func:`runners.train_cmd.main`, without ``--overwrite``). An empty file holds nothing to
+    lose and counts as one."""
+    with open(path, "rb") as handle:
+        start = handle.read(len(MAGIC) + 1)
+    return start in (b"", MAGIC + b" ")
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
