@@ -1,4 +1,5 @@
-"""Results files: JSON lines streamed by rank 0 to ``NAME.partial``, renamed to ``NAME`` when the run is complete."""
+"""Results files: JSON lines streamed by rank 0 to ``NAME.partial``, renamed to ``NAME`` when the run is complete;
+what a resumed run keeps of its earlier legs' records; how a results file of ours is recognised."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import platform
 import resource
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +49,107 @@ def partial_beside(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
+RESULTS_START = b'{"type": "config", '
+"""How every results file ``train`` writes begins: its ``config`` record, the first line, type first."""
+
+
+def is_results_file(path: str | Path) -> bool:
+    """Whether ``path`` is a results file ``train`` wrote (complete, partial or torn), judged by its first bytes
+    (:data:`RESULTS_START`); an empty file holds nothing to lose and counts as one. ``train --out`` replaces
+    such a file and refuses any other without ``--overwrite``."""
+    with open(path, "rb") as handle:
+        start = handle.read(len(RESULTS_START))
+    return start in (b"", RESULTS_START)
+
+
+def foreign_results(path: str | Path, flag: str = "--out") -> str | None:
+    """Why ``NAME`` or ``NAME.partial`` of the results file ``path`` may not be replaced (a file that is not a
+    results file of ours), or None."""
+    for candidate in (Path(path), partial_beside(Path(path))):
+        if candidate.is_file() and not is_results_file(candidate):
+            return (f"{flag} {path}: {candidate} exists and is not a results file of sparse_dist (its first line "
+                    f"is not a config record); pass --overwrite to replace it, or choose another {flag}")
+    return None
+
+
+class EarlierResultsError(ValueError):
+    """The results file of a resumed run's earlier legs cannot be continued (damaged, or another run's)."""
+
+
+@dataclass
+class EarlierLegs:
+    """What a resumed run keeps of its earlier legs' results file: every record up to the checkpoint's epoch."""
+
+    source: Path  # NAME.partial (a killed leg) or NAME (a leg that completed)
+    lines: list[bytes]  # the kept records, byte for byte, each with its newline
+    epochs: list[dict[str, Any]]  # the kept epoch records
+    legs: int  # how many legs they hold
+    torn: bool  # whether a torn last line (a leg killed inside a write) was left out
+
+    @property
+    def wall(self) -> float:
+        """The run time at the last kept epoch (its ``wall``; 0.0 without one)."""
+        return float(self.epochs[-1].get("wall") or 0.0) if self.epochs else 0.0
+
+    def missing(self, epoch: int) -> list[int]:
+        """Epochs up to ``epoch`` that no kept record holds."""
+        held = {int(record["epoch"]) for record in self.epochs}
+        return [number for number in range(1, epoch + 1) if number not in held]
+
+
+def read_earlier_legs(path: str | Path, epoch: int, identity: dict[str, Any]) -> EarlierLegs | None:
+    """The records of the earlier legs of a run resumed at ``epoch`` from the results file ``path``:
+    ``NAME.partial`` where a leg was killed, else ``NAME`` where one completed; None where neither holds a
+    record. Kept: ``config``, ``environment``, ``setup``, the epochs up to ``epoch`` and the legs that started
+    before it; left out: later epochs (the resumed leg writes them again), ``final`` and a torn last line.
+    Raises :class:`EarlierResultsError` where a line other than the last is not JSON, the epochs are out of
+    order, or the ``config`` record differs from ``identity`` (the fields a checkpoint must agree with)."""
+    path = Path(path)
+    source = next((p for p in (partial_beside(path), path) if p.is_file() and p.stat().st_size), None)
+    if source is None:
+        return None
+    pieces = source.read_bytes().split(b"\n")
+    torn = pieces.pop() != b""  # the last piece follows the last newline: empty unless a write was cut
+    hint = (f"move it away, choose another --out, or pass --overwrite to start the results file again at "
+            f"epoch {epoch + 1}")
+    kept: list[bytes] = []
+    epochs: list[dict[str, Any]] = []
+    legs = 1
+    for number, line in enumerate(pieces, start=1):
+        try:
+            record = json.loads(line)
+            kind = record["type"]
+        except (ValueError, TypeError, KeyError):
+            raise EarlierResultsError(f"--out {path}: line {number} of {source} is not a record of ours (two runs "
+                                      f"wrote it at once?); {hint}") from None
+        if number == 1:
+            problem = _identity_problem(record, identity)
+            if problem:
+                raise EarlierResultsError(f"--out {path}: {source} holds the records of another run ({problem}); "
+                                          f"resuming would mix two runs in one file, so {hint}")
+        if kind == "final" or (kind == "leg" and int(record["start_epoch"]) >= epoch):
+            continue
+        if kind == "epoch":
+            if int(record["epoch"]) > epoch:
+                continue
+            if epochs and int(record["epoch"]) <= int(epochs[-1]["epoch"]):
+                raise EarlierResultsError(f"--out {path}: the epoch records of {source} are out of order at line "
+                                          f"{number} (two runs wrote it at once?); {hint}")
+            epochs.append(record)
+        legs += kind == "leg"
+        kept.append(line + b"\n")
+    return EarlierLegs(source, kept, epochs, legs, torn) if kept else None
+
+
+def _identity_problem(config: dict[str, Any], identity: dict[str, Any]) -> str | None:
+    """How a results file's first record differs from this run's ``identity``, each field with both values."""
+    if config.get("type") != "config":
+        return f"its first record is of type {config.get('type')!r}, not config"
+    differences = [f"{key} {config[key]!r} there, {value!r} in this run" for key, value in identity.items()
+                   if key in config and config[key] != value]
+    return "; ".join(differences) or None
+
+
 class ResultsWriteError(OSError):
     """The results file could not be written (a full disk, a quota, a read-only file system); the message
     says where the records written so far are."""
@@ -62,20 +165,47 @@ class ResultsWriter:
     complete run (its ``final`` record written, then :meth:`close`) has ``NAME``, so an existing ``NAME``
     from an earlier run stays until the new run completes, and a reader (``sparse-dist sweep``) never
     mistakes a partial run for a finished one. A new run truncates any ``NAME.partial`` it finds (that of an
-    earlier killed run of the same output).
+    earlier killed run of the same output); a resumed run starts it with the ``carried`` lines of its earlier
+    legs (:func:`read_earlier_legs`) instead. One writer per output: ``train`` holds ``NAME.lock``
+    (:mod:`runners.output_lock`) while it writes.
 
     A write that fails (``ENOSPC``, ``EDQUOT``, ``EROFS``, ...) cuts the file back to its last whole line,
     stops writing and keeps the reason in :attr:`error` (one sentence); the command decides when every rank
     learns it (``sparse-dist train``: at the end of that epoch's gather). :meth:`close` raises it.
     """
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, carried: list[bytes] | None = None) -> None:
         self.path = Path(path) if path else None
         self.partial = partial_beside(self.path) if self.path is not None else None
         self.error: str | None = None
         self.records = 0
         self._fd: int | None = None
         self._size = 0
+        self._carried = carried or []
+
+    def _open(self) -> None:
+        """Start ``NAME.partial``: empty, or (a resumed run) holding the carried lines of the earlier legs,
+        written beside it and renamed over it, so that their records are in one whole file at every instant."""
+        assert self.partial is not None
+        self.partial.parent.mkdir(parents=True, exist_ok=True)
+        if not self._carried:
+            self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            return
+        temporary = temporary_beside(self.partial)
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            try:
+                _write_all(descriptor, b"".join(self._carried))
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            os.replace(temporary, self.partial)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        self._fd = os.open(self.partial, os.O_WRONLY | os.O_APPEND)
+        self._size, self.records = sum(len(line) for line in self._carried), len(self._carried)
+        self._carried = []
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record as one line (no-op without a path, or after a failed write)."""
@@ -84,12 +214,8 @@ class ResultsWriter:
         line = (json.dumps(record) + "\n").encode()
         try:
             if self._fd is None:
-                self.partial.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-            view = memoryview(line)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+                self._open()
+            _write_all(self._fd, line)
         except OSError as exc:
             self._fail(exc)
             return
@@ -126,10 +252,9 @@ class ResultsWriter:
         self.raise_if_failed()
         if self.path is None or self.partial is None:
             return
-        if self._fd is None:  # nothing written: an empty results file
-            self.partial.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
+            if self._fd is None:  # nothing written: an empty results file (or the carried records alone)
+                self._open()
             os.fsync(self._fd)
             self._close_descriptor()
             os.replace(self.partial, self.path)
@@ -137,6 +262,14 @@ class ResultsWriter:
             self._fail(exc)
             self.raise_if_failed()
         self.path = self.partial = None
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    """``data`` by as many ``write`` calls as it takes (one, for a line of the results file)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(descriptor, view)
+        view = view[written:]
 
 
 def print_report(rank: int, text: str, result: dict[str, Any], as_json: bool) -> None:

@@ -28,12 +28,19 @@ before it (start-up, data loading, halo, evaluation, checkpoints, policy bookkee
 and ``target_epoch``: the ``wall`` and epoch of the first epoch whose validation metric (``val_acc``, or
 ``val_f1`` multi-label) is at least A (null if none is). Without ``--target-acc`` only the curve is recorded
 (time-to-accuracy needs a target). Training runs its ``--epochs`` unless ``--stop-at-target`` ends it cleanly
-after the first epoch at the target. After ``--resume``, ``wall`` counts from the resumed process's launch.
+after the first epoch at the target.
+
+Outputs: one writer each (rank 0 holds ``NAME.lock`` beside ``--out`` and ``--checkpoint`` for the run's life,
+:mod:`runners.output_lock`); a file there that is not ours is refused unless ``--overwrite``. ``--resume`` keeps
+the earlier legs' records (:func:`runners.results.read_earlier_legs`): the file holds every epoch once, a
+``leg`` record says where each resumed leg started, and ``wall`` (so time to best and to target) counts the
+earlier legs' time up to the epoch resumed from.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +49,8 @@ import numpy as np
 import torch
 
 from algorithms.checkpoint import (MAIN_FILE, CheckpointError, CheckpointSet, SetWriter, agree, checkpoint_mismatch,
-                                   dropped_policy_state, rank_file, read_pointer, remove_leftovers)
+                                   dropped_policy_state, is_checkpoint_file, rank_file, read_pointer,
+                                   remove_leftovers)
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
@@ -52,13 +60,15 @@ from runners.minibatch_flags import (add_minibatch_arguments, make_trainer, mini
                                      mode_record)
 from runners.argtypes import seed as seed_number
 from runners.model_defaults import fill_model_defaults, help_for
-from runners.results import ResultsWriter, cpu_seconds, environment, peak_memory_bytes, spread
+from runners.output_lock import OutputLocks, lock_beside
+from runners.results import (EarlierLegs, EarlierResultsError, ResultsWriter, cpu_seconds, environment, foreign_results,
+                             partial_beside, peak_memory_bytes, read_earlier_legs, spread)
 from runners.data.shards import ShardError, load_local_graph, read_meta
-from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME, since_launch
+from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME
 from runners.train_epochs import run_epochs, traffic_spread
-from runners.train_paths import PathError, check_paths, overlap_problems  # noqa: F401  (PathError: importers')
+from runners.train_paths import PathError, check_paths, overlap_problems
 from runners.resources import check_train_resources, readable_meta
-from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node
+from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node, said_once
 from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import freed_memory_state, huge_page_state
@@ -209,8 +219,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --target-acc: stop after the first epoch that reaches it (still writing the "
                              "final record and, with --checkpoint, a checkpoint); default: run every --epochs")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from --checkpoint's current set, at any P, --replication and --plan "
-                             "(default: off, start at epoch 0)")
+                        help="continue from --checkpoint's current set, at any P, --replication and --plan, "
+                             "keeping the earlier legs' records in --out (default: off, start at epoch 0)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an --out or --checkpoint file that sparse_dist did not write; with --resume, "
+                             "start --out again at the resumed epoch instead of keeping the earlier legs' records "
+                             "(default: refuse such a file; keep them)")
     add_minibatch_arguments(parser)
 
 
@@ -259,6 +273,7 @@ class Resumption:
     state: dict[str, Any]
     policy: dict[str, Any] | None
     note: str | None
+    identity: dict[str, Any]  # what the earlier legs' config record must agree with: fingerprint, mode, graph
 
 
 def _layout_text(layout: dict[str, Any], other: dict[str, Any]) -> str:
@@ -284,7 +299,8 @@ def open_resume(comm: Communicator, args: argparse.Namespace) -> Resumption:
         if config.feature_norm == "auto":
             config = replace(config, feature_norm=meta.get("feature_norm", "row"))
         fingerprint = {**config.fingerprint(), **mode_fingerprint(args, comm.size, state.get("config"))}
-        problem = checkpoint_mismatch(state, fingerprint, {"name": meta["name"], "nodes": meta["num_nodes"]})
+        graph = {"name": meta["name"], "nodes": meta["num_nodes"]}
+        problem = checkpoint_mismatch(state, fingerprint, graph)
         if problem:
             raise CheckpointError(f"--checkpoint {args.checkpoint}: {problem}")
         here = {"world_size": comm.size, "replication": args.replication, "plan": args.plan}
@@ -295,12 +311,102 @@ def open_resume(comm: Communicator, args: argparse.Namespace) -> Resumption:
             note = (f"resumed at {_layout_text(here, current.written_at())} from a "
                     f"{_layout_text(current.written_at(), here)} checkpoint: dropped "
                     f"{', '.join(dropped_policy_state(config))}")
-        result = Resumption(current, state, policy, note)
+        identity = {**fingerprint, "mode": getattr(args, "mode", "full"), "graph": graph}
+        result = Resumption(current, state, policy, note, identity)
     except (CheckpointError, ShardError) as exc:
         error = str(exc)
     agree(comm, error)
     assert result is not None
     return result
+
+
+def _companion_problem(args: argparse.Namespace) -> str | None:
+    """Why a file ``--out`` writes beside itself (``NAME.partial``, ``NAME.lock``) would be one of the checkpoint's
+    (``PATH*``), or None."""
+    if args.out is None or args.checkpoint is None:
+        return None
+    prefix = os.path.realpath(args.checkpoint)
+    for companion in (partial_beside(Path(args.out)), lock_beside(args.out)):
+        if os.path.realpath(companion).startswith(prefix):
+            return (f"--out {args.out} writes {companion} beside it, whose name starts with the --checkpoint path "
+                    f"{args.checkpoint} (the checkpoint's files are {args.checkpoint}*); choose another checkpoint "
+                    f"path")
+    return None
+
+
+def _foreign_output(args: argparse.Namespace) -> str | None:
+    """Why an existing ``--out`` (or its ``.partial``) or ``--checkpoint`` may not be replaced: it is not a file of
+    ours (:func:`runners.results.is_results_file`, :func:`algorithms.checkpoint.is_checkpoint_file`) and
+    ``--overwrite`` is not given; None if it may. Local (rank 0)."""
+    if args.overwrite:
+        return None
+    try:
+        if args.out is not None and (problem := foreign_results(args.out)):
+            return problem
+        checkpoint = Path(args.checkpoint) if args.checkpoint else None
+        if (checkpoint is not None and not args.resume and checkpoint.is_file()  # --resume: read and checked later
+                and not is_checkpoint_file(checkpoint)):
+            return (f"--checkpoint {checkpoint}: exists and is not a checkpoint of sparse_dist (its first line is "
+                    f"not a checkpoint header); pass --overwrite to replace it, or choose another --checkpoint")
+    except OSError as exc:
+        return f"cannot read {exc.filename} to see whether it is a file of ours: {exc.strerror or exc}"
+    return None
+
+
+def _claim_outputs(comm: Communicator, args: argparse.Namespace) -> OutputLocks:
+    """Nobody else's file replaced, and one writer per output: rank 0 refuses an existing file at ``--out`` or
+    ``--checkpoint`` that is not ours (:func:`_foreign_output`), then locks both (:mod:`runners.output_lock`;
+    held until :meth:`OutputLocks.release` or the process ends). Collective, before any output is touched:
+    rank 0 decides, every rank raises the same :class:`PathError`, said once."""
+    locks, problem = OutputLocks(), None
+    if comm.rank == 0:  # the checks that only read first, so that a refusal creates no lock file
+        problem = _companion_problem(args) or _foreign_output(args)
+        for flag, path in (("--out", args.out), ("--checkpoint", args.checkpoint)):
+            if problem is None and path is not None:
+                problem = locks.take(path, flag, overwrite=args.overwrite)
+        if problem is not None:
+            locks.release()
+    problem = comm.allgather_object(problem)[0]
+    if problem:
+        raise said_once(PathError(problem))
+    return locks
+
+
+def _earlier_legs(comm: Communicator, args: argparse.Namespace, resumption: Resumption | None) -> EarlierLegs | None:
+    """Rank 0 of a resumed run with ``--out`` (without ``--overwrite``): the earlier legs' records it keeps
+    (:func:`runners.results.read_earlier_legs`); None elsewhere. Collective where resumed: a file that cannot be
+    continued is refused on every rank, said once."""
+    if resumption is None:
+        return None
+    earlier, problem = None, None
+    if comm.rank == 0 and args.out is not None and not args.overwrite:
+        try:
+            earlier = read_earlier_legs(args.out, resumption.current.epoch, resumption.identity)
+        except EarlierResultsError as exc:
+            problem = str(exc)
+        except OSError as exc:
+            problem = f"--out {args.out}: cannot read the earlier legs' records: {exc.strerror or exc}"
+    problem = comm.allgather_object(problem)[0]
+    if problem:
+        raise said_once(PathError(problem))
+    return earlier
+
+
+def _leg_record(resumption: Resumption, earlier: EarlierLegs | None) -> dict[str, Any]:
+    """Where this resumed leg starts: its epoch and set, the file its earlier legs' records came from, the
+    epochs before it that no record holds (as ``[first, last]`` ranges) and the run time before it."""
+    epoch = resumption.current.epoch
+    missing = earlier.missing(epoch) if earlier is not None else list(range(1, epoch + 1))
+    ranges: list[list[int]] = []
+    for number in missing:
+        if ranges and ranges[-1][1] == number - 1:
+            ranges[-1][1] = number
+        else:
+            ranges.append([number, number])
+    return {"type": "leg", "leg": earlier.legs if earlier is not None else 1, "start_epoch": epoch,
+            "checkpoint": resumption.current.directory.name,
+            "earlier_records": str(earlier.source) if earlier is not None else None, "missing_epochs": ranges,
+            "wall_offset": earlier.wall if earlier is not None else 0.0}
 
 
 def _remove_leftovers(comm: Communicator, args: argparse.Namespace, resumption: Resumption | None) -> None:
@@ -367,13 +473,24 @@ def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
 
 
 def main(comm: Communicator, args: argparse.Namespace) -> int:
+    """The command (collective): paths checked, outputs claimed (one writer each), then the run."""
     check_paths(comm, args)  # first: before the collectives below and before any shard is read
+    resources = check_train_resources(comm, args, readable_meta(args.data))  # memory and disk estimates; may refuse
+    locks = _claim_outputs(comm, args)  # before any output is touched (a refusal above leaves no lock file)
+    try:
+        return _train(comm, args, resources)
+    finally:
+        locks.release()
+
+
+def _train(comm: Communicator, args: argparse.Namespace, resources: dict[str, Any] | None) -> int:
+    """Resume or start, train, write the final record (collective; rank 0 holds the outputs' locks)."""
     resumption = open_resume(comm, args) if args.resume else None  # also before any shard is read
+    earlier = _earlier_legs(comm, args, resumption)  # before the results file is touched
     _remove_leftovers(comm, args, resumption)
     checkpoints = (SetWriter(comm, args.checkpoint, replication=args.replication, plan=args.plan)
                    if args.checkpoint else None)
     every = args.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
-    resources = check_train_resources(comm, args, readable_meta(args.data))  # memory and disk estimates; may refuse
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     device = rank_device(comm, args.device)  # before any data is read
@@ -384,16 +501,25 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     config = _config(args)
     trainer = make_trainer(comm, graph, config, device, args)  # Trainer, or MinibatchTrainer with --mode minibatch
     leader = comm.rank == 0
-    writer = ResultsWriter(args.out if leader else None)
-    writer.write({"type": "config", **config.record(), **mode_record(args), "data": args.data, "world_size": comm.size,
-                  "device": args.device, "gpu_aware": comm.gpu_aware, "target_acc": args.target_acc,
-                  "stop_at_target": args.stop_at_target})
-    writer.write({"type": "environment", "huge_pages": huge_page_state(), "freed_memory": freed_memory_state(),
-                  **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node()),
-                  **({"memory": resources} if resources is not None else {}),
-                  "launch": {"time": LAUNCH_TIME, "source": LAUNCH_SOURCE}})
-    setup = _setup_record(comm, trainer)
-    writer.write(setup)
+    writer = ResultsWriter(args.out if leader else None, earlier.lines if earlier is not None else None)
+    meta = graph.extra["meta"]
+    head = [{"type": "config", **config.record(), **mode_record(args), "data": args.data,
+             "graph": {"name": meta["name"], "nodes": meta["num_nodes"]}, "world_size": comm.size,
+             "device": args.device, "gpu_aware": comm.gpu_aware, "target_acc": args.target_acc,
+             "stop_at_target": args.stop_at_target},
+            {"type": "environment", "huge_pages": huge_page_state(), "freed_memory": freed_memory_state(),
+             **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node()),
+             **({"memory": resources} if resources is not None else {}),
+             "launch": {"time": LAUNCH_TIME, "source": LAUNCH_SOURCE}},
+            _setup_record(comm, trainer)]
+    if earlier is None:  # the file starts here; a resumed leg after earlier ones keeps these in its leg record
+        for record in head:
+            writer.write(record)
+    if resumption is not None:  # where this leg starts (after the earlier legs' records: with its own head records)
+        leg = _leg_record(resumption, earlier)
+        if earlier is not None:
+            leg.update({record["type"]: {k: v for k, v in record.items() if k != "type"} for record in head})
+        writer.write(leg)
     if leader:
         print(trainer.input_exchange.describe(), flush=True)
         if trainer.receiver_dropout:
@@ -406,7 +532,10 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                   f"{trainer.epoch}", flush=True)
             if resumption.note:
                 print(resumption.note, flush=True)
-    rows, stopped = run_epochs(comm, args, trainer, config, writer, checkpoints, every)
+            if earlier is not None:
+                print(f"results: kept the earlier legs' records of epochs up to {resumption.current.epoch} from "
+                      f"{earlier.source}" + (" (its torn last line left out)" if earlier.torn else ""), flush=True)
+    rows, stopped = run_epochs(comm, args, trainer, config, writer, checkpoints, every, earlier)
     metrics, clock = rows.metrics, rows.clock
     trainer.close()  # collective: the last pipelined flights complete before the totals are counted
     ogb_metric = _ogb_metric(comm, trainer, graph.extra["meta"]) if "ogb_name" in graph.extra["meta"] else None
@@ -420,7 +549,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
                       "attention_structure_bytes_per_rank": attention, "cpu_seconds_per_rank": cpu_total,
                       "bytes_total": traffic_spread(totals),
-                      **clock.record(), "stopped_at_target": stopped, "wall_total": since_launch()})
+                      **clock.record(), "stopped_at_target": stopped, "wall_total": rows.wall()})
         writer.close()
         final = metrics.get("test_acc", metrics.get("test_f1"))
         label = "test accuracy" if "test_acc" in metrics else "test micro-F1"

@@ -7,6 +7,10 @@ the next step (:meth:`Trainer.train_epoch`'s ``evaluate_alongside``), so its row
 ``wall`` and time-to-accuracy then count the wait for the next step. The last epoch, and the epoch after one
 that reached ``--target-acc`` with ``--stop-at-target``, are evaluated after their step (nothing follows them).
 
+A resumed run's ``wall`` is the run's time across its legs: the earlier legs' ``wall`` at the epoch it resumed
+from (the last epoch record it kept of them; :func:`runners.results.read_earlier_legs`) plus this process's time
+since launch; best value and time to target count the earlier legs' epochs too.
+
 Collective: :func:`run_epochs` is entered by every rank.
 """
 
@@ -19,7 +23,7 @@ from typing import Any
 from algorithms.checkpoint import SetWriter
 from algorithms.train import TrainConfig, Trainer
 from runners.launch import since_launch
-from runners.results import ResultsWriteError, ResultsWriter, cpu_seconds, cpu_since, spread
+from runners.results import EarlierLegs, ResultsWriteError, ResultsWriter, cpu_seconds, cpu_since, spread
 from runners.time_to_accuracy import AccuracyClock, at_target, validation_name, validation_value
 from sparse_dist.comm import Communicator, said_once
 
@@ -54,11 +58,19 @@ class EpochRows:
     trainer: Trainer
     writer: ResultsWriter
     epochs: int
+    earlier: EarlierLegs | None = None  # rank 0 of a resumed run: its earlier legs' records
     clock: AccuracyClock = field(init=False)
     metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's
 
     def __post_init__(self) -> None:
         self.clock = AccuracyClock(self.args.target_acc)  # rank 0's: wall times are its clock after each allgather
+        for record in self.earlier.epochs if self.earlier is not None else []:
+            if record.get("wall") is not None:
+                self.clock.observe(int(record["epoch"]), float(record["wall"]), record)
+
+    def wall(self) -> float:
+        """The run's seconds so far: the earlier legs' (where resumed) and this process's since launch."""
+        return (self.earlier.wall if self.earlier is not None else 0.0) + since_launch()
 
     def write(self, step: _Step, metrics: dict[str, float] | None, turns: float | None = None) -> bool:
         """Gather ``step``'s figures, write its row (with the last evaluation's metrics, ``metrics`` where this
@@ -76,7 +88,7 @@ class EpochRows:
                                                "audit": record.get("audit"), "turns": turns,
                                                "at_target": at_target(args.target_acc, self.metrics, evaluated),
                                                **({"results_error": writer.error} if writer.error else {})})
-        elapsed = since_launch()  # after the allgather: every rank has finished this epoch and its evaluation
+        elapsed = self.wall()  # after the allgather: every rank has finished this epoch and its evaluation
         # rank 0's verdict, seen alike by every rank (the metric is global, but one boolean decides for all)
         stopped = bool(args.stop_at_target and gathered[0]["at_target"])
         if gathered[0].get("results_error"):  # rank 0 could not write the results file: every rank stops here
@@ -110,10 +122,11 @@ class EpochRows:
 
 
 def run_epochs(comm: Communicator, args: argparse.Namespace, trainer: Trainer, config: TrainConfig,
-               writer: ResultsWriter, checkpoints: SetWriter | None, every: int) -> tuple[EpochRows, bool]:
+               writer: ResultsWriter, checkpoints: SetWriter | None, every: int,
+               earlier: EarlierLegs | None = None) -> tuple[EpochRows, bool]:
     """Train from ``trainer.epoch`` to ``config.epochs`` (or the target); the rows' keeper and whether the run
-    stopped at target. Collective."""
-    rows = EpochRows(comm, args, trainer, writer, config.epochs)
+    stopped at target (``earlier``: rank 0 of a resumed run, its earlier legs' records). Collective."""
+    rows = EpochRows(comm, args, trainer, writer, config.epochs, earlier)
     overlap = bool(getattr(args, "overlap_evaluation", False))
     waiting: _Step | None = None  # (overlap) the step whose evaluation runs beside the next one
     reached: tuple[int, dict[str, float]] | None = None  # the epoch that reached the target (--stop-at-target)

@@ -1,6 +1,7 @@
 """Results streamed: every record is on disk when written, a killed run keeps a valid JSON-lines prefix in
 ``NAME.partial``, a full disk is one sentence at the end of the epoch it happened in, and the sweep counts only
-complete runs."""
+complete runs; a resumed run keeps its earlier legs' records (the launches: tests/mpi/test_checkpoint.py), and a
+file that is not a results file of ours is recognised."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from datasets_for_tests import cora, write
 from mpirun import BIN, ROOT, mpiexec_path
 
 from runners import results
-from runners.results import ResultsWriter, partial_beside
+from runners.results import (EarlierResultsError, ResultsWriter, foreign_results, is_results_file, partial_beside,
+                             read_earlier_legs)
 from runners.study.collect import is_complete
 
 SPARSE_DIST = str(BIN / "sparse-dist")
@@ -93,6 +95,70 @@ def test_a_partial_file_is_not_a_complete_run(tmp_path: Path) -> None:
     writer.write({"type": "config"})
     writer.write({"type": "epoch", "epoch": 1})
     assert not is_complete(out) and not is_complete(partial_beside(out))
+
+
+def _leg_file(path: Path, epochs: int, *, final: bool = False, torn: bool = False, hidden: int = 16) -> list[dict]:
+    """A results file as a leg of ``train`` writes it: config, environment, setup, ``epochs`` epoch records."""
+    records = [{"type": "config", "hidden": hidden, "seed": 0, "epochs": 300}, {"type": "environment"},
+               {"type": "setup"}]
+    records += [{"type": "epoch", "epoch": e, "wall": 1.0 + e, "val_acc": 0.1 * e} for e in range(1, epochs + 1)]
+    records += [{"type": "final"}] if final else []
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + ('{"type": "epoch", "ep' if torn else ""))
+    return records
+
+
+def test_a_resumed_run_keeps_the_earlier_records_up_to_its_epoch_and_leaves_out_a_torn_line(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    written = _leg_file(partial_beside(out), 7, torn=True)  # killed at epoch 7 inside a write; checkpoint at 5
+    out.write_text('{"type": "config", "hidden": 16}\n{"type": "final"}\n')  # an older complete run: not used
+    earlier = read_earlier_legs(out, 5, {"hidden": 16, "seed": 0})
+    assert earlier is not None and earlier.source == partial_beside(out) and earlier.torn and earlier.legs == 1
+    assert [json.loads(line) for line in earlier.lines] == written[:3 + 5]
+    assert earlier.wall == 6.0 and earlier.missing(5) == []
+    writer = ResultsWriter(out, earlier.lines)  # the resumed leg: the kept lines first, then its own
+    writer.write({"type": "leg", "start_epoch": 5})
+    assert [r["type"] for r in _records(partial_beside(out))][-2:] == ["epoch", "leg"]
+    writer.write({"type": "final"})
+    writer.close()
+    assert len(_records(out)) == 3 + 5 + 2 and not partial_beside(out).exists()
+
+
+def test_a_leg_that_completed_is_continued_from_its_complete_file(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    _leg_file(out, 4, final=True)
+    earlier = read_earlier_legs(out, 4, {"hidden": 16})
+    assert earlier is not None and earlier.source == out and not earlier.torn
+    assert [json.loads(line)["type"] for line in earlier.lines][-1] == "epoch"  # final left out
+    assert read_earlier_legs(tmp_path / "none.jsonl", 4, {}) is None
+
+
+def test_earlier_records_of_another_run_or_out_of_order_are_refused(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    _leg_file(partial_beside(out), 3, hidden=32)
+    with pytest.raises(EarlierResultsError, match=r"holds the records of another run \(hidden 32 there, 16 in this "
+                                                 r"run\); resuming would mix two runs in one file"):
+        read_earlier_legs(out, 3, {"hidden": 16})
+    lines = partial_beside(out).read_text().splitlines(keepends=True)
+    partial_beside(out).write_text("".join(lines[:4] + lines[3:]))  # epoch 1 twice: two writers
+    with pytest.raises(EarlierResultsError, match="out of order at line 5"):
+        read_earlier_legs(out, 3, {"hidden": 32})
+    partial_beside(out).write_text(lines[0] + '{"type": "epo{"type": "epoch"}\n' + lines[1])
+    with pytest.raises(EarlierResultsError, match="line 2 of .* is not a record of ours"):
+        read_earlier_legs(out, 3, {"hidden": 32})
+
+
+def test_a_results_file_of_ours_is_recognised_by_its_first_bytes(tmp_path: Path) -> None:
+    ours, theirs, empty = tmp_path / "r.jsonl", tmp_path / "table.csv", tmp_path / "empty"
+    _leg_file(ours, 1)
+    theirs.write_text("a,b\n1,2\n")
+    empty.write_text("")
+    assert is_results_file(ours) and is_results_file(empty) and not is_results_file(theirs)
+    assert foreign_results(ours) is None and foreign_results(tmp_path / "new.jsonl") is None
+    assert foreign_results(theirs) == (f"--out {theirs}: {theirs} exists and is not a results file of sparse_dist "
+                                       f"(its first line is not a config record); pass --overwrite to replace it, "
+                                       f"or choose another --out")
+    partial_beside(ours).write_text("notes\n")
+    assert "r.jsonl.partial exists and is not a results file" in foreign_results(ours)
 
 
 # ---------------------------------------------------------------- under mpiexec

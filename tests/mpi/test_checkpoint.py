@@ -1,5 +1,7 @@
 """Checkpoint sets under real mpiexec: a kill at every point of a commit leaves a set that resumes to the
-uninterrupted run's result, bitwise; a checkpoint written at P resumes at P', c' (elastic)."""
+uninterrupted run's result, bitwise; a checkpoint written at P resumes at P', c' (elastic); a resumed run keeps
+its earlier legs' records in one results file; a killed job's lock blocks nobody; a damaged header is one
+sentence."""
 
 from __future__ import annotations
 
@@ -8,15 +10,19 @@ import math
 import os
 import re
 import shutil
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from datasets_for_tests import cora, write
-from mpirun import BIN, run_case, run_mpi
+from mpirun import BIN, ROOT, finish, mpiexec_path, run_case, run_mpi
 
 from algorithms.checkpoint import KILL_ENV, MAIN_FILE, rank_file, read_pointer
+from runners.output_lock import lock_beside
+from runners.results import partial_beside
 
 SPARSE_DIST = str(BIN / "sparse-dist")
 POLICY = ["--plan", "dense-bcast", "--stale", "sancus-e:eps=2", "--dropout-side", "receiver"]  # per-rank caches
@@ -94,7 +100,7 @@ def _weights(pointer: Path) -> dict[str, torch.Tensor]:
 def _only_the_current_set(directory: Path) -> bool:
     current = read_pointer(directory / "run.ckpt")
     kept = sorted(p.name for p in current.directory.iterdir())
-    return (sorted(p.name for p in directory.iterdir()) == ["run.ckpt", current.directory.name]
+    return (sorted(p.name for p in directory.iterdir()) == ["run.ckpt", current.directory.name, "run.ckpt.lock"]
             and kept == sorted(current.files) == sorted([MAIN_FILE, rank_file(0), rank_file(1)]))
 
 
@@ -241,3 +247,82 @@ def test_a_bad_checkpoint_is_refused_once_before_any_shard_is_read(data: Path, t
     broken = _train(damaged, "--epochs", "4", "--checkpoint", str(path), "--resume", ranks=3)
     assert broken.returncode == 2 and broken.stderr.count("checksum mismatch (file damaged)") == 1, broken.stderr
     assert "part-" not in broken.stderr + foreign.stderr and "Traceback" not in broken.stderr + foreign.stderr
+
+
+def _epoch_records(path: Path) -> list[dict]:
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines()) if r["type"] == "epoch"]
+
+
+def _terminated_at_a_checkpoint(data: Path, out: Path, path: Path) -> int:
+    """Start a long run, SIGTERM it (every rank) once its results hold epochs beyond its current checkpoint set;
+    the epoch of that set."""
+    command = [mpiexec_path(), "-n", "2", SPARSE_DIST, "train", "--data", str(data), "--epochs", "100000",
+               "--checkpoint-every", "3", "--print-every", "1000", "--out", str(out), "--checkpoint", str(path)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT="200"))
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and process.poll() is None:
+        if path.exists() and len(_epoch_records(partial_beside(out))) >= read_pointer(path).epoch + 2:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()
+    os.killpg(process.pid, signal.SIGTERM)  # a walltime's first word
+    assert finish(process, 60, "the terminated run").returncode != 0
+    return read_pointer(path).epoch
+
+
+def test_resume_keeps_every_epoch_of_the_earlier_legs_once_and_spans_them(data: Path, tmp_path: Path) -> None:
+    """SIGTERM mid-run, then --resume twice (from the killed leg's NAME.partial, then from the completed NAME):
+    the file holds epochs 1..N once each, says where each leg started, and its best value spans the legs."""
+    out, path = tmp_path / "r.jsonl", tmp_path / "run.ckpt"
+    epoch = _terminated_at_a_checkpoint(data, out, path)
+    partial = partial_beside(out)
+    killed = partial.read_text().splitlines(keepends=True)
+    second = next(i for i, line in enumerate(killed) if '"epoch": 2,' in line)  # epoch 2: the best of all legs
+    killed[second] = json.dumps({**json.loads(killed[second]), "val_acc": 0.999}) + "\n"
+    partial.write_text("".join(killed) + '{"type": "epoch", "epoch": ')  # and a leg killed inside a write
+    resumed = _train(data, "--epochs", str(epoch + 3), "--checkpoint", str(path), "--resume", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count(f"results: kept the earlier legs' records of epochs up to {epoch} from {partial} "
+                                f"(its torn last line left out)") == 1, resumed.stdout
+    lines = out.read_text().splitlines(keepends=True)
+    assert lines[:3 + epoch] == killed[:3 + epoch]  # the killed leg's records, byte for byte
+    again = _train(data, "--epochs", str(epoch + 5), "--checkpoint", str(path), "--resume", "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == list(range(1, epoch + 6))
+    legs = [r for r in records if r["type"] == "leg"]
+    assert [(r["leg"], r["start_epoch"], r["earlier_records"], r["missing_epochs"]) for r in legs] == [
+        (1, epoch, str(partial), []), (2, epoch + 3, str(out), [])]
+    assert all(leg["config"]["world_size"] == 2 and "setup" in leg and "environment" in leg for leg in legs)
+    assert [r["type"] for r in records].count("config") == 1 and records[-1]["type"] == "final"
+    walls = [r["wall"] for r in records if r["type"] == "epoch"]
+    assert walls == sorted(walls) and legs[1]["wall_offset"] == walls[epoch + 2]  # run time across legs
+    final = records[-1]
+    assert (final["best_val"], final["best_epoch"], final["time_to_best"]) == (0.999, 2, walls[1]), final
+    assert final["wall_total"] > walls[-1]
+
+
+def test_a_job_killed_with_sigkill_blocks_no_later_job_on_its_outputs(data: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    out, path = tmp_path / "r.jsonl", tmp_path / "run.ckpt"
+    with monkeypatch.context() as patch:
+        patch.setenv(KILL_ENV, "current:0:1")  # rank 0, the holder of both locks, kill -9s itself
+        assert _killed(data, "--epochs", "4", "--checkpoint-every", "2", "--checkpoint", str(path),
+                       "--out", str(out)).returncode != 0
+    holder = json.loads(lock_beside(out).read_text())["pid"]  # the lock files stay; the kernel released them
+    assert lock_beside(path).exists()
+    later = _train(data, "--epochs", "3", "--checkpoint", str(path), "--out", str(out))
+    assert later.returncode == 0, later.stderr
+    assert json.loads(lock_beside(out).read_text())["pid"] != holder
+    assert [r["epoch"] for r in _epoch_records(out)] == [1, 2, 3]
+
+
+def test_a_pointer_whose_header_is_not_utf8_is_one_sentence(data: Path, tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    path.write_bytes(b"SPARSE_DIST_CHECKPOINT 1 " + b"5" * 62 + b"\xff\xfe\n" + b"payload")
+    resumed = _train(data, "--epochs", "2", "--checkpoint", str(path), "--resume")
+    assert resumed.returncode == 2, resumed.stderr
+    said = resumed.stdout + resumed.stderr
+    assert said.count(f"sparse-dist train: error: {path}: damaged checkpoint header: its checksum field ") == 1, said
+    assert len(resumed.stderr.splitlines()) == 1 and "Traceback" not in said and "epoch" not in said, said
