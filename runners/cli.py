@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(words).parse_args(words)
     if getattr(args, "stub", False):  # a command line _named_command misread (an abbreviated global flag)
         args = _parser().parse_args(words)
-    if isinstance(args.command, str) and args.command in RENAMED_COMMANDS:  # emulate's own "command" is a list
+    if args.command in RENAMED_COMMANDS:
         new = RENAMED_COMMANDS[args.command]
         deprecation_notice("sparse-dist", f"sparse-dist {args.command}", f"sparse-dist {new}")
         args.command = new

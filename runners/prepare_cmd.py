@@ -121,6 +121,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     problem = output_problem(args.out, args.overwrite)
     if problem:
         return f"--out {problem}"
+    if args.source == "synthetic" and args.classes > args.features:
+        return (f"--classes {args.classes} is more than --features {args.features}: the synthetic graph plants each "
+                f"class in its own features; give --features {args.classes} or more")
     if args.source == "synthetic" and args.stream and args.partitioner not in (AUTO, "block"):
         return ("prepare synthetic --stream writes contiguous blocks; use --partitioner block "
                 "(or leave --partitioner out)")

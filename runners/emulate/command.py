@@ -70,12 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", help="write the links' byte counters as JSON to this file")
     parser.add_argument("--cleanup", action="store_true",
                         help="remove the namespaces of emulate runs that were killed, then exit")
-    parser.add_argument("command", nargs=argparse.REMAINDER,
+    parser.add_argument("job", nargs=argparse.REMAINDER, metavar="command",
                         help="-- then the per-rank command (what would follow `mpiexec -n P`)")
 
 
 def _command_words(args: argparse.Namespace) -> list[str]:
-    words = list(args.command)
+    words = list(args.job)
     return words[1:] if words[:1] == ["--"] else words
 
 

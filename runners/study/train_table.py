@@ -35,10 +35,12 @@ class _TrainParser(argparse.ArgumentParser):
 
 
 def _train_parser() -> _TrainParser:
+    from runners.argtypes import bound_flags
     from runners.train_cmd import add_arguments  # imports torch: only once a study is loaded
 
     parser = _TrainParser(prog="sparse-dist train", add_help=False, allow_abbrev=False)
     add_arguments(parser)
+    bound_flags(parser, "train")  # a [train] value out of its range is refused when the study is loaded
     return parser
 
 
