@@ -109,6 +109,10 @@ def run_command(study: Study, run: Run, launcher: str) -> list[str]:
 
 def prepare_command(study: Study, run: Run) -> list[str]:
     spec = run.dataset
+    if spec.planetoid:
+        return [*_python_command(), "prepare", "planetoid", "--out", str(study.prepared_dir(run)),
+                "--parts", str(study.parts_for(spec)), "--partitioner", spec.partitioner, "--seed", str(spec.seed),
+                "--overwrite", *[f"--{key}={value}" for key, value in spec.planetoid.items()]]
     settings = {"nodes": run.nodes, **{k: v for k, v in spec.synthetic.items() if k != "nodes"}}
     return [*_python_command(), "prepare", "synthetic", "--out", str(study.prepared_dir(run)),
             "--parts", str(study.parts_for(spec)), "--partitioner", spec.partitioner, "--seed", str(spec.seed),

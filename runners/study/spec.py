@@ -33,6 +33,9 @@ A study file (see ``studies/`` and the README)::
     synthetic = { nodes = 100000, degree = 10, features = 64, classes = 8 }
     partitioner = "metis"                  # prepared once per size by the sweep
     # path = "data_prepared/cora"          # or an already prepared directory
+    # planetoid = { name = "citeseer", root = "../data/planetoid" }   # or prepare planetoid (root: the
+                                           # ind.NAME.* files, relative to the study file; the built-in Cora
+                                           # without one)
     # nodes_per_rank = 25000               # weak scaling: nodes = nodes_per_rank * P
     # sizes = { "1" = 25000, "2" = 50000 } # weak scaling, explicit
     # epochs = 200                         # this dataset's runs train this many epochs (default: study.epochs)
@@ -88,7 +91,9 @@ from sparse_dist.plans import PLAN_NAMES
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "compress", "seeds",
               "epochs", "warmup", "timeout", "launcher", "launcher_args", "target_acc", "overwrite"}
-DATASET_KEYS = {"name", "path", "synthetic", "partitioner", "parts", "nodes_per_rank", "sizes", "seed", "epochs"}
+DATASET_KEYS = {"name", "path", "synthetic", "planetoid", "partitioner", "parts", "nodes_per_rank", "sizes", "seed",
+                "epochs"}
+PLANETOID_KEYS = {"name", "root"}
 POLICY_ENTRY_KEYS = {"policy", "plans", "compress", "name", "train"}
 SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
 NETWORK_KEYS = {"nodes", "ranks_per_node", "bandwidth", "latency"}
@@ -107,6 +112,7 @@ class DatasetSpec:
     name: str
     path: Path | None = None
     synthetic: dict[str, int] = field(default_factory=dict)
+    planetoid: dict[str, str] = field(default_factory=dict)  # prepare planetoid's --name and --root
     partitioner: str = "metis"
     parts: int | None = None
     nodes_per_rank: int | None = None
@@ -115,8 +121,8 @@ class DatasetSpec:
     epochs: int | None = None  # None: the study's epochs
 
     def nodes_for(self, ranks: int, scaling: str) -> int | None:
-        """Synthetic node count of the run with ``ranks`` ranks (None for a prepared directory)."""
-        if self.path is not None:
+        """Synthetic node count of the run with ``ranks`` ranks (None for a prepared directory or Planetoid)."""
+        if self.path is not None or self.planetoid:
             return None
         if scaling == "weak":
             if ranks in self.sizes:
@@ -313,6 +319,30 @@ def _unknown(where: str, table: dict[str, Any], known: set[str]) -> None:
         raise StudyError(f"{where}: unknown field(s) {extra}; expected some of {sorted(known)}")
 
 
+def _planetoid(path: Path, where: str, table: dict[str, Any], scaling: str, epochs: int | None) -> DatasetSpec:
+    """A ``planetoid = { name, root }`` dataset: prepared by the sweep (``prepare planetoid``); ``root`` is
+    relative to the study file, and without it ``name`` must be the built-in ``cora``."""
+    if scaling == "weak":
+        raise StudyError(f"{where}: weak scaling needs a synthetic dataset (one size per P), not planetoid")
+    planetoid = _expect(f"{where}.planetoid", table["planetoid"], dict, "a table")
+    _unknown(f"{where}.planetoid", planetoid, PLANETOID_KEYS)
+    settings = {key: _expect(f"{where}.planetoid.{key}", value, str, "a string") for key, value in planetoid.items()}
+    if not re.fullmatch(r"[a-z]+", settings.get("name", "")):
+        raise StudyError(f"{where}.planetoid.name: expected a Planetoid name such as cora, citeseer or pubmed")
+    if "root" in settings:
+        root = Path(settings["root"])
+        settings["root"] = str(root if root.is_absolute() else Path(os.path.normpath(path.parent / root)))
+    elif settings["name"] != "cora":
+        raise StudyError(f"{where}.planetoid: {settings['name']} needs root = the directory of its ind.* files "
+                         f"(only cora is built in)")
+    parts = table.get("parts")
+    if parts is not None:
+        _int_list(f"{where}.parts", parts, 1)
+    return DatasetSpec(name=_expect(f"{where}.name", table.get("name"), str, "a name"), planetoid=settings,
+                       partitioner=table.get("partitioner", "metis"), parts=parts, seed=int(table.get("seed", 0)),
+                       epochs=epochs)
+
+
 def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
     where = f"{path}: dataset[{index}]"
     _expect(where, table, dict, "a table")
@@ -321,8 +351,8 @@ def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise StudyError(f"{where}.name: use letters, digits, '.', '_' or '-', found {name!r}")
     has_path, has_synthetic = "path" in table, "synthetic" in table
-    if has_path == has_synthetic:
-        raise StudyError(f"{where}: give exactly one of 'path' (a prepared directory) or 'synthetic'")
+    if has_path + has_synthetic + ("planetoid" in table) != 1:
+        raise StudyError(f"{where}: give exactly one of 'path' (a prepared directory), 'synthetic' or 'planetoid'")
     sizes: dict[int, int] = {}
     for key, value in (table.get("sizes") or {}).items():
         if not key.isdigit() or not isinstance(value, int) or value < 1:
@@ -335,6 +365,8 @@ def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
         directory = Path(_expect(f"{where}.path", table["path"], str, "a directory"))
         return DatasetSpec(name=name, path=directory if directory.is_absolute()
                            else Path(os.path.normpath(path.parent / directory)), epochs=epochs)
+    if "planetoid" in table:
+        return _planetoid(path, where, table, scaling, epochs)
     synthetic = _expect(f"{where}.synthetic", table["synthetic"], dict, "a table")
     _unknown(f"{where}.synthetic", synthetic, SYNTHETIC_KEYS)
     for key, value in synthetic.items():
