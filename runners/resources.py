@@ -222,6 +222,15 @@ def exchanged_rows(meta: dict[str, Any], plan: str, groups: int, counts: dict[st
     return counts["boundary"]
 
 
+def guard_keeps_weights(args: Any) -> bool:
+    """Whether the accuracy guard watches this run (a policy on some axis, ``--guard auto``), and so keeps a copy
+    of the weights and Adam state of the best evaluation in memory and in checkpoints."""
+    policy = any(not getattr(args, axis).is_none for axis in ("sample", "stale") if hasattr(getattr(args, axis, None),
+                                                                                          "is_none"))
+    compressed = str(getattr(args, "compress", "none")).strip() not in ("", "none")
+    return getattr(args, "guard", "off") == "auto" and (policy or compressed)
+
+
 def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, int]:
     """Bytes ``train`` writes: ``set`` (one checkpoint set: ``main.ckpt`` and every rank's policy file),
     ``checkpoint`` (its peak: two sets, one while resuming) and ``results``; 0 where nothing is written."""
@@ -230,7 +239,9 @@ def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, in
     widths = layer_widths(args.model, int(meta["feature_dim"]), args.hidden, args.layers, int(meta["num_classes"]),
                           args.heads, args.output_heads)
     if args.checkpoint:
-        main = 3 * parameter_count(args.model, widths, args.output_heads) * itemsize + CHECKPOINT_FIXED_BYTES
+        # weights and Adam's two moments; the accuracy guard keeps a second copy of all three (its best evaluation)
+        copies_of_weights = 6 if guard_keeps_weights(args) else 3
+        main = copies_of_weights * parameter_count(args.model, widths, args.output_heads) * itemsize + CHECKPOINT_FIXED_BYTES
         copies, structure = policy_state_copies(args.stale, str(getattr(args, "compress", "none")))
         heads = [args.heads] * (len(widths) - 1) + [args.output_heads]
         receiver = receiver_side(args.dropout_side, args.dropout, args.stale, exchange_widths(

@@ -55,6 +55,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
+from algorithms.training.guard import GUARD_MODES
 from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
 from runners.minibatch_flags import (add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_fingerprint,
                                      mode_record)
@@ -180,6 +181,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every K epochs, one extra exact forward beside the policy's (same weights and "
                              "masks; its time and bytes recorded apart from training) and the relative error "
                              "of each layer's output under the policy against it, K >= 0 (default 0: never)")
+    parser.add_argument("--guard", choices=GUARD_MODES, default="auto",
+                        help="the accuracy guard (docs/guide/policies.md): auto (default) = whenever a policy is "
+                             "active, tighten it one step toward exact when the validation accuracy or the loss "
+                             "falls behind, restoring the best evaluation's weights; off = never")
+    parser.add_argument("--guard-drop", type=float, default=0.02, metavar="D",
+                        help="falling: validation more than D below its best for --guard-patience evaluations "
+                             "(default 0.02)")
+    parser.add_argument("--guard-patience", type=int, default=3, metavar="N",
+                        help="evaluations (and steps, for the loss) a fall must last (default 3)")
+    parser.add_argument("--guard-sharp", type=float, default=0.10, metavar="S",
+                        help="falling at once: one evaluation more than S below the best (default 0.10; >= "
+                             "--guard-drop)")
+    parser.add_argument("--guard-loss-rise", type=float, default=0.25, metavar="R",
+                        help="falling: the training loss above (1 + R) x its lowest since the last tightening "
+                             "(default 0.25)")
+    parser.add_argument("--guard-warmup", type=int, default=10, metavar="E",
+                        help="the first E epochs only set the best (default 10: early training swings even "
+                             "when exact)")
     parser.add_argument("--compress", default="none", type=str, metavar="FORMAT",
                         help="compress what training exchanges send, rows and gradients: fp16, bf16, int8 "
                              "(per-row float32 scale), int8:stochastic (unbiased rounding); add ,feedback for "
@@ -234,6 +253,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     problem = attention_problem(args)
     if problem:
         return problem
+    if args.guard_sharp < args.guard_drop:
+        return (f"--guard-sharp {args.guard_sharp:g} is below --guard-drop {args.guard_drop:g}: a collapse is a "
+                f"larger fall than a slow one; give --guard-sharp {args.guard_drop:g} or more")
     fill_model_defaults(args)
     problem = minibatch_flag_problem(args)
     if problem:
@@ -549,7 +571,9 @@ def _train(comm: Communicator, args: argparse.Namespace, resources: dict[str, An
         writer.write({"type": "final", "epochs": trainer.epoch, **metrics, "peak_memory_per_rank": peaks,
                       "attention_structure_bytes_per_rank": attention, "cpu_seconds_per_rank": cpu_total,
                       "bytes_total": traffic_spread(totals),
-                      **clock.record(), "stopped_at_target": stopped, "wall_total": rows.wall()})
+                      **clock.record(), "stopped_at_target": stopped, "wall_total": rows.wall(),
+                      "guard": {"on": trainer.guard.on, "decisions": trainer.guard.state.decisions,
+                                "ended_with": trainer.policies.text}})
         writer.close()
         final = metrics.get("test_acc", metrics.get("test_f1"))
         label = "test accuracy" if "test_acc" in metrics else "test micro-F1"

@@ -106,6 +106,9 @@ class EpochRows:
             evaluation["audit"] = {"layer_error": record["audit"]["layer_error"],
                                    "seconds": spread([g["audit"]["seconds"] for g in gathered]),
                                    "bytes": traffic_spread([g["audit"]["bytes"] for g in gathered])}
+        if record.get("guard") is not None:  # the same on every rank: agreed at the last evaluation
+            evaluation["guard"] = {key: value for key, value in record["guard"].items() if key != "line"}
+            print(record["guard"]["line"], flush=True)
         if record.get("explanation") is not None:  # dgs: rank 0's explanation (loss and mask means)
             evaluation["explanation"] = record["explanation"]
         if record.get("feature_cache") is not None:  # summed over ranks: needed boundary rows and cache hits

@@ -50,11 +50,13 @@ def _available() -> int:
 
 def test_train_refuses_a_width_the_machine_cannot_hold_before_reading_shards(graphs) -> None:
     meta = json.loads((graphs["cora"] / "meta.json").read_text())
-    hidden = 1000
-    while train_memory(meta, rank=0, world_size=2, replication=1, model="gcn", hidden=hidden, layers=2,
+    hidden, layers = 1000, 2  # widths within --hidden's range (65536): deeper once the widest is reached
+    while train_memory(meta, rank=0, world_size=2, replication=1, model="gcn", hidden=hidden, layers=layers,
                        dtype="float32").total < 2 * _available():
-        hidden *= 2
-    result = run_mpi(2, [SPARSE_DIST, "train", "--data", str(graphs["cora"]), "--epochs", "1", "--hidden", str(hidden)])
+        hidden, layers = (min(2 * hidden, 65536), layers) if hidden < 65536 else (hidden, 2 * layers)
+    assert layers <= 128, "this machine holds 128 layers of 65536: the check cannot be made here"
+    result = run_mpi(2, [SPARSE_DIST, "train", "--data", str(graphs["cora"]), "--epochs", "1", "--hidden", str(hidden),
+                         "--layers", str(layers)])
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("sparse-dist train: error: not enough memory: the 2 rank(s) on "), lines
