@@ -279,7 +279,11 @@ FLAG_RANGES: dict[str, dict[str, Range]] = {
     "demo": {"--features": _WIDTH, "--replication": _REPLICATION},
     "prepare": {"--parts": _PARTS, "--hops": _HOPS, "--seed": _SEED, "--nodes": _NODES, "--classes": _CLASSES,
                 "--degree": _DEGREE, "--features": _WIDTH,
-                "--num-classes": Range(1, 10**5, "class ids 0..C-1; a multi-label graph keeps C columns a node")},
+                "--num-classes": Range(1, 10**5, "class ids 0..C-1; a multi-label graph keeps C columns a node"),
+                "--scale": Range(1, 32, "2^SCALE vertices, held in one process: 2^32 is 4 Gi vertices and 64 Gi "
+                                        "edge draws at edge factor 16 (Graph500's toy class is SCALE 26)"),
+                "--edge-factor": Range(1, 10**4, "edge draws a vertex (Graph500: 16); the graph holds up to twice "
+                                                 "that many stored entries a vertex")},
     "train": {
         "--layers": _LAYERS, "--hidden": _WIDTH, "--dropout": _DROPOUT, "--heads": _HEADS, "--output-heads": _HEADS,
         "--attention-dropout": _DROPOUT, "--lr": _LR,

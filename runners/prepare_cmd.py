@@ -11,6 +11,7 @@ import numpy as np
 from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
 from runners.data.partition import AUTO, DEFAULT_HOPS, PARTITIONERS, resolve_partitioner
 from runners.data.sampling_stats import DEFAULT_BATCH_SIZE, DEFAULT_FANOUT, format_part_table, sampling_statistics
+from runners.data.rmat import EDGE_FACTOR, GRAPH500, check_abcd, expected_isolated, expected_top_degree, rmat_dataset
 from runners.data.stream_synthetic import write_streamed_synthetic
 from runners.argtypes import at_least
 from runners.argtypes import seed as seed_number
@@ -56,8 +57,9 @@ SYNTHETIC_WORDS = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", choices=("planetoid", "synthetic", "edgelist", "ogb"),
-                        help="planetoid: ind.NAME.* files; synthetic: planted classes; edgelist: your own graph; "
+    parser.add_argument("source", choices=("planetoid", "synthetic", "rmat", "edgelist", "ogb"),
+                        help="planetoid: ind.NAME.* files; synthetic: planted classes; rmat: a Graph500 R-MAT "
+                             "power-law graph whose labels need the graph (--scale S); edgelist: your own graph; "
                              "ogb: an OGB node-property dataset (--name ogbn-arxiv --root DIR)")
     parser.add_argument("--out", required=True, help="dataset directory to create")
     parser.add_argument("--name", default=None,
@@ -81,11 +83,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=at_least(1), default=100_000,
                         help="synthetic: number of nodes, >= 1 (default: %(default)s)")
     parser.add_argument("--classes", type=at_least(2), default=8,
-                        help="synthetic: number of classes, >= 2 (default: %(default)s)")
+                        help="synthetic, rmat: number of classes, >= 2 (default: %(default)s)")
     parser.add_argument("--degree", type=at_least(1), default=10,
                         help="synthetic: out-edges per node before symmetrising, >= 1 (default: %(default)s)")
     parser.add_argument("--features", type=at_least(1), default=128,
-                        help="synthetic: feature width, >= 1 (default: %(default)s)")
+                        help="synthetic, rmat: feature width, >= 1 (default: %(default)s)")
+    parser.add_argument("--scale", type=at_least(1), default=None,
+                        help="rmat: 2^SCALE vertices (Graph500's SCALE; required for rmat)")
+    parser.add_argument("--edge-factor", type=at_least(1), default=EDGE_FACTOR,
+                        help="rmat: edge draws per vertex, before duplicates merge (default: Graph500's %(default)s)")
+    parser.add_argument("--abcd", default=",".join(map(str, GRAPH500)),
+                        help="rmat: R-MAT quadrant probabilities A,B,C,D, each >= 0, summing to 1 "
+                             "(default: Graph500's %(default)s)")
+    parser.add_argument("--isolated", choices=("keep", "drop"), default="keep",
+                        help="rmat: keep the vertices no edge touches (Graph500 does) or drop them "
+                             "(default: %(default)s); their number is printed either way")
     parser.add_argument("--edges", help="edgelist: 'src dst' pairs (text, .npy or .npz; format below)")
     parser.add_argument("--node-features", help="edgelist: features .npy (nodes x width)")
     parser.add_argument("--labels", help="edgelist: class ids (.npy or text, one per node), or nodes x classes of 0/1")
@@ -115,6 +127,14 @@ def _split(text: str) -> tuple[float, ...] | None:
     return split if len(split) == 3 and min(split) >= 0 and sum(split) <= 1 + 1e-9 else None
 
 
+def _abcd(text: str) -> tuple[float, ...] | None:
+    try:
+        abcd = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return abcd if check_abcd(abcd) is None else None
+
+
 def check_arguments(args: argparse.Namespace) -> str | None:
     """Flag combinations argparse cannot check, and an ``--out`` prepare may not write (refused before MPI starts
     and before any input is read; checked again when the new dataset is swapped into place)."""
@@ -129,6 +149,11 @@ def check_arguments(args: argparse.Namespace) -> str | None:
                 "(or leave --partitioner out)")
     if args.source == "synthetic" and args.stream and args.hops is not None:
         return "prepare synthetic --stream prints no K-hop statistics and uses no bytegnn blocks; leave --hops out"
+    if args.source == "rmat" and args.scale is None:
+        return "prepare rmat needs --scale S (2^S vertices; Graph500's smallest benchmark class is --scale 26)"
+    if args.source == "rmat" and _abcd(args.abcd) is None:
+        return (f"--abcd {args.abcd}: expected four probabilities A,B,C,D >= 0 summing to 1 with A + B and C + D "
+                f"above 0, e.g. Graph500's {','.join(map(str, GRAPH500))}")
     if args.source == "ogb" and (not args.name or not args.root):
         return "prepare ogb needs --name (e.g. ogbn-arxiv) and --root DIR"
     if args.source == "edgelist":
@@ -160,6 +185,14 @@ def main(comm: object, args: argparse.Namespace) -> int:
         edges = 2 * args.nodes * args.degree  # symmetrised; duplicates make it a little less
         check_prepare_resources(args.out, None if args.stream else prepare_memory(
             args.nodes, edges, args.features, args.parts, words=SYNTHETIC_WORDS), shard_bytes(args.nodes, edges, args.features))
+    if args.source == "rmat":  # at most 2 x the draws stored entries: refuse before generating anything
+        nodes = 1 << args.scale
+        problem = dataset_problem(nodes, args.parts, None)
+        if problem:
+            raise ShardError(f"prepare rmat: {problem}")
+        edges = 2 * args.edge_factor * nodes
+        check_prepare_resources(args.out, prepare_memory(nodes, edges, args.features, args.parts),
+                                shard_bytes(nodes, edges, args.features))
     streamed = args.source == "synthetic" and args.stream
     partitioner, note = resolve_partitioner(args.partitioner, contiguous_only=streamed)
     if note:
@@ -174,6 +207,8 @@ def main(comm: object, args: argparse.Namespace) -> int:
         data = load_planetoid(args.root or BUILTIN_PLANETOID, args.name or "cora")
     elif args.source == "ogb":
         data = load_ogb(args.name, args.root, symmetrize=not args.directed, allow_download=args.download)
+    elif args.source == "rmat":
+        data = _rmat(args)
     elif args.source == "edgelist":
         data = load_edge_list(args.edges, args.node_features, args.labels, masks=args.masks,
                               split=_split(args.split), symmetrize=args.symmetrize, seed=args.seed, name=args.name,
@@ -181,7 +216,7 @@ def main(comm: object, args: argparse.Namespace) -> int:
     else:
         data = planted_classes(nodes=args.nodes, classes=args.classes, degree=args.degree,
                                features=args.features, seed=args.seed)
-    if args.source != "synthetic":  # known once loaded: the disk the shards need
+    if args.source not in ("synthetic", "rmat"):  # known once loaded: the disk the shards need
         check_prepare_resources(args.out, None, shard_bytes(int(data.num_nodes), int(data.adjacency.nnz),
                                                             int(data.features.shape[1])))
     hops = args.hops or DEFAULT_HOPS
@@ -189,6 +224,28 @@ def main(comm: object, args: argparse.Namespace) -> int:
     _report(meta, args.out, time.perf_counter() - start)
     _report_sampling(data, meta, args.out, hops, args.seed)
     return 0
+
+
+def _rmat(args: argparse.Namespace) -> object:
+    """The R-MAT graph of ``prepare rmat`` (:mod:`runners.data.rmat`), its isolated vertices and top degree
+    said beside the model's exact expectation."""
+    abcd = _abcd(args.abcd)
+    started = time.perf_counter()
+    data, graph = rmat_dataset(args.scale, args.edge_factor, features=args.features, classes=args.classes,
+                               abcd=abcd, seed=args.seed, drop_isolated=args.isolated == "drop", progress=True)
+    n = 1 << args.scale
+    isolated, spread = expected_isolated(args.scale, args.edge_factor, abcd)
+    top, top_spread = expected_top_degree(args.scale, args.edge_factor, abcd)
+    degree = np.diff(data.adjacency.indptr)
+    print(f"rmat: SCALE {args.scale}, edge factor {args.edge_factor}, A,B,C,D {','.join(f'{p:g}' for p in abcd)}: "
+          f"{graph.draws} edge draws -> {data.adjacency.nnz // 2} distinct undirected edges "
+          f"({data.adjacency.nnz} stored entries; duplicates merged, self-loops dropped) "
+          f"[{time.perf_counter() - started:.1f} s]", flush=True)
+    print(f"rmat: {graph.isolated} isolated vertices ({100 * graph.isolated / n:.1f}% of {n}; R-MAT expects "
+          f"{isolated:.0f} +- {spread:.0f}), {'dropped' if args.isolated == 'drop' else 'kept'}; max degree "
+          f"{int(degree.max()) if degree.size else 0} (expected {top:.0f} +- {top_spread:.0f}); labels: argmax of "
+          f"the hidden scores of the features propagated two hops (docs/guide/prepare.md)", flush=True)
+    return data
 
 
 def _report_sampling(data: object, meta: dict, out: str, hops: int, seed: int) -> None:

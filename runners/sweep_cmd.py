@@ -43,7 +43,7 @@ from typing import Any
 from runners.launcher_path import find_mpiexec
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
 from runners.study.output import claim_output, output_problem
-from runners.study.spec import Run, Study, StudyError, load_study
+from runners.study.spec import RMAT_KEYS, Run, Study, StudyError, load_study
 from runners.study.train_table import train_flags
 
 
@@ -110,13 +110,15 @@ def run_command(study: Study, run: Run, launcher: str) -> list[str]:
 def prepare_command(study: Study, run: Run) -> list[str]:
     spec = run.dataset
     if spec.planetoid:
-        return [*_python_command(), "prepare", "planetoid", "--out", str(study.prepared_dir(run)),
-                "--parts", str(study.parts_for(spec)), "--partitioner", spec.partitioner, "--seed", str(spec.seed),
-                "--overwrite", *[f"--{key}={value}" for key, value in spec.planetoid.items()]]
-    settings = {"nodes": run.nodes, **{k: v for k, v in spec.synthetic.items() if k != "nodes"}}
-    return [*_python_command(), "prepare", "synthetic", "--out", str(study.prepared_dir(run)),
+        source, flags = "planetoid", [f"--{key}={value}" for key, value in spec.planetoid.items()]
+    elif spec.rmat:
+        source, flags = "rmat", [f"{RMAT_KEYS[key]}={value}" for key, value in spec.rmat.items()]
+    else:
+        settings = {"nodes": run.nodes, **{k: v for k, v in spec.synthetic.items() if k != "nodes"}}
+        source, flags = "synthetic", [f"--{key}={value}" for key, value in settings.items()]
+    return [*_python_command(), "prepare", source, "--out", str(study.prepared_dir(run)),
             "--parts", str(study.parts_for(spec)), "--partitioner", spec.partitioner, "--seed", str(spec.seed),
-            "--overwrite", *[f"--{key}={value}" for key, value in settings.items()]]
+            "--overwrite", *flags]
 
 
 STOP_GRACE = 10.0

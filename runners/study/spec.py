@@ -36,6 +36,9 @@ A study file (see ``studies/`` and the README)::
     # planetoid = { name = "citeseer", root = "../data/planetoid" }   # or prepare planetoid (root: the
                                            # ind.NAME.* files, relative to the study file; the built-in Cora
                                            # without one)
+    # rmat = { scale = 16, edge_factor = 16, features = 128, classes = 8 }   # or prepare rmat: a Graph500
+                                           # R-MAT graph of 2^scale vertices (edge_factor, features, classes:
+                                           # prepare's defaults where left out)
     # nodes_per_rank = 25000               # weak scaling: nodes = nodes_per_rank * P
     # sizes = { "1" = 25000, "2" = 50000 } # weak scaling, explicit
     # epochs = 200                         # this dataset's runs train this many epochs (default: study.epochs)
@@ -84,6 +87,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.policies import PolicySpec
+from runners.argtypes import FLAG_RANGES
 from runners.emulate.network import parse_bandwidth, parse_latency
 from runners.study.train_table import check_train_table
 from sparse_dist.compress import Codec
@@ -91,11 +95,13 @@ from sparse_dist.plans import PLAN_NAMES
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "compress", "seeds",
               "epochs", "warmup", "timeout", "launcher", "launcher_args", "target_acc", "overwrite"}
-DATASET_KEYS = {"name", "path", "synthetic", "planetoid", "partitioner", "parts", "nodes_per_rank", "sizes", "seed",
+DATASET_KEYS = {"name", "path", "synthetic", "planetoid", "rmat", "partitioner", "parts", "nodes_per_rank", "sizes", "seed",
                 "epochs"}
 PLANETOID_KEYS = {"name", "root"}
 POLICY_ENTRY_KEYS = {"policy", "plans", "compress", "name", "train"}
 SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
+RMAT_KEYS = {"scale": "--scale", "edge_factor": "--edge-factor", "features": "--features", "classes": "--classes"}
+"""An ``rmat`` table's keys and the ``prepare rmat`` flags they become (ranges: :data:`FLAG_RANGES`)."""
 NETWORK_KEYS = {"nodes", "ranks_per_node", "bandwidth", "latency"}
 LAUNCHERS = ("auto", "mpiexec", "srun")
 TRAIN_FLAGS_SET_BY_STUDY = {"data", "out", "plan", "replication", "sample", "stale", "compress", "seed", "epochs"}
@@ -113,6 +119,7 @@ class DatasetSpec:
     path: Path | None = None
     synthetic: dict[str, int] = field(default_factory=dict)
     planetoid: dict[str, str] = field(default_factory=dict)  # prepare planetoid's --name and --root
+    rmat: dict[str, int] = field(default_factory=dict)  # prepare rmat's --scale, --edge-factor, ... (RMAT_KEYS)
     partitioner: str = "metis"
     parts: int | None = None
     nodes_per_rank: int | None = None
@@ -121,8 +128,9 @@ class DatasetSpec:
     epochs: int | None = None  # None: the study's epochs
 
     def nodes_for(self, ranks: int, scaling: str) -> int | None:
-        """Synthetic node count of the run with ``ranks`` ranks (None for a prepared directory or Planetoid)."""
-        if self.path is not None or self.planetoid:
+        """Synthetic node count of the run with ``ranks`` ranks (None for a prepared directory, Planetoid or
+        R-MAT, whose size is its scale)."""
+        if self.path is not None or self.planetoid or self.rmat:
             return None
         if scaling == "weak":
             if ranks in self.sizes:
@@ -343,6 +351,28 @@ def _planetoid(path: Path, where: str, table: dict[str, Any], scaling: str, epoc
                        epochs=epochs)
 
 
+def _rmat(where: str, table: dict[str, Any], scaling: str, epochs: int | None) -> DatasetSpec:
+    """An ``rmat = { scale, edge_factor, features, classes }`` dataset: prepared by the sweep (``prepare rmat``),
+    each value in its flag's range (:data:`runners.argtypes.FLAG_RANGES`), ``scale`` required."""
+    if scaling == "weak":
+        raise StudyError(f"{where}: weak scaling needs a synthetic dataset (one size per P), not rmat")
+    rmat = _expect(f"{where}.rmat", table["rmat"], dict, "a table")
+    _unknown(f"{where}.rmat", rmat, set(RMAT_KEYS))
+    if "scale" not in rmat:
+        raise StudyError(f"{where}.rmat.scale: expected the R-MAT scale (2^scale vertices), found none")
+    for key, value in rmat.items():
+        limit = FLAG_RANGES["prepare"][RMAT_KEYS[key]]
+        if not isinstance(value, int) or isinstance(value, bool) or not limit.low <= value <= limit.high:
+            raise StudyError(f"{where}.rmat.{key}: expected an integer in {limit.interval()} ({limit.why}), "
+                             f"found {value!r}")
+    parts = table.get("parts")
+    if parts is not None:
+        _int_list(f"{where}.parts", parts, 1)
+    return DatasetSpec(name=_expect(f"{where}.name", table.get("name"), str, "a name"), rmat=dict(rmat),
+                       partitioner=table.get("partitioner", "metis"), parts=parts, seed=int(table.get("seed", 0)),
+                       epochs=epochs)
+
+
 def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
     where = f"{path}: dataset[{index}]"
     _expect(where, table, dict, "a table")
@@ -351,8 +381,9 @@ def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise StudyError(f"{where}.name: use letters, digits, '.', '_' or '-', found {name!r}")
     has_path, has_synthetic = "path" in table, "synthetic" in table
-    if has_path + has_synthetic + ("planetoid" in table) != 1:
-        raise StudyError(f"{where}: give exactly one of 'path' (a prepared directory), 'synthetic' or 'planetoid'")
+    if has_path + has_synthetic + ("planetoid" in table) + ("rmat" in table) != 1:
+        raise StudyError(f"{where}: give exactly one of 'path' (a prepared directory), 'synthetic', 'planetoid' "
+                         f"or 'rmat'")
     sizes: dict[int, int] = {}
     for key, value in (table.get("sizes") or {}).items():
         if not key.isdigit() or not isinstance(value, int) or value < 1:
@@ -367,6 +398,8 @@ def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
                            else Path(os.path.normpath(path.parent / directory)), epochs=epochs)
     if "planetoid" in table:
         return _planetoid(path, where, table, scaling, epochs)
+    if "rmat" in table:
+        return _rmat(where, table, scaling, epochs)
     synthetic = _expect(f"{where}.synthetic", table["synthetic"], dict, "a table")
     _unknown(f"{where}.synthetic", synthetic, SYNTHETIC_KEYS)
     for key, value in synthetic.items():
