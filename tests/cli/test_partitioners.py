@@ -182,7 +182,7 @@ def test_metis_train_refuses_when_the_multi_constraint_entry_point_is_missing(mo
 
 
 @pytest.mark.parametrize("argv,sentence", [
-    (["prepare", "planetoid", "--out", "/no/such/x", "--hops", "0"], "argument --hops: must be an integer >= 1, got 0"),
+    (["prepare", "planetoid", "--out", "/no/such/x", "--hops", "0"], "argument --hops: must be an integer >= 1 and <= 16, got 0"),
     (["prepare", "synthetic", "--stream", "--out", "/tmp/never-written-x", "--hops", "2"],
      "prepare synthetic --stream prints no K-hop statistics and uses no bytegnn blocks; leave --hops out"),
     (["prepare", "planetoid", "--out", "/tmp/never-written-x", "--partitioner", "kahip"], "argument --partitioner: invalid choice"),
@@ -190,7 +190,7 @@ def test_metis_train_refuses_when_the_multi_constraint_entry_point_is_missing(mo
      "--partitioners metis,kahip: unknown 'kahip'; choose from block, random, metis, metis-train, bytegnn"),
     (["bench", "partition", "--data", "/no/such", "--fanouts", "10", "--hops", "2"],
      "--fanouts 10 gives 1 hop(s) but --hops is 2; give one fanout per hop"),
-    (["bench", "partition", "--data", "/no/such", "--hops", "-1"], "argument --hops: must be an integer >= 1, got -1"),
+    (["bench", "partition", "--data", "/no/such", "--hops", "-1"], "argument --hops: must be an integer >= 1 and <= 16, got -1"),
 ])
 def test_bad_flags_are_refused_with_one_sentence(argv: list[str], sentence: str, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:

@@ -87,7 +87,7 @@ def test_bad_study_files_name_the_file_and_field(tmp_path: Path, change: tuple[s
 
 @pytest.mark.parametrize("change,sentence", [
     (("hidden = 8", "hiden = 16"), "[train] hiden: not an option of `sparse-dist train`; did you mean hidden?"),
-    (("hidden = 8", "lr = -1"), "[train] lr = -1: argument --lr: must be a finite number > 0, got -1"),
+    (("hidden = 8", "lr = -1"), "[train] lr = -1: argument --lr: must be a finite number > 0 and <= 10, got -1"),
     (("hidden = 8", "dropout = 1.0"), "[train] dropout = 1.0: argument --dropout: must be a finite number >= 0 and < 1"),
     (("hidden = 8", 'model = "gcnn"'), "[train] model = 'gcnn': argument --model: invalid choice: 'gcnn'"),
     (("hidden = 8", "heads = 8"), "[train] with plan dense-bcast and policy exact: --heads, --output-heads and "
@@ -272,12 +272,12 @@ def test_a_policy_table_pins_its_plans_and_compressions(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("change,sentence", [
     (("epochs = 5", 'epochs = 5\ncompress = ["int9"]'),
-     "study.compress: compression format must be one of ('fp16', 'bf16', 'int8'), got 'int9'"),
+     "study.compress: --compress 'int9': compression format must be one of ('fp16', 'bf16', 'int8'), got 'int9'"),
     (("epochs = 5", 'epochs = 5\ncompress = ["fp16", "fp16"]'), "study.compress: each compression once"),
     (('"sancus-e:eps=1"', '{ policy = "sancus-e:eps=1", plans = ["sparse-bcast"] }'),
      "study.policies[2].plans: ['sparse-bcast'] not in study.plans ['dense-bcast', 'p2p']"),
     (('"sancus-e:eps=1"', '{ policy = "exact", compress = ["bf16:stochastic"] }'),
-     "study.policies[2].compress: stochastic rounding is an int8 option, not bf16's"),
+     "study.policies[2].compress: --compress 'bf16:stochastic': stochastic rounding is an int8 option, not bf16's"),
     (('"sancus-e:eps=1"', '{ policy = "bns:keep=0.1", plan = "p2p" }'), "study.policies[2]: unknown field(s) ['plan']"),
     (('"sancus-e:eps=1"', '{ policy = "exact", plans = ["p2p"] }'),
      "study.policies: plan p2p, policy exact, compress none comes from two entries"),

@@ -109,10 +109,10 @@ TRAIN = ["train", "--data", "/no/such/dataset"]
     (["--mode", "minibatch", "--fanouts", "10"], "--fanouts gives 1 hop(s) but --layers is 2"),
     (["--mode", "minibatch", "--fanouts", "10,0"], "argument --fanouts: fanouts are integers >= 1 or 'all'"),
     (["--fanouts", "10,10"], "--fanouts need --mode minibatch"),
-    (["--mode", "minibatch", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
+    (["--mode", "minibatch", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1 and <= 16777216, got 0"),
     (["--mode", "minibatch", "--sample", "bns:p=0.5"], "--mode minibatch exchanges no boundary rows"),
     (["--sample-batches", "4"], "--sample-batches need --mode minibatch"),
-    (["--mode", "minibatch", "--sample-batches", "0"], "argument --sample-batches: must be an integer >= 1, got 0"),
+    (["--mode", "minibatch", "--sample-batches", "0"], "argument --sample-batches: must be an integer >= 1 and <= 1024, got 0"),
 ])
 def test_bad_minibatch_flags_are_refused_before_mpi(extra: list[str], sentence: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
