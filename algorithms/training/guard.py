@@ -99,6 +99,7 @@ class Guard:
         self.on = settings.mode == "auto" and active
         self.state = GuardState()
         self.kept: dict[str, Any] | None = None  # the best evaluation's model and optimiser state
+        self._value: float | None = None  # the last evaluation's validation metric
 
     def observe_loss(self, epoch: int, loss: float) -> None:
         """``epoch``'s global training loss (the same on every rank)."""
@@ -116,23 +117,39 @@ class Guard:
             state.loss_strikes = 0
 
     def observe_metrics(self, epoch: int, metrics: dict[str, float], keep: Any) -> None:
-        """An evaluation's global metrics after ``epoch``'s step (collective: one allgather of a flag).
-        ``keep()`` returns the model and optimiser state to keep when this evaluation is the best."""
+        """An evaluation's global metrics after ``epoch``'s step: :meth:`note_metrics` then :meth:`agree`
+        (collective)."""
+        self.note_metrics(epoch, metrics, keep)
+        self.agree()
+
+    def note_metrics(self, epoch: int, metrics: dict[str, float], keep: Any) -> None:
+        """Read an evaluation's global metrics (no communication). ``keep()`` returns the model and optimiser
+        state to keep when this evaluation is the best: the state the evaluation saw, so this is called before
+        the optimiser moves on."""
         state = self.state
         if not self.on or state.exact:
             return
         value = next((float(metrics[key]) for key in VALIDATION_KEYS if metrics.get(key) is not None), None)
-        if value is not None:
-            if value > state.best_value:
-                state.best_value, state.best_epoch, state.value_strikes = value, epoch, 0
-                self.kept = copy.deepcopy(keep())
-            elif value < state.best_value - self.settings.sharp and epoch > self.settings.warmup:
-                state.value_strikes = self.settings.patience  # a collapse: no need to wait for more
-            elif value < state.best_value - self.settings.drop and epoch > self.settings.warmup:
-                state.value_strikes += 1
-            else:
-                state.value_strikes = 0
-        reason = self._reason(value)
+        self._value = value
+        if value is None:
+            return
+        if value > state.best_value:
+            state.best_value, state.best_epoch, state.value_strikes = value, epoch, 0
+            self.kept = copy.deepcopy(keep())
+        elif value < state.best_value - self.settings.sharp and epoch > self.settings.warmup:
+            state.value_strikes = self.settings.patience  # a collapse: no need to wait for more
+        elif value < state.best_value - self.settings.drop and epoch > self.settings.warmup:
+            state.value_strikes += 1
+        else:
+            state.value_strikes = 0
+
+    def agree(self) -> None:
+        """Whether the policy falls, agreed by every rank (one allgather of a flag over the communicator; every
+        rank calls it after the same evaluation)."""
+        state = self.state
+        if not self.on or state.exact:
+            return
+        reason = self._reason(self._value)
         agreed = self.comm.allgather_array(np.array([reason is not None], dtype=np.int64))
         if agreed.max() > 0 and state.pending is None:
             state.pending = reason or "another rank saw the policy fall"

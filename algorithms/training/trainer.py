@@ -108,7 +108,7 @@ class Trainer(TrainingRun):
         if alongside is not None:
             extra["evaluation"] = alongside.finish()  # before the optimiser changes the weights
             self.eval_bytes = alongside.share.bytes()
-            self.guard.observe_metrics(self.epoch, extra["evaluation"], self._kept_state)
+            self.guard.note_metrics(self.epoch, extra["evaluation"], self._kept_state)  # the weights it saw
         flat = self.allreduce_gradients(loss)
         self.guard.observe_loss(self.epoch + 1, float(flat[-1]))
         deferring = evaluation_follows and self.spmm.strategy.defers_gradients
@@ -132,6 +132,8 @@ class Trainer(TrainingRun):
             record.update(work.after_epoch())
         if guarded is not None:
             record["guard"] = guarded
+        if alongside is not None:  # after the record: the guard's agreement is neither the step's nor the evaluation's
+            self.guard.agree()
         if audit is not None:
             assert used is not None
             record["audit"] = self.audit.end(audit, used)

@@ -160,7 +160,8 @@ def check_resume(world_comm, data: str, expected: list[tuple], final: list[torch
 
 def check_off_is_watching_only(comm, data: str, failures: list[str]) -> None:
     runs = []
-    for guard in (dict(guard="off"), dict(guard="auto", guard_drop=0.99, guard_patience=1000, guard_loss_rise=100.0)):
+    for guard in (dict(guard="off"), dict(guard="auto", guard_drop=0.99, guard_sharp=0.995, guard_patience=1000,
+                                              guard_loss_rise=100.0)):
         run = trainer(comm, data, **{**FALLING, "epochs": 30}, **guard)
         train(run, 30)
         runs.append(weights(run))
