@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 RANKS  ?= 2
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast venv clean
+.PHONY: run test test-slow test-fast venv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m compileall -q sparse_dist algorithms runners tests > /dev/null  # every mpiexec rank imports them
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q tests
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m "not slow" tests
+
+# The end-to-end lane (pytest marker `slow`: sweep, emulate, Slurm templates, a kill at every commit point);
+# CI runs it after `make test`.
+test-slow: $(STAMP)
+	$(BIN)/python -m compileall -q sparse_dist algorithms runners tests > /dev/null
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m slow tests
 
 # The unit lane: in-process tests only (tests/unit, no mpiexec), seconds.
 test-fast: $(STAMP)

@@ -10,6 +10,7 @@ from mpirun import BIN, run_mpi
 SPARSE_DIST = str(BIN / "sparse-dist")
 
 
+@pytest.mark.slow
 def test_bench_minibatch_reports_both_systems_and_their_ratio(tmp_path: Path) -> None:
     pytest.importorskip("torch_geometric")
     data = write(random_directed(n=300, seed=5), tmp_path / "g", parts=2)

@@ -100,6 +100,7 @@ def test_metis_is_deterministic_balanced_and_cuts_the_boundary() -> None:
     assert _relabelled_boundary(citations, metis, 4) * 3 < _relabelled_boundary(citations, random, 4)
 
 
+@pytest.mark.slow
 def test_merged_metis_parts_train_like_unmerged(tmp_path: Path) -> None:
     write_shards(cora(), tmp_path / "cora8", 8, "metis", seed=1)
     meta = json.loads((tmp_path / "cora8" / "meta.json").read_text())
@@ -198,6 +199,7 @@ def test_streamed_prepare_chooses_blocks_by_itself_and_refuses_metis(tmp_path: P
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
 # ---------------------------------------------------------------- small truths (issue 24, item 9)
 def test_float64_features_survive_prepare_bitwise_and_train(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)

@@ -396,6 +396,7 @@ path = "data/cora"
 """
 
 
+@pytest.mark.slow
 def test_the_worked_example_and_the_model_commands_run(tmp_path: Path) -> None:
     # The README tour, verbatim: prepare the built-in Cora.
     prepare = _find("prepare planetoid --out data/cora --parts 4")

@@ -23,6 +23,7 @@ def _sweep(cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=900)
 
 
+@pytest.mark.slow
 @needs_namespaces
 def test_smoke_study_crosses_policies_compression_and_bandwidths(tmp_path: Path) -> None:
     result = _sweep(tmp_path)

@@ -67,6 +67,7 @@ def _final_record(path: Path) -> dict:
     return records[0] | records[-1]
 
 
+@pytest.mark.slow
 def test_train_cpu_template(slurm: LocalSlurm, work: Path) -> None:
     out = work / "train-cpu.jsonl"
     info = _submit_and_wait(slurm, "train-cpu.sbatch", work,
@@ -76,6 +77,7 @@ def test_train_cpu_template(slurm: LocalSlurm, work: Path) -> None:
     assert "final test accuracy" in info["output"]
 
 
+@pytest.mark.slow
 def test_train_gpu_template_schedules_one_gpu_per_task(slurm: LocalSlurm, work: Path) -> None:
     out = work / "train-gpu.jsonl"
     info = _submit_and_wait(slurm, "train-gpu.sbatch", work,
@@ -111,6 +113,7 @@ path = "tiny"
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template", ["sweep-cpu.sbatch", "sweep-gpu.sbatch"])
 def test_sweep_templates_launch_runs_with_srun(slurm: LocalSlurm, work: Path, template: str) -> None:
     name = template.removesuffix(".sbatch")

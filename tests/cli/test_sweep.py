@@ -58,6 +58,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_configuration_and_collects_one_table(study: Path) -> None:
     rows = _rows(study.parent / "out" / "results.csv")
     # 2 rank counts x (sparse-bcast: exact, sancus-e; p2p: exact; sancus-e needs a broadcast plan)
@@ -79,6 +80,7 @@ def test_sweep_runs_every_configuration_and_collects_one_table(study: Path) -> N
     assert len({line.split('"run": "')[1].split('"')[0] for line in raw}) == 6
 
 
+@pytest.mark.slow
 def test_a_killed_study_resumes_with_the_missing_runs_only(study: Path) -> None:
     runs = study.parent / "out" / "runs"
     victim = runs / "directed_P3_c1_p2p_exact_s0.jsonl"
@@ -95,6 +97,7 @@ def test_a_killed_study_resumes_with_the_missing_runs_only(study: Path) -> None:
     assert not leftover.exists()
 
 
+@pytest.mark.slow
 def test_model_predicts_the_exact_bytes_of_every_exact_run(study: Path) -> None:
     result = subprocess.run([SPARSE_DIST, "model", "compare", str(study.parent / "out")], capture_output=True,
                             text=True, timeout=120)
@@ -122,6 +125,7 @@ def test_model_predicts_the_exact_bytes_of_every_exact_run(study: Path) -> None:
     assert "within 25%" in result.stdout and "cycle (step and evaluation), every run: 6" in result.stdout
 
 
+@pytest.mark.slow
 def test_model_predicts_layer_0_from_a_halo_fetched_once(study: Path) -> None:
     def totals(mode: str) -> tuple[dict[str, float], str]:
         result = subprocess.run([SPARSE_DIST, "model", "predict", "--nodes", "100000", "--nnz", "1000000",
@@ -140,6 +144,7 @@ def test_model_predicts_layer_0_from_a_halo_fetched_once(study: Path) -> None:
     assert text.count("halo of X fetched once") == 2
 
 
+@pytest.mark.slow
 def test_plot_writes_every_figure(study: Path, tmp_path: Path) -> None:
     result = subprocess.run([SPARSE_DIST, "plot", str(study.parent / "out"), "--out", str(tmp_path), "--dpi", "50"],
                             capture_output=True, text=True, timeout=120)

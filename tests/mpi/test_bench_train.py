@@ -39,6 +39,7 @@ def _check_sparse_dist(summary: dict, ranks: int, epochs: int) -> None:
     assert math.isfinite(summary["final_loss"]) and summary["final_loss"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_bench_train_reports_times_memory_and_the_pyg_peer(ranks: int) -> None:
     result = run_mpi(ranks, [SPARSE_DIST, "bench", "train", *SMALL], timeout=120)

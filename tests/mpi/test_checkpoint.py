@@ -104,6 +104,7 @@ def _only_the_current_set(directory: Path) -> bool:
             and kept == sorted(current.files) == sorted([MAIN_FILE, rank_file(0), rank_file(1)]))
 
 
+@pytest.mark.slow
 def test_a_kill_at_any_point_of_a_commit_leaves_a_set_that_resumes_bitwise(data: Path, tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     reference = tmp_path / "reference"
