@@ -15,14 +15,17 @@ swings after the warm-up stay within 3 points on Cora, a stale pipeline at P = 4
 200k synthetic), when the loss stays above ``(1 + loss_rise)`` times its lowest for ``patience``
 consecutive steps, or at once when the loss is not finite. Then the guard, before the next step:
 
-1. restores the weights and Adam state of the best evaluation (kept in memory: a copy of the replicated
-   parameters, three times their size with Adam's moments), so the epochs lost to the fall are not paid twice;
+1. after a collapse (the sharp fall, or the loss), restores the weights and Adam state of the best evaluation
+   (kept in memory: a copy of the replicated parameters, three times their size with Adam's moments), so the
+   epochs lost to it are not paid twice; after a slide it goes on from where it is (rolling back there would
+   throw away progress that a tighter policy keeps: on Cora, bns' mid-training dip recovers by itself);
 2. tightens every active axis one step toward exact: each policy answers :meth:`tightened` itself
    (``pipe`` turns smoothing on, then lowers ``tau``; ``sancus`` halves ``eps`` and then stops skipping;
    ``bns``/``psc``/``dgs`` double ``keep``/``budget``/``nodes`` and then stop sampling; compression goes
    ``int8 -> fp16 -> none``). When no axis is left, the run is exact from there on, and rank 0 says so.
 
-It never loosens again: a rule that fell once on this graph and these ranks may fall again, and a loosened
+The tighter policy then gets its own warm-up (``warmup`` epochs without strikes) before it can be tightened
+again. It never loosens again: a rule that fell once on this graph and these ranks may fall again, and a loosened
 run that falls pays the fall and the rollback a second time. The decision is agreed (one allgather of a flag
 over the ranks) at every evaluation, so every rank tightens at the same epoch. Its state (level, best, strikes,
 the kept weights) is replicated and travels in checkpoints: a resumed run decides as the uninterrupted one,
@@ -81,6 +84,8 @@ class GuardState:
     value_strikes: int = 0
     loss_strikes: int = 0
     pending: str | None = None          # the reason of a tightening agreed, applied before the next step
+    restore: bool = False               # whether that tightening restores the best evaluation's weights
+    quiet_until: int = 0                # no strike is counted up to this epoch (the warm-up after a tightening)
     exact: bool = False                 # nothing left to tighten: the run is exact
     policies: dict[str, str] | None = None  # the policies in force after the last tightening (their text)
     decisions: list[dict[str, Any]] = field(default_factory=list)
@@ -106,7 +111,7 @@ class Guard:
         state = self.state
         if not self.on or state.exact:
             return
-        warming = epoch <= self.settings.warmup
+        warming = epoch <= max(self.settings.warmup, state.quiet_until)
         if not math.isfinite(loss):
             state.loss_strikes = self.settings.patience
         elif loss < state.lowest_loss:
@@ -133,12 +138,13 @@ class Guard:
         self._value = value
         if value is None:
             return
+        counting = epoch > max(self.settings.warmup, state.quiet_until)
         if value > state.best_value:
             state.best_value, state.best_epoch, state.value_strikes = value, epoch, 0
             self.kept = copy.deepcopy(keep())
-        elif value < state.best_value - self.settings.sharp and epoch > self.settings.warmup:
+        elif value < state.best_value - self.settings.sharp and counting:
             state.value_strikes = self.settings.patience  # a collapse: no need to wait for more
-        elif value < state.best_value - self.settings.drop and epoch > self.settings.warmup:
+        elif value < state.best_value - self.settings.drop and counting:
             state.value_strikes += 1
         else:
             state.value_strikes = 0
@@ -149,23 +155,27 @@ class Guard:
         state = self.state
         if not self.on or state.exact:
             return
-        reason = self._reason(self._value)
-        agreed = self.comm.allgather_array(np.array([reason is not None], dtype=np.int64))
-        if agreed.max() > 0 and state.pending is None:
+        reason, collapse = self._reason(self._value)
+        seen = 0 if reason is None else (2 if collapse else 1)
+        agreed = int(self.comm.allgather_array(np.array([seen], dtype=np.int64)).max())
+        if agreed > 0 and state.pending is None:
             state.pending = reason or "another rank saw the policy fall"
+            state.restore = agreed == 2
 
-    def _reason(self, value: float | None) -> str | None:
+    def _reason(self, value: float | None) -> tuple[str | None, bool]:
+        """Why the policy falls (or None), and whether it collapsed (a sharp fall or a loss that rises or is not
+        finite: the weights are restored) rather than slid (the run goes on from where it is)."""
         state, settings = self.state, self.settings
         if state.value_strikes >= settings.patience and value is not None:
             if value < state.best_value - settings.sharp:
                 return (f"validation {value:.4f} more than {settings.sharp:g} below its best {state.best_value:.4f} "
-                        f"(epoch {state.best_epoch})")
+                        f"(epoch {state.best_epoch})"), True
             return (f"validation {value:.4f} more than {settings.drop:g} below its best {state.best_value:.4f} "
-                    f"(epoch {state.best_epoch}) for {state.value_strikes} evaluations")
+                    f"(epoch {state.best_epoch}) for {state.value_strikes} evaluations"), False
         if state.loss_strikes >= settings.patience:
             return (f"training loss above {1 + settings.loss_rise:g}x its lowest {state.lowest_loss:.4f} "
-                    f"for {state.loss_strikes} steps")
-        return None
+                    f"for {state.loss_strikes} steps"), True
+        return None, False
 
     @property
     def due(self) -> bool:
@@ -181,7 +191,9 @@ class Guard:
         state.policies = dict(policies)
         state.value_strikes = state.loss_strikes = 0
         state.lowest_loss = math.inf
-        rolled = state.best_epoch if self.kept is not None else None
+        state.quiet_until = epoch - 1 + self.settings.warmup  # the tighter policy's own warm-up
+        rolled = state.best_epoch if self.kept is not None and state.restore else None
+        state.restore = False
         decision = {"epoch": epoch, "level": state.level, "from": before, "to": after, "reason": reason,
                     "restored_epoch": rolled}
         state.decisions.append(decision)

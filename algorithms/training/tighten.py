@@ -93,12 +93,12 @@ def install(run: Any, policies: ActivePolicies) -> None:
 
 def tighten(run: Any) -> dict[str, Any]:
     """The guard's agreed tightening, before ``run``'s next step: restore the best evaluation's weights and
-    Adam state (where kept), install the next policies; returns the decision (with ``line`` for rank 0 to say).
+    Adam state (after a collapse, where kept), install the next policies; returns the decision (with ``line`` for rank 0 to say).
     Collective."""
     before = run.policies
     after = before.tightened()
     kept = run.guard.kept
-    if kept is not None:
+    if kept is not None and run.guard.state.restore:  # a collapse; after a slide the run goes on from where it is
         run.model.load_state_dict(kept["model"])
         run.optimizer.load_state_dict(kept["optimizer"])
     install(run, after)

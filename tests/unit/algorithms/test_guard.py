@@ -94,9 +94,10 @@ def test_a_validation_fall_for_patience_evaluations_is_agreed_and_then_applied_o
     assert not guard.due  # one strike of two
     guard.observe_metrics(7, {"val_acc": 0.63}, kept)
     assert guard.due and "below its best 0.7100 (epoch 5)" in guard.state.pending
+    assert not guard.state.restore  # a slide: the run goes on from where it is
     line = guard.tightened(8, "pipe:tau=1", "pipe:tau=1,gamma=0.95", False, {"stale": "pipe:tau=1,gamma=0.95"})
-    assert not guard.due and guard.state.level == 1 and "weights of epoch 5 restored" in line
-    assert guard.state.decisions[0]["restored_epoch"] == 5 and comm.calls == 7
+    assert not guard.due and guard.state.level == 1 and "restored" not in line
+    assert guard.state.decisions[0]["restored_epoch"] is None and comm.calls == 7
 
 
 def test_a_rising_loss_or_a_nan_is_a_fall() -> None:
@@ -152,7 +153,22 @@ def test_one_evaluation_far_below_the_best_is_a_collapse_at_once() -> None:
     guard.observe_metrics(2, {"val_acc": 0.51}, kept)  # 9 points: a strike, not a collapse
     assert not guard.due and guard.state.value_strikes == 1
     guard.observe_metrics(3, {"val_acc": 0.49}, kept)
-    assert guard.due and "more than 0.1 below its best 0.6000" in guard.state.pending
+    assert guard.due and "more than 0.1 below its best 0.6000" in guard.state.pending and guard.state.restore
+    line = guard.tightened(4, "a", "b", False, {"stale": "b"})
+    assert "weights of epoch 1 restored" in line and guard.state.decisions[0]["restored_epoch"] == 1
+
+
+def test_a_tighter_policy_gets_its_own_warmup() -> None:
+    guard = Guard(GuardSettings(drop=0.02, sharp=0.1, patience=1, warmup=5), OneRank(), active=True)
+    guard.observe_metrics(6, {"val_acc": 0.8}, kept)
+    guard.observe_metrics(7, {"val_acc": 0.5}, kept)
+    guard.tightened(8, "a", "b", False, {"stale": "b"})
+    for epoch in range(8, 13):  # epochs 8-12: the new policy's warm-up, however low
+        guard.observe_loss(epoch, 1e9)
+        guard.observe_metrics(epoch, {"val_acc": 0.3}, kept)
+        assert not guard.due, epoch
+    guard.observe_metrics(13, {"val_acc": 0.3}, kept)
+    assert guard.due
 
 
 def test_the_warmup_sets_the_best_but_counts_no_strike() -> None:
