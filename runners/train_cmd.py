@@ -56,6 +56,7 @@ from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_ar
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
 from algorithms.training.guard import GUARD_MODES
+from runners.shm_leftovers import leftover_note
 from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
 from runners.minibatch_flags import (add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_fingerprint,
                                      mode_record)
@@ -584,4 +585,7 @@ def _train(comm: Communicator, args: argparse.Namespace, resources: dict[str, An
         for key, value in metrics.items():
             if key.startswith("test_ogb_"):
                 print(f"OGB Evaluator {key.removeprefix('test_ogb_')} on the test split: {value:.4f}", flush=True)
+        note = leftover_note("train")  # this job's ranks still map their own segments
+        if note:
+            print(note, flush=True)
     return 0
