@@ -43,7 +43,8 @@ from typing import Any
 from runners.launcher_path import find_mpiexec
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
 from runners.study.output import claim_output, output_problem
-from runners.study.spec import RMAT_KEYS, Run, Study, StudyError, load_study
+from runners.study.datasets import RMAT_KEYS
+from runners.study.spec import Run, Study, StudyError, load_study
 from runners.study.train_table import train_flags
 
 

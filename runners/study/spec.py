@@ -87,58 +87,19 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.policies import PolicySpec
-from runners.argtypes import FLAG_RANGES
 from runners.emulate.network import parse_bandwidth, parse_latency
+from runners.study.datasets import DatasetSpec, parse_dataset
+from runners.study.tables import StudyError, expect, int_list, str_list, unknown_keys
 from runners.study.train_table import check_train_table
 from sparse_dist.compress import Codec
 from sparse_dist.plans import PLAN_NAMES
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "compress", "seeds",
               "epochs", "warmup", "timeout", "launcher", "launcher_args", "target_acc", "overwrite"}
-DATASET_KEYS = {"name", "path", "synthetic", "planetoid", "rmat", "partitioner", "parts", "nodes_per_rank", "sizes", "seed",
-                "epochs"}
-PLANETOID_KEYS = {"name", "root"}
 POLICY_ENTRY_KEYS = {"policy", "plans", "compress", "name", "train"}
-SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
-RMAT_KEYS = {"scale": "--scale", "edge_factor": "--edge-factor", "features": "--features", "classes": "--classes"}
-"""An ``rmat`` table's keys and the ``prepare rmat`` flags they become (ranges: :data:`FLAG_RANGES`)."""
 NETWORK_KEYS = {"nodes", "ranks_per_node", "bandwidth", "latency"}
 LAUNCHERS = ("auto", "mpiexec", "srun")
 TRAIN_FLAGS_SET_BY_STUDY = {"data", "out", "plan", "replication", "sample", "stale", "compress", "seed", "epochs"}
-
-
-class StudyError(ValueError):
-    """A study file that cannot be run; the message names the file and the field."""
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """Where one dataset of the study comes from."""
-
-    name: str
-    path: Path | None = None
-    synthetic: dict[str, int] = field(default_factory=dict)
-    planetoid: dict[str, str] = field(default_factory=dict)  # prepare planetoid's --name and --root
-    rmat: dict[str, int] = field(default_factory=dict)  # prepare rmat's --scale, --edge-factor, ... (RMAT_KEYS)
-    partitioner: str = "metis"
-    parts: int | None = None
-    nodes_per_rank: int | None = None
-    sizes: dict[int, int] = field(default_factory=dict)
-    seed: int = 0
-    epochs: int | None = None  # None: the study's epochs
-
-    def nodes_for(self, ranks: int, scaling: str) -> int | None:
-        """Synthetic node count of the run with ``ranks`` ranks (None for a prepared directory, Planetoid or
-        R-MAT, whose size is its scale)."""
-        if self.path is not None or self.planetoid or self.rmat:
-            return None
-        if scaling == "weak":
-            if ranks in self.sizes:
-                return self.sizes[ranks]
-            if self.nodes_per_rank is None:
-                raise StudyError(f"dataset {self.name!r}: weak scaling needs nodes_per_rank or sizes[{ranks}]")
-            return self.nodes_per_rank * ranks
-        return int(self.synthetic["nodes"])
 
 
 @dataclass(frozen=True)
@@ -301,123 +262,10 @@ class Study:
         return self.data_dir / run.data_name
 
 
-def _expect(where: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise StudyError(f"{where}: expected {what}, found {value!r}")
-    return value
-
-
-def _int_list(where: str, value: Any, minimum: int) -> list[int]:
-    items = value if isinstance(value, list) else [value]
-    if not items or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in items):
-        raise StudyError(f"{where}: expected a non-empty list of integers >= {minimum}, found {value!r}")
-    return list(items)
-
-
-def _str_list(where: str, value: Any) -> list[str]:
-    items = value if isinstance(value, list) else [value]
-    if not items or not all(isinstance(x, str) and x for x in items):
-        raise StudyError(f"{where}: expected a non-empty list of strings, found {value!r}")
-    return list(items)
-
-
-def _unknown(where: str, table: dict[str, Any], known: set[str]) -> None:
-    extra = sorted(set(table) - known)
-    if extra:
-        raise StudyError(f"{where}: unknown field(s) {extra}; expected some of {sorted(known)}")
-
-
-def _planetoid(path: Path, where: str, table: dict[str, Any], scaling: str, epochs: int | None) -> DatasetSpec:
-    """A ``planetoid = { name, root }`` dataset: prepared by the sweep (``prepare planetoid``); ``root`` is
-    relative to the study file, and without it ``name`` must be the built-in ``cora``."""
-    if scaling == "weak":
-        raise StudyError(f"{where}: weak scaling needs a synthetic dataset (one size per P), not planetoid")
-    planetoid = _expect(f"{where}.planetoid", table["planetoid"], dict, "a table")
-    _unknown(f"{where}.planetoid", planetoid, PLANETOID_KEYS)
-    settings = {key: _expect(f"{where}.planetoid.{key}", value, str, "a string") for key, value in planetoid.items()}
-    if not re.fullmatch(r"[a-z]+", settings.get("name", "")):
-        raise StudyError(f"{where}.planetoid.name: expected a Planetoid name such as cora, citeseer or pubmed")
-    if "root" in settings:
-        root = Path(settings["root"])
-        settings["root"] = str(root if root.is_absolute() else Path(os.path.normpath(path.parent / root)))
-    elif settings["name"] != "cora":
-        raise StudyError(f"{where}.planetoid: {settings['name']} needs root = the directory of its ind.* files "
-                         f"(only cora is built in)")
-    parts = table.get("parts")
-    if parts is not None:
-        _int_list(f"{where}.parts", parts, 1)
-    return DatasetSpec(name=_expect(f"{where}.name", table.get("name"), str, "a name"), planetoid=settings,
-                       partitioner=table.get("partitioner", "metis"), parts=parts, seed=int(table.get("seed", 0)),
-                       epochs=epochs)
-
-
-def _rmat(where: str, table: dict[str, Any], scaling: str, epochs: int | None) -> DatasetSpec:
-    """An ``rmat = { scale, edge_factor, features, classes }`` dataset: prepared by the sweep (``prepare rmat``),
-    each value in its flag's range (:data:`runners.argtypes.FLAG_RANGES`), ``scale`` required."""
-    if scaling == "weak":
-        raise StudyError(f"{where}: weak scaling needs a synthetic dataset (one size per P), not rmat")
-    rmat = _expect(f"{where}.rmat", table["rmat"], dict, "a table")
-    _unknown(f"{where}.rmat", rmat, set(RMAT_KEYS))
-    if "scale" not in rmat:
-        raise StudyError(f"{where}.rmat.scale: expected the R-MAT scale (2^scale vertices), found none")
-    for key, value in rmat.items():
-        limit = FLAG_RANGES["prepare"][RMAT_KEYS[key]]
-        if not isinstance(value, int) or isinstance(value, bool) or not limit.low <= value <= limit.high:
-            raise StudyError(f"{where}.rmat.{key}: expected an integer in {limit.interval()} ({limit.why}), "
-                             f"found {value!r}")
-    parts = table.get("parts")
-    if parts is not None:
-        _int_list(f"{where}.parts", parts, 1)
-    return DatasetSpec(name=_expect(f"{where}.name", table.get("name"), str, "a name"), rmat=dict(rmat),
-                       partitioner=table.get("partitioner", "metis"), parts=parts, seed=int(table.get("seed", 0)),
-                       epochs=epochs)
-
-
-def _dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSpec:
-    where = f"{path}: dataset[{index}]"
-    _expect(where, table, dict, "a table")
-    _unknown(where, table, DATASET_KEYS)
-    name = _expect(f"{where}.name", table.get("name"), str, "a name")
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-        raise StudyError(f"{where}.name: use letters, digits, '.', '_' or '-', found {name!r}")
-    has_path, has_synthetic = "path" in table, "synthetic" in table
-    if has_path + has_synthetic + ("planetoid" in table) + ("rmat" in table) != 1:
-        raise StudyError(f"{where}: give exactly one of 'path' (a prepared directory), 'synthetic', 'planetoid' "
-                         f"or 'rmat'")
-    sizes: dict[int, int] = {}
-    for key, value in (table.get("sizes") or {}).items():
-        if not key.isdigit() or not isinstance(value, int) or value < 1:
-            raise StudyError(f"{where}.sizes: expected {{\"P\" = nodes}} with positive integers, found {key}={value!r}")
-        sizes[int(key)] = value
-    epochs = _int_list(f"{where}.epochs", table["epochs"], 1)[0] if "epochs" in table else None
-    if has_path:
-        if scaling == "weak":
-            raise StudyError(f"{where}: weak scaling needs a synthetic dataset (one size per P), not a path")
-        directory = Path(_expect(f"{where}.path", table["path"], str, "a directory"))
-        return DatasetSpec(name=name, path=directory if directory.is_absolute()
-                           else Path(os.path.normpath(path.parent / directory)), epochs=epochs)
-    if "planetoid" in table:
-        return _planetoid(path, where, table, scaling, epochs)
-    if "rmat" in table:
-        return _rmat(where, table, scaling, epochs)
-    synthetic = _expect(f"{where}.synthetic", table["synthetic"], dict, "a table")
-    _unknown(f"{where}.synthetic", synthetic, SYNTHETIC_KEYS)
-    for key, value in synthetic.items():
-        _expect(f"{where}.synthetic.{key}", value, int, "a positive integer")
-    if scaling == "strong" and "nodes" not in synthetic:
-        raise StudyError(f"{where}.synthetic.nodes: strong scaling needs the node count")
-    parts = table.get("parts")
-    if parts is not None:
-        _int_list(f"{where}.parts", parts, 1)
-    return DatasetSpec(name=name, synthetic=dict(synthetic), partitioner=table.get("partitioner", "metis"),
-                       parts=parts, nodes_per_rank=table.get("nodes_per_rank"), sizes=sizes,
-                       seed=int(table.get("seed", 0)), epochs=epochs)
-
-
 def _compressions(where: str, value: Any) -> tuple[str, ...]:
     """A ``compress`` list, each value checked by ``train --compress``'s own parser and written as it prints."""
     found: list[str] = []
-    for text in _str_list(where, value):
+    for text in str_list(where, value):
         try:
             codec = Codec.parse(text)
         except ValueError as exc:
@@ -439,8 +287,8 @@ def _policy_entries(path: Path, value: Any, plans: list[str]) -> list[PolicyEntr
     for index, item in enumerate(items):
         table = item if isinstance(item, dict) else {"policy": item}
         spot = where if not isinstance(item, dict) else f"{where}[{index}]"
-        _unknown(spot, table, POLICY_ENTRY_KEYS)
-        text = _expect(f"{spot}.policy" if isinstance(item, dict) else spot, table.get("policy"), str,
+        unknown_keys(spot, table, POLICY_ENTRY_KEYS)
+        text = expect(f"{spot}.policy" if isinstance(item, dict) else spot, table.get("policy"), str,
                        "a policy such as 'exact' or 'bns:p=0.1' (or a table with policy, plans, compress)")
         try:
             policy = PolicySpec.parse(text)
@@ -448,7 +296,7 @@ def _policy_entries(path: Path, value: Any, plans: list[str]) -> list[PolicyEntr
             raise StudyError(f"{where}: {exc}") from None
         only = None
         if "plans" in table:
-            only = tuple(_str_list(f"{spot}.plans", table["plans"]))
+            only = tuple(str_list(f"{spot}.plans", table["plans"]))
             stray = [plan for plan in only if plan not in plans]
             if stray:
                 raise StudyError(f"{spot}.plans: {stray} not in study.plans {plans}")
@@ -465,10 +313,10 @@ def _variant(spot: str, table: dict[str, Any]) -> tuple[str, tuple[tuple[str, An
                          f"e.g. name = \"minibatch\", train = {{ mode = \"minibatch\", fanouts = \"15,10,5\" }})")
     if "name" not in table:
         return "", ()
-    name = _expect(f"{spot}.name", table["name"], str, "a name")
+    name = expect(f"{spot}.name", table["name"], str, "a name")
     if not re.fullmatch(r"[A-Za-z0-9.-]+", name):
         raise StudyError(f"{spot}.name: use letters, digits, '.' or '-', found {name!r}")
-    options = _expect(f"{spot}.train", table["train"], dict, "a table of `train` options")
+    options = expect(f"{spot}.train", table["train"], dict, "a table of `train` options")
     clash = sorted(set(k.replace("-", "_") for k in options) & TRAIN_FLAGS_SET_BY_STUDY)
     if clash:
         raise StudyError(f"{spot}.train sets {clash}, which the study itself decides per run")
@@ -477,9 +325,9 @@ def _variant(spot: str, table: dict[str, Any]) -> tuple[str, tuple[tuple[str, An
 
 def _network(path: Path, table: Any) -> NetworkSpec:
     where = f"{path}: [network]"
-    _expect(where, table, dict, "a table")
-    _unknown(where, table, NETWORK_KEYS)
-    bandwidths = _str_list(f"{where}.bandwidth", table.get("bandwidth"))
+    expect(where, table, dict, "a table")
+    unknown_keys(where, table, NETWORK_KEYS)
+    bandwidths = str_list(f"{where}.bandwidth", table.get("bandwidth"))
     for bandwidth in bandwidths:
         try:
             parse_bandwidth(bandwidth)
@@ -490,13 +338,13 @@ def _network(path: Path, table: Any) -> NetworkSpec:
     latency = table.get("latency")
     if latency is not None:
         try:
-            parse_latency(_expect(f"{where}.latency", latency, str, "a delay such as '50us'"))
+            parse_latency(expect(f"{where}.latency", latency, str, "a delay such as '50us'"))
         except ValueError as exc:
             raise StudyError(f"{where}.latency: {exc}") from None
     nodes = table.get("nodes")
     return NetworkSpec(bandwidths=bandwidths,
-                       ranks_per_node=_int_list(f"{where}.ranks_per_node", table.get("ranks_per_node", 1), 1)[0],
-                       nodes=None if nodes is None else _int_list(f"{where}.nodes", nodes, 1)[0], latency=latency)
+                       ranks_per_node=int_list(f"{where}.ranks_per_node", table.get("ranks_per_node", 1), 1)[0],
+                       nodes=None if nodes is None else int_list(f"{where}.nodes", nodes, 1)[0], latency=latency)
 
 
 def load_study(path: str | Path) -> Study:
@@ -508,14 +356,14 @@ def load_study(path: str | Path) -> Study:
         raise StudyError(f"{path}: study file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise StudyError(f"{path}: not valid TOML ({exc})") from None
-    _unknown(str(path), document, {"study", "train", "dataset", "network"})
-    study = _expect(f"{path}: [study]", document.get("study"), dict, "a [study] table")
-    _unknown(f"{path}: [study]", study, STUDY_KEYS)
-    name = _expect(f"{path}: study.name", study.get("name", path.stem), str, "a name")
+    unknown_keys(str(path), document, {"study", "train", "dataset", "network"})
+    study = expect(f"{path}: [study]", document.get("study"), dict, "a [study] table")
+    unknown_keys(f"{path}: [study]", study, STUDY_KEYS)
+    name = expect(f"{path}: study.name", study.get("name", path.stem), str, "a name")
     scaling = study.get("scaling", "strong")
     if scaling not in ("strong", "weak"):
         raise StudyError(f"{path}: study.scaling: expected 'strong' or 'weak', found {scaling!r}")
-    plans = _str_list(f"{path}: study.plans", study.get("plans", ["p2p"]))
+    plans = str_list(f"{path}: study.plans", study.get("plans", ["p2p"]))
     for plan in plans:
         if plan not in PLAN_NAMES:
             raise StudyError(f"{path}: study.plans: unknown plan {plan!r}; expected some of {PLAN_NAMES}")
@@ -524,28 +372,28 @@ def load_study(path: str | Path) -> Study:
     launcher = study.get("launcher", "auto")
     if launcher not in LAUNCHERS:
         raise StudyError(f"{path}: study.launcher: expected one of {LAUNCHERS}, found {launcher!r}")
-    epochs = _int_list(f"{path}: study.epochs", study.get("epochs", 10), 1)[0]
-    warmup = _int_list(f"{path}: study.warmup", study.get("warmup", 1), 0)[0]
+    epochs = int_list(f"{path}: study.epochs", study.get("epochs", 10), 1)[0]
+    warmup = int_list(f"{path}: study.warmup", study.get("warmup", 1), 0)[0]
     if warmup >= epochs:
         raise StudyError(f"{path}: study.warmup ({warmup}) must be below study.epochs ({epochs})")
     train = document.get("train", {})
-    _expect(f"{path}: [train]", train, dict, "a table")
+    expect(f"{path}: [train]", train, dict, "a table")
     clash = sorted(set(k.replace("-", "_") for k in train) & TRAIN_FLAGS_SET_BY_STUDY)
     if clash:
         raise StudyError(f"{path}: [train] sets {clash}, which the study itself decides per run")
     tables = document.get("dataset")
     if not isinstance(tables, list) or not tables:
         raise StudyError(f"{path}: expected at least one [[dataset]] table")
-    datasets = [_dataset(path, i, table, scaling) for i, table in enumerate(tables)]
+    datasets = [parse_dataset(path, i, table, scaling) for i, table in enumerate(tables)]
     if len({d.name for d in datasets}) != len(datasets):
         raise StudyError(f"{path}: dataset names must be distinct")
     for index, dataset in enumerate(datasets):
         if dataset.epochs is not None and warmup >= dataset.epochs:
             raise StudyError(f"{path}: dataset[{index}].epochs ({dataset.epochs}) must be above study.warmup "
                              f"({warmup})")
-    output = Path(_expect(f"{path}: study.output", study.get("output", f"results/{name}"), str, "a directory"))
+    output = Path(expect(f"{path}: study.output", study.get("output", f"results/{name}"), str, "a directory"))
     timeout = study.get("timeout", 1800)
-    _expect(f"{path}: study.timeout", timeout, (int, float), "seconds")
+    expect(f"{path}: study.timeout", timeout, (int, float), "seconds")
     network = _network(path, document["network"]) if "network" in document else None
     target_acc = study.get("target_acc")
     if target_acc is not None and (isinstance(target_acc, bool) or not isinstance(target_acc, (int, float))
@@ -556,15 +404,15 @@ def load_study(path: str | Path) -> Study:
                          f"itself; leave study.launcher at auto or mpiexec and study.launcher_args empty")
     parsed = Study(source=path, name=name,
                    output=output if output.is_absolute() else Path(os.path.normpath(Path.cwd() / output)),
-                   scaling=scaling, ranks=_int_list(f"{path}: study.ranks", study.get("ranks", [1]), 1),
-                   replication=_int_list(f"{path}: study.replication", study.get("replication", [1]), 1),
-                   plans=plans, policies=policies, seeds=_int_list(f"{path}: study.seeds", study.get("seeds", [0]), 0),
+                   scaling=scaling, ranks=int_list(f"{path}: study.ranks", study.get("ranks", [1]), 1),
+                   replication=int_list(f"{path}: study.replication", study.get("replication", [1]), 1),
+                   plans=plans, policies=policies, seeds=int_list(f"{path}: study.seeds", study.get("seeds", [0]), 0),
                    epochs=epochs, warmup=warmup, timeout=float(timeout), launcher=launcher,
-                   launcher_args=_str_list(f"{path}: study.launcher_args", study["launcher_args"])
+                   launcher_args=str_list(f"{path}: study.launcher_args", study["launcher_args"])
                    if study.get("launcher_args") else [],
                    train=dict(train), datasets=datasets, network=network,
                    target_acc=float(target_acc) if target_acc is not None else None, compress=list(compress),
-                   overwrite=_expect(f"{path}: study.overwrite", study.get("overwrite", False), bool, "true or false"))
+                   overwrite=expect(f"{path}: study.overwrite", study.get("overwrite", False), bool, "true or false"))
     configurations = parsed.entry_configurations()
     seen: set[tuple[str, str, str, str]] = set()
     for plan, policy, codec, entry in configurations:
