@@ -109,7 +109,10 @@ class Codec:
             return torch.empty(0, width, dtype=dtype, device=payload.device)
         if self.format in _HALF:
             return payload.contiguous().view(_HALF[self.format]).reshape(payload.shape[0], width).to(dtype)
-        scale = payload[:, :_SCALE_BYTES].contiguous().view(torch.float32)
+        # a fresh (r, 4) buffer: .contiguous() keeps a one-row slice's row stride (width + 4 bytes), which a view
+        # as float32 refuses when width is not a multiple of 4 (one sampled row of CiteSeer's 6 classes)
+        scale = torch.empty(payload.shape[0], _SCALE_BYTES, dtype=payload.dtype, device=payload.device)
+        scale = scale.copy_(payload[:, :_SCALE_BYTES]).view(torch.float32)
         # the codes are read through a strided view of the payload (no contiguous copy); a promoting
         # torch.mul(int8, float, out=) measured 10-20x slower on CPU than this cast and in-place product
         return payload[:, _SCALE_BYTES:].view(torch.int8).to(dtype).mul_(scale.to(dtype))

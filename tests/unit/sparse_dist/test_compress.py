@@ -103,3 +103,19 @@ def test_int8_sends_a_zero_row_as_zero_bytes_and_a_negative_row_by_its_largest_m
     assert torch.equal(scales, torch.tensor([0.0, 4.0 / 127.0, 6.35 / 127.0]))
     codes = payload[:, 4:].contiguous().view(torch.int8)
     assert codes[1, 0] == -127 and codes[2, 1] == -127 and codes[2, 4] == round(6.0 / (6.35 / 127.0))
+
+
+@pytest.mark.parametrize("width", [6, 7, 8, 13])
+@pytest.mark.parametrize("count", [1, 2, 5])
+def test_int8_decodes_any_row_count_and_width_also_from_a_slice(width: int, count: int) -> None:
+    """One sampled row of a width that is not a multiple of 4 (CiteSeer's 6 classes) failed to decode: the
+    scale's view as float32 needs a row stride divisible by 4, which .contiguous() keeps from the payload."""
+    codec = Codec.parse("int8")
+    rows = torch.randn(count, width, generator=torch.Generator().manual_seed(width))
+    payload = codec.encode(rows)
+    padded = torch.zeros(count + 2, payload.shape[1], dtype=payload.dtype)
+    padded[1:count + 1] = payload
+    for message in (payload, padded[1:count + 1]):
+        decoded = codec.decode(message, width, torch.float32)
+        assert decoded.shape == (count, width)
+        assert torch.allclose(decoded, rows, atol=rows.abs().max().item() / 100)
