@@ -127,18 +127,18 @@ STOP_GRACE = 10.0
 
 
 def _execute(command: list[str], log_path: Path, timeout: float) -> tuple[int | None, float]:
-    """Run ``command`` under :mod:`runners.study.guard`, output to ``log_path``; rc None when it timed out.
+    """Run ``command`` under :mod:`runners.study.supervisor`, output to ``log_path``; rc None when it timed out.
 
-    The guard dies with this process (``kill -9`` of the sweep included) and stops the job whole: its time
+    The supervisor dies with this process (``kill -9`` of the sweep included) and stops the job whole: its time
     limit, Ctrl-C or an error here sends it SIGTERM, and it kills every process of the job still running
     :data:`STOP_GRACE` seconds later."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    guarded = [sys.executable, "-m", "runners.study.guard", str(os.getpid()), f"{STOP_GRACE:g}", "--", *command]
+    supervised = [sys.executable, "-m", "runners.study.supervisor", str(os.getpid()), f"{STOP_GRACE:g}", "--", *command]
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
-        process = subprocess.Popen(guarded, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(supervised, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc: int | None = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -153,7 +153,7 @@ def _execute(command: list[str], log_path: Path, timeout: float) -> tuple[int | 
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Ask the guard to stop its job (SIGTERM, then SIGKILL to the whole job after the grace); kill the guard's
+    """Ask the supervisor to stop its job (SIGTERM, then SIGKILL to the whole job after the grace); kill the supervisor's
     session if it has not finished a while after that."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:

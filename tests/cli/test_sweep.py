@@ -240,7 +240,7 @@ def test_a_checkpoint_is_checked_against_the_runs_real_dataset(tmp_path: Path) -
 
 
 def _processes_below(pid: int) -> list[int]:
-    from runners.study.guard import descendants
+    from runners.study.supervisor import descendants
 
     return descendants(pid)
 

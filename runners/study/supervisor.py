@@ -1,6 +1,6 @@
 """One job of a sweep, run so that it dies with the sweep and is always stopped whole.
 
-``python -m runners.study.guard SWEEP_PID GRACE -- COMMAND...`` (started by ``sparse-dist sweep`` in a new
+``python -m runners.study.supervisor SWEEP_PID GRACE -- COMMAND...`` (started by ``sparse-dist sweep`` in a new
 session) asks the kernel for SIGTERM when the sweep dies (``prctl(PR_SET_PDEATHSIG)``, so a ``kill -9`` of
 the sweep stops its job too) and becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``: a process of the
 job whose parent dies, such as a rank whose launcher was killed, is re-parented here rather than to PID 1,
