@@ -17,6 +17,7 @@ def test_demo_matches_the_single_process_result(ranks: int, extra: list[str]) ->
     assert result.stdout.count("True") == 3
 
 
+@pytest.mark.slow
 def test_bench_reports_counted_bytes_equal_to_predicted() -> None:
     result = run_mpi(3, [SPARSE_DIST, "bench", "spmm", "--nodes", "3000", "--degree", "4", "--features", "8",
                          "--repeats", "1", "--graph", "random", "--json"], timeout=180)

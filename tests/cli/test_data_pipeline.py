@@ -144,6 +144,7 @@ def test_streamed_synthetic_is_a_valid_undirected_graph_with_exact_statistics(tm
         assert not list(tmp_path.glob(".*tmp*"))
 
 
+@pytest.mark.slow
 def test_streamed_shards_train(tmp_path: Path) -> None:
     from runners.data.stream_synthetic import write_streamed_synthetic
 
@@ -159,6 +160,7 @@ def _prepare(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     return subprocess.run([SPARSE_DIST, "prepare", *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_prepare_partitions_with_metis_by_default_and_block_on_request(tmp_path: Path) -> None:
     default = _prepare("planetoid", "--out", str(tmp_path / "auto"), "--parts", "4")
     assert default.returncode == 0, default.stderr
@@ -188,6 +190,7 @@ def test_the_default_partitioner_is_stated_in_help_and_falls_back_to_block(monke
     assert kind == "block" and "pymetis does not import" in note
 
 
+@pytest.mark.slow
 def test_streamed_prepare_chooses_blocks_by_itself_and_refuses_metis(tmp_path: Path) -> None:
     result = _prepare("synthetic", "--stream", "--nodes", "2000", "--degree", "3", "--features", "8",
                       "--parts", "2", "--out", str(tmp_path / "s"))

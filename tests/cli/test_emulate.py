@@ -251,6 +251,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 @needs_namespaces
 def test_two_emulated_nodes_train_exactly_as_plain_mpiexec(tmp_path: Path) -> None:
     data = write(cora(), tmp_path / "cora", parts=2)

@@ -226,6 +226,7 @@ def test_an_output_may_not_lie_inside_an_input_or_on_another_output(tmp_path: Pa
     assert _overlaps(tmp_path, "--out", str(tmp_path / "cora-results.jsonl")) == []  # a sibling, not inside
 
 
+@pytest.mark.slow
 def test_out_inside_the_dataset_is_refused_before_mpi_and_the_dataset_survives(tmp_path: Path) -> None:
     data = tmp_path / "cora"
     prepared = subprocess.run([SPARSE_DIST, "prepare", "planetoid", "--out", str(data), "--parts", "2"],

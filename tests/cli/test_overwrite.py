@@ -39,6 +39,7 @@ def test_a_directory_that_is_no_dataset_is_refused_and_its_files_survive(tmp_pat
     assert _tree(tmp_path) == {"v/i/thesis.tex": b"x\n"}  # nothing removed, nothing left beside
 
 
+@pytest.mark.slow
 def test_a_previous_dataset_is_replaced(tmp_path: Path) -> None:
     out = tmp_path / "cora"
     assert _prepare("planetoid", "--out", str(out), "--parts", "4").returncode == 0

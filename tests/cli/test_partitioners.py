@@ -209,6 +209,7 @@ def test_prepare_with_bytegnn_prints_the_sampling_view(tmp_path: Path, capsys) -
     assert "balance (max/mean): nodes" in said and "khop-remote" in said
 
 
+@pytest.mark.slow
 def test_shards_of_the_new_partitioners_train_exactly(tmp_path: Path, cora_data) -> None:
     """One launch at P = 3: bytegnn and metis-train shards train like the single-process reference."""
     directories = []

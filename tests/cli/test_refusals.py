@@ -126,6 +126,7 @@ def _prepare(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
+@pytest.mark.slow
 def test_prepare_refuses_what_train_could_not_use_before_writing(tmp_path: Path) -> None:
     n = 20
     (tmp_path / "e.txt").write_text("".join(f"{i} {i + 1}\n" for i in range(n - 1)))

@@ -121,6 +121,7 @@ def test_a_memory_cgroup_limit_counts_as_what_is_available(tmp_path: Path) -> No
 POLICY = ["--plan", "dense-bcast", "--stale", "sancus-e:eps=2", "--dropout-side", "receiver"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks, flags", [(2, []), (2, POLICY), (4, ["--compress", "int8,feedback"])],
                          ids=["weights-only", "sancus-caches", "feedback-residuals-P4"])
 def test_the_disk_estimate_is_close_to_what_a_run_writes(graphs, ranks: int, flags: list[str], tmp_path: Path) -> None:

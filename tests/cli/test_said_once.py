@@ -25,6 +25,7 @@ def test_the_same_problem_on_every_rank_is_said_once_with_the_ranks(ranks: int) 
     assert result.stderr == expected, _said(result)  # the whole of stderr: no abort notice, no traceback
 
 
+@pytest.mark.slow
 def test_distinct_problems_are_listed_once_each_and_capped() -> None:
     result = run_case(8, "said_once.py", "distinct", timeout=180)
     assert result.returncode == 2, _said(result)

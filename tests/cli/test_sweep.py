@@ -193,6 +193,7 @@ def _small_study(tmp_path: Path, extra_study: str = "", train: str = "", epochs:
     return path
 
 
+@pytest.mark.slow
 def test_an_output_holding_files_the_study_did_not_write_is_refused_unless_overwrite(tmp_path: Path) -> None:
     path = _small_study(tmp_path)
     (tmp_path / "out").mkdir()

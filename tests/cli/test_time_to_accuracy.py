@@ -94,6 +94,7 @@ def test_stop_at_target_stops_every_rank_after_that_epoch(cora_shards: Path, tmp
     assert f"stopped at epoch {len(epochs)}" in result.stdout
 
 
+@pytest.mark.slow
 def test_evaluation_beside_the_next_step_writes_the_same_rows_and_stops_one_step_later(cora_shards: Path,
                                                                                        tmp_path: Path) -> None:
     """``--overlap-evaluation``: every row's loss, accuracies, step bytes and evaluation bytes are bitwise those of

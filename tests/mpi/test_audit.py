@@ -24,6 +24,7 @@ def _epochs(data: Path, out: Path, *flags: str) -> list[dict]:
     return [r for r in map(json.loads, out.read_text().splitlines()) if r["type"] == "epoch"]
 
 
+@pytest.mark.slow
 def test_the_exact_path_audits_to_zero_and_the_audit_moves_no_training_byte(data: Path, tmp_path: Path) -> None:
     flags = ["--plan", "sparse-bcast", "--input-exchange", "per-epoch"]
     audited = _epochs(data, tmp_path / "a.jsonl", *flags, "--audit-every", "2")

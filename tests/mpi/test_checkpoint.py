@@ -186,6 +186,7 @@ def test_a_checkpoint_resumes_at_other_p_and_c_bitwise_as_a_run_started_there_fr
     assert max(abs(losses[e] - uninterrupted[e]) for e in uninterrupted) < 1e-5, (losses, uninterrupted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,note", [
     (POLICY, "dropped sancus-e caches (they refill at the next exchange)"),
     (["--stale", "pipe:tau=1", "--compress", "fp16,feedback"],
@@ -206,6 +207,7 @@ def test_per_rank_policy_state_is_dropped_with_one_note_at_another_p(data: Path,
     assert current.epoch == 8 and sorted(current.files) == [MAIN_FILE, rank_file(0), rank_file(1)]
 
 
+@pytest.mark.slow
 def test_a_dgs_run_resumes_at_the_same_p_to_the_same_weights(data: Path, tmp_path: Path) -> None:
     # its explanation's node and feature probabilities and the rows it reads are part of the checkpoint
     dgs = ["--sample", "dgs:nodes=0.5,features=0.8,every=4,steps=2"]
@@ -226,6 +228,7 @@ def test_checkpoint_without_an_interval_writes_every_10_epochs(data: Path, tmp_p
     assert read_pointer(path).epoch == 10
 
 
+@pytest.mark.slow
 def test_a_bad_checkpoint_is_refused_once_before_any_shard_is_read(data: Path, tmp_path: Path) -> None:
     path = tmp_path / "run.ckpt"
     assert _train(data, "--epochs", "2", "--checkpoint", str(path)).returncode == 0

@@ -2,12 +2,14 @@
 pipelined run that falls, decides the same at P = 1, 2, 4 where the signals are the same, resumes bitwise,
 and ``--guard off`` changes nothing."""
 
+import pytest
 import json
 
 from datasets_for_tests import cora, write
 from mpirun import run_case
 
 
+@pytest.mark.slow
 def test_guard_rescues_a_falling_policy_and_decides_alike_everywhere(tmp_path) -> None:
     data = write(cora(), tmp_path / "cora", parts=4, partitioner="random")  # 75% of the entries cut
     result = run_case(4, "guard_cases.py", str(data), timeout=400)

@@ -1,6 +1,7 @@
 """Mini-batch training under real mpiexec: the ``train --mode minibatch`` command's results file, checkpoints
 and resume (the collective cases, tests/mpi/cases/minibatch_cases.py, ride in test_training_cases.py's launches)."""
 
+import pytest
 import json
 import shutil
 from pathlib import Path
@@ -47,6 +48,7 @@ def _epoch_losses(out: Path) -> dict[int, float]:
     return {r["epoch"]: r["loss"] for r in map(json.loads, out.read_text().splitlines()) if r["type"] == "epoch"}
 
 
+@pytest.mark.slow
 def test_a_minibatch_checkpoint_resumes_bitwise_and_at_another_p_with_the_same_global_batch(tmp_path: Path) -> None:
     """Stopped after epoch 2 of 4 (P = 2, B = 32) and resumed (with prefetch and bulk sampling): bitwise the
     uninterrupted run's losses and final weights. Resumed at P = 4 with B = 16 (the same global batch of 64): the same losses to float rounding."""

@@ -29,6 +29,7 @@ def _train(data: Path, *extra: str, ranks: int = 2):
     return run_mpi(ranks, [SPARSE_DIST, "train", "--data", str(data), "--print-every", "1000", *extra], timeout=240)
 
 
+@pytest.mark.slow
 def test_cache_state_survives_checkpoint_and_resume(cora_shards: Path, tmp_path: Path) -> None:
     # receiver-side dropout: the cache holds pre-dropout rows, masked again after the resume by their global ids
     policy = ["--plan", "dense-bcast", "--stale", "sancus-e:eps=2", "--dropout-side", "receiver",
@@ -52,6 +53,7 @@ def _exchange_bytes(path: Path) -> int:
                    for phase in ("forward", "backward")))
 
 
+@pytest.mark.slow
 def test_combined_sampling_and_staleness_move_fewer_bytes(cora_shards: Path, tmp_path: Path) -> None:
     exact_out, policy_out = tmp_path / "exact.jsonl", tmp_path / "policy.jsonl"
     # No dropout, and layer 0 exchanging every epoch in both runs (auto would fetch X's halo once for the exact
@@ -106,6 +108,7 @@ def test_plans_refuse_policies_they_cannot_carry() -> None:
         DistSpMM(matrix, "p2p", staleness=SancusRule("e", 1))
 
 
+@pytest.mark.slow
 def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
     result = run_mpi(2, [SPARSE_DIST, "bench", "policies", "--data", str(cora_shards), "--epochs", "3", "--json",
                          "--beta-gbs", "0.5"], timeout=240)
@@ -168,6 +171,7 @@ def shrinking_shards(tmp_path_factory) -> Path:
                  partitioner="block")
 
 
+@pytest.mark.slow
 # each side and layer-0 exchange once, at P = 2 and 4 between them (every pair at both P: ~55 s of the suite;
 # (owner, per-epoch) at P = 2 is left out: owner-side at P = 4 and auto at both P cover it)
 @pytest.mark.parametrize("side,input_exchange,ranks", [("auto", "per-epoch", 4), ("auto", "once", 2),
