@@ -55,7 +55,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
-from algorithms.training.guard import GUARD_MODES
+from algorithms.training.guard import GUARD_MODES, GuardSettings
 from runners.shm_leftovers import leftover_note
 from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
 from runners.minibatch_flags import (add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_fingerprint,
@@ -182,22 +182,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every K epochs, one extra exact forward beside the policy's (same weights and "
                              "masks; its time and bytes recorded apart from training) and the relative error "
                              "of each layer's output under the policy against it, K >= 0 (default 0: never)")
-    parser.add_argument("--guard", choices=GUARD_MODES, default="auto",
+    parser.add_argument("--guard", choices=GUARD_MODES, default=GuardSettings.mode,
                         help="the accuracy guard (docs/guide/policies.md): auto (default) = whenever a policy is "
                              "active, tighten it one step toward exact when the validation accuracy or the loss "
                              "falls behind, restoring the best evaluation's weights; off = never")
-    parser.add_argument("--guard-drop", type=float, default=0.02, metavar="D",
+    parser.add_argument("--guard-drop", type=float, default=GuardSettings.drop, metavar="D",
                         help="falling: validation more than D below its best for --guard-patience evaluations "
                              "(default 0.02)")
-    parser.add_argument("--guard-patience", type=int, default=3, metavar="N",
+    parser.add_argument("--guard-patience", type=int, default=GuardSettings.patience, metavar="N",
                         help="evaluations (and steps, for the loss) a fall must last (default 3)")
-    parser.add_argument("--guard-sharp", type=float, default=0.10, metavar="S",
+    parser.add_argument("--guard-sharp", type=float, default=GuardSettings.sharp, metavar="S",
                         help="falling at once: one evaluation more than S below the best (default 0.10; >= "
                              "--guard-drop)")
-    parser.add_argument("--guard-loss-rise", type=float, default=0.25, metavar="R",
+    parser.add_argument("--guard-loss-rise", type=float, default=GuardSettings.loss_rise, metavar="R",
                         help="falling: the training loss above (1 + R) x its lowest since the last tightening "
                              "(default 0.25)")
-    parser.add_argument("--guard-warmup", type=int, default=10, metavar="E",
+    parser.add_argument("--guard-warmup", type=int, default=GuardSettings.warmup, metavar="E",
                         help="the first E epochs only set the best (default 10: early training swings even "
                              "when exact)")
     parser.add_argument("--compress", default="none", type=str, metavar="FORMAT",

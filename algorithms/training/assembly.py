@@ -54,16 +54,22 @@ class TrainingRun:
         self._data()
         self._layer_input(sampler, dims)
         self.work: list[EpochWork] = []
-        for spec, policy in ((config.sample, sampler), (config.stale, rule)):
-            work = policy.epoch_work(self) if policy is not None else None  # psc's cache: collective
-            if work is not None:
-                self.input_exchange = work.input_exchange(self.input_exchange, str(spec), config.input_exchange)
-                self.work.append(work)
+        self.build_work(((config.sample, sampler), (config.stale, rule)))
         self.optimizer = self._optimizer()
         self.policies = ActivePolicies(config.sample, config.stale, config.compress)  # the guard may tighten them
         self.guard = Guard(config.guard_settings(), comm, active=not self.policies.is_exact)
         self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}
+
+    def build_work(self, axes: tuple[tuple[Any, Any], ...]) -> None:
+        """The policies' per-epoch work from ``(spec, policy)`` per axis, replacing what there was (collective
+        where a work says so: psc's feature cache); a work may change how layer 0 gets its input."""
+        self.work = []
+        for spec, policy in axes:
+            work = policy.epoch_work(self) if policy is not None else None
+            if work is not None:
+                self.input_exchange = work.input_exchange(self.input_exchange, str(spec), self.config.input_exchange)
+                self.work.append(work)
 
     def _operator(self, sampler: Any, rule: Any) -> list[int]:
         """Grid, normalised matrix, model, the strategy and the SpMM; returns the layers' widths."""

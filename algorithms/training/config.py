@@ -47,12 +47,12 @@ class TrainConfig:
     heads: int = 1                 # GAT: attention heads of each hidden layer (concatenated)
     output_heads: int = 1          # GAT: attention heads of the output layer (averaged)
     attention_dropout: float = 0.0  # GAT: dropout on the attention weights
-    guard: str = "auto"            # the accuracy guard (algorithms.training.guard): "auto" (on with a policy), "off"
-    guard_drop: float = 0.02       # falling: validation this far below its best ...
-    guard_patience: int = 3        # ... for this many evaluations (or the loss above its lowest this many steps)
-    guard_loss_rise: float = 0.25  # falling: training loss above (1 + this) x its lowest since the last tightening
-    guard_warmup: int = 10         # epochs that only set the best (early training swings even when exact)
-    guard_sharp: float = 0.10      # falling at once: one evaluation this far below the best
+    guard: str = GuardSettings.mode              # the accuracy guard: "auto" (on with a policy), "off"
+    guard_drop: float = GuardSettings.drop       # falling: validation this far below its best
+    guard_patience: int = GuardSettings.patience # ... for this many evaluations (loss: steps)
+    guard_loss_rise: float = GuardSettings.loss_rise # falling: loss above (1 + this) x its lowest
+    guard_warmup: int = GuardSettings.warmup     # epochs that only set the best
+    guard_sharp: float = GuardSettings.sharp     # falling at once: one evaluation this far below
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):

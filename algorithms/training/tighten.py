@@ -82,12 +82,7 @@ def install(run: Any, policies: ActivePolicies) -> None:
     strategy.bind(plan)
     run.codec = Codec.parse(policies.compress, seed=run.config.seed)
     plan.codec = run.codec
-    run.work = []
-    for spec, policy in ((policies.sample, sampler), (policies.stale, rule)):
-        work = policy.epoch_work(run) if policy is not None else None  # psc's cache: collective
-        if work is not None:
-            run.input_exchange = work.input_exchange(run.input_exchange, str(spec), run.config.input_exchange)
-            run.work.append(work)
+    run.build_work(((policies.sample, sampler), (policies.stale, rule)))
     run.policies = policies
 
 
