@@ -1,6 +1,6 @@
 """Pipelined staleness (PipeGCN, PSC-GCN), ``pipe:tau=T[,gamma=G]``: every exchange is posted when its rows
 exist and consumed ``T`` epochs later, forward rows and backward gradients alike; the first ``T`` epochs are
-exact. The strategy that keeps the flights is :class:`sparse_dist.exchange.PipelinedStrategy`.
+exact. The strategy that keeps the flights is :class:`sparse_dist.pipelined.PipelinedStrategy`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class PipeRule(PolicyBase):
     ``t - T`` and, in the backward, the boundary gradients receivers sent in epoch ``t - T``; the first ``T``
     epochs are exact. ``gamma > 0``: receivers (of rows) and owners (of gradients) use an exponential
     moving average ``s <- gamma s + (1 - gamma) m`` of what arrives, started with the first arrival.
-    Deterministic: no agreement, no rank-local decision (:class:`sparse_dist.exchange.PipelinedStrategy`).
+    Deterministic: no agreement, no rank-local decision (:class:`sparse_dist.pipelined.PipelinedStrategy`).
     """
 
     tau: int
@@ -50,7 +50,7 @@ class PipeRule(PolicyBase):
 
     def refusal(self, run: RunShape) -> str | None:
         """Smoothing needs a row in every message; a sampled run sends a row in some epochs only (the same
-        refusal :class:`~sparse_dist.exchange.PipelinedStrategy` makes when it is built)."""
+        refusal :class:`~sparse_dist.pipelined.PipelinedStrategy` makes when it is built)."""
         if self.gamma > 0 and run.samples:
             return (f"{self.name}: gamma smooths each boundary row over consecutive messages; with a sampling "
                     f"policy rows arrive in some epochs only, so combine gamma=0 with sampling")

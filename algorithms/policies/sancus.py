@@ -12,7 +12,7 @@ An owner that never sent is always ACTIVE:
   allgather of flags per layer.
 
 ``skip_backward=1`` also skips the gradient reduce of stale blocks (dropped); by default gradients travel
-every epoch. The strategy that keeps the caches is :class:`sparse_dist.exchange.CachedStrategy`.
+every epoch. The strategy that keeps the caches is :class:`sparse_dist.cached.CachedStrategy`.
 """
 
 from __future__ import annotations
