@@ -55,9 +55,9 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES, TrainConfig, Trainer, bytes_by_phase
-from algorithms.training.guard import GUARD_MODES, GuardSettings
 from runners.shm_leftovers import leftover_note
 from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
+from runners.guard_flags import add_guard_arguments, guard_flag_problem
 from runners.minibatch_flags import (add_minibatch_arguments, make_trainer, minibatch_flag_problem, mode_fingerprint,
                                      mode_record)
 from runners.argtypes import seed as seed_number
@@ -182,24 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every K epochs, one extra exact forward beside the policy's (same weights and "
                              "masks; its time and bytes recorded apart from training) and the relative error "
                              "of each layer's output under the policy against it, K >= 0 (default 0: never)")
-    parser.add_argument("--guard", choices=GUARD_MODES, default=GuardSettings.mode,
-                        help="the accuracy guard (docs/guide/policies.md): auto (default) = whenever a policy is "
-                             "active, tighten it one step toward exact when the validation accuracy or the loss "
-                             "falls behind, restoring the best evaluation's weights; off = never")
-    parser.add_argument("--guard-drop", type=float, default=GuardSettings.drop, metavar="D",
-                        help="falling: validation more than D below its best for --guard-patience evaluations "
-                             "(default 0.02)")
-    parser.add_argument("--guard-patience", type=int, default=GuardSettings.patience, metavar="N",
-                        help="evaluations (and steps, for the loss) a fall must last (default 3)")
-    parser.add_argument("--guard-sharp", type=float, default=GuardSettings.sharp, metavar="S",
-                        help="falling at once: one evaluation more than S below the best (default 0.10; >= "
-                             "--guard-drop)")
-    parser.add_argument("--guard-loss-rise", type=float, default=GuardSettings.loss_rise, metavar="R",
-                        help="falling: the training loss above (1 + R) x its lowest since the last tightening "
-                             "(default 0.25)")
-    parser.add_argument("--guard-warmup", type=int, default=GuardSettings.warmup, metavar="E",
-                        help="the first E epochs only set the best (default 10: early training swings even "
-                             "when exact)")
+    add_guard_arguments(parser)
     parser.add_argument("--compress", default="none", type=str, metavar="FORMAT",
                         help="compress what training exchanges send, rows and gradients: fp16, bf16, int8 "
                              "(per-row float32 scale), int8:stochastic (unbiased rounding); add ,feedback for "
@@ -254,9 +237,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     problem = attention_problem(args)
     if problem:
         return problem
-    if args.guard_sharp < args.guard_drop:
-        return (f"--guard-sharp {args.guard_sharp:g} is below --guard-drop {args.guard_drop:g}: a collapse is a "
-                f"larger fall than a slow one; give --guard-sharp {args.guard_drop:g} or more")
+    problem = guard_flag_problem(args)
+    if problem:
+        return problem
     fill_model_defaults(args)
     problem = minibatch_flag_problem(args)
     if problem:

@@ -53,6 +53,8 @@ class TrainConfig:
     guard_loss_rise: float = GuardSettings.loss_rise # falling: loss above (1 + this) x its lowest
     guard_warmup: int = GuardSettings.warmup     # epochs that only set the best
     guard_sharp: float = GuardSettings.sharp     # falling at once: one evaluation this far below
+    guard_noise: float = GuardSettings.noise     # falls must exceed this many standard errors of validation
+    guard_settle: float = GuardSettings.settle   # validation falls count once the loss fell this share
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -74,7 +76,7 @@ class TrainConfig:
 
     def guard_settings(self) -> GuardSettings:
         return GuardSettings(self.guard, self.guard_drop, self.guard_patience, self.guard_loss_rise,
-                             self.guard_warmup, self.guard_sharp)
+                             self.guard_warmup, self.guard_sharp, self.guard_noise, self.guard_settle)
 
     def layer_options(self) -> LayerOptions:
         """The options only some layer kinds take (attention heads, attention dropout)."""

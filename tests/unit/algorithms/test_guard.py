@@ -80,13 +80,18 @@ def test_beside_a_sampler_pipe_lowers_tau_without_smoothing() -> None:
     assert late.tightened().record() == {"sample": "none", "stale": "pipe:tau=1,gamma=0.95", "compress": "none"}
 
 
+def as_given(**thresholds: object) -> GuardSettings:
+    """Settings whose thresholds act as given: no noise floor, no wait for the loss to settle."""
+    return GuardSettings(**{"noise": 0.0, "settle": 0.0, **thresholds})
+
+
 def kept() -> dict:
     return {"model": {"w": np.arange(3.0)}, "optimizer": {}}
 
 
 def test_a_validation_fall_for_patience_evaluations_is_agreed_and_then_applied_once() -> None:
     comm = OneRank()
-    guard = Guard(GuardSettings(drop=0.05, patience=2, warmup=0), comm, active=True)
+    guard = Guard(as_given(drop=0.05, patience=2, warmup=0), comm, active=True, validation_size=500)
     for epoch, value in enumerate([0.5, 0.7, 0.66, 0.64, 0.71], start=1):  # 0.66, 0.64: within 0.05 of 0.7
         guard.observe_metrics(epoch, {"val_acc": value}, kept)
     assert not guard.due and guard.state.best_epoch == 5
@@ -101,7 +106,7 @@ def test_a_validation_fall_for_patience_evaluations_is_agreed_and_then_applied_o
 
 
 def test_a_rising_loss_or_a_nan_is_a_fall() -> None:
-    guard = Guard(GuardSettings(patience=3, loss_rise=0.5, warmup=0), OneRank(), active=True)
+    guard = Guard(as_given(patience=3, loss_rise=0.5, warmup=0), OneRank(), active=True, validation_size=500)
     for epoch, loss in enumerate([2.0, 1.0, 1.4, 1.6, 1.6], start=1):  # 1.4: within 1.5x of 1.0; two strikes
         guard.observe_loss(epoch, loss)
     guard.observe_metrics(1, {"val_acc": 0.5}, kept)
@@ -109,7 +114,7 @@ def test_a_rising_loss_or_a_nan_is_a_fall() -> None:
     guard.observe_loss(6, 1.7)
     guard.observe_metrics(2, {"val_acc": 0.5}, kept)
     assert guard.due and "training loss" in guard.state.pending
-    other = Guard(GuardSettings(), OneRank(), active=True)
+    other = Guard(as_given(), OneRank(), active=True, validation_size=500)
     other.observe_loss(1, math.nan)  # also in the warm-up
     other.observe_metrics(1, {"val_acc": 0.5}, kept)
     assert other.due
@@ -117,7 +122,7 @@ def test_a_rising_loss_or_a_nan_is_a_fall() -> None:
 
 def test_it_never_loosens_and_stops_watching_once_exact() -> None:
     comm = OneRank()
-    guard = Guard(GuardSettings(patience=1, warmup=0), comm, active=True)
+    guard = Guard(as_given(patience=1, warmup=0), comm, active=True, validation_size=500)
     guard.observe_metrics(1, {"val_acc": 0.8}, kept)
     guard.observe_metrics(2, {"val_acc": 0.5}, kept)
     guard.tightened(3, "bns:keep=0.6", "exact", True, {"sample": "none"})
@@ -130,7 +135,7 @@ def test_it_never_loosens_and_stops_watching_once_exact() -> None:
 def test_off_or_without_a_policy_it_observes_nothing_and_enters_no_collective() -> None:
     for settings, active in ((GuardSettings(mode="off"), True), (GuardSettings(), False)):
         comm = OneRank()
-        guard = Guard(settings, comm, active=active)
+        guard = Guard(settings, comm, active=active, validation_size=500)
         for epoch in range(1, 10):
             guard.observe_loss(epoch, float("nan"))
             guard.observe_metrics(epoch, {"val_acc": 1.0 / epoch}, kept)
@@ -138,17 +143,18 @@ def test_off_or_without_a_policy_it_observes_nothing_and_enters_no_collective() 
 
 
 def test_its_state_survives_a_round_trip() -> None:
-    guard = Guard(GuardSettings(patience=1, warmup=0), OneRank(), active=True)
+    guard = Guard(as_given(patience=1, warmup=0), OneRank(), active=True, validation_size=500)
     guard.observe_metrics(1, {"val_f1": 0.8}, kept)
     guard.observe_metrics(2, {"val_f1": 0.1}, kept)
     guard.tightened(3, "a", "b", False, {"stale": "b"})
-    copy = Guard(GuardSettings(patience=1), OneRank(), active=True)
+    copy = Guard(as_given(patience=1), OneRank(), active=True, validation_size=500)
     copy.load_state_dict(guard.state_dict())
     assert copy.state == guard.state and np.array_equal(copy.kept["model"]["w"], np.arange(3.0))
 
 
 def test_one_evaluation_far_below_the_best_is_a_collapse_at_once() -> None:
-    guard = Guard(GuardSettings(drop=0.02, sharp=0.1, patience=5, warmup=0), OneRank(), active=True)
+    guard = Guard(as_given(drop=0.02, sharp=0.1, patience=5, warmup=0), OneRank(), active=True,
+                  validation_size=500)
     guard.observe_metrics(1, {"val_acc": 0.6}, kept)
     guard.observe_metrics(2, {"val_acc": 0.51}, kept)  # 9 points: a strike, not a collapse
     assert not guard.due and guard.state.value_strikes == 1
@@ -159,7 +165,8 @@ def test_one_evaluation_far_below_the_best_is_a_collapse_at_once() -> None:
 
 
 def test_a_tighter_policy_gets_its_own_warmup() -> None:
-    guard = Guard(GuardSettings(drop=0.02, sharp=0.1, patience=1, warmup=5), OneRank(), active=True)
+    guard = Guard(as_given(drop=0.02, sharp=0.1, patience=1, warmup=5), OneRank(), active=True,
+                  validation_size=500)
     guard.observe_metrics(6, {"val_acc": 0.8}, kept)
     guard.observe_metrics(7, {"val_acc": 0.5}, kept)
     guard.tightened(8, "a", "b", False, {"stale": "b"})
@@ -172,7 +179,7 @@ def test_a_tighter_policy_gets_its_own_warmup() -> None:
 
 
 def test_the_warmup_sets_the_best_but_counts_no_strike() -> None:
-    guard = Guard(GuardSettings(patience=1, warmup=3), OneRank(), active=True)
+    guard = Guard(as_given(patience=1, warmup=3), OneRank(), active=True, validation_size=500)
     for epoch, value in enumerate([0.6, 0.3, 0.3], start=1):
         guard.observe_loss(epoch, 10.0 * epoch)
         guard.observe_metrics(epoch, {"val_acc": value}, kept)
@@ -181,9 +188,47 @@ def test_the_warmup_sets_the_best_but_counts_no_strike() -> None:
     assert guard.due
 
 
+def test_a_fall_within_the_validation_sets_noise_is_no_strike() -> None:
+    # 500 validation nodes at 0.7: one standard error is sqrt(0.7 * 0.3 / 500) = 0.0205, so drop 0.02 -> 0.041
+    guard = Guard(GuardSettings(patience=2, warmup=0, settle=0.0), OneRank(), active=True, validation_size=500)
+    assert guard.thresholds() == (0.02, 0.1)  # no best yet: the settings'
+    guard.observe_metrics(1, {"val_acc": 0.7}, kept)
+    drop, sharp = guard.thresholds()
+    assert drop == pytest.approx(2 * math.sqrt(0.21 / 500)) and sharp == 0.1
+    for epoch in range(2, 8):  # 3 points below, for longer than the patience: exact training's own swing
+        guard.observe_metrics(epoch, {"val_acc": 0.67}, kept)
+    assert not guard.due and guard.state.value_strikes == 0
+    for epoch in (8, 9):  # 5 points below: beyond the noise
+        guard.observe_metrics(epoch, {"val_acc": 0.65}, kept)
+    assert guard.due and "more than 0.041 below" in guard.state.pending
+    # 50 validation nodes: a 15-point fall is within twice two standard errors (0.26), so no collapse
+    small = Guard(GuardSettings(patience=5, warmup=0, settle=0.0), OneRank(), active=True, validation_size=50)
+    small.observe_metrics(1, {"val_acc": 0.7}, kept)
+    small.observe_metrics(2, {"val_acc": 0.55}, kept)
+    assert small.state.value_strikes == 1 and small.thresholds()[1] == pytest.approx(4 * math.sqrt(0.21 / 50))
+
+
+def test_validation_falls_count_only_once_the_loss_has_settled() -> None:
+    # CiteSeer, exact, P = 2: validation falls 13 points at epochs 9-11 while the loss has fallen 4% of the way
+    guard = Guard(GuardSettings(patience=1, warmup=2, noise=0.0), OneRank(), active=True, validation_size=500)
+    for epoch, (loss, value) in enumerate([(1.79, 0.06), (1.75, 0.62), (1.72, 0.49), (1.70, 0.50)], start=1):
+        guard.observe_loss(epoch, loss)
+        guard.observe_metrics(epoch, {"val_acc": value}, kept)
+    assert not guard.due and not guard.state.settled
+    guard.observe_loss(5, 1.60)  # 10.6% below the first step's loss
+    guard.observe_metrics(5, {"val_acc": 0.50}, kept)
+    assert guard.state.settled and guard.due and guard.state.restore
+    older = Guard(GuardSettings(), OneRank(), active=True, validation_size=500)
+    saved = guard.state_dict()
+    del saved["guard"]["settled"], saved["guard"]["first_loss"]  # a checkpoint written before the rule
+    older.load_state_dict(saved)
+    assert older.state.settled
+
+
 @pytest.mark.parametrize("field, value", [("mode", "on"), ("drop", 0.0), ("drop", 1.0), ("patience", 0),
                                           ("loss_rise", 0.0), ("warmup", -1), ("sharp", 0.01),
-                                          ("sharp", 1.0)])
+                                          ("sharp", 1.0), ("noise", -0.5), ("noise", 11.0), ("settle", 1.0),
+                                          ("settle", -0.1)])
 def test_settings_out_of_range_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match="guard"):
         GuardSettings(**{field: value})
