@@ -19,6 +19,7 @@ from algorithms.minibatch import MinibatchConfig, MinibatchTrainer, minibatch_pr
 from algorithms.train import LocalGraph, TrainConfig, Trainer
 from runners.argtypes import at_least
 from sparse_dist.comm import Communicator
+from sparse_dist.sampling import SAMPLERS, compiled_sampler_problem
 
 MODES = ("full", "minibatch")
 
@@ -32,8 +33,8 @@ def fanouts_arg(text: str) -> tuple[int | None, ...]:
 
 
 def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache``, ``--prefetch``, ``--sample-batches``
-    (docs/guide/minibatch.md)."""
+    """``--mode``, ``--fanouts``, ``--batch-size``, ``--feature-cache``, ``--prefetch``, ``--sample-batches``,
+    ``--sampler`` (docs/guide/minibatch.md)."""
     parser.add_argument("--mode", choices=MODES, default="full",
                         help="full: full-graph training (default); minibatch: sampled mini-batches (DistDGL's "
                              "synchronous SGD), evaluated exactly on the full graph")
@@ -54,6 +55,21 @@ def add_minibatch_arguments(parser: argparse.ArgumentParser) -> None:
                         help="minibatch: sample K batches together, one round of exchanges per hop for all K "
                              "(DistDGL's k-batch step: K times fewer collective rounds, bitwise the same "
                              "batches), >= 1 (default: 1, each batch alone)")
+    add_sampler_argument(parser)
+
+
+def add_sampler_argument(parser: argparse.ArgumentParser) -> None:
+    """``--sampler auto|numba|numpy`` (train --mode minibatch and bench minibatch)."""
+    parser.add_argument("--sampler", choices=SAMPLERS, default="auto",
+                        help="minibatch: the neighbour-sampling kernel: numba (compiled, per row, threaded), numpy "
+                             "(the reference: one lexsort per hop, one thread) or auto = numba where it imports, "
+                             "else numpy (default: auto); both draw the same blocks, bitwise")
+
+
+def sampler_problem(name: str) -> str | None:
+    """Why ``--sampler name`` cannot run here (numba asked for but not importable), or None."""
+    problem = compiled_sampler_problem() if name == "numba" else None
+    return f"--sampler numba: {problem}; install numba or use --sampler numpy" if problem else None
 
 
 DEFAULT_BATCH_SIZE = 512
@@ -64,7 +80,8 @@ def minibatch_flag_problem(args: argparse.Namespace) -> str | None:
     given = [flag for flag, value in (("--fanouts", args.fanouts), ("--batch-size", args.batch_size),
                                       ("--feature-cache", args.feature_cache or None),
                                       ("--prefetch", args.prefetch or None),
-                                      ("--sample-batches", None if args.sample_batches == 1 else args.sample_batches))
+                                      ("--sample-batches", None if args.sample_batches == 1 else args.sample_batches),
+                                      ("--sampler", None if args.sampler == "auto" else args.sampler))
              if value is not None]
     if args.mode == "full":
         return f"{', '.join(given)} need --mode minibatch" if given else None
@@ -72,6 +89,9 @@ def minibatch_flag_problem(args: argparse.Namespace) -> str | None:
         args.fanouts = (None,) * args.layers
     if args.batch_size is None:
         args.batch_size = DEFAULT_BATCH_SIZE
+    problem = sampler_problem(args.sampler)
+    if problem:
+        return problem
     return minibatch_problem(_shape_only(args), minibatch_config(args))
 
 
@@ -82,7 +102,7 @@ def _shape_only(args: argparse.Namespace) -> TrainConfig:
 
 def minibatch_config(args: argparse.Namespace) -> MinibatchConfig:
     return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache, args.prefetch,
-                           args.sample_batches)
+                           args.sample_batches, args.sampler)
 
 
 def make_trainer(comm: Communicator, graph: LocalGraph, config: TrainConfig, device: torch.device,

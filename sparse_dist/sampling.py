@@ -19,6 +19,14 @@ Randomness: the entries of row ``i`` are ranked by a counter-based hash of (seed
 column id), and the ``k`` smallest are kept. So a node's sample depends neither on ``P`` nor on which rank
 asks, nor on the order entries are stored.
 
+Two kernels draw the same rows, bitwise (tested over many keys, fanouts and degrees): ``numba``
+(:mod:`sparse_dist.sampling_compiled`, a per-row partial selection of ``k`` of ``d``, rows in parallel on
+the process's thread count; what a run uses by default) and ``numpy`` (:func:`sample_rows`, the reference:
+every candidate entry of the hop hashed, one ``lexsort``; single-threaded and one to two orders of magnitude
+slower on large hops). ``auto`` (the default) is ``numba`` where numba imports, else ``numpy``, said once
+in the log (:func:`resolve_sampler`); numba is a dependency of the package, so a user gets the compiled
+kernel unless its import fails.
+
 Bulk sampling (:meth:`DistributedSampler.sample_many`; DistDGL's and ByteGNN's k-batch step): ``K`` batches
 share each hop's round. The requests to a peer are the batches' frontier rows one batch after another, with
 one count per batch and peer (so the owner knows which key each row's draws use); the answers to a peer are
@@ -36,6 +44,7 @@ same number of hops and batches, in the same order).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,13 +55,45 @@ import torch
 from sparse_dist.comm import Communicator
 from sparse_dist.csr import torch_csr
 from sparse_dist.layout import RowLayout
+from sparse_dist.log import get_logger
 from sparse_dist.splitmix import splitmix64 as _mix
 
-__all__ = ["DistributedSampler", "HopTraffic", "SampledBlock", "exchange_requests", "exchange_segments",
-           "predict_hop_bytes",
-           "sample_rows", "sampling_key"]
+__all__ = ["SAMPLERS", "DistributedSampler", "HopTraffic", "SampledBlock", "exchange_requests", "exchange_segments",
+           "predict_hop_bytes", "resolve_sampler", "sample_rows", "sampling_key"]
 
 ID_BYTES = 8  # global ids, counts and answer lengths travel as int64; values as float64
+SAMPLERS = ("auto", "numba", "numpy")  # the kernels a run may ask for (module docstring)
+
+_log = get_logger(__name__)
+_fallback_said: list[str] = []
+
+
+def compiled_sampler_problem() -> str | None:
+    """Why the compiled (numba) kernel cannot run here, or None (imports it: about a second the first time)."""
+    try:
+        importlib.import_module("sparse_dist.sampling_compiled")
+    except ImportError as exc:  # numba missing, or built for another numpy
+        return f"numba is not importable ({exc})"
+    return None
+
+
+def resolve_sampler(name: str) -> str:
+    """The kernel ``name`` (one of :data:`SAMPLERS`) runs: ``numba`` or ``numpy``. ``auto`` is ``numba`` where
+    it imports, else ``numpy`` (logged once as a warning); ``numba`` where it does not import is a
+    ``ValueError`` naming why."""
+    if name not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {name!r}")
+    if name == "numpy":
+        return name
+    problem = compiled_sampler_problem()
+    if problem is None:
+        return "numba"
+    if name == "numba":
+        raise ValueError(f"--sampler numba: {problem}; install numba or use --sampler numpy")
+    if not _fallback_said:
+        _fallback_said.append(problem)
+        _log.warning("sampling with the numpy reference kernel (%s): correct, but much slower", problem)
+    return "numpy"
 
 def sampling_key(seed: int, epoch: int, step: int, layer: int) -> np.ndarray:
     """The 64-bit key (a one-element uint64 array) of one hop's draws."""
@@ -68,6 +109,10 @@ def sample_rows(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout:
 
     Returns per wanted row the number of kept entries, then the kept entries' global column ids and their
     scaled values (float64), rows one after another in ``wanted``'s order. Pure (no communication).
+
+    The numpy reference kernel: every candidate entry of the hop is hashed and the hop is ordered by one
+    ``lexsort``. :func:`sparse_dist.sampling_compiled.sample_rows_compiled` returns the same arrays bitwise,
+    compiled and per row; runs use it unless ``--sampler numpy`` (or numba is missing).
     """
     local = np.asarray(wanted, dtype=np.int64) - first_row
     starts, ends = rows.indptr[local].astype(np.int64), rows.indptr[local + 1].astype(np.int64)
@@ -208,15 +253,36 @@ class DistributedSampler:
     from the seeds (``fanouts[0]`` builds the LAST layer's block, as PyG's ``NeighborLoader`` and DistDGL
     count), None for "all". ``last_traffic`` keeps the last call's :class:`HopTraffic` per hop and
     ``last_requests`` the ids it asked each rank for per hop (both in layer order).
+
+    ``kernel``: one of :data:`SAMPLERS` (:func:`resolve_sampler`; ``self.kernel`` says which runs); the
+    compiled one is compiled (or loaded from numba's cache) here, so no JIT lands in a timed epoch, and runs
+    on ``threads`` threads (default: torch's thread count when the sampler is built). Both draw the same
+    blocks, bitwise.
     """
 
     def __init__(self, comm: Communicator, layout: RowLayout, group: int, rows: sp.csr_matrix,
-                 fanouts: Sequence[int | None], seed: int, phase: str = "sample") -> None:
+                 fanouts: Sequence[int | None], seed: int, phase: str = "sample", kernel: str = "auto",
+                 threads: int | None = None) -> None:
         self.comm, self.layout, self.rows = comm, layout, sp.csr_matrix(rows)
         self.first_row = int(layout.offsets[group])
         self.fanouts, self.seed, self.phase = list(fanouts), seed, phase
         self.last_traffic: list[HopTraffic] = []
         self.last_requests: list[list[np.ndarray]] = []
+        self.kernel = resolve_sampler(kernel)
+        self.threads = threads or torch.get_num_threads()
+        self._compiled = None
+        if self.kernel == "numba":
+            from sparse_dist import sampling_compiled
+
+            sampling_compiled.warm_up(self.rows)
+            self._compiled = sampling_compiled.sample_rows_compiled
+
+    def sample_rows(self, wanted: np.ndarray, fanout: int | None, key: np.ndarray) -> tuple[
+            np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`sample_rows` of this rank's rows with this sampler's kernel (pure)."""
+        if self._compiled is not None:
+            return self._compiled(self.rows, self.first_row, wanted, fanout, key, self.threads)
+        return sample_rows(self.rows, self.first_row, wanted, fanout, key)
 
     def sample(self, seeds: np.ndarray, epoch: int, step: int) -> list[SampledBlock]:
         """Blocks of layers ``0 .. L-1`` for this rank's ``seeds`` (global ids it owns; may be empty). Collective."""
@@ -259,7 +325,7 @@ class DistributedSampler:
         for wanted in incoming:  # per peer: its batches' rows, each sampled with its batch's key
             parts, kept_total = [], 0
             for rows, key in zip(wanted, keys):
-                kept, columns, values = sample_rows(self.rows, self.first_row, rows, fanout, key)
+                kept, columns, values = self.sample_rows(rows, fanout, key)
                 parts += [kept, columns, values.view(np.int64)]
                 kept_total += int(kept.sum())
             answers.append(np.concatenate(parts + [np.zeros(0, dtype=np.int64)]))

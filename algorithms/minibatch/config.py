@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sparse_dist.sampling import SAMPLERS, resolve_sampler
+
 __all__ = ["MinibatchConfig", "parse_fanouts"]
 
 
@@ -39,6 +41,8 @@ class MinibatchConfig:
     per rank per step, so a global batch holds ``P * batch_size`` training nodes. ``feature_cache``: remote
     input rows each rank keeps. ``prefetch``: batches sampled and fetched ahead (0: none).
     ``sample_batches``: batches sampled together, one request round per hop for all of them (1: each alone).
+    ``sampler``: the sampling kernel, ``auto`` (numba where it imports, else numpy), ``numba`` or ``numpy``
+    (:mod:`sparse_dist.sampling`); both draw the same blocks, bitwise.
     """
 
     fanouts: tuple[int | None, ...]
@@ -46,6 +50,7 @@ class MinibatchConfig:
     feature_cache: int = 0
     prefetch: int = 0
     sample_batches: int = 1
+    sampler: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.fanouts:
@@ -56,16 +61,19 @@ class MinibatchConfig:
             raise ValueError(f"sample batches must be >= 1, got {self.sample_batches}")
         if self.feature_cache < 0 or self.prefetch < 0:
             raise ValueError(f"feature cache and prefetch must be >= 0, got {self.feature_cache}, {self.prefetch}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
 
     def fingerprint(self, world_size: int) -> dict[str, Any]:
         """What a checkpoint of a mini-batch run must agree with on resume: the mode, the fanouts and the
         GLOBAL batch size ``P * batch_size`` (batches are cut from one permutation by it, so the same global
-        batch resumes at another ``P``). Cache, prefetch and bulk sampling change no result: not included."""
+        batch resumes at another ``P``). Cache, prefetch, bulk sampling and the sampling kernel change no
+        result: not included."""
         return {"mode": "minibatch", "fanouts": ["all" if f is None else f for f in self.fanouts],
                 "global_batch_size": world_size * self.batch_size}
 
     def record(self) -> dict[str, Any]:
-        """Plain JSON values for the results file's ``config`` record."""
+        """Plain JSON values for the results file's ``config`` record (``sampler``: the kernel that runs)."""
         return {"mode": "minibatch", "fanouts": ["all" if f is None else f for f in self.fanouts],
                 "batch_size": self.batch_size, "feature_cache": self.feature_cache, "prefetch": self.prefetch,
-                "sample_batches": self.sample_batches}
+                "sample_batches": self.sample_batches, "sampler": resolve_sampler(self.sampler)}

@@ -17,6 +17,9 @@ Decisions (docs/guide/minibatch.md says the same for users):
 * Evaluation: exact and full-graph, by the full-graph :class:`algorithms.train.Trainer` sharing the
   weights (so time-to-accuracy compares like with like). Building it costs what a full-graph run's set-up
   costs (normalisation, plans, perhaps a layer-0 halo).
+* Sampling kernel (``minibatch.sampler``): the compiled per-row one (numba) unless ``numpy`` is asked for or
+  numba is missing; compiled when the trainer is built (or loaded from numba's cache), on torch's thread
+  count of that moment (the train command's ``--threads``). Both kernels draw the same blocks, bitwise.
 * Step breakdown (seconds, summed over the epoch's steps): ``sample``, ``fetch``, ``compute`` (forward,
   backward, optimiser), ``allreduce`` (gradient allreduce), ``wait`` (0 without prefetch).
 * Prefetch (``prefetch = N > 0``; ByteGNN's overlap of sampling with training): a worker thread samples and
@@ -111,7 +114,8 @@ class MinibatchTrainer:
         self.group = comm.rank
         self.first_row = int(graph.layout.offsets[self.group])
         normalized = layer_type(config.model).normalize_adjacency(comm, graph.layout, graph.rows, self.group)
-        self.sampler = DistributedSampler(comm, graph.layout, self.group, normalized, minibatch.fanouts, config.seed)
+        self.sampler = DistributedSampler(comm, graph.layout, self.group, normalized, minibatch.fanouts, config.seed,
+                                          kernel=minibatch.sampler)  # compiled here: no JIT in a timed epoch
         own_train = np.flatnonzero(graph.masks["train"]).astype(np.int64) + self.first_row
         self.train_ids = np.sort(np.concatenate(comm.allgather_object(own_train)))
         self.global_batch = comm.size * minibatch.batch_size

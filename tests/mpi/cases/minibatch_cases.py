@@ -13,6 +13,7 @@ unevenly: P = 3 has an EMPTY row group, P = 4 an empty one and one with rows but
   is prefetch 2 with bulk sampling of 3 batches per round;
 * bulk sampling (3 batches per round): each batch bitwise the one sampled alone, counted sample bytes per
   round == predicted (independent and library), 4 collective calls per hop per round;
+* kernels: the compiled (numba) sampler's batches are bitwise the numpy reference's, in groups of 3;
 * P-invariance: with the same global batch size (12 = P x 12/P), fanouts 3,2 and dropout, the first step's
   loss and gradients and two epochs' losses equal those of a run on one rank holding the whole graph
   (a communicator of this rank alone), to float tolerance.
@@ -57,11 +58,12 @@ def data_set() -> dict:
 
 
 def trainer(comm, data: dict, counts: list[int], model: str, layers: int, fanouts: tuple,
-            batch_size: int, cache: int = 0, prefetch: int = 0, sample_batches: int = 1) -> MinibatchTrainer:
+            batch_size: int, cache: int = 0, prefetch: int = 0, sample_batches: int = 1,
+            sampler: str = "auto") -> MinibatchTrainer:
     layout = RowLayout.from_counts(counts)
     graph = row_graph(data, layout, comm.rank, C, "minibatch")
     return MinibatchTrainer(comm, graph, TrainConfig(model=model, layers=layers, epochs=2),
-                            MinibatchConfig(fanouts, batch_size, cache, prefetch, sample_batches))
+                            MinibatchConfig(fanouts, batch_size, cache, prefetch, sample_batches, sampler))
 
 
 def gradients(mb: MinibatchTrainer) -> tuple[float, list[torch.Tensor]]:
@@ -216,6 +218,24 @@ def check_bulk(comm, data: dict, failures: list[str]) -> None:
               f"sample_calls_alone={calls['alone']} sample_calls_bulk={calls['bulk']}", flush=True)
 
 
+def check_kernels(comm, data: dict, failures: list[str]) -> None:
+    """The compiled (numba) and the numpy sampling kernels make bitwise the same batches, sampled in groups of
+    3 (--sample-batches 3), for fanouts below, at and above the degrees."""
+    for fanouts in ((3, 2), (1, None), (50, 50)):
+        made = {}
+        for kernel in ("numba", "numpy"):
+            mb = trainer(comm, data, COUNTS[comm.size], "sage", 2, fanouts, 2, sample_batches=3, sampler=kernel)
+            if mb.sampler.kernel != kernel:
+                failures.append(f"kernels P={comm.size}: asked for {kernel}, {mb.sampler.kernel} runs")
+            made[kernel] = [batch for group in step_groups(mb.steps_per_epoch, 3)
+                            for batch in mb.make_batches(2, group)]
+        if len(made["numba"]) != len(made["numpy"]) or not all(
+                same_batch(a, b) for a, b in zip(made["numba"], made["numpy"])):
+            failures.append(f"kernels P={comm.size} fanouts {fanouts}: numba's batches are not numpy's, bitwise")
+    if comm.rank == 0:
+        print(f"KERNELS P={comm.size} numba==numpy", flush=True)
+
+
 def check_p_invariant(comm, data: dict, failures: list[str]) -> None:
     """The same global batch size gives the same steps as one rank holding the whole graph."""
     alone = comm.split(comm.rank, 0)
@@ -269,6 +289,7 @@ def run(comm) -> list[str]:
         alone.free()
     check_bytes(comm, data, failures)
     check_bulk(comm, data, failures)
+    check_kernels(comm, data, failures)
     check_p_invariant(comm, data, failures)
     check_prefetch(comm, data, failures)
     return failures

@@ -1,0 +1,120 @@
+"""The compiled (numba) per-row sampler is bitwise the numpy reference (sparse_dist/sampling.py:sample_rows):
+over many keys, fanouts (0, 1, below, at and above the degrees, all), degrees 0 to thousands, duplicated
+columns (hash ties), int32 and int64 indices, float32 and float64 values, repeated and unordered wanted rows,
+an owner whose rows start past 0, one and two threads; and through the single-rank sampler, batches sampled
+in groups of K. The JIT happens when the sampler is built, never while it samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+pytest.importorskip("numba")
+
+from sparse_dist import sampling_compiled  # noqa: E402
+from sparse_dist.comm import world  # noqa: E402
+from sparse_dist.layout import RowLayout  # noqa: E402
+from sparse_dist.sampling import DistributedSampler, resolve_sampler, sample_rows, sampling_key  # noqa: E402
+from sparse_dist.sampling_compiled import sample_rows_compiled  # noqa: E402
+
+
+def rows_of_every_degree(first_row: int = 0, seed: int = 0, index_dtype=np.int32, value_dtype=np.float64,
+                         duplicates: bool = True) -> sp.csr_matrix:
+    """Rows of degree 0, 1, ..., 40, then 200 and 3000 (a hub), over 4000 columns; with ``duplicates`` some
+    rows store a column twice (a non-canonical CSR: equal hashes, broken by storage order)."""
+    rng = np.random.default_rng(seed)
+    degrees = list(range(41)) + [200, 3000, 0, 7]
+    columns, values, indptr = [], [], [0]
+    for degree in degrees:
+        mine = rng.choice(4000, size=degree, replace=False)
+        if duplicates and degree >= 6:
+            mine[-2:] = mine[:2]  # two columns stored twice
+        columns.append(mine)
+        values.append(rng.random(degree) + 0.25)
+        indptr.append(indptr[-1] + degree)
+    matrix = sp.csr_matrix((np.concatenate(values).astype(value_dtype), np.concatenate(columns).astype(index_dtype),
+                            np.asarray(indptr, dtype=index_dtype)), shape=(len(degrees), 4000))
+    matrix.indices, matrix.indptr = matrix.indices.astype(index_dtype), matrix.indptr.astype(index_dtype)  # scipy
+    return matrix  # may have downcast them
+
+
+def assert_bitwise(reference: tuple, compiled: tuple) -> None:
+    for want, got in zip(reference, compiled, strict=True):
+        assert want.dtype == got.dtype and want.shape == got.shape
+        assert np.array_equal(want.view(np.uint8), got.view(np.uint8))  # bitwise, NaN-free or not
+
+
+@pytest.mark.parametrize("index_dtype,value_dtype", [(np.int32, np.float64), (np.int64, np.float32)])
+def test_compiled_rows_are_bitwise_the_numpy_reference(index_dtype, value_dtype) -> None:
+    first_row = 1000  # the owner's rows are global rows 1000 ...
+    rows = rows_of_every_degree(index_dtype=index_dtype, value_dtype=value_dtype)
+    rng = np.random.default_rng(7)
+    every = np.arange(rows.shape[0]) + first_row
+    shuffled_with_repeats = rng.choice(every, size=3 * every.size)
+    checked = 0
+    for wanted in (every, shuffled_with_repeats, every[:0], every[[41, 41, 42]]):
+        for fanout in (0, 1, 2, 3, 5, 15, 40, 199, 200, 201, 2999, 3000, None):
+            for seed, epoch, step, layer in ((0, 0, 0, 0), (1, 2, 3, 1), (9, 17, 250, 2), (2**40, 5, 1, 0)):
+                key = sampling_key(seed, epoch, step, layer)
+                reference = sample_rows(rows, first_row, wanted, fanout, key)
+                for threads in (1, 2):
+                    assert_bitwise(reference, sample_rows_compiled(rows, first_row, wanted, fanout, key, threads))
+                checked += 1
+    assert checked == 4 * 13 * 4
+
+
+def test_many_keys_on_a_random_graph() -> None:
+    """200 keys, fanouts 1-15, a random graph whose rows have degrees around 10 (most rows sampled)."""
+    rng = np.random.default_rng(3)
+    a = sp.random(500, 500, density=0.02, format="csr", random_state=rng)
+    a.data = rng.random(a.nnz)
+    wanted = rng.permutation(500)[:300]
+    for draw in range(200):
+        key = sampling_key(draw, draw // 7, draw % 11, draw % 3)
+        fanout = 1 + draw % 15
+        assert_bitwise(sample_rows(a, 0, wanted, fanout, key), sample_rows_compiled(a, 0, wanted, fanout, key, 2))
+
+
+def single_rank_sampler(kernel: str, rows: sp.csr_matrix, fanouts: list) -> DistributedSampler:
+    comm = world(gpu_aware="off")
+    layout = RowLayout.from_counts([rows.shape[0]] * comm.size) if comm.size == 1 else None
+    assert layout is not None, "a single-process test"
+    return DistributedSampler(comm, layout, 0, rows, fanouts, seed=11, kernel=kernel, threads=2)
+
+
+def test_bulk_sampling_with_either_kernel_makes_bitwise_the_same_blocks() -> None:
+    """``sample_many`` of K = 1, 3 and 5 batches (--sample-batches K): the numba sampler's blocks are the
+    numpy one's, bitwise, and every batch is the one sampled alone."""
+    rng = np.random.default_rng(5)
+    a = sp.random(300, 300, density=0.05, format="csr", random_state=rng)
+    a = (a + sp.eye(300)).tocsr()
+    numba_sampler, numpy_sampler = (single_rank_sampler(kernel, a, [4, 2, None]) for kernel in ("numba", "numpy"))
+    assert (numba_sampler.kernel, numpy_sampler.kernel) == ("numba", "numpy")
+    seeds = [rng.choice(300, size=12, replace=False) for _ in range(5)]
+    for k in (1, 3, 5):
+        steps = list(range(10, 10 + k))
+        got, want = (s.sample_many(seeds[:k], 3, steps) for s in (numba_sampler, numpy_sampler))
+        alone = [numba_sampler.sample(seeds[b], 3, steps[b]) for b in range(k)]
+        for blocks in (want, alone):
+            for batch_got, batch_want in zip(got, blocks, strict=True):
+                for x, y in zip(batch_got, batch_want, strict=True):
+                    assert np.array_equal(x.dst, y.dst) and np.array_equal(x.src, y.src)
+                    for field in ("indptr", "indices", "data"):
+                        assert np.array_equal(getattr(x.matrix, field), getattr(y.matrix, field))
+
+
+def test_the_kernel_is_compiled_when_the_sampler_is_built_not_while_it_samples() -> None:
+    a = rows_of_every_degree(duplicates=False, index_dtype=np.int64, value_dtype=np.float32)
+    sampler = single_rank_sampler("numba", a, [3])
+    compiled = list(sampling_compiled._sample_kernel.signatures)
+    assert compiled  # built (or loaded from numba's cache) by the constructor
+    sampler.sample(np.arange(a.shape[0]), 0, 0)
+    assert list(sampling_compiled._sample_kernel.signatures) == compiled  # no JIT while sampling
+
+
+def test_kernel_names_resolve() -> None:
+    assert resolve_sampler("numpy") == "numpy"
+    assert resolve_sampler("numba") == resolve_sampler("auto") == "numba"  # numba is importable here
+    with pytest.raises(ValueError, match="sampler must be one of auto, numba, numpy, got 'c'"):
+        resolve_sampler("c")
