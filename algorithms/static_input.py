@@ -167,7 +167,8 @@ class InputExchange:
 def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boundary_counts: np.ndarray,
                           union_sizes: np.ndarray, plan: str, f_in: int, f_out: int, itemsize: int, epochs: int,
                           evaluations: int, sample_p: float = 1.0, receiver: bool = False,
-                          budget: int | None = None, layer0: tuple[int, bool] | None = None) -> InputExchange:
+                          budget: int | None = None, layer0: tuple[int, bool] | None = None,
+                          pair_counts: np.ndarray | None = None) -> InputExchange:
     """Decide how layer 0 gets its input from global metadata only, so every rank decides alike.
 
     The per-epoch side is the exact byte model of layer 0's exchanges (width ``min(F_in, F_out)``,
@@ -175,7 +176,9 @@ def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boun
     first), training forwards scaled by the sampling keep rate ``sample_p``. Staleness policies
     are not counted (they could only shrink the per-epoch side). ``layer0``: (width, backward) of layer 0's
     exchange where the layer says otherwise (attention: ``[Z | s]`` and its gradient,
-    :meth:`algorithms.layers.GraphLayer.exchange_shape`). Raises :class:`HaloBudgetError`
+    :meth:`algorithms.layers.GraphLayer.exchange_shape`). ``pair_counts``: the plan's own rows per pair where
+    its byte model needs them (``cover``: a cover of X's rows per epoch against X's boundary rows once). Raises
+    :class:`HaloBudgetError`
     when ``once`` is requested and a halo exceeds ``budget``.
     """
     if requested not in INPUT_EXCHANGES:
@@ -187,7 +190,8 @@ def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boun
     once = int(predict_halo_bytes(grid, boundary_counts, f_in, itemsize)[:, SENT].sum())
     transform_first = f_out < f_in and not receiver
     width, returns = layer0 if layer0 is not None else (f_out if transform_first else f_in, transform_first)
-    volume = predict_spmm_bytes(grid, layout, boundary_counts, union_sizes, plan, width, itemsize)
+    volume = predict_spmm_bytes(grid, layout, boundary_counts, union_sizes, plan, width, itemsize,
+                                pair_counts=pair_counts)
     forward = float(volume["forward"][:, SENT].sum())
     backward = float(volume["backward"][:, SENT].sum()) if returns else 0.0
     per_epoch = epochs * sample_p * (forward + backward) + evaluations * forward

@@ -50,7 +50,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
                     float(np.abs(dh.numpy() - expect_dh).max(initial=0.0)))
         counted = [comm.stats.counter(p).bytes_recv for p in ("forward", "backward")]
         predicted = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
-                                       plan, args.features, 8)
+                                       plan, args.features, 8, pair_counts=op.plan.pair_counts)
         gathered = comm.allgather_object((error, counted))
         max_error = max(e for e, _ in gathered)
         total = [sum(c[k] for _, c in gathered) for k in range(2)]

@@ -13,6 +13,8 @@
   the same model for a graph and P this machine cannot run, from the
   partition model of :mod:`runners.perf.cost_model` and rates calibrated on a
   study (``--calibrate-from RESULTS_DIR``).
+* ``sparse-dist cost bytes --data DIR --ranks 2,4,8``: the ``cover`` plan's exact bytes per epoch beside
+  ``p2p``'s, per layer and direction, from the prepared dataset's covers (:func:`runners.perf.cost_model.pair_counts`; :func:`print_cover_table`).
 
 Every assumption (network figures, placement, cores per rank, partition
 model, active share of a staleness policy) is printed with the numbers.
@@ -27,6 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runners.argtypes import add_renamed, at_least, fraction, int_list, non_negative, positive
 from runners.study.collect import ResultsError, read_csv, write_csv_rows
 from algorithms.model import MODEL_KINDS
@@ -34,11 +38,11 @@ from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
 from sparse_dist.compress import Codec
 from sparse_dist.cost import NETWORKS, Network
 from sparse_dist.layout import Grid
-from sparse_dist.predict import predict_halo_bytes
-from sparse_dist.plans import PLAN_NAMES, PointToPointPlan
-from runners.perf.cost_model import (ModelShape, ExpectedTraffic, Prediction, Rates, Workload, cores_per_rank,
-                                predict_cycle, predict_epoch, predict_evaluation, workload_analytic,
-                                workload_from_shards)
+from sparse_dist.predict import SENT, predict_halo_bytes, predict_spmm_bytes
+from sparse_dist.plans import PLAN_NAMES, PointToPointPlan, plan_class
+from runners.perf.cost_model import (ModelShape, ExpectedTraffic, PairCounts, Prediction, Rates, Workload,
+                                     cores_per_rank, pair_counts, predict_cycle, predict_epoch, predict_evaluation,
+                                     workload_analytic, workload_from_shards)
 from runners.data.shards import read_meta
 
 # Public figures of OGB graphs (symmetrised nonzeros = twice the undirected edges).
@@ -94,6 +98,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     predict.add_argument("--threads", type=at_least(1), default=None, help="cores per rank (default: the network's "
                          "cores per node / ranks per node)")
     _network_arguments(predict, "ib-hdr")
+    moved = modes.add_parser("bytes", help="exact bytes per epoch of the cover plan beside p2p's, per layer")
+    moved.add_argument("--data", required=True, help="a prepared dataset's directory (required)")
+    moved.add_argument("--ranks", type=_rank_list, default="2,4,8",
+                       help="comma-separated P (1D), each dividing the dataset's parts (default: %(default)s)")
+    moved.add_argument("--hidden", type=at_least(1), default=16, help="hidden width, >= 1 (default: %(default)s)")
+    moved.add_argument("--layers", type=at_least(1), default=2, help="layers, >= 1 (default: %(default)s)")
+    moved.add_argument("--model", choices=("gcn", "sage"), default="gcn",
+                       help="the kind of every layer (the cover plan refuses gat) (default: %(default)s)")
+    moved.add_argument("--itemsize", type=at_least(1), default=4, help="bytes per value (default: %(default)s)")
 
 
 def _rank_list(text: str) -> str:
@@ -194,6 +207,7 @@ def compare(args: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     workloads: dict[tuple[str, int], Workload] = {}
     data_dirs = {row["run"]: _data_dir(results, row) for row in rows}
+    covers = any(plan_class(str(row["plan"])).pair_counted for row in rows)  # a cover run: its pairs' covers too
     print(f"network {net.name}: alpha {net.alpha_intra * 1e6:.2f} us, {1e-9 / net.beta_intra:.1f} GB/s, "
           f"{net.cores_per_node} cores a node"
           + (f", all nodes on {net.machine_cores} cores of one machine" if net.machine_cores else "")
@@ -202,7 +216,7 @@ def compare(args: argparse.Namespace) -> int:
     def work_of(row: dict[str, Any]) -> Workload:
         key = (str(data_dirs[row["run"]]), int(row["world_size"]) // int(row["replication"]))
         if key not in workloads:
-            workloads[key] = workload_from_shards(*key)
+            workloads[key] = workload_from_shards(*key, covers=covers)
         return workloads[key]
 
     def configuration(row: dict[str, Any]) -> tuple:
@@ -362,4 +376,57 @@ def _measured_active(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def main(comm: object, args: argparse.Namespace) -> int:
+    if args.mode == "bytes":
+        return cover_bytes(args)
     return compare(args) if args.mode == "compare" else predict(args)
+
+
+def cover_bytes(args: argparse.Namespace) -> int:
+    """``cost bytes``: the cover plan's exact bytes per epoch beside p2p's (every layer exchanging each epoch)."""
+    meta = read_meta(args.data)
+    dims = (int(meta["feature_dim"]),) + (args.hidden,) * (args.layers - 1) + (int(meta["num_classes"]),)
+    shape = ModelShape(dims, args.model, args.itemsize)
+    print_cover_table(str(meta.get("name", args.data)), [int(p) for p in args.ranks.split(",")], args.data, shape)
+    return 0
+
+
+def cover_layer_bytes(counts: PairCounts, shape: ModelShape) -> list[dict[str, float]]:
+    """Per exchanging layer: width, and all ranks' sent bytes forward and backward for p2p and cover."""
+    grid = Grid(counts.layout.parts, 1)
+    union = np.zeros(counts.layout.parts, dtype=np.int64)  # unused by either plan's model
+    out = []
+    for width, backward in shape.exchanges:
+        row = {"width": width}
+        for plan, pairs in (("p2p", None), ("cover", counts.cover)):
+            volume = predict_spmm_bytes(grid, counts.layout, counts.boundary, union, plan, width, shape.itemsize,
+                                        pair_counts=pairs)
+            row[f"{plan}_forward"] = float(volume["forward"][:, SENT].sum())
+            row[f"{plan}_backward"] = float(volume["backward"][:, SENT].sum()) if backward else 0.0
+        out.append(row)
+    return out
+
+
+def print_cover_table(name: str, ranks: list[int], data_dir: str | Path, shape: ModelShape) -> None:
+    """The byte table of ``cost bytes``: per P, per layer and in total, p2p against cover."""
+    print(f"{name}: bytes sent by all ranks per epoch, exact byte model (1D; {shape.itemsize}-byte values, widths "
+          f"{'-'.join(str(d) for d in shape.dims)}, {shape.kind})")
+    print(f"{'P':>3} {'layer':>5} {'width':>5} {'p2p fwd':>12} {'cover fwd':>12} {'p2p bwd':>12} {'cover bwd':>12}"
+          f" {'ratio':>6} {'rows p2p':>10} {'rows cover':>10} {'partial':>8} {'cover s':>8}")
+    for p in ranks:
+        counts = pair_counts(data_dir, p)
+        layers = cover_layer_bytes(counts, shape)
+        for index, row in enumerate(layers):
+            total_p2p = row["p2p_forward"] + row["p2p_backward"]
+            total_cover = row["cover_forward"] + row["cover_backward"]
+            ratio = total_cover / total_p2p if total_p2p else 1.0
+            print(f"{p:>3} {index:>5} {row['width']:>5} {row['p2p_forward']:>12,.0f} {row['cover_forward']:>12,.0f} "
+                  f"{row['p2p_backward']:>12,.0f} {row['cover_backward']:>12,.0f} {ratio:>6.3f}")
+        total_p2p = sum(r["p2p_forward"] + r["p2p_backward"] for r in layers)
+        total_cover = sum(r["cover_forward"] + r["cover_backward"] for r in layers)
+        ratio = total_cover / total_p2p if total_p2p else 1.0
+        print(f"{p:>3} {'all':>5} {'':>5} {sum(r['p2p_forward'] for r in layers):>12,.0f} "
+              f"{sum(r['cover_forward'] for r in layers):>12,.0f} {sum(r['p2p_backward'] for r in layers):>12,.0f} "
+              f"{sum(r['cover_backward'] for r in layers):>12,.0f} {ratio:>6.3f} {int(counts.boundary.sum()):>10,} "
+              f"{int(counts.cover.sum()):>10,} {int(counts.pre_aggregated.sum()):>8,} {counts.seconds:>8.3f}")
+    print("ratio: cover / p2p bytes (forward + backward); rows: boundary rows per exchange over all pairs; partial: "
+          "of the cover's rows, those sent as partial sums; cover s: the matchings' time on this one process")

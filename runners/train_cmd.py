@@ -51,6 +51,7 @@ import torch
 from algorithms.checkpoint import (MAIN_FILE, CheckpointError, CheckpointSet, SetWriter, agree, checkpoint_mismatch,
                                    dropped_policy_state, is_checkpoint_file, rank_file, read_pointer,
                                    remove_leftovers)
+from algorithms.layers import layer_type
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import PolicySpec, RunShape, sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
@@ -75,7 +76,7 @@ from sparse_dist.compress import Codec
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import freed_memory_state, huge_page_state
 from sparse_dist.layout import Grid
-from sparse_dist.plans import PLAN_NAMES
+from sparse_dist.plans import PLAN_NAMES, plan_class
 
 
 DEFAULT_CHECKPOINT_EVERY = 10
@@ -150,7 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed_number, default=0,
                         help="seed of the weights and dropout masks, >= 0 (default: %(default)s)")
     parser.add_argument("--plan", choices=PLAN_NAMES, default="p2p",
-                        help="how SpMM exchanges rows (default: %(default)s)")
+                        help="how SpMM exchanges rows: dense-bcast, sparse-bcast, p2p, or cover (per pair a minimum "
+                             "vertex cover: rows of H and partial sums, never more than p2p, exact; "
+                             "docs/guide/plans.md) (default: %(default)s)")
     parser.add_argument("--replication", type=at_least(1), default=1,
                         help="1.5D replication factor c; must divide the number of ranks P (default: %(default)s)")
     parser.add_argument("--sample", default="none", type=sampling_arg,
@@ -259,6 +262,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         Codec.parse(args.compress)
     except ValueError as exc:
         return str(exc)
+    problem = plan_class(args.plan).run_refusal(attention=layer_type(args.model).takes_operator,
+                                                receiver_dropout=args.dropout_side == "receiver" and args.dropout > 0)
+    if problem:
+        return problem
     shape = RunShape(plan=args.plan, replication=args.replication, model=args.model,
                      dropout_side=args.dropout_side, input_exchange=args.input_exchange)
     return PolicySpec(args.sample, args.stale).refusal(shape)  # the policies' one check, from the flags alone

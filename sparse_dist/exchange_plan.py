@@ -62,6 +62,10 @@ class ExchangePlan(ABC):
     # performance model: whether an exchange posted beside other work travels during that work (measured: p2p's
     # messages do; a broadcast plan's collectives, rounds that each need the poster's MPI calls, wait for it)
     progresses_unattended: ClassVar[bool] = False
+    # byte model: whether the rows moved per pair are the plan's own (``pair_counts``, e.g. a cover's), not a
+    # function of the boundary sets alone
+    pair_counted: ClassVar[bool] = False
+    pair_counts: np.ndarray | None = None  # rows per pair ``[receiver, owner]`` of one exact forward, where pair_counted
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
                  strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:
@@ -95,12 +99,19 @@ class ExchangePlan(ABC):
         return None
 
     @classmethod
+    def run_refusal(cls, *, attention: bool = False, receiver_dropout: bool = False) -> str | None:
+        """Why this plan cannot serve a run whose layers gather the received rows themselves (``attention``) or
+        whose exchanges carry pre-dropout rows (``receiver_dropout``), one sentence; None: it can."""
+        return None
+
+    @classmethod
     @abstractmethod
     def moved_rows(cls, rows: np.ndarray, boundary_counts: np.ndarray, union_sizes: np.ndarray) -> np.ndarray:
         """``moved[i, j]``: rows of ``H_j`` that receiver group ``i`` gets in one exact forward (diagonal unused).
 
-        ``rows[j] = n_j``, ``boundary_counts[i, j] = |B_ij|``, ``union_sizes[j] = |B_j|``; float inputs
-        (a partition model's expectations) give expected rows.
+        ``rows[j] = n_j``, ``boundary_counts[i, j] = |B_ij|`` (for a ``pair_counted`` plan its own
+        ``pair_counts``), ``union_sizes[j] = |B_j|``; float inputs (a partition model's expectations) give
+        expected rows.
         """
 
     @classmethod
@@ -216,6 +227,11 @@ class ExchangePlan(ABC):
     @abstractmethod
     def gradient_rows(self, part: Transfer) -> torch.Tensor | None:
         """This owner's rows that an arrived gradient part adds into (None: all of them, in order)."""
+
+    def gradient_operand(self, part: Transfer) -> torch.Tensor | None:
+        """A CSR (``n_g x rows``) the owner multiplies an arrived gradient part by to add it into its rows, where
+        they are not simply :meth:`gradient_rows` (the cover plan's partial sums); None: they are."""
+        return None
 
     @abstractmethod
     def part_block(self, part: Transfer) -> sp.csr_matrix | None:

@@ -100,6 +100,10 @@ class PartialSpMM:
         """Add an arrived backward part's summed gradient into the owner's rows (nothing elsewhere)."""
         if rows is None:
             return
+        operand = self.plan.gradient_operand(part)
+        if operand is not None:  # rows that stood for several of the owner's rows (a cover's partial sums)
+            self.products.multiply_into(out, operand, rows)
+            return
         index = self.plan.gradient_rows(part)
         if index is None:
             out.tensor().add_(rows)

@@ -1,11 +1,14 @@
 """Exchange plans of the distributed SpMM ``T = A H`` and its transpose ``dH = A^T dT``: their names.
 
-All three plans of DESIGN section 3, over one replica column (``col_comm``,
+All four plans of DESIGN section 3, over one replica column (``col_comm``,
 the ``G`` ranks sharing a replica index; in 1D that is every rank):
 
 * ``dense-bcast`` (CAGNET 1D): owner ``j`` broadcasts all of ``H_j``.
 * ``sparse-bcast``: owner ``j`` broadcasts only the rows ``B_j``.
 * ``p2p``: owner ``j`` sends rows ``B_ij`` to each ``i`` (one alltoallv).
+* ``cover`` (SuperGCN): per pair a minimum vertex cover of ``A_ij``'s nonzeros: owner ``j`` sends the
+  cover's columns as rows of ``H_j`` and its rows as partial sums (one alltoallv, never more rows than
+  ``p2p``; :mod:`sparse_dist.cover_plan`).
 
 The transposes are the reverse exchanges: a reduce to the owner for the
 broadcast plans, the reverse alltoallv for ``p2p``, each summing the
@@ -40,14 +43,15 @@ completes it across the replicas of a row group on the 1.5D grid.
 from __future__ import annotations
 
 from sparse_dist.broadcast_plans import DenseBroadcastPlan, SparseBroadcastPlan
+from sparse_dist.cover_plan import CoverPlan
 from sparse_dist.exchange_plan import ExchangePlan, Gathered
 from sparse_dist.p2p_plan import PointToPointPlan
 
-__all__ = ["DenseBroadcastPlan", "ExchangePlan", "Gathered", "PLANS", "PLAN_NAMES", "PointToPointPlan",
-           "SparseBroadcastPlan", "plan_class"]
+__all__ = ["CoverPlan", "DenseBroadcastPlan", "ExchangePlan", "Gathered", "PLANS", "PLAN_NAMES",
+           "PointToPointPlan", "SparseBroadcastPlan", "plan_class"]
 
 PLANS: dict[str, type[ExchangePlan]] = {cls.name: cls for cls in (DenseBroadcastPlan, SparseBroadcastPlan,
-                                                                  PointToPointPlan)}
+                                                                  PointToPointPlan, CoverPlan)}
 PLAN_NAMES: tuple[str, ...] = tuple(PLANS)
 
 

@@ -23,8 +23,8 @@ SENT, RECV = 0, 1
 
 
 def predict_spmm_bytes(grid: Grid, layout: RowLayout, boundary_counts: np.ndarray, union_sizes: np.ndarray,
-                       plan: str, width: int, itemsize: int, exchange_row_bytes: int | None = None
-                       ) -> dict[str, np.ndarray]:
+                       plan: str, width: int, itemsize: int, exchange_row_bytes: int | None = None,
+                       pair_counts: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Bytes each world rank sends and receives in one forward and one transpose.
 
     Returns ``{"forward": a, "backward": b}`` with arrays of shape ``(P, 2)``
@@ -33,11 +33,19 @@ def predict_spmm_bytes(grid: Grid, layout: RowLayout, boundary_counts: np.ndarra
     expected bytes. ``exchange_row_bytes``: what one exchanged row travels as when the plan's
     messages are compressed (:meth:`sparse_dist.compress.Codec.row_bytes`); the 1.5D replica
     allreduce and broadcast keep ``width * itemsize``. The compressed transpose of a broadcast plan
-    gathers the pieces instead of reducing them, with the same counts.
+    gathers the pieces instead of reducing them, with the same counts. ``pair_counts``: the rows a
+    ``pair_counted`` plan moves per pair (the cover plan's ``|C_ij| + |R_ij|``: its
+    :attr:`~sparse_dist.cover_plan.CoverPlan.pair_counts`, or single-process
+    :func:`sparse_dist.cover_sets.cover_counts_of_rows`); required for such a plan, ignored by the others.
     """
     groups, c = grid.groups, grid.replication
     row_bytes = width * itemsize if exchange_row_bytes is None else exchange_row_bytes
     counts = np.asarray(boundary_counts)
+    if plan_class(plan).pair_counted:
+        if pair_counts is None:
+            raise ValueError(f"the {plan} plan's bytes depend on each block's cover, not only on the boundary sets: "
+                             f"pass pair_counts (the plan's own, or sparse_dist.cover_sets.cover_counts_of_rows)")
+        counts = np.asarray(pair_counts)
     kind = np.result_type(counts.dtype, np.asarray(union_sizes).dtype, np.int64)
     owners = np.arange(groups)
     replica = owners % c                                  # grid.replica_for_block(j)

@@ -141,7 +141,8 @@ class TrainingRun:
                 itemsize=features_tensor.element_size(), epochs=config.epochs,
                 evaluations=evaluations(config.epochs, config.eval_every),
                 sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
-                budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout))
+                budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout),
+                pair_counts=self.spmm.plan.pair_counts)
         except HaloBudgetError as exc:
             raise said_once(exc) from None  # decided from global metadata
         self.halo = (StaticHalo(self.spmm.plan, graph.layout, self.normalized, features_tensor,

@@ -182,7 +182,7 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
         op = DistSpMM(matrix, plan, dtype=dtype, device=device)
         summary = _time_distributed(comm, op, h, args.repeats)
         predicted = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
-                                       plan, args.features, itemsize)
+                                       plan, args.features, itemsize, pair_counts=op.plan.pair_counts)
         summary["predicted_bytes"] = {phase: predicted[phase].tolist() for phase in ("forward", "backward")}
         summary["bytes_match"] = all(summary["counted_bytes"][phase] == summary["predicted_bytes"][phase]
                                      for phase in ("forward", "backward"))

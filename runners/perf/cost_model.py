@@ -18,7 +18,9 @@ evenly over ``k`` neighbouring parts (``random``: ``cut = (P-1)/P``,
 ``k = P-1``). Then ``E|B_ij| = n_j (1 - (1 - cut/k)^d)`` for a neighbouring
 part and ``E|B_j| = n_j (1 - (1 - cut)^d)``; because ``1 - (1-q)^d`` is
 concave in ``d``, a skewed degree distribution gives fewer boundary rows,
-so this is an upper estimate.
+so this is an upper estimate. The ``cover`` plan's rows per pair depend on the graph itself (a minimum
+vertex cover of each block, :func:`pair_counts`), so it is priced from shards only
+(``workload_from_shards(..., covers=True)``); an analytic workload refuses it.
 
 **Compute** (:class:`Rates`, per core): local SpMM costs
 ``nnz * width`` per multiply (forward, and transpose where the layer needs
@@ -51,10 +53,12 @@ data-dependent rules take it from a measured run or an assumption).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 
 from algorithms.layers import layer_type
 from algorithms.policies import AxisSpec, PolicySpec
@@ -62,6 +66,8 @@ from runners.data.partition import BoundaryAccumulator
 from runners.data.shards import part_file, read_meta
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.compress import Codec
+from sparse_dist.cover_sets import konig_cover
+from sparse_dist.csr import entry_rows
 from sparse_dist.cost import Network, allreduce_time, bcast_time, log2_steps
 from sparse_dist.plans import plan_class
 from sparse_dist.predict import predict_spmm_bytes
@@ -191,20 +197,37 @@ class Workload:
     union: np.ndarray               # |B_j|
     exact: bool = True
     notes: list[str] = field(default_factory=list)
+    cover: np.ndarray | None = None  # G x G, |C_ij| + |R_ij| of the cover plan (from shards only, where asked)
+
+    def pairs_for(self, plan: str) -> np.ndarray | None:
+        """The rows per pair a ``pair_counted`` plan's byte model needs (None for the others)."""
+        if not plan_class(plan).pair_counted:
+            return None
+        if self.cover is None:
+            raise ValueError(f"{self.name}: the {plan} plan's bytes depend on the graph's covers; they are known "
+                             f"only for a prepared dataset (workload_from_shards(..., covers=True))")
+        return self.cover
 
     @property
     def groups(self) -> int:
         return int(self.rows.size)
 
 
-def workload_from_shards(data_dir: str | Path, groups: int, self_loops: bool = True) -> Workload:
-    """Exact statistics of a prepared dataset run on ``groups`` row groups (its shards merged as a run does)."""
-    data_dir = Path(data_dir)
+def _merged_groups(data_dir: Path, groups: int) -> tuple[dict, int, np.ndarray]:
+    """A prepared dataset's meta, its parts per row group and the groups' first rows (``groups + 1``)."""
     meta = read_meta(data_dir)
     if meta["num_parts"] % groups:
         raise ValueError(f"{data_dir}: {meta['num_parts']} parts cannot be merged into {groups} row groups")
     per_group = meta["num_parts"] // groups
-    offsets = np.asarray(meta["row_offsets"][::per_group], dtype=np.int64)
+    return meta, per_group, np.asarray(meta["row_offsets"][::per_group], dtype=np.int64)
+
+
+def workload_from_shards(data_dir: str | Path, groups: int, self_loops: bool = True,
+                         covers: bool = False) -> Workload:
+    """Exact statistics of a prepared dataset run on ``groups`` row groups (its shards merged as a run does);
+    ``covers``: also the cover plan's rows per pair (:func:`pair_counts`, a matching per pair)."""
+    data_dir = Path(data_dir)
+    meta, per_group, offsets = _merged_groups(data_dir, groups)
     accumulator = BoundaryAccumulator(offsets)
     nnz_local = np.zeros(groups, dtype=np.int64)
     nnz_remote = np.zeros(groups, dtype=np.int64)
@@ -224,7 +247,67 @@ def workload_from_shards(data_dir: str | Path, groups: int, self_loops: bool = T
         nnz_local[g] = int(inside.sum()) + missing_loops
         nnz_remote[g] = int((~inside).sum())
     union = np.bincount(accumulator._owner(np.flatnonzero(accumulator.needed)), minlength=groups)
-    return Workload(meta["name"], np.diff(offsets), nnz_local, nnz_remote, accumulator.counts.copy(), union)
+    cover = pair_counts(data_dir, groups).cover if covers else None
+    return Workload(meta["name"], np.diff(offsets), nnz_local, nnz_remote, accumulator.counts.copy(), union,
+                    cover=cover)
+
+
+# ---------------------------------------------------------------- the cover plan's pairs (single process)
+# Per pair of row groups: |B_ij| (p2p's rows) and the cover's |C_ij| + |R_ij| (sparse_dist.cover_sets), one row
+# group's rows in memory at a time; the input of the cover plan's byte model here and in ``sparse-dist cost bytes``.
+
+@dataclass
+class PairCounts:
+    """``boundary[i, j] = |B_ij|`` (p2p's rows) and ``cover[i, j] = |C_ij| + |R_ij|`` of one partition."""
+
+    layout: RowLayout
+    boundary: np.ndarray
+    cover: np.ndarray
+    pre_aggregated: np.ndarray  # |R_ij|: rows sent as partial sums
+    seconds: float              # covers' (matchings') time on this process
+
+
+def _group_rows(data_dir: Path, meta: dict, first: int, last: int) -> sp.csr_matrix:
+    """Parts ``first..last-1`` stacked: their CSR rows with global column ids."""
+    pieces = []
+    for index in range(first, last):
+        with np.load(data_dir / part_file(index), allow_pickle=False) as archive:
+            indptr, indices = archive["indptr"], archive["indices"].astype(np.int64)
+        pieces.append(sp.csr_matrix((np.ones(indices.size), indices, indptr),
+                                    shape=(indptr.size - 1, int(meta["num_nodes"]))))
+    return sp.vstack(pieces, format="csr") if pieces else sp.csr_matrix((0, int(meta["num_nodes"])))
+
+
+def pair_counts(data_dir: str | Path, groups: int) -> PairCounts:
+    """Boundary and cover counts of a prepared dataset on ``groups`` row groups (its parts merged)."""
+    data_dir = Path(data_dir)
+    meta, per_group, offsets = _merged_groups(data_dir, groups)
+    layout = RowLayout.from_counts([int(c) for c in np.diff(offsets)])
+    boundary = np.zeros((groups, groups), dtype=np.int64)
+    cover = np.zeros((groups, groups), dtype=np.int64)
+    pre = np.zeros((groups, groups), dtype=np.int64)
+    seconds = 0.0
+    for g in range(groups):
+        rows = _group_rows(data_dir, meta, g * per_group, (g + 1) * per_group)
+        owners = np.searchsorted(offsets, rows.indices, side="right") - 1
+        row_of_entry = entry_rows(rows.indptr)
+        for j in range(groups):
+            if j == g:
+                continue
+            keep = owners == j
+            if not keep.any():
+                continue
+            cols = rows.indices[keep] - offsets[j]
+            block = sp.csr_matrix((np.ones(cols.size), (row_of_entry[keep], cols)),
+                                  shape=(rows.shape[0], int(offsets[j + 1] - offsets[j])))
+            boundary[g, j] = np.unique(cols).size
+            began = time.perf_counter()
+            found = konig_cover(block)
+            seconds += time.perf_counter() - began
+            cover[g, j], pre[g, j] = found.size, found.rows.size
+    return PairCounts(layout, boundary, cover, pre, seconds)
+
+
 
 
 def workload_analytic(name: str, nodes: int, nnz: int, groups: int, cut: float | None = None,
@@ -370,7 +453,8 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Expected
     for width, backward in shape.exchanges:
         backward_share = keep * (policy.active if policy.skip_backward else 1.0)
         fractions = [policy.active * keep] + ([backward_share] if backward else [])
-        volume = predict_spmm_bytes(grid, layout, work.boundary, work.union, plan, width, s)
+        volume = predict_spmm_bytes(grid, layout, work.boundary, work.union, plan, width, s,
+                                    pair_counts=work.pairs_for(plan))
         scale = policy.row_scale(width, s)  # compressed rows (the 1.5D completion is not compressed)
         for direction, fraction in zip(("forward", "backward"), fractions):
             per_rank = volume[direction].astype(float)
@@ -407,7 +491,9 @@ def _replication_bytes(grid: Grid, layout: RowLayout, width: int, itemsize: int,
 def _exchange_time(work: Workload, grid: Grid, plan: str, row_bytes: int, fraction: float, net: Network,
                    direction: str) -> float:
     """One exchange: the plan's own alpha-beta cost, plus the 1.5D completion across the ``c`` replicas."""
-    seconds = plan_class(plan).exchange_seconds(work.rows, work.boundary, work.union, grid, row_bytes * fraction, net)
+    pairs = work.pairs_for(plan)
+    seconds = plan_class(plan).exchange_seconds(work.rows, work.boundary if pairs is None else pairs, work.union, grid,
+                                                row_bytes * fraction, net)
     if grid.replication > 1:
         widest = float(np.max(work.rows)) * row_bytes
         c = grid.replication

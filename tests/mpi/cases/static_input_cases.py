@@ -42,7 +42,7 @@ from algorithms.train import LocalGraph, TrainConfig, Trainer  # noqa: E402
 from runners.perf.cost_model import ModelShape  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.layout import Grid, RowLayout  # noqa: E402
-from sparse_dist.plans import PLAN_NAMES  # noqa: E402
+from sparse_dist.plans import PLAN_NAMES, plan_class  # noqa: E402
 from sparse_dist.predict import predict_halo_bytes, predict_spmm_bytes  # noqa: E402
 
 N, F, C, EPOCHS = 23, 6, 3, 3
@@ -74,7 +74,8 @@ def expected_epoch(trainer: Trainer, shape: ModelShape, training: bool) -> dict[
     for width, backward in shape.exchanges:
         volume = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
                                     trainer.config.plan, width, shape.itemsize,
-                                    codec.row_bytes(width) if codec is not None else None)
+                                    codec.row_bytes(width) if codec is not None else None,
+                                    pair_counts=trainer.spmm.plan.pair_counts)
         total["forward"] += volume["forward"]
         if backward and training:
             total["backward"] += volume["backward"]
@@ -87,6 +88,8 @@ def check_modes(comm, data: dict, layout: RowLayout, replication: int, failures:
     modes = (("once", "receiver"), ("once", "owner"), ("per-epoch", "receiver"))
     for plan in PLAN_NAMES:
         for input_exchange, side in modes:
+            if side == "receiver" and plan_class(plan).run_refusal(receiver_dropout=True):
+                continue
             label = f"{plan} input={input_exchange} side={side} P={comm.size} c={replication}"
             before = traffic(comm)
             trainer = Trainer(comm, local_graph(data, layout, group),

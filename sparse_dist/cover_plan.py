@@ -1,0 +1,277 @@
+"""The ``cover`` plan (DESIGN section 3; SuperGCN's pre/post aggregation): per pair, a minimum vertex cover.
+
+For receiver ``i`` and owner ``j`` (a pair of one replica column), every nonzero ``(r, c)`` of the boundary
+block ``B = A_ij`` must reach ``i``: either as column ``c`` (the row ``H_j[c]``, post-aggregated by ``i``, as in
+``p2p``) or inside row ``r``'s partial sum ``sum_{c not in C} B[r, c] H_j[c]``, pre-aggregated by ``j``. A König
+cover of ``B``'s nonzeros (:mod:`sparse_dist.cover_sets`) gives the columns ``C_ij`` and rows ``R_ij``; an entry
+whose column is in ``C_ij`` is never in a partial sum (no double counting). Per call:
+
+* forward: ``j`` sends ``|C_ij| + |R_ij|`` rows of width ``F`` to ``i``: ``S_ij H_j`` with ``S_ij`` the unit rows
+  of ``C_ij`` over the rows ``B[R_ij, not C_ij]``; ``i`` multiplies them by
+  ``O_ij = [B[:, C_ij] | unit columns of R_ij]`` (its partial sums are added into its rows, the rest multiplied),
+  so ``O_ij S_ij = B``;
+* transpose (``dH = A^T dT``): ``i`` sends ``O_ij^T dT_i`` back, that is ``B[:, C_ij]^T dT_i`` for the columns
+  and ``dT_i[R_ij]`` for the partial sums, the same count; ``j`` adds ``S_ij^T`` of what arrives into ``dH_j``.
+  Exact for non-symmetric ``A``: no ``A^T`` anywhere.
+
+One alltoallv per call, as ``p2p`` (this class reuses its exchange; only what is sent and how the owner adds
+the gradients differ), and never more rows than ``p2p``: a cover is at most ``B``'s nonzero columns.
+
+Set-up (collective over the replica column, once; phase ``other``): receivers compute the covers of their
+blocks; one allgather of order-independent block fingerprints tells, per pair, whether the owner holds
+``B^T`` itself (``A_ji`` equals ``A_ij^T`` bitwise and ``j`` multiplies it: a symmetric ``A`` in 1D), and then
+the owner computes the same cover from it; otherwise the receiver sends ``C_ij`` and the entries of
+``B[R_ij, not C_ij]`` (ids and values, :attr:`CoverPlan.setup_bytes`) once. A pair whose cover is its nonzero
+columns needs neither (the owner knows them from ``p2p``'s send lists). A world allgather of
+``|C_ij| + |R_ij|`` gives every rank the byte model's input (:attr:`CoverPlan.pair_counts`).
+
+What it refuses (one sentence each, :attr:`no_samples_reason` and :meth:`run_refusal`): sampling (bns, psc,
+dgs drop columns of ``B``, but a partial sum mixes kept and dropped columns), cached blocks (SANCUS: not a
+broadcast), receiver-side dropout and attention (the receiver must see the rows themselves). Compression and
+``pipe`` compose: messages are rows either way, and a stale partial sum is as valid as a stale row. 1.5D
+composes: the pairs are those of each replica column, completed across the replicas as every plan is.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from sparse_dist.accounting import ComputeTimer
+from sparse_dist.cover_sets import BlockCover, block_fingerprint, konig_cover
+from sparse_dist.csr import csr_bytes, entry_rows
+from sparse_dist.dcsr import DistCSR
+from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Flight, Transfer
+from sparse_dist.exchange_plan import ExchangePlan
+from sparse_dist.p2p_plan import PointToPointPlan, _PairExchange
+
+
+class CoverPlan(PointToPointPlan):
+    """Per pair, a minimum vertex cover of the boundary block: columns as rows of ``H``, rows as partial sums.
+
+    Attributes (besides the plan's): ``covers[j]`` this receiver's cover of ``A_gj``; ``pair_counts[i, j]``
+    ``|C_ij| + |R_ij|`` for every pair (the same on every rank); ``send_matrix`` ``S`` (the owner's rows of every
+    receiver's message over its own rows, CSR) and ``setup_bytes`` (sent, received) of the set-up values.
+    """
+
+    name = "cover"
+    pair_counted: ClassVar[bool] = True
+    carries_samples = False
+    carries_per_receiver = False
+    no_samples_reason = ("sampling drops columns of a boundary block, but the cover plan pre-aggregates rows over "
+                         "several columns at their owner: use --plan p2p or sparse-bcast to sample")
+    no_per_receiver_reason = no_samples_reason
+    no_history_reason = ("staleness policies (cached historical blocks) need a broadcast plan: "
+                         "use dense-bcast or sparse-bcast (pipe composes with cover)")
+
+    def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
+                 strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:
+        if row_masks:
+            raise ValueError("the cover plan cannot carry the received rows' global ids (receiver-side dropout, "
+                             "attention dropout): " + str(self.run_refusal(receiver_dropout=True)))
+        ExchangePlan.__init__(self, matrix, dtype, device, timer, strategy, row_masks=row_masks)
+        groups, me, share = self.groups, self.group, matrix.column_share
+        self.covers: dict[int, BlockCover] = {j: konig_cover(matrix.blocks[j]) for j in share
+                                              if j != me and j in matrix.blocks}
+        row = np.zeros(groups, dtype=np.int64)
+        for j, cover in self.covers.items():
+            row[j] = cover.size
+        world = matrix.comm.allgather_array(row)  # (P, G): each pair from the replica column that exchanges it
+        grid = matrix.grid
+        self.pair_counts = np.array([[world[grid.rank_of(i, grid.replica_for_block(j)), j] for j in range(groups)]
+                                     for i in range(groups)], dtype=np.int64)
+        owner_side = self._owner_parts()
+        self._build(owner_side)
+        self._sampled = None
+
+    # ------------------------------------------------------------ set-up
+    def _owner_parts(self) -> dict[int, tuple[np.ndarray, sp.csr_matrix]]:
+        """For each receiver ``i`` of this owner: ``(C_ig, B_ig[R_ig, not C_ig])``, the latter over this rank's
+        rows. Collective over the replica column (one allgather of fingerprints and sizes, one or two alltoallvs
+        of ids and values where some pair needs them)."""
+        matrix, groups, me = self.matrix, self.groups, self.group
+        share = set(matrix.column_share)
+        facts = np.full((groups, 4), -1, dtype=np.int64)  # per other group k: as receiver of k, as owner for k
+        for k in range(groups):
+            if k == me:
+                continue
+            if k in self.covers:
+                facts[k, 0:2] = block_fingerprint(matrix.blocks[k])
+            if k in matrix.blocks:  # A_gk^T is A_kg when A is symmetric
+                facts[k, 2:4] = block_fingerprint(matrix.blocks[k], transposed=True)
+        # what this receiver sends each owner at set-up: ints (|C|, |R|, C ids, entries per R row, their columns)
+        # and values; nothing where the owner can compute the cover itself or the cover is all columns
+        ints_out: dict[int, np.ndarray] = {}
+        values_out: dict[int, np.ndarray] = {}
+        gathered_facts = self.col_comm.allgather_array(facts)  # (G, G, 4), col_comm rank = group
+        symmetric = self._symmetric_pairs(gathered_facts)
+        for j, cover in self.covers.items():
+            if cover.rows.size == 0 or symmetric[me, j]:
+                continue
+            rows = self._pre_aggregated(matrix.blocks[j], cover)
+            ints_out[j] = np.concatenate(([cover.columns.size, cover.rows.size], cover.columns,
+                                          np.diff(rows.indptr), rows.indices)).astype(np.int64)
+            values_out[j] = np.ascontiguousarray(rows.data)
+        sizes = np.zeros((groups, 2), dtype=np.int64)
+        for j in ints_out:
+            sizes[j] = (ints_out[j].size, values_out[j].size)
+        all_sizes = self.col_comm.allgather_array(sizes)  # (G, G, 2): [sender i, owner j]
+        received = self._setup_exchange(ints_out, values_out, all_sizes)
+        parts: dict[int, tuple[np.ndarray, sp.csr_matrix]] = {}
+        if me not in share:
+            return parts
+        for i in range(groups):
+            if i == me or self.pair_counts[i, me] == 0:
+                continue
+            if i in received:
+                ints, values = received[i]
+                n_c, n_r = int(ints[0]), int(ints[1])
+                columns = ints[2:2 + n_c]
+                lengths = ints[2 + n_c:2 + n_c + n_r]
+                indices = ints[2 + n_c + n_r:]
+                indptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+                parts[i] = (columns, sp.csr_matrix((values, indices, indptr), shape=(n_r, self.n_rows)))
+            elif symmetric[i, me]:
+                block = sp.csr_matrix(matrix.blocks[i].T)  # A_ig = A_gi^T, bitwise
+                block.sort_indices()
+                cover = konig_cover(block)
+                parts[i] = (cover.columns, self._pre_aggregated(block, cover))
+            else:  # its cover is every nonzero column: p2p's send list
+                parts[i] = (matrix.send_ids[i].astype(np.int64), sp.csr_matrix((0, self.n_rows), dtype=matrix.dtype))
+        return parts
+
+    def _symmetric_pairs(self, facts: np.ndarray) -> np.ndarray:
+        """``symmetric[i, j]``: owner ``j`` holds ``A_ji``, and it equals ``A_ij^T`` (fingerprints: nnz and an
+        order-independent hash of entries and value bits)."""
+        groups = self.groups
+        out = np.zeros((groups, groups), dtype=bool)
+        for i in range(groups):
+            for j in range(groups):
+                if i == j:
+                    continue
+                receiver, owner = facts[i, j, 0:2], facts[j, i, 2:4]
+                out[i, j] = receiver[0] >= 0 and owner[0] >= 0 and bool(np.array_equal(receiver, owner))
+        return out
+
+    @staticmethod
+    def _pre_aggregated(block: sp.csr_matrix, cover: BlockCover) -> sp.csr_matrix:
+        """``B[R, not C]`` (``|R| x n_j``): the entries the owner sums into the partial rows."""
+        rows = sp.csr_matrix(block[cover.rows])
+        keep = ~np.isin(rows.indices, cover.columns)
+        row_of_entry = entry_rows(rows.indptr)
+        indptr = np.concatenate(([0], np.cumsum(np.bincount(row_of_entry[keep], minlength=rows.shape[0]))))
+        return sp.csr_matrix((rows.data[keep], rows.indices[keep], indptr), shape=rows.shape)
+
+    def _setup_exchange(self, ints_out: dict[int, np.ndarray], values_out: dict[int, np.ndarray],
+                        all_sizes: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Receivers' covers and partial-sum entries to the owners that cannot compute them (phase ``other``;
+        counted in :attr:`setup_bytes`). Collective over the replica column; skipped where no pair needs it."""
+        groups, me = self.groups, self.group
+        self.setup_bytes = (0, 0)
+        if not all_sizes.any():
+            return {}
+        dtype = self.matrix.dtype
+        itemsize = np.dtype(dtype).itemsize
+        send_ints = [int(all_sizes[me, k, 0]) for k in range(groups)]
+        send_values = [int(all_sizes[me, k, 1]) for k in range(groups)]
+        recv_ints = [int(all_sizes[k, me, 0]) for k in range(groups)]
+        recv_values = [int(all_sizes[k, me, 1]) for k in range(groups)]
+        empty_i, empty_v = np.empty(0, np.int64), np.empty(0, dtype)
+        ints = torch.from_numpy(np.concatenate([ints_out.get(k, empty_i) for k in range(groups)] + [empty_i]))
+        values = torch.from_numpy(np.concatenate([values_out.get(k, empty_v) for k in range(groups)] + [empty_v]))
+        got_ints = torch.empty(sum(recv_ints), dtype=torch.int64)
+        got_values = torch.empty(sum(recv_values), dtype=values.dtype)
+        self.col_comm.alltoallv(ints, send_ints, got_ints, recv_ints, phase="other")
+        self.col_comm.alltoallv(values, send_values, got_values, recv_values, phase="other")
+        self.setup_bytes = (8 * sum(send_ints) + itemsize * sum(send_values),
+                            8 * sum(recv_ints) + itemsize * sum(recv_values))
+        int_pieces = np.split(got_ints.numpy(), np.cumsum(recv_ints)[:-1])
+        value_pieces = np.split(got_values.numpy(), np.cumsum(recv_values)[:-1])
+        return {k: (int_pieces[k], value_pieces[k]) for k in range(groups) if recv_ints[k] > 0}
+
+    def _build(self, owner_side: dict[int, tuple[np.ndarray, sp.csr_matrix]]) -> None:
+        """The receive operand ``O`` (over the concatenated receive buffer, owner order), the send matrix ``S``
+        (receiver order) and its transpose, as one :class:`_PairExchange` the p2p exchange posts."""
+        matrix, groups, me, n = self.matrix, self.groups, self.group, self.n_rows
+        dtype = matrix.dtype
+        recv_rows = [self.covers[j].size if j in self.covers else 0 for j in range(groups)]
+        starts = np.concatenate(([0], np.cumsum(recv_rows))).astype(np.int64)
+        pieces = []
+        for j, cover in self.covers.items():
+            block = matrix.blocks[j]
+            row_of_entry = entry_rows(block.indptr)
+            position = np.searchsorted(cover.columns, block.indices)
+            in_c = position < cover.columns.size
+            in_c[in_c] = cover.columns[position[in_c]] == block.indices[in_c]
+            ones = np.ones(cover.rows.size, dtype=dtype)
+            rows = np.concatenate((row_of_entry[in_c], cover.rows))
+            cols = np.concatenate((starts[j] + position[in_c], starts[j] + cover.columns.size
+                                   + np.arange(cover.rows.size)))
+            pieces.append((np.concatenate((block.data[in_c], ones)), rows, cols))
+        total = int(starts[-1])
+        if pieces:
+            data, rows, cols = (np.concatenate(p) for p in zip(*pieces))
+            operand = sp.csr_matrix((data, (rows, cols)), shape=(n, total))
+        else:
+            operand = sp.csr_matrix((n, total), dtype=dtype)
+        operand.sort_indices()
+        send_rows = [0] * groups
+        blocks = []
+        for i in range(groups):
+            if i not in owner_side:
+                continue
+            columns, partial = owner_side[i]
+            unit = sp.csr_matrix((np.ones(columns.size, dtype=dtype), columns, np.arange(columns.size + 1)),
+                                 shape=(columns.size, n))
+            blocks.append(sp.vstack([unit, partial.astype(dtype)], format="csr"))
+            send_rows[i] = columns.size + partial.shape[0]
+            if send_rows[i] != self.pair_counts[i, me]:
+                raise RuntimeError(f"cover plan: owner {me} would send {send_rows[i]} rows to {i}, but the cover "
+                                   f"there has {self.pair_counts[i, me]}")
+        send = sp.vstack(blocks, format="csr") if blocks else sp.csr_matrix((0, n), dtype=dtype)
+        send.sort_indices()
+        self.send_matrix = self.csr(send)
+        self.send_transposed = self.csr(sp.csr_matrix(send.T))
+        share = matrix.column_share
+        traffic = bool(sum(int(self.pair_counts[i, j]) for j in share for i in range(groups) if i != j) > 0)
+        empty_index = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.exact_pairs = _PairExchange(empty_index, send_rows, recv_rows, self.csr(operand), operand, traffic)
+
+    # --------------------------------------------------------- semantics
+    @classmethod
+    def run_refusal(cls, *, attention: bool = False, receiver_dropout: bool = False) -> str | None:
+        if attention:
+            return ("--plan cover sends partial sums, but attention (gat) weighs each edge by its source row "
+                    "itself: use --plan p2p for gat")
+        if receiver_dropout:
+            return ("--plan cover sends partial sums, which the receiver cannot mask per row: use "
+                    "--dropout-side owner (or --plan p2p)")
+        return None
+
+    # ------------------------------------------------------------ exchange
+    def post_rows(self, h: torch.Tensor, phase: str, context: ExchangeContext | None,
+                  strategy: ExchangeStrategy) -> Flight:
+        pairs = self.exact_pairs
+        return self._post_pairs(context, pairs, strategy, lambda: self.products.product(self.send_matrix, h),
+                                h.shape[1], phase, backward=False)
+
+    def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Transfer]:
+        return [Transfer(-1, self.exact_pairs)]
+
+    def part_block(self, part: Transfer) -> sp.csr_matrix | None:
+        """Refused: a gather (attention) needs the rows themselves, and a cover sends partial sums."""
+        raise ValueError(self.run_refusal(attention=True))
+
+    def gradient_operand(self, part: Transfer) -> torch.Tensor | None:
+        return self.send_transposed
+
+    def gradient_rows(self, part: Transfer) -> torch.Tensor | None:
+        return None
+
+    def send_matrix_bytes(self) -> int:
+        """Bytes of the owner's send matrix ``S`` and its transpose (the memory the cover adds over ``p2p``'s
+        send list; :meth:`transpose_bytes` counts the receiver's transposed blocks, as every plan's does)."""
+        return csr_bytes(self.send_matrix) + csr_bytes(self.send_transposed)
