@@ -11,12 +11,15 @@ import numpy as np
 from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
 from runners.data.partition import AUTO, DEFAULT_HOPS, PARTITIONERS, resolve_partitioner
 from runners.data.sampling_stats import DEFAULT_BATCH_SIZE, DEFAULT_FANOUT, format_part_table, sampling_statistics
-from runners.data.rmat import EDGE_FACTOR, GRAPH500, check_abcd, expected_isolated, expected_top_degree, rmat_dataset
+from runners.data.rmat import (EDGE_FACTOR, GRAPH500, check_abcd, expected_isolated, expected_top_degree,
+                               rmat_dataset_bounded)
+from runners.data.sampling_stats import balance
+from runners.data.stages import Stages
 from runners.data.stream_synthetic import write_streamed_synthetic
 from runners.argtypes import at_least
 from runners.argtypes import seed as seed_number
 from runners.data.shards import ShardError, clear_leftovers, dataset_problem, output_problem, write_shards
-from runners.resources import check_prepare_resources, prepare_memory, shard_bytes
+from runners.resources import check_prepare_resources, prepare_memory, prepare_rmat_memory, rmat_entries, shard_bytes
 
 EPILOG = """\
 edge-list input (prepare edgelist --edges E --node-features X.npy --labels Y [options]):
@@ -52,6 +55,8 @@ example:
 """
 
 
+SAMPLING_VIEW_ENTRIES = 1 << 26
+"""Adjacency entries above which ``prepare`` leaves out the K-hop sampling view (R-MAT SCALE 22 has 128M)."""
 SYNTHETIC_WORDS = 20
 """Words per node of the planted-classes generator (:func:`runners.data.datasets.planted_classes`)."""
 
@@ -185,14 +190,18 @@ def main(comm: object, args: argparse.Namespace) -> int:
         edges = 2 * args.nodes * args.degree  # symmetrised; duplicates make it a little less
         check_prepare_resources(args.out, None if args.stream else prepare_memory(
             args.nodes, edges, args.features, args.parts, words=SYNTHETIC_WORDS), shard_bytes(args.nodes, edges, args.features))
-    if args.source == "rmat":  # at most 2 x the draws stored entries: refuse before generating anything
+    if args.source == "rmat":  # its size is known from the flags: refuse before generating anything
         nodes = 1 << args.scale
         problem = dataset_problem(nodes, args.parts, None)
         if problem:
             raise ShardError(f"prepare rmat: {problem}")
-        edges = 2 * args.edge_factor * nodes
-        check_prepare_resources(args.out, prepare_memory(nodes, edges, args.features, args.parts),
-                                shard_bytes(nodes, edges, args.features))
+        entries = rmat_entries(args.scale, args.edge_factor)
+        partitioner_kind, _ = resolve_partitioner(args.partitioner)
+        check_prepare_resources(args.out, prepare_rmat_memory(nodes, entries, args.features, args.parts,
+                                                              partitioner_kind),
+                                shard_bytes(nodes, entries, args.features), hint="--partitioner random or a "
+                                "smaller --scale")
+    stages = Stages()
     streamed = args.source == "synthetic" and args.stream
     partitioner, note = resolve_partitioner(args.partitioner, contiguous_only=streamed)
     if note:
@@ -208,7 +217,7 @@ def main(comm: object, args: argparse.Namespace) -> int:
     elif args.source == "ogb":
         data = load_ogb(args.name, args.root, symmetrize=not args.directed, allow_download=args.download)
     elif args.source == "rmat":
-        data = _rmat(args)
+        data = _rmat(args, stages)
     elif args.source == "edgelist":
         data = load_edge_list(args.edges, args.node_features, args.labels, masks=args.masks,
                               split=_split(args.split), symmetrize=args.symmetrize, seed=args.seed, name=args.name,
@@ -220,19 +229,30 @@ def main(comm: object, args: argparse.Namespace) -> int:
         check_prepare_resources(args.out, None, shard_bytes(int(data.num_nodes), int(data.adjacency.nnz),
                                                             int(data.features.shape[1])))
     hops = args.hops or DEFAULT_HOPS
-    meta = write_shards(data, args.out, args.parts, partitioner, args.seed, overwrite=args.overwrite, hops=hops)
+    meta = write_shards(data, args.out, args.parts, partitioner, args.seed, overwrite=args.overwrite, hops=hops,
+                        symmetric=args.source == "rmat", stages=stages, progress=True)
     _report(meta, args.out, time.perf_counter() - start)
-    _report_sampling(data, meta, args.out, hops, args.seed)
+    if int(data.adjacency.nnz) > SAMPLING_VIEW_ENTRIES:
+        print(f"K-hop sampling view skipped: the graph has {int(data.adjacency.nnz)} adjacency entries, more than "
+              f"{SAMPLING_VIEW_ENTRIES} (it simulates every part's batches over the whole graph: about a minute at "
+              f"R-MAT SCALE 18 on a loaded 2-core machine, growing with the graph)")
+    else:
+        with stages.stage("sampling view"):
+            _report_sampling(data, meta, args.out, hops, args.seed, symmetric=args.source == "rmat")
+    print("stages (seconds; resident set size in GiB: at the start and end of the stage, its peak, and the "
+          "process's peak so far):")
+    print("\n".join(stages.table()), flush=True)
     return 0
 
 
-def _rmat(args: argparse.Namespace) -> object:
-    """The R-MAT graph of ``prepare rmat`` (:mod:`runners.data.rmat`), its isolated vertices and top degree
-    said beside the model's exact expectation."""
+def _rmat(args: argparse.Namespace, stages: Stages) -> object:
+    """The R-MAT graph of ``prepare rmat`` (:mod:`runners.data.rmat`, bounded memory), its isolated vertices
+    and top degree said beside the model's exact expectation."""
     abcd = _abcd(args.abcd)
     started = time.perf_counter()
-    data, graph = rmat_dataset(args.scale, args.edge_factor, features=args.features, classes=args.classes,
-                               abcd=abcd, seed=args.seed, drop_isolated=args.isolated == "drop", progress=True)
+    data, graph = rmat_dataset_bounded(args.scale, args.edge_factor, features=args.features, classes=args.classes,
+                                       abcd=abcd, seed=args.seed, drop_isolated=args.isolated == "drop",
+                                       progress=True, stages=stages)
     n = 1 << args.scale
     isolated, spread = expected_isolated(args.scale, args.edge_factor, abcd)
     top, top_spread = expected_top_degree(args.scale, args.edge_factor, abcd)
@@ -248,12 +268,12 @@ def _rmat(args: argparse.Namespace) -> object:
     return data
 
 
-def _report_sampling(data: object, meta: dict, out: str, hops: int, seed: int) -> None:
+def _report_sampling(data: object, meta: dict, out: str, hops: int, seed: int, symmetric: bool = False) -> None:
     """The partition as mini-batch training sees it (:mod:`runners.data.sampling_stats`), from the written shards'
     permutation, so it describes exactly the partition on disk."""
     order = np.load(Path(out) / meta["permutation_file"], allow_pickle=False)
     part_of = np.repeat(np.arange(meta["num_parts"]), np.diff(meta["row_offsets"]))[np.argsort(order)]
-    stats = sampling_statistics(data.adjacency, part_of, data.masks, hops, seed=seed)
+    stats = sampling_statistics(data.adjacency, part_of, data.masks, hops, seed=seed, symmetric=symmetric)
     print(f"K-hop sampling view ({meta['partitioner']}, hops {hops}): khop-remote = rows of X other parts own in "
           f"the {hops}-hop in-neighbourhood of the part's training nodes; per batch of {DEFAULT_BATCH_SIZE} seeds "
           f"with fanout {DEFAULT_FANOUT} per hop (mean of {stats['batches']}): input rows, remote ones, remote "
@@ -268,15 +288,35 @@ def _report(meta: dict, out: str, seconds: float) -> None:
     if meta.get("feature_dtype") == "float64":
         print("features kept as float64 (as given); train --dtype float64 reads them bitwise, "
               "--dtype float32 rounds them when it loads them")
+    print("\n".join(partition_table(meta)), flush=True)
+
+
+def partition_table(meta: dict) -> list[str]:
+    """The partition table of a prepared dataset (``meta.json``'s ``partition_stats``): per part its nodes
+    (inner rows), training nodes, boundary rows (its rows some other part needs), their ratio to the inner rows,
+    adjacency entries (edges) and cut entries (those whose column another part owns); then each column's
+    balance (max / mean over parts), the edge cut and the boundary rows in all."""
     stats = meta["partition_stats"]
-    print(f"{'part':>5}{'inner':>10}{'train':>8}{'boundary':>10}{'b/inner':>9}{'edges':>12}")
-    for part in range(meta["num_parts"]):
-        print(f"{part:>5}{stats['inner_nodes'][part]:>10}{stats['train_nodes'][part]:>8}"
-              f"{stats['boundary_nodes'][part]:>10}{stats['boundary_over_inner'][part]:>9.3f}{stats['edges'][part]:>12}")
+    parts = meta["num_parts"]
+    train = stats.get("train_nodes") or [0] * parts
+    cut = stats.get("cut_edges") or [0] * parts
+    lines = [f"partition table ({meta['partitioner']}, {parts} parts):",
+             f"{'part':>5}{'nodes':>10}{'train':>9}{'boundary':>10}{'b/inner':>9}{'edges':>12}{'cut edges':>12}"]
+    for part in range(parts):
+        lines.append(f"{part:>5}{stats['inner_nodes'][part]:>10}{train[part]:>9}{stats['boundary_nodes'][part]:>10}"
+                     f"{stats['boundary_over_inner'][part]:>9.3f}{stats['edges'][part]:>12}{cut[part]:>12}")
+
+    def ratio(values: list[int]) -> str:
+        value = balance(np.asarray(values, dtype=np.float64))
+        return "-" if value is None else f"{value:.3f}"
+
+    lines.append(f"{'max/mean':>5}{ratio(stats['inner_nodes']):>10}{ratio(train):>9}"
+                 f"{ratio(stats['boundary_nodes']):>10}{'':>9}{ratio(stats['edges']):>12}{ratio(cut):>12}")
     if "total_cut_edges" in stats:
         edges = max(meta["num_edges"], 1)
-        print(f"edge cut: {stats['total_cut_edges']} of {meta['num_edges']} adjacency entries "
-              f"({100 * stats['total_cut_edges'] / edges:.1f}%) have their column in another part; "
-              f"boundary rows (rows other parts need): {stats['total_boundary_nodes']}")
-    print("predicted forward exchange bytes per 4-byte feature column: " + ", ".join(
+        lines.append(f"edge cut: {stats['total_cut_edges']} of {meta['num_edges']} adjacency entries "
+                     f"({100 * stats['total_cut_edges'] / edges:.1f}%) have their column in another part; "
+                     f"boundary rows (rows other parts need): {stats['total_boundary_nodes']}")
+    lines.append("predicted forward exchange bytes per 4-byte feature column: " + ", ".join(
         f"{plan} {value}" for plan, value in stats["predicted_forward_bytes_per_feature"].items()))
+    return lines

@@ -30,6 +30,7 @@ measured peak RSS (``tests/cli/test_resources.py``: within 25% of ``ru_maxrss`` 
 
 from __future__ import annotations
 
+import math
 import shutil
 import socket
 from dataclasses import dataclass
@@ -465,9 +466,69 @@ def prepare_memory(nodes: int, edges: int, features: int, parts: int, words: int
                      "generator": 4 * 8 * nodes * words, "partition": 6 * 8 * nodes})
 
 
-def check_prepare_resources(out: str | Path, memory: Estimate | None, disk: int) -> None:
-    """Print the estimates (one line) and refuse, in one sentence, a need above ``MemAvailable`` (pointing at
-    ``prepare synthetic --stream``) or above the free space where ``out`` will be written."""
+def rmat_entries(scale: int, edge_factor: int, abcd: tuple[float, ...] = (0.57, 0.19, 0.19, 0.05)) -> int:
+    """The expected number of stored entries of ``prepare rmat``'s graph (both directions, duplicates merged,
+    self-loops dropped), exactly: the ordered pair ``(u, v)``, ``u != v``, is stored unless none of the
+    ``edge_factor * 2**scale`` draws is ``(u, v)`` or ``(v, u)``, and the chance ``q`` that one draw is depends
+    only on how many levels have each of the four bit pairs, so the sum over ``4**scale`` pairs is a sum over
+    ``O(scale**3)`` compositions, each weighted by its multinomial count."""
+    a, b, c, d = abcd
+    draws = edge_factor * (1 << scale)
+    total = 0.0
+    for k01 in range(scale + 1):
+        for k10 in range(scale + 1 - k01):
+            if k01 == k10 == 0:
+                continue  # u == v: a self-loop, dropped
+            for k00 in range(scale + 1 - k01 - k10):
+                k11 = scale - k00 - k01 - k10
+                pairs = math.exp(math.lgamma(scale + 1) - sum(math.lgamma(k + 1) for k in (k00, k01, k10, k11)))
+                q = a ** k00 * d ** k11 * (b ** k01 * c ** k10 + b ** k10 * c ** k01)
+                total += pairs * -math.expm1(draws * math.log1p(-min(q, 1.0)))
+    return int(round(total))
+
+
+RMAT_KEY_BYTES = 16
+"""``prepare rmat``'s generation, per stored entry at its peak: the merged int64 keys and as many again
+pending in the buckets before they merge."""
+RMAT_GRAPH_BYTES = 8
+"""The R-MAT CSR kept through every later stage, per stored entry: int32 column id and float32 weight."""
+METIS_BYTES = {"metis": 118, "metis-train": 118}
+"""What METIS adds per stored entry while it partitions an R-MAT graph: the int64 copy of the column ids it is
+given (8) and its own graphs (pymetis's METIS has 64-bit ``idx_t``: the edge weights it allocates and the
+coarsened levels, which shrink slowly on a power-law graph): measured 108-110 bytes an entry at SCALE 17 and
+18, 4 parts, whatever the objective or the matching (``ru_maxrss`` over the RSS before the call)."""
+METIS_NODE_BYTES = {"metis": 100, "metis-train": 150}
+"""What METIS adds per node (vertex weights, coarsening maps, per-level vertex arrays; metis-train's five
+constraints)."""
+WRITE_PART_BYTES = 24
+"""The shard writer per stored entry of the largest part: the rows taken out (int32 ids, float32 weights),
+their new ids (int64), the CSR's int32 copy of them and the boundary statistics' copy."""
+RMAT_NODE_BYTES = 120
+"""Per-node arrays of ``prepare rmat``: degrees, permutation, labels, masks, scores (float64 x classes),
+the partition and its relabelling."""
+
+
+def prepare_rmat_memory(nodes: int, entries: int, features: int, parts: int, partitioner: str) -> Estimate:
+    """Peak bytes ``prepare rmat`` adds to the process: the largest of its stages (generation; METIS with the
+    CSR; writing the largest part with the CSR), each counted per stored entry and per node. The features are
+    never held whole: a block of :data:`runners.data.shards.FEATURE_BLOCK` nodes at a time."""
+    graph = RMAT_GRAPH_BYTES * entries
+    per_node = RMAT_NODE_BYTES * nodes
+    stages = {
+        "generation": {"keys": RMAT_KEY_BYTES * entries, "per-node": per_node},
+        "partition": {"graph": graph, "METIS": METIS_BYTES.get(partitioner, 0) * entries
+                      + METIS_NODE_BYTES.get(partitioner, 0) * nodes, "per-node": per_node},
+        "write": {"graph": graph, "largest part": WRITE_PART_BYTES * entries * min(1.0, 0.6 + 1 / max(parts, 1)),
+                  "per-node": per_node, "feature block": 12 * (1 << 16) * features},
+    }
+    peak = max(stages.values(), key=lambda parts_of: sum(parts_of.values()))
+    return Estimate({name: int(value) for name, value in peak.items()})
+
+
+def check_prepare_resources(out: str | Path, memory: Estimate | None, disk: int,
+                            hint: str = "use prepare synthetic --stream (bounded memory) or fewer --nodes") -> None:
+    """Print the estimates (one line) and refuse, in one sentence, a need above ``MemAvailable`` (``hint``
+    says what helps) or above the free space where ``out`` will be written."""
     available = mem_available()
     target = Path(out).resolve().parent
     while not target.exists() and target != target.parent:
@@ -477,8 +538,7 @@ def check_prepare_resources(out: str | Path, memory: Estimate | None, disk: int)
     print(f"prepare: {shown}disk about {size(disk)} for the shards ({size(free)} free in {target})", flush=True)
     if memory is not None and available is not None and memory.total > available:
         raise ResourceError(f"not enough memory: prepare needs about {size(memory.total)} but "
-                            f"{size(available)} is available; use prepare synthetic --stream (bounded memory) "
-                            f"or fewer --nodes")
+                            f"{size(available)} is available; {hint}")
     if disk > free:
         raise ResourceError(f"not enough disk: the shards need about {size(disk)} but {target} has "
                             f"{size(free)} free; choose another --out")

@@ -33,6 +33,8 @@ from runners.data.datasets import DatasetError
 
 METIS_NOPTIONS = 40
 """Length of METIS 5's options array (``METIS_NOPTIONS`` in metis.h)."""
+METIS_OBJTYPE_VOL = 1
+"""``METIS_OBJTYPE_VOL`` in metis.h: minimise the total communication volume."""
 
 
 class MetisUnavailable(DatasetError):
@@ -86,32 +88,57 @@ def _metis_library() -> tuple[ctypes.CDLL, type, int]:
     return library, (np.int64 if width == 64 else np.int32), seed_index
 
 
-def metis_train_partition(adjacency: sp.spmatrix, parts: int, masks: dict[str, np.ndarray],
-                          seed: int = 0) -> np.ndarray:
-    """``part_of`` from METIS k-way (edge-cut objective) under :func:`balance_constraints`."""
-    n = adjacency.shape[0]
-    library, idx_t, seed_index = _metis_library()  # refuse before any work when METIS cannot be reached
+def metis_kway(indptr: np.ndarray, indices: np.ndarray, parts: int, seed: int = 0,
+               weights: np.ndarray | None = None, volume: bool = False) -> np.ndarray:
+    """``part_of`` from ``METIS_PartGraphKway`` on the symmetric graph ``indptr``/``indices`` (no self-loops).
+
+    ``weights``: ``n x ncon`` vertex weights (None: one constraint, unit weights); ``volume``: the
+    communication-volume objective (``OBJTYPE = VOL``, what ``--partitioner metis`` asks for through
+    pymetis, the same options as pymetis's ``part_graph(..., recursive=False)``), else the edge cut.
+    The graph reaches METIS once: arrays already of METIS's index type are passed as they are, others are
+    converted once, and the copies are freed as soon as METIS returns. ctypes releases the GIL during the
+    call, so a progress thread keeps running."""
+    n = indptr.size - 1
+    library, idx_t, seed_index = _metis_library()
     if parts == 1:
         return np.zeros(n, dtype=np.int64)
-    symmetric = symmetric_pattern(adjacency)
-    weights = np.ascontiguousarray(balance_constraints(symmetric, masks), dtype=idx_t)
 
-    def pointer(array: np.ndarray) -> ctypes.c_void_p:
-        return array.ctypes.data_as(ctypes.c_void_p)
+    def pointer(array: np.ndarray | None) -> ctypes.c_void_p | None:
+        return None if array is None else array.ctypes.data_as(ctypes.c_void_p)
 
-    xadj = np.ascontiguousarray(symmetric.indptr, dtype=idx_t)
-    adjncy = np.ascontiguousarray(symmetric.indices, dtype=idx_t)
+    xadj = np.ascontiguousarray(indptr, dtype=idx_t)
+    adjncy = np.ascontiguousarray(indices, dtype=idx_t)
+    vwgt = None if weights is None else np.ascontiguousarray(weights, dtype=idx_t)
+    ncon = 1 if weights is None else weights.shape[1]
     options = np.zeros(METIS_NOPTIONS, dtype=idx_t)
     library.METIS_SetDefaultOptions(pointer(options))
     options[seed_index] = seed
+    if volume:
+        from pymetis import _internal
+
+        options[int(_internal.options_indices.OBJTYPE)] = METIS_OBJTYPE_VOL
     counts = {name: np.array([value], dtype=idx_t) for name, value in
-              (("nvtxs", n), ("ncon", weights.shape[1]), ("nparts", parts))}
+              (("nvtxs", n), ("ncon", ncon), ("nparts", parts))}
     objective = np.zeros(1, dtype=idx_t)
     part_of = np.zeros(n, dtype=idx_t)
     status = library.METIS_PartGraphKway(
-        pointer(counts["nvtxs"]), pointer(counts["ncon"]), pointer(xadj), pointer(adjncy), pointer(weights),
+        pointer(counts["nvtxs"]), pointer(counts["ncon"]), pointer(xadj), pointer(adjncy), pointer(vwgt),
         None, None, pointer(counts["nparts"]), None, None, pointer(options), pointer(objective), pointer(part_of))
+    del xadj, adjncy, vwgt
     if status != 1:  # METIS_OK
         raise MetisUnavailable(f"METIS_PartGraphKway failed with status {status} "
-                               f"({n} nodes, {weights.shape[1]} constraints, {parts} parts)")
+                               f"({n} nodes, {ncon} constraint(s), {parts} parts)")
     return part_of.astype(np.int64)
+
+
+def metis_train_partition(adjacency: sp.spmatrix, parts: int, masks: dict[str, np.ndarray],
+                          seed: int = 0, symmetric: bool = False) -> np.ndarray:
+    """``part_of`` from METIS k-way (edge-cut objective) under :func:`balance_constraints`; ``symmetric``:
+    ``adjacency`` is already a symmetric CSR without self-loops, indices sorted (given to METIS as it is)."""
+    n = adjacency.shape[0]
+    _metis_library()  # refuse before any work when METIS cannot be reached
+    if parts == 1:
+        return np.zeros(n, dtype=np.int64)
+    graph = sp.csr_matrix(adjacency) if symmetric else symmetric_pattern(adjacency)
+    weights = balance_constraints(graph, masks)
+    return metis_kway(graph.indptr, graph.indices, parts, seed, weights=weights)

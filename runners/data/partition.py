@@ -39,7 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from runners.data.bytegnn_partition import bytegnn_partition
-from runners.data.metis_train import metis_train_partition, symmetric_pattern
+from runners.data.metis_train import metis_kway, metis_train_partition, symmetric_pattern
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.predict import predict_spmm_bytes
 
@@ -79,44 +79,46 @@ def _balanced_sizes(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
 
-def metis_partition(adjacency: sp.spmatrix, parts: int, seed: int = 0) -> np.ndarray:
-    """METIS k-way with the volume objective and node balance (see the module docstring)."""
-    import pymetis
-
+def metis_partition(adjacency: sp.spmatrix, parts: int, seed: int = 0, symmetric: bool = False) -> np.ndarray:
+    """METIS k-way with the volume objective and node balance (see the module docstring); ``symmetric``:
+    ``adjacency`` is already a symmetric CSR without self-loops, indices sorted, and reaches METIS as it is
+    (no symmetrised copy; :func:`runners.data.metis_train.metis_kway` gives METIS the arrays once)."""
     n = adjacency.shape[0]
     if parts == 1:
         return np.zeros(n, dtype=np.int64)
-    symmetric = symmetric_pattern(adjacency)
-    options = pymetis.Options()
-    options.seed = seed
-    options.objtype = pymetis.ObjType.VOL
-    graph = pymetis.CSRAdjacency(symmetric.indptr.astype(np.int64), symmetric.indices.astype(np.int64))
-    result = pymetis.part_graph(parts, graph, options=options, recursive=False)
-    return np.asarray(result.vertex_part, dtype=np.int64)
+    graph = sp.csr_matrix(adjacency) if symmetric else symmetric_pattern(adjacency)
+    return metis_kway(graph.indptr, graph.indices, parts, seed, volume=True)
 
 
 def balance_training_nodes(adjacency: sp.spmatrix, part_of: np.ndarray, train_mask: np.ndarray,
-                           tolerance: float = 0.05) -> np.ndarray:
+                           tolerance: float = 0.05, symmetric: bool = False) -> np.ndarray:
     """Swap training and non-training nodes between parts until every part holds at most
     ``(1 + tolerance)`` times its share of training nodes; node counts per part do not change.
 
     Each swap moves, from the fullest part to the emptiest, the training node
     with the most neighbours there, against the non-training node of that
     part with the most neighbours in the fullest one (greedy, deterministic),
-    so the cut grows as little as a greedy choice allows.
+    so the cut grows as little as a greedy choice allows. The undirected pattern (a float64 copy of the
+    graph; ``symmetric``: the adjacency's own arrays) is built only when a swap is needed.
     """
     part_of = part_of.copy()
     parts = int(part_of.max()) + 1 if part_of.size else 1
     train_mask = np.asarray(train_mask, dtype=bool)
     share = train_mask.sum() / parts
     limit = int(np.floor(share * (1 + tolerance))) if share else 0
-    pattern = sp.csr_matrix(adjacency, dtype=np.float64)
-    pattern = ((pattern + pattern.T) != 0).astype(np.float64).tocsr()
+    pattern = None
     for _ in range(int(train_mask.sum()) + 1):
         load = np.bincount(part_of[train_mask], minlength=parts)
         full, empty = int(load.argmax()), int(load.argmin())
         if load[full] <= max(limit, load[empty] + 1):
             break
+        if pattern is None:
+            if symmetric:
+                graph = sp.csr_matrix(adjacency)
+                pattern = sp.csr_matrix((np.ones(graph.nnz), graph.indices, graph.indptr), shape=graph.shape)
+            else:
+                pattern = sp.csr_matrix(adjacency, dtype=np.float64)
+                pattern = ((pattern + pattern.T) != 0).astype(np.float64).tocsr()
         in_part = [np.asarray(part_of == k, dtype=np.float64) for k in (full, empty)]
         toward_empty = pattern @ in_part[1]
         toward_full = pattern @ in_part[0]
@@ -132,8 +134,11 @@ def balance_training_nodes(adjacency: sp.spmatrix, part_of: np.ndarray, train_ma
 
 def partition(kind: str, adjacency: sp.csr_matrix, parts: int, seed: int = 0,
               train_mask: np.ndarray | None = None, masks: dict[str, np.ndarray] | None = None,
-              hops: int = DEFAULT_HOPS) -> np.ndarray:
+              hops: int = DEFAULT_HOPS, symmetric: bool = False) -> np.ndarray:
     """``part_of`` for every node (METIS also balances ``train_mask`` when given).
+
+    ``symmetric``: ``adjacency`` is already a symmetric CSR without self-loops, indices sorted (R-MAT's):
+    ``metis`` and ``metis-train`` give it to METIS as it is, without a symmetrised copy.
 
     ``masks`` (boolean ``train``/``val``/``test``; default: ``train_mask`` alone) are what ``metis-train``
     balances and what ``bytegnn`` grows its ``hops``-hop blocks around.
@@ -145,12 +150,12 @@ def partition(kind: str, adjacency: sp.csr_matrix, parts: int, seed: int = 0,
         if masks is None:
             masks = {"train": np.zeros(n, dtype=bool) if train_mask is None else np.asarray(train_mask, dtype=bool)}
         if kind == "metis-train":
-            return metis_train_partition(adjacency, parts, masks, seed)
+            return metis_train_partition(adjacency, parts, masks, seed, symmetric=symmetric)
         return bytegnn_partition(adjacency, parts, masks, hops, seed)
     if kind == "metis":
-        part_of = metis_partition(adjacency, parts, seed)
+        part_of = metis_partition(adjacency, parts, seed, symmetric=symmetric)
         if train_mask is not None and parts > 1:
-            part_of = balance_training_nodes(adjacency, part_of, train_mask)
+            part_of = balance_training_nodes(adjacency, part_of, train_mask, symmetric=symmetric)
         return part_of
     balanced = np.repeat(np.arange(parts), _balanced_sizes(n, parts))
     if kind == "block":

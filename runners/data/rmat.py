@@ -44,7 +44,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from runners.data.datasets import GraphData
-from runners.data.stream_synthetic import _progress
+from runners.data.stages import NoStages, Stages
+from runners.data.stages import progress_line as _progress
 
 GRAPH500 = (0.57, 0.19, 0.19, 0.05)
 """Graph500's R-MAT quadrant probabilities A, B, C, D."""
@@ -55,7 +56,13 @@ CHUNK_EDGES = 1 << 20
 ROW_CHUNK = 1 << 16
 """Vertices whose features (and split draws) come from one seeded stream."""
 BUCKET_ROWS = 1 << 18
-"""Rows per bucket of the edge merge."""
+"""Rows per bucket of the edge merge (memory only: the graph does not depend on it)."""
+MERGE_AT = 1 << 22
+"""Pending keys a bucket may hold before it merges them, at least (memory only)."""
+ENTRY_BLOCK = 1 << 22
+"""Adjacency entries per row block of the label propagation (memory only: each row's sum is the same)."""
+FEATURE_BLOCK = 1 << 16
+"""Vertices whose features the shard writer generates at once (memory only: any range gives the same rows)."""
 SPLIT = (0.1, 0.1, 0.3)
 """Train, validation, test fractions (as :func:`runners.data.datasets.planted_classes`)."""
 _EDGES, _PERMUTATION, _FEATURES, _HIDDEN, _SPLIT = range(1, 6)
@@ -127,17 +134,19 @@ def _distinct(keys: np.ndarray) -> np.ndarray:
 
 
 class _Bucket:
-    """The distinct ``(row - first) * n + column`` keys of one range of rows, merged as they grow."""
+    """The distinct ``(row - first) * n + column`` keys of one range of rows, merged as they grow (once the
+    pending keys outnumber both the merged ones and ``merge_at``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, merge_at: int = MERGE_AT) -> None:
         self.merged = np.empty(0, dtype=np.int64)
         self.pending: list[np.ndarray] = []
         self.pending_size = 0
+        self.merge_at = merge_at
 
     def add(self, keys: np.ndarray) -> None:
         self.pending.append(keys)
         self.pending_size += keys.size
-        if self.pending_size > max(self.merged.size, 1 << 22):
+        if self.pending_size > max(self.merged.size, self.merge_at):
             self.merge()
 
     def merge(self) -> np.ndarray:
@@ -161,19 +170,23 @@ class RmatGraph:
 
 
 def rmat_graph(scale: int, edge_factor: int = EDGE_FACTOR, *, abcd: tuple[float, ...] = GRAPH500, seed: int = 0,
-               drop_isolated: bool = False, progress: bool = False) -> RmatGraph:
+               drop_isolated: bool = False, progress: bool = False, bucket_rows: int = BUCKET_ROWS,
+               merge_at: int = MERGE_AT) -> RmatGraph:
     """The Graph500 R-MAT graph of ``2**scale`` vertices and ``edge_factor * 2**scale`` edge draws.
 
-    Memory: the merged graph (8 bytes a distinct stored entry while merging, then the CSR's 4) and one chunk
-    of :data:`CHUNK_EDGES` draws; deterministic from ``seed`` (module docstring)."""
+    Memory: the merged graph (8 bytes a distinct stored entry while merging, up to as many again pending in
+    the buckets, then the CSR's 4 for the column id and 4 for the weight, written into place bucket by bucket
+    as the keys are freed) and one chunk of :data:`CHUNK_EDGES` draws. ``bucket_rows`` and ``merge_at`` set
+    how the merge is split (memory only: the graph is the same for any values). Deterministic from ``seed``
+    (module docstring)."""
     problem = check_abcd(abcd)
     if problem:
         raise ValueError(f"rmat: {problem}")
     n = 1 << scale
     draws = edge_factor * n
     new_id = vertex_permutation(scale, seed)
-    rows_per_bucket = min(n, BUCKET_ROWS)
-    buckets = [_Bucket() for _ in range((n + rows_per_bucket - 1) // rows_per_bucket)]
+    rows_per_bucket = min(n, bucket_rows)
+    buckets = [_Bucket(merge_at) for _ in range((n + rows_per_bucket - 1) // rows_per_bucket)]
     chunks = (draws + CHUNK_EDGES - 1) // CHUNK_EDGES
     started = time.perf_counter()
     for chunk in range(chunks):
@@ -182,8 +195,10 @@ def rmat_graph(scale: int, edge_factor: int = EDGE_FACTOR, *, abcd: tuple[float,
         loop = src == dst
         rows = np.concatenate([src[~loop], dst[~loop]])
         columns = np.concatenate([dst[~loop], src[~loop]])
+        del src, dst, loop
         bucket = rows // rows_per_bucket
         keys = (rows - bucket * rows_per_bucket) * n + columns
+        del rows, columns
         order = np.argsort(bucket, kind="stable")
         bounds = np.searchsorted(bucket[order], np.arange(len(buckets) + 1))
         for index, piece in enumerate(buckets):
@@ -192,26 +207,32 @@ def rmat_graph(scale: int, edge_factor: int = EDGE_FACTOR, *, abcd: tuple[float,
         if progress and time.perf_counter() - started > _PROGRESS_AFTER:
             _progress("rmat: drawing edges (chunks)", chunk + 1, chunks, started)
     index_type = np.int32 if n <= np.iinfo(np.int32).max else np.int64
+    sizes = [piece.merge().size for piece in buckets]  # every bucket merged: the exact number of entries
+    indices = np.empty(sum(sizes), dtype=index_type)  # pages are touched as buckets fill them
     degree = np.zeros(n, dtype=np.int64)
-    pieces = []
+    at = 0
     for index, piece in enumerate(buckets):
-        keys = piece.merge()
+        keys = piece.merged
         buckets[index] = _Bucket()  # release the merged keys once converted
+        del piece
         first = index * rows_per_bucket
         degree[first:first + rows_per_bucket] = np.bincount(keys // n, minlength=min(rows_per_bucket, n - first))
-        pieces.append((keys % n).astype(index_type))
-        del keys, piece
-    indices = np.concatenate(pieces) if pieces else np.empty(0, dtype=index_type)
-    del pieces
+        np.remainder(keys, n, out=keys)
+        indices[at:at + keys.size] = keys
+        at += keys.size
+        del keys
     isolated = degree == 0
     if drop_isolated and isolated.any():
         kept = np.cumsum(~isolated) - 1
-        indices = kept[indices].astype(index_type)
+        for lo in range(0, indices.size, ENTRY_BLOCK):  # renumbered in place, a block at a time
+            indices[lo:lo + ENTRY_BLOCK] = kept[indices[lo:lo + ENTRY_BLOCK]]
         degree = degree[~isolated]
         new_id = np.where(isolated[new_id], -1, kept[new_id])
-    indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64 if indices.size > 2**31 - 1 else index_type)
+    indptr = np.zeros(degree.size + 1, dtype=np.int64)
+    np.cumsum(degree, out=indptr[1:])
     size = degree.size
     adjacency = sp.csr_matrix((np.ones(indices.size, dtype=np.float32), indices, indptr), shape=(size, size))
+    adjacency.has_sorted_indices = True  # each bucket's keys are sorted: rows in order, columns within a row
     return RmatGraph(adjacency=adjacency, new_id=new_id, isolated=int(isolated.sum()), draws=draws)
 
 
@@ -240,12 +261,28 @@ def _uniform(words: np.ndarray) -> np.ndarray:
     return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
+def _hidden(width: int, classes: int, seed: int) -> np.ndarray:
+    """The hidden map ``W`` (``width x classes``, uniform in ``[-1, 1)``) of the labels."""
+    return _uniform(_words(seed, _HIDDEN, 0, width * classes)).reshape(width, classes) * 2.0 - 1.0
+
+
+def _split_masks(n: int, seed: int) -> dict[str, np.ndarray]:
+    """Train, validation and test masks: one uniform draw per vertex against :data:`SPLIT`."""
+    blocks = (n + ROW_CHUNK - 1) // ROW_CHUNK
+    draw = np.concatenate([_uniform(_words(seed, _SPLIT, block, min(ROW_CHUNK, n - block * ROW_CHUNK)))
+                           for block in range(blocks)]) if n else np.empty(0)
+    train, val, test = SPLIT
+    return {"train": draw < train, "val": (draw >= train) & (draw < train + val),
+            "test": (draw >= train + val) & (draw < train + val + test)}
+
+
 def node_data(adjacency: sp.csr_matrix, width: int, classes: int, seed: int, hops: int = 2,
               progress: bool = False) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Features (N x ``width`` float32), labels (N int64) and split masks of the graph (module docstring):
-    class = argmax of ``Â^hops X W`` for a hidden ``W`` drawn from ``seed``."""
+    class = argmax of ``Â^hops X W`` for a hidden ``W`` drawn from ``seed``. Everything in memory, the
+    operator included: the reference :func:`node_labels` is checked against."""
     n = adjacency.shape[0]
-    hidden = _uniform(_words(seed, _HIDDEN, 0, width * classes)).reshape(width, classes) * 2.0 - 1.0
+    hidden = _hidden(width, classes, seed)
     features = np.empty((n, width), dtype=np.float32)
     scores = np.empty((n, classes), dtype=np.float64)
     started = time.perf_counter()
@@ -261,27 +298,107 @@ def node_data(adjacency: sp.csr_matrix, width: int, classes: int, seed: int, hop
         scores = operator @ scores
     del operator
     labels = np.argmax(scores, axis=1).astype(np.int64)
-    draw = np.concatenate([_uniform(_words(seed, _SPLIT, block, min(ROW_CHUNK, n - block * ROW_CHUNK)))
-                           for block in range(blocks)]) if n else np.empty(0)
-    train, val, test = SPLIT
-    masks = {"train": draw < train, "val": (draw >= train) & (draw < train + val),
-             "test": (draw >= train + val) & (draw < train + val + test)}
-    return features, labels, masks
+    return features, labels, _split_masks(n, seed)
+
+
+def _row_blocks(indptr: np.ndarray, entries: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges of about ``entries`` adjacency entries each (a row is never split)."""
+    n = indptr.size - 1
+    bounds = np.searchsorted(indptr, np.arange(0, int(indptr[-1]) + 1, max(entries, 1)), side="right") - 1
+    cuts = sorted({0, n, *(int(b) for b in bounds if 0 < b < n)})
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def node_labels(adjacency: sp.csr_matrix, width: int, classes: int, seed: int, hops: int = 2,
+                progress: bool = False, entries: int = ENTRY_BLOCK) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The labels and masks of :func:`node_data`, bit for bit, in bounded memory: features are generated a
+    block of vertices at a time and only their scores ``X W`` kept (``N x classes``), and ``Â`` is built and
+    applied a row block of about ``entries`` adjacency entries at a time, by the same scipy operations as
+    :func:`gcn_operator` on those rows (each row's products and their order are the same, so each sum is)."""
+    n = adjacency.shape[0]
+    hidden = _hidden(width, classes, seed)
+    scores = np.empty((n, classes), dtype=np.float64)
+    started = time.perf_counter()
+    blocks = (n + ROW_CHUNK - 1) // ROW_CHUNK
+    for block in range(blocks):
+        lo, hi = block * ROW_CHUNK, min((block + 1) * ROW_CHUNK, n)
+        scores[lo:hi] = features_of(lo, hi, width, seed).astype(np.float64) @ hidden
+        if progress and time.perf_counter() - started > _PROGRESS_AFTER:
+            _progress("rmat: feature scores X W (blocks of vertices)", block + 1, blocks, started)
+    adjacency = sp.csr_matrix(adjacency)
+    scale = 1.0 / np.sqrt(np.diff(adjacency.indptr).astype(np.float64) + 1.0)  # row sums of A + I, exact
+    right = sp.diags(scale, format="csr")  # what ``@ sp.diags(scale)`` converts it to, once
+    ranges = _row_blocks(adjacency.indptr, entries)
+    started = time.perf_counter()
+    for hop in range(hops):
+        propagated = np.empty_like(scores)
+        for done, (lo, hi) in enumerate(ranges, 1):
+            rows = sp.csr_matrix(adjacency[lo:hi], dtype=np.float64)
+            rows = rows + sp.eye(hi - lo, n, k=lo, format="csr")
+            operator = sp.csr_matrix(sp.diags(scale[lo:hi]) @ rows @ right)
+            propagated[lo:hi] = operator @ scores
+            del rows, operator
+            if progress and time.perf_counter() - started > _PROGRESS_AFTER:
+                _progress(f"rmat: labels, hop {hop + 1} of {hops} (row blocks)", done, len(ranges), started)
+        scores = propagated
+    labels = np.argmax(scores, axis=1).astype(np.int64)
+    return labels, _split_masks(n, seed)
+
+
+class RmatFeatures:
+    """The features of an R-MAT dataset, never held whole: ``rows(lo, hi)`` generates vertices
+    ``[lo, hi)`` (:func:`features_of`); the shard writer asks for blocks in order and routes each row to
+    its part's file. ``shape`` and ``dtype`` as the array's would be."""
+
+    def __init__(self, nodes: int, width: int, seed: int) -> None:
+        self.shape = (nodes, width)
+        self.dtype = np.dtype(np.float32)
+        self.seed = seed
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        return features_of(lo, min(hi, self.shape[0]), self.shape[1], self.seed)
+
+
+def _rmat_meta(scale: int, edge_factor: int, abcd: tuple[float, ...], seed: int, graph: RmatGraph,
+               drop_isolated: bool) -> dict:
+    return {"feature_norm": "none",
+            "generator": {"kind": "rmat", "scale": scale, "edge_factor": edge_factor, "abcd": list(abcd),
+                          "seed": seed, "isolated": graph.isolated,
+                          "isolated_vertices": "dropped" if drop_isolated else "kept",
+                          "labels": "argmax of (D^-1/2 (A+I) D^-1/2)^2 X W, W hidden"}}
 
 
 def rmat_dataset(scale: int, edge_factor: int = EDGE_FACTOR, *, features: int = 128, classes: int = 8,
                  abcd: tuple[float, ...] = GRAPH500, seed: int = 0, drop_isolated: bool = False,
                  progress: bool = False) -> tuple[GraphData, RmatGraph]:
-    """The R-MAT graph with its node data, as :func:`runners.data.shards.write_shards` takes it."""
+    """The R-MAT graph with its node data, all in memory, as :func:`runners.data.shards.write_shards` takes it."""
     graph = rmat_graph(scale, edge_factor, abcd=abcd, seed=seed, drop_isolated=drop_isolated, progress=progress)
     x, labels, masks = node_data(graph.adjacency, features, classes, seed, progress=progress)
-    meta = {"feature_norm": "none",
-            "generator": {"kind": "rmat", "scale": scale, "edge_factor": edge_factor, "abcd": list(abcd),
-                          "seed": seed, "isolated": graph.isolated,
-                          "isolated_vertices": "dropped" if drop_isolated else "kept",
-                          "labels": "argmax of (D^-1/2 (A+I) D^-1/2)^2 X W, W hidden"}}
     data = GraphData(name=f"rmat-s{scale}-e{edge_factor}", adjacency=graph.adjacency, features=x, labels=labels,
-                     masks=masks, num_classes=classes, meta_extra=meta)
+                     masks=masks, num_classes=classes,
+                     meta_extra=_rmat_meta(scale, edge_factor, abcd, seed, graph, drop_isolated))
+    return data, graph
+
+
+def rmat_dataset_bounded(scale: int, edge_factor: int = EDGE_FACTOR, *, features: int = 128, classes: int = 8,
+                         abcd: tuple[float, ...] = GRAPH500, seed: int = 0, drop_isolated: bool = False,
+                         progress: bool = False, stages: Stages | NoStages | None = None,
+                         bucket_rows: int = BUCKET_ROWS, merge_at: int = MERGE_AT, entries: int = ENTRY_BLOCK
+                         ) -> tuple[GraphData, RmatGraph]:
+    """:func:`rmat_dataset`'s dataset in bounded memory (what ``prepare rmat`` uses): the features are
+    :class:`RmatFeatures` (generated again, a block at a time, as the shards are written), the labels come
+    from :func:`node_labels`. ``stages`` times and measures the generation and the labels; ``bucket_rows``,
+    ``merge_at`` and ``entries`` set the memory chunks only (the dataset is the same for any values)."""
+    stages = stages or NoStages()
+    with stages.stage("generate edges"):
+        graph = rmat_graph(scale, edge_factor, abcd=abcd, seed=seed, drop_isolated=drop_isolated,
+                           progress=progress, bucket_rows=bucket_rows, merge_at=merge_at)
+    with stages.stage("labels (2 hops)"):
+        labels, masks = node_labels(graph.adjacency, features, classes, seed, progress=progress, entries=entries)
+    n = graph.adjacency.shape[0]
+    data = GraphData(name=f"rmat-s{scale}-e{edge_factor}", adjacency=graph.adjacency,
+                     features=RmatFeatures(n, features, seed), labels=labels, masks=masks, num_classes=classes,
+                     meta_extra=_rmat_meta(scale, edge_factor, abcd, seed, graph, drop_isolated))
     return data, graph
 
 

@@ -34,6 +34,8 @@ from runners.data.bytegnn_partition import KINDS, row_entries
 DEFAULT_FANOUT = 10
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_BATCHES = 4
+CUT_BLOCK = 1 << 22
+"""Adjacency entries the edge cut is counted over at once (memory only)."""
 
 
 def balance(counts: np.ndarray) -> float | None:
@@ -78,8 +80,9 @@ def sample_batch(rows: sp.csr_matrix, seeds: np.ndarray, fanouts: list[int],
 
 def sampling_statistics(adjacency: sp.spmatrix, part_of: np.ndarray, masks: dict[str, np.ndarray], hops: int,
                         fanouts: list[int] | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
-                        batches: int = DEFAULT_BATCHES, seed: int = 0) -> dict[str, Any]:
-    """The module docstring's figures for ``part_of`` (``fanouts`` default: :data:`DEFAULT_FANOUT` per hop)."""
+                        batches: int = DEFAULT_BATCHES, seed: int = 0, symmetric: bool = False) -> dict[str, Any]:
+    """The module docstring's figures for ``part_of`` (``fanouts`` default: :data:`DEFAULT_FANOUT` per hop);
+    ``symmetric``: the adjacency equals its transpose (R-MAT's), so no transposed copy is made."""
     rows = sp.csr_matrix(adjacency)
     rows.sort_indices()
     part_of = np.asarray(part_of, dtype=np.int64)
@@ -94,11 +97,14 @@ def sampling_statistics(adjacency: sp.spmatrix, part_of: np.ndarray, masks: dict
         stats[name] = counts.tolist()
         stats[f"{name}_balance"] = balance(counts)
     stats["nodes_balance"] = balance(np.asarray(stats["nodes"]))
-    row_part = np.repeat(part_of, np.diff(rows.indptr))
-    cut = row_part != part_of[rows.indices]
-    stats["cut_edges"] = int(cut.sum())
+    cut = 0
+    for lo in range(0, rows.nnz, CUT_BLOCK):  # a block of entries at a time: never an int64 array per entry
+        entries = np.arange(lo, min(lo + CUT_BLOCK, rows.nnz))
+        row_part = part_of[np.searchsorted(rows.indptr, entries, side="right") - 1]
+        cut += int(np.count_nonzero(row_part != part_of[rows.indices[entries]]))
+    stats["cut_edges"] = cut
     stats["edges"] = int(rows.nnz)
-    transposed = sp.csr_matrix(rows.T, dtype=np.float32)
+    transposed = rows if symmetric else sp.csr_matrix(rows.T, dtype=np.float32)
     train = np.asarray(masks["train"], dtype=bool)
     rng = np.random.default_rng(seed)
     remote, batch_input, batch_remote, batch_requests = [], [], [], []

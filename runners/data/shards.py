@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,8 @@ import scipy.sparse as sp
 from algorithms.training.graph import LocalGraph
 from runners.data.datasets import GraphData, feature_dtype
 from runners.data.partition import DEFAULT_HOPS, BoundaryAccumulator, partition, relabel
+from runners.data.stages import NoStages
+from runners.data.stages import progress_line as _progress
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.layout import RowLayout
 from sparse_dist.log import get_logger
@@ -56,6 +59,10 @@ PERMUTATION_FILE = "permutation.npy"
 OWN_FILE = re.compile(r"meta\.json|permutation\.npy|part-\d{5}\.npz")
 """Every file name ``prepare`` writes into a dataset directory; nothing else there is ever removed."""
 SCRATCH_FILE = re.compile(r"\d+\.bin")
+FEATURE_BLOCK = 1 << 16
+"""Nodes whose features the writer handles at once (memory only)."""
+PROGRESS_AFTER = 2.0
+"""Seconds a writing step runs before it prints progress lines."""
 """The edge buckets ``prepare synthetic --stream`` keeps in ``buckets/`` of its temporary directory."""
 
 
@@ -245,46 +252,159 @@ def dataset_problem(nodes: int, parts: int, train_nodes: int | None) -> str | No
     return None
 
 
+NPZ_DATE = (1980, 1, 1, 0, 0, 0)
+"""The date every member of a shard archive carries (zip's earliest), so a dataset's bytes and its SHA-256s
+depend on its contents only, never on when it was written."""
+WRITE_BLOCK = 1 << 22
+"""Elements an array member is converted and written in at once (bounded memory for a part's columns)."""
+
+
+class NpzWriter:
+    """A ``.npz`` (a zip of ``.npy`` members, stored, zip64, as ``np.savez`` writes it, read by ``np.load``)
+    written member by member: :meth:`add` writes a whole array (converted to ``dtype`` a block at a time),
+    :meth:`open_rows` starts a member whose rows are appended later (:meth:`append_rows`). One member is open
+    at a time per archive; every member is dated :data:`NPZ_DATE`."""
+
+    def __init__(self, path: Path) -> None:
+        self.archive = zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        self.member: Any = None
+        self.expected = 0
+
+    def _start(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        info = zipfile.ZipInfo(f"{name}.npy", date_time=NPZ_DATE)
+        info.external_attr = 0o600 << 16  # as ZipFile.open(name, "w") gives np.savez's members
+        member = self.archive.open(info, "w", force_zip64=True)
+        np.lib.format.write_array_header_1_0(member, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                      "fortran_order": False, "shape": tuple(shape)})
+        return member
+
+    def add(self, name: str, array: np.ndarray, dtype: Any = None) -> None:
+        dtype = np.dtype(dtype or array.dtype)
+        flat = array.reshape(-1) if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(-1)
+        with self._start(name, dtype, array.shape) as member:
+            for lo in range(0, flat.size, WRITE_BLOCK):
+                member.write(flat[lo:lo + WRITE_BLOCK].astype(dtype, copy=False).tobytes())
+
+    def open_rows(self, name: str, dtype: Any, shape: tuple[int, ...]) -> None:
+        self.member = self._start(name, np.dtype(dtype), shape)
+        self.dtype, self.expected = np.dtype(dtype), int(np.prod(shape))
+
+    def append_rows(self, rows: np.ndarray) -> None:
+        self.member.write(np.ascontiguousarray(rows, dtype=self.dtype).tobytes())
+        self.expected -= rows.size
+
+    def close_rows(self) -> None:
+        if self.expected != 0:
+            raise ShardError(f"{self.archive.filename}: a streamed member got {-self.expected} values too many"
+                             if self.expected < 0 else f"{self.archive.filename}: a streamed member is "
+                             f"{self.expected} values short")
+        self.member.close()
+        self.member = None
+
+    def close(self) -> None:
+        if self.member is not None:
+            self.member.close()
+        self.archive.close()
+
+
+def _feature_rows(features: Any) -> Callable[[int, int], np.ndarray]:
+    """``rows(lo, hi)`` of node features given as an array or as a generator of row blocks (an object with
+    ``rows(lo, hi)``, ``shape`` and ``dtype``, e.g. :class:`runners.data.rmat.RmatFeatures`)."""
+    if hasattr(features, "rows"):
+        return features.rows
+    return lambda lo, hi: features[lo:hi]
+
+
+def _write_features(writers: list[NpzWriter], features: Any, part_of: np.ndarray, sizes: np.ndarray,
+                    dtype: Any, block: int, progress: bool) -> None:
+    """Every part's ``features`` member, written in one pass over the nodes in blocks of ``block`` original ids:
+    each row goes to its part's archive. A part's rows are its nodes in original order (:func:`relabel` is a
+    stable sort), the order the blocks come in, so the whole feature matrix is never held."""
+    rows_of = _feature_rows(features)
+    width = int(features.shape[1])
+    n = part_of.size
+    for index, writer in enumerate(writers):
+        writer.open_rows("features", dtype, (int(sizes[index]), width))
+    started = time.perf_counter()
+    blocks = (n + block - 1) // block
+    for number, lo in enumerate(range(0, n, block), 1):
+        rows = rows_of(lo, min(lo + block, n))
+        owner = part_of[lo:lo + block]
+        for index, writer in enumerate(writers):
+            writer.append_rows(rows[owner == index])
+        if progress and time.perf_counter() - started > PROGRESS_AFTER:
+            _progress("prepare: writing features (blocks of nodes)", number, blocks, started)
+    for writer in writers:
+        writer.close_rows()
+
+
 def write_shards(data: GraphData, out_dir: str | Path, parts: int, partitioner: str = "block", seed: int = 0,
-                 overwrite: bool = False, hops: int = DEFAULT_HOPS) -> dict[str, Any]:
+                 overwrite: bool = False, hops: int = DEFAULT_HOPS, symmetric: bool = False,
+                 stages: Any = None, progress: bool = False, feature_block: int = FEATURE_BLOCK) -> dict[str, Any]:
     """Partition ``data`` into ``parts`` shards under ``out_dir``; returns the meta dict (``hops``: bytegnn's K).
 
     An existing ``out_dir`` is replaced only under :func:`output_problem`'s rules (checked again at the swap);
     a graph ``train`` could not use (:func:`dataset_problem`) is refused before anything is written.
+    ``symmetric``: the adjacency is already a symmetric CSR without self-loops, indices sorted (METIS takes it
+    as it is). ``data.features`` may be an array or a generator of row blocks (:func:`_feature_rows`): the
+    features are written in one pass of ``feature_block`` nodes, straight into the parts' archives, then each
+    part's rows one part at a time, so besides the input the writer holds one block and one part's rows.
+    ``stages`` (:class:`runners.data.stages.Stages`) times and measures the partition and the writing;
+    ``progress``: progress lines on stderr.
     """
     out_dir = Path(out_dir)
+    stages = stages or NoStages()
     problem = output_problem(out_dir, overwrite)
     if problem:
         raise ShardError(problem)
     problem = dataset_problem(int(data.num_nodes), parts, int(np.count_nonzero(data.masks["train"])))
     if problem:
         raise ShardError(f"{data.name}: {problem}")
-    part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"], masks=data.masks, hops=hops)
+    with stages.stage(f"partition ({partitioner})"):
+        part_of = partition(partitioner, data.adjacency, parts, seed, data.masks["train"], masks=data.masks,
+                            hops=hops, symmetric=symmetric)
     order, offsets = relabel(part_of, parts)
     new_id = np.empty_like(order)
     new_id[order] = np.arange(order.size)
     source = sp.csr_matrix(data.adjacency)
-    features_dtype = feature_dtype(data.features)
+    features_dtype = feature_dtype(data.features)  # an array or a generator of blocks: both have a dtype
 
     with removed_on_failure(out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")) as temporary:
         files: dict[str, str] = {}
         np.save(temporary / "permutation.npy", order)
         files["permutation.npy"] = sha256_file(temporary / "permutation.npy")
         statistics = BoundaryAccumulator(offsets)
-        for index in range(parts):
-            # One part's rows at a time, relabelled on the fly: never a second copy of the whole graph.
-            lo, hi = offsets[index], offsets[index + 1]
-            nodes = order[lo:hi]
-            rows = source[nodes]
-            rows = sp.csr_matrix((rows.data, new_id[rows.indices], rows.indptr), shape=rows.shape)
-            rows.sort_indices()
-            name = part_file(index)
-            np.savez(temporary / name, indptr=rows.indptr.astype(np.int64), indices=rows.indices.astype(np.int64),
-                     data=rows.data.astype(np.float32), features=data.features[nodes].astype(features_dtype),
-                     labels=data.labels[nodes], train=data.masks["train"][nodes], val=data.masks["val"][nodes],
-                     test=data.masks["test"][nodes])
-            files[name] = sha256_file(temporary / name)
-            statistics.add_part(index, rows.indices.astype(np.int64), int(data.masks["train"][nodes].sum()))
+        writers = [NpzWriter(temporary / part_file(index)) for index in range(parts)]
+        try:
+            with stages.stage("write features"):
+                _write_features(writers, data.features, part_of, np.diff(offsets), features_dtype, feature_block,
+                                progress)
+            del part_of
+            with stages.stage("write adjacency"):
+                started = time.perf_counter()
+                for index in range(parts):
+                    # One part's rows at a time, relabelled on the fly: never a second copy of the whole graph.
+                    lo, hi = offsets[index], offsets[index + 1]
+                    nodes = order[lo:hi]
+                    rows = source[nodes]
+                    rows = sp.csr_matrix((rows.data, new_id[rows.indices], rows.indptr), shape=rows.shape)
+                    rows.sort_indices()
+                    writer = writers[index]
+                    writer.add("indptr", rows.indptr, np.int64)
+                    writer.add("indices", rows.indices, np.int64)
+                    writer.add("data", rows.data, np.float32)
+                    for key, values in (("labels", data.labels), *((k, data.masks[k]) for k in ("train", "val", "test"))):
+                        writer.add(key, values[nodes])
+                    writer.close()
+                    statistics.add_part(index, rows.indices, int(data.masks["train"][nodes].sum()))
+                    del rows
+                    name = part_file(index)
+                    files[name] = sha256_file(temporary / name)
+                    if progress and time.perf_counter() - started > PROGRESS_AFTER:
+                        _progress("prepare: writing parts", index + 1, parts, started)
+        finally:
+            for writer in writers:
+                writer.close()
         stats = statistics.summary()
         meta = {"format_version": FORMAT_VERSION, "name": data.name, "num_nodes": int(data.num_nodes),
                 "num_edges": int(sum(stats["edges"])), "feature_dim": int(data.features.shape[1]),

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -31,15 +30,8 @@ import numpy as np
 from runners.data.partition import BoundaryAccumulator
 from runners.data.shards import (FORMAT_VERSION, ShardError, finish_dataset, output_problem, part_file,
                                  removed_on_failure, sha256_file)
+from runners.data.stages import progress_line as _progress
 from runners.data.synthetic import CHUNK_ROWS
-
-
-def _progress(label: str, done: int, total: int, started: float) -> None:
-    """One self-overwriting progress line on stderr (the command's, not the library's)."""
-    elapsed = time.perf_counter() - started
-    end = "\n" if done == total else ""
-    sys.stderr.write(f"\r{label}: {done}/{total} ({100 * done / max(total, 1):.0f}%, {elapsed:.0f} s)" + end)
-    sys.stderr.flush()
 
 
 def _edges_clustered(chunk: int, first: int, stop: int, n: int, degree: int, community: int, mixing: float,
