@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,35 @@ import torch.nn.functional as F
 from algorithms.model import GraphModel
 from algorithms.train import LocalGraph, TrainConfig, scaled_features
 from runners.bench.pyg_peer import DTYPES, _PygModel, trainer_adam
+
+
+def timed(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
+    """The items of ``batches``; ``waited[0]`` gains the seconds each took to arrive (a peer's sampling time)."""
+    iterator, end = iter(batches), object()
+    while True:
+        start = time.perf_counter()
+        item = next(iterator, end)
+        waited[0] += time.perf_counter() - start
+        if item is end:
+            return
+        yield item
+
+
+def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterable[Any],
+                loss_of: Callable[[Any], torch.Tensor]) -> dict[str, float]:
+    """One epoch of a peer: for each batch, ``loss_of(batch)`` (a mean over its seeds), backward, an optimiser
+    step. Returns its seconds, the seconds spent waiting for batches (``sample``), the steps, the mean loss."""
+    model.train()
+    began, sampling, losses, steps = time.perf_counter(), [0.0], 0.0, 0
+    for batch in timed(batches, sampling):
+        optimizer.zero_grad(set_to_none=False)
+        loss = loss_of(batch)
+        loss.backward()
+        optimizer.step()
+        losses += float(loss.detach())
+        steps += 1
+    return {"seconds": time.perf_counter() - began, "sample": sampling[0], "steps": steps,
+            "loss": losses / max(steps, 1)}
 
 
 def compiled_sampler() -> str | None:
@@ -164,18 +194,13 @@ class PygMinibatchPeer:
         return self.model(batch.x, batch.edge_index)
 
     def train_epoch(self) -> dict[str, float]:
-        """One pass over the training nodes in batches; returns seconds, steps and the mean loss."""
-        self.model.train()
-        began, losses, steps = time.perf_counter(), 0.0, 0
-        for batch in self.loader:
-            self.optimizer.zero_grad(set_to_none=False)
+        """One pass over the training nodes in batches (:func:`train_epoch`; the sampling seconds are the
+        waits for the loader's next batch: sampling, ``filter_data`` and the batch's features)."""
+        def loss_of(batch: Any) -> torch.Tensor:
             logits = self._forward(batch)[:batch.batch_size]
-            loss = F.cross_entropy(logits, batch.y[:batch.batch_size])
-            loss.backward()
-            self.optimizer.step()
-            losses += float(loss.detach())
-            steps += 1
-        return {"seconds": time.perf_counter() - began, "steps": steps, "loss": losses / max(steps, 1)}
+            return F.cross_entropy(logits, batch.y[:batch.batch_size])
+
+        return train_epoch(self.model, self.optimizer, self.loader, loss_of)
 
     @torch.no_grad()
     def test_accuracy(self) -> float:
