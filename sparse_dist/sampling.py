@@ -21,7 +21,8 @@ asks, nor on the order entries are stored.
 
 Two kernels draw the same rows, bitwise (tested over many keys, fanouts and degrees): ``numba``
 (:mod:`sparse_dist.sampling_compiled`, a per-row partial selection of ``k`` of ``d``, rows in parallel on
-the process's thread count; what a run uses by default) and ``numpy`` (:func:`sample_rows`, the reference:
+the process's thread count, and the requester's block assembly in linear passes; what a run uses by
+default) and ``numpy`` (:func:`sample_rows`, the reference:
 every candidate entry of the hop hashed, one ``lexsort``; single-threaded and one to two orders of magnitude
 slower on large hops). ``auto`` (the default) is ``numba`` where numba imports, else ``numpy``, said once
 in the log (:func:`resolve_sampler`); numba is a dependency of the package, so a user gets the compiled
@@ -45,7 +46,7 @@ same number of hops and batches, in the same order).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,12 +236,20 @@ class BlockOperator:
         return _BlockProduct.apply(h.contiguous(), self.matrix, self.transpose)
 
 
-def assemble_block(dst: np.ndarray, kept: np.ndarray, columns: np.ndarray, values: np.ndarray) -> SampledBlock:
-    """The block whose row ``i`` (global id ``dst[i]``) holds ``kept[i]`` of the entries ``columns``/``values``."""
-    new = np.setdiff1d(columns, dst)  # sorted, unique
-    src = np.concatenate([dst, new]).astype(np.int64)
-    sorter = np.argsort(src, kind="stable")
-    positions = sorter[np.searchsorted(src, columns, sorter=sorter)]
+def assemble_block(dst: np.ndarray, kept: np.ndarray, columns: np.ndarray, values: np.ndarray,
+                   block_columns: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
+                   ) -> SampledBlock:
+    """The block whose row ``i`` (global id ``dst[i]``, distinct) holds ``kept[i]`` of the entries
+    ``columns``/``values``. ``block_columns(dst, columns)``, where given, computes ``(src, positions)`` (the
+    compiled sampler's :func:`sparse_dist.sampling_compiled.block_columns_compiled`, bitwise the numpy lines
+    here)."""
+    if block_columns is not None:
+        src, positions = block_columns(dst, columns)
+    else:
+        new = np.setdiff1d(columns, dst)  # sorted, unique
+        src = np.concatenate([dst, new]).astype(np.int64)
+        sorter = np.argsort(src, kind="stable")
+        positions = sorter[np.searchsorted(src, columns, sorter=sorter)]
     indptr = np.concatenate(([0], np.cumsum(kept))).astype(np.int64)
     matrix = sp.csr_matrix((values, positions, indptr), shape=(dst.size, src.size))
     return SampledBlock(np.asarray(dst, dtype=np.int64), src, matrix)
@@ -270,12 +279,14 @@ class DistributedSampler:
         self.last_requests: list[list[np.ndarray]] = []
         self.kernel = resolve_sampler(kernel)
         self.threads = threads or torch.get_num_threads()
-        self._compiled = None
+        self._compiled = self._block_columns = None
         if self.kernel == "numba":
             from sparse_dist import sampling_compiled
 
             sampling_compiled.warm_up(self.rows)
             self._compiled = sampling_compiled.sample_rows_compiled
+            n_global = layout.n_rows
+            self._block_columns = lambda dst, columns: sampling_compiled.block_columns_compiled(dst, columns, n_global)
 
     def sample_rows(self, wanted: np.ndarray, fanout: int | None, key: np.ndarray) -> tuple[
             np.ndarray, np.ndarray, np.ndarray]:
@@ -350,7 +361,7 @@ class DistributedSampler:
             grouped = tuple(np.concatenate([part[i] for part in parts]) for i in range(3))
             inverse = np.empty_like(order)
             inverse[order] = np.arange(order.size)
-            blocks.append(assemble_block(dst, *reorder_rows(grouped, inverse)))
+            blocks.append(assemble_block(dst, *reorder_rows(grouped, inverse), block_columns=self._block_columns))
         traffic = HopTraffic([sum(len(mine[q]) for mine in asked) for q in range(size)], kept_asked,
                              [sum(len(rows) for rows in wanted) for wanted in incoming], kept_answered, len(frontiers))
         return blocks, traffic, [np.concatenate([mine[q] for mine in asked]) for q in range(size)]

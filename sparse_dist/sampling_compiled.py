@@ -15,7 +15,11 @@ before sampling (``min(d, k)`` per row), and chunks of rows run in parallel (``n
 ``threads`` numba threads, set on the calling thread before every call (numba's thread count is per
 thread: the prefetch worker gets the same count as the main thread).
 
-Compilation: :func:`warm_up` compiles the kernel for the dtypes of the rank's rows (scipy keeps int32 or
+:func:`block_columns_compiled` does the requester's side of a hop in the same spirit: the block's source ids
+(destinations first, then the new ids in increasing order) and each entry's column position, in linear
+passes over a mark per global id instead of numpy's ``setdiff1d`` and ``searchsorted`` (bitwise the same).
+
+Compilation: :func:`warm_up` compiles the kernels for the dtypes of the rank's rows (scipy keeps int32 or
 int64 indices; float32 or float64 values) when the sampler is built, so no JIT lands in a timed epoch.
 ``cache=True``: compiled code is kept in numba's cache (``__pycache__`` beside this file, or numba's user
 cache directory when that is not writable, or ``NUMBA_CACHE_DIR`` when set), so a later process loads it
@@ -37,7 +41,7 @@ from numba import njit, prange
 
 from sparse_dist.splitmix import GOLDEN, MIX1, MIX2
 
-__all__ = ["ROWS_PER_CHUNK", "sample_rows_compiled", "set_threads", "warm_up"]
+__all__ = ["ROWS_PER_CHUNK", "block_columns_compiled", "sample_rows_compiled", "set_threads", "warm_up"]
 
 ROWS_PER_CHUNK = 64  # rows one parallel task samples with one scratch buffer (amortises its allocation)
 
@@ -102,6 +106,41 @@ def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, offsets,
                 out_values[out + j] = np.float64(data[e]) * scale
 
 
+@njit(cache=True, nogil=True)
+def _block_columns_kernel(dst, columns, n_global):  # pragma: no cover - compiled
+    """``src`` (``dst``, then the other ids of ``columns`` once each, increasing) and each column's position
+    in it; a mark per global id (0: unseen, -1: new, else position + 1)."""
+    mark = np.zeros(n_global, dtype=np.int64)
+    for i in range(dst.size):
+        mark[dst[i]] = i + 1
+    new = np.empty(columns.size, dtype=np.int64)
+    count = 0
+    for e in range(columns.size):
+        if mark[columns[e]] == 0:
+            mark[columns[e]] = -1
+            new[count] = columns[e]
+            count += 1
+    new = np.sort(new[:count])
+    src = np.empty(dst.size + count, dtype=np.int64)
+    src[:dst.size] = dst
+    for j in range(count):
+        src[dst.size + j] = new[j]
+        mark[new[j]] = dst.size + j + 1
+    positions = np.empty(columns.size, dtype=np.int64)
+    for e in range(columns.size):
+        positions[e] = mark[columns[e]] - 1
+    return src, positions
+
+
+def block_columns_compiled(dst: np.ndarray, columns: np.ndarray, n_global: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sampled block's source ids and column positions (:func:`sparse_dist.sampling.assemble_block`'s,
+    bitwise): ``src`` = ``dst`` (distinct global ids) then the other ids of ``columns`` once each in increasing
+    order; ``positions[e]`` = where ``columns[e]`` lies in ``src``. Linear passes and one sort of the new
+    ids, with one mark per global id (``n_global`` int64, allocated per call)."""
+    return _block_columns_kernel(np.ascontiguousarray(dst, dtype=np.int64),
+                                 np.ascontiguousarray(columns, dtype=np.int64), np.int64(n_global))
+
+
 def set_threads(threads: int) -> None:
     """Run the kernel on ``threads`` numba threads from the calling thread on (at most numba's pool size)."""
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
@@ -131,7 +170,8 @@ def sample_rows_compiled(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray
 
 
 def warm_up(rows: sp.csr_matrix) -> None:
-    """Compile (or load from the cache) the kernel for the dtypes of ``rows``, by a call on no rows."""
+    """Compile (or load from the cache) the kernels for the dtypes of ``rows``, by calls on no rows."""
     empty = np.zeros(0, dtype=np.int64)
+    block_columns_compiled(empty, empty, 1)
     _sample_kernel(rows.indptr, rows.indices, rows.data, empty, empty, np.uint64(0), np.int64(1), empty,
                    empty, np.zeros(0, dtype=np.float64))

@@ -1,8 +1,9 @@
 """The compiled (numba) per-row sampler is bitwise the numpy reference (sparse_dist/sampling.py:sample_rows):
 over many keys, fanouts (0, 1, below, at and above the degrees, all), degrees 0 to thousands, duplicated
 columns (hash ties), int32 and int64 indices, float32 and float64 values, repeated and unordered wanted rows,
-an owner whose rows start past 0, one and two threads; and through the single-rank sampler, batches sampled
-in groups of K. The JIT happens when the sampler is built, never while it samples."""
+an owner whose rows start past 0, one and two threads; the compiled block assembly against numpy's; and
+through the single-rank sampler, batches sampled in groups of K. The JIT happens when the sampler is built,
+never while it samples."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ pytest.importorskip("numba")
 from sparse_dist import sampling_compiled  # noqa: E402
 from sparse_dist.comm import world  # noqa: E402
 from sparse_dist.layout import RowLayout  # noqa: E402
-from sparse_dist.sampling import DistributedSampler, resolve_sampler, sample_rows, sampling_key  # noqa: E402
-from sparse_dist.sampling_compiled import sample_rows_compiled  # noqa: E402
+from sparse_dist.sampling import (DistributedSampler, assemble_block, resolve_sampler, sample_rows,  # noqa: E402
+                                  sampling_key)
+from sparse_dist.sampling_compiled import block_columns_compiled, sample_rows_compiled  # noqa: E402
 
 
 def rows_of_every_degree(first_row: int = 0, seed: int = 0, index_dtype=np.int32, value_dtype=np.float64,
@@ -107,10 +109,11 @@ def test_bulk_sampling_with_either_kernel_makes_bitwise_the_same_blocks() -> Non
 def test_the_kernel_is_compiled_when_the_sampler_is_built_not_while_it_samples() -> None:
     a = rows_of_every_degree(duplicates=False, index_dtype=np.int64, value_dtype=np.float32)
     sampler = single_rank_sampler("numba", a, [3])
-    compiled = list(sampling_compiled._sample_kernel.signatures)
-    assert compiled  # built (or loaded from numba's cache) by the constructor
+    kernels = (sampling_compiled._sample_kernel, sampling_compiled._block_columns_kernel)
+    compiled = [list(kernel.signatures) for kernel in kernels]
+    assert all(compiled)  # built (or loaded from numba's cache) by the constructor
     sampler.sample(np.arange(a.shape[0]), 0, 0)
-    assert list(sampling_compiled._sample_kernel.signatures) == compiled  # no JIT while sampling
+    assert [list(kernel.signatures) for kernel in kernels] == compiled  # no JIT while sampling
 
 
 def test_kernel_names_resolve() -> None:
@@ -118,3 +121,26 @@ def test_kernel_names_resolve() -> None:
     assert resolve_sampler("numba") == resolve_sampler("auto") == "numba"  # numba is importable here
     with pytest.raises(ValueError, match="sampler must be one of auto, numba, numpy, got 'c'"):
         resolve_sampler("c")
+
+
+def test_compiled_block_columns_are_bitwise_numpys_assembly() -> None:
+    """The requester's side: the block's source ids (destinations first, then the new ids increasing) and
+    column positions, compiled, against assemble_block's numpy lines; no rows, no new ids, all new ids."""
+    rng = np.random.default_rng(9)
+    n = 1000
+    cases = [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))]
+    for size, entries in ((1, 0), (5, 40), (100, 1500), (600, 5000)):
+        dst = rng.choice(n, size=size, replace=False).astype(np.int64)
+        cases.append((dst, rng.integers(0, n, size=entries)))
+        cases.append((dst, rng.choice(dst, size=entries)))  # only destinations: no new id
+    for dst, columns in cases:
+        kept = np.full(dst.size, 0, dtype=np.int64)
+        if dst.size:
+            kept[0] = columns.size
+        values = rng.random(columns.size)
+        want = assemble_block(dst, kept, columns, values)
+        got = assemble_block(dst, kept, columns, values,
+                             block_columns=lambda d, c: block_columns_compiled(d, c, n))
+        assert np.array_equal(want.src, got.src) and want.src.dtype == got.src.dtype
+        for field in ("indptr", "indices", "data"):
+            assert np.array_equal(getattr(want.matrix, field), getattr(got.matrix, field))
