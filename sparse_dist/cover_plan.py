@@ -34,6 +34,7 @@ composes: the pairs are those of each replica column, completed across the repli
 
 from __future__ import annotations
 
+import time
 from typing import ClassVar
 
 import numpy as np
@@ -41,7 +42,7 @@ import scipy.sparse as sp
 import torch
 
 from sparse_dist.accounting import ComputeTimer
-from sparse_dist.cover_sets import BlockCover, block_fingerprint, konig_cover
+from sparse_dist.cover_sets import BlockCover, block_fingerprint, konig_cover, positions_in
 from sparse_dist.csr import csr_bytes, entry_rows
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Flight, Transfer
@@ -54,7 +55,8 @@ class CoverPlan(PointToPointPlan):
 
     Attributes (besides the plan's): ``covers[j]`` this receiver's cover of ``A_gj``; ``pair_counts[i, j]``
     ``|C_ij| + |R_ij|`` for every pair (the same on every rank); ``send_matrix`` ``S`` (the owner's rows of every
-    receiver's message over its own rows, CSR) and ``setup_bytes`` (sent, received) of the set-up values.
+    receiver's message over its own rows, CSR), ``setup_bytes`` (sent, received) of the set-up values and
+    ``setup_seconds``, this rank's time building the plan (covers, set-up exchanges, matrices).
     """
 
     name = "cover"
@@ -72,6 +74,7 @@ class CoverPlan(PointToPointPlan):
         if row_masks:
             raise ValueError("the cover plan cannot carry the received rows' global ids (receiver-side dropout, "
                              "attention dropout): " + str(self.run_refusal(receiver_dropout=True)))
+        began = time.perf_counter()
         ExchangePlan.__init__(self, matrix, dtype, device, timer, strategy, row_masks=row_masks)
         groups, me, share = self.groups, self.group, matrix.column_share
         self.covers: dict[int, BlockCover] = {j: konig_cover(matrix.blocks[j]) for j in share
@@ -86,6 +89,7 @@ class CoverPlan(PointToPointPlan):
         owner_side = self._owner_parts()
         self._build(owner_side)
         self._sampled = None
+        self.setup_seconds = time.perf_counter() - began  # this rank's covers, set-up exchanges and matrices
 
     # ------------------------------------------------------------ set-up
     def _owner_parts(self) -> dict[int, tuple[np.ndarray, sp.csr_matrix]]:
@@ -160,7 +164,7 @@ class CoverPlan(PointToPointPlan):
     def _pre_aggregated(block: sp.csr_matrix, cover: BlockCover) -> sp.csr_matrix:
         """``B[R, not C]`` (``|R| x n_j``): the entries the owner sums into the partial rows."""
         rows = sp.csr_matrix(block[cover.rows])
-        keep = ~np.isin(rows.indices, cover.columns)
+        keep = positions_in(cover.columns, rows.indices, rows.shape[1]) < 0
         row_of_entry = entry_rows(rows.indptr)
         indptr = np.concatenate(([0], np.cumsum(np.bincount(row_of_entry[keep], minlength=rows.shape[0]))))
         return sp.csr_matrix((rows.data[keep], rows.indices[keep], indptr), shape=rows.shape)
@@ -203,9 +207,8 @@ class CoverPlan(PointToPointPlan):
         for j, cover in self.covers.items():
             block = matrix.blocks[j]
             row_of_entry = entry_rows(block.indptr)
-            position = np.searchsorted(cover.columns, block.indices)
-            in_c = position < cover.columns.size
-            in_c[in_c] = cover.columns[position[in_c]] == block.indices[in_c]
+            position = positions_in(cover.columns, block.indices, block.shape[1])
+            in_c = position >= 0
             ones = np.ones(cover.rows.size, dtype=dtype)
             rows = np.concatenate((row_of_entry[in_c], cover.rows))
             cols = np.concatenate((starts[j] + position[in_c], starts[j] + cover.columns.size

@@ -23,10 +23,10 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
-from sparse_dist.csr import entry_rows
+from sparse_dist.csr import distinct_ids, entry_rows
 from sparse_dist.splitmix import splitmix64
 
-__all__ = ["BlockCover", "block_fingerprint", "konig_cover", "cover_counts_of_rows"]
+__all__ = ["BlockCover", "block_fingerprint", "konig_cover", "cover_counts_of_rows", "positions_in"]
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,9 @@ def konig_cover(block: sp.csr_matrix) -> BlockCover:
     if block.nnz == 0:
         return BlockCover(empty, empty)
     row_ids = np.flatnonzero(np.diff(block.indptr)).astype(np.int64)
-    col_ids = np.unique(block.indices).astype(np.int64)
+    col_ids = distinct_ids(block.indices, block.shape[1]).astype(np.int64)
     # the compact pattern: nonzero rows x nonzero columns, canonical (sorted, no duplicates)
-    compact_cols = np.searchsorted(col_ids, block.indices)
+    compact_cols = positions_in(col_ids, block.indices, block.shape[1])
     counts = np.diff(block.indptr)[row_ids]
     indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     pattern = sp.csr_matrix((np.ones(block.nnz, dtype=np.int8), compact_cols, indptr),
@@ -86,6 +86,14 @@ def konig_cover(block: sp.csr_matrix) -> BlockCover:
     return cover
 
 
+def positions_in(ids: np.ndarray, values: np.ndarray, bound: int) -> np.ndarray:
+    """The position of each of ``values`` in the ascending ``ids`` (all in ``[0, bound)``), -1 where absent:
+    one lookup table, no search (a block's column ids against its few distinct ones)."""
+    table = np.full(bound, -1, dtype=np.int64)
+    table[ids] = np.arange(ids.size, dtype=np.int64)
+    return table[values]
+
+
 def block_fingerprint(block: sp.csr_matrix, *, transposed: bool = False) -> tuple[int, int]:
     """``(nnz, hash)`` of a block's stored entries (local row, local column, value bits), independent of their
     order; ``transposed``: of the block's transpose (so the holder of ``A_ji`` can check it equals
@@ -97,7 +105,7 @@ def block_fingerprint(block: sp.csr_matrix, *, transposed: bool = False) -> tupl
         rows, cols = cols, rows
     bits = np.ascontiguousarray(block.data.astype(np.float64)).view(np.uint64)
     with np.errstate(over="ignore"):
-        key = splitmix64(splitmix64(splitmix64(rows) ^ cols) ^ bits)
+        key = splitmix64(splitmix64((rows << np.uint64(32)) ^ cols) ^ bits)  # local ids < 2^32
         total = np.uint64(key.sum(dtype=np.uint64)) if key.size else np.uint64(0)
     return int(block.nnz), int(total.view(np.int64))
 
