@@ -22,20 +22,27 @@ Decisions (docs/guide/minibatch.md says the same for users):
   count of that moment (the train command's ``--threads``). Both kernels draw the same blocks, bitwise.
 * Step breakdown (seconds, summed over the epoch's steps): ``sample``, ``fetch``, ``compute`` (forward,
   backward, optimiser), ``allreduce`` (gradient allreduce), ``wait`` (0 without prefetch).
-* Prefetch (``prefetch = N > 0``; ByteGNN's overlap of sampling with training): a worker thread samples and
-  fetches the epoch's batches in order on its own duplicate of the communicator (``MPI_THREAD_MULTIPLE``),
-  into a queue of at most ``N`` finished batches, while the main thread trains; ``wait`` is the main
-  thread's time blocked on the queue, and ``sample``/``fetch`` are the worker's seconds (overlapped).
-  The pipeline starts and drains inside each epoch (batch 0 of an epoch is not overlapped), so evaluation
-  never runs beside it and each epoch's bytes are its own. Batches are pure functions of (seed, epoch,
+* Prefetch (``prefetch = N > 0``; ByteGNN's overlap of sampling with training): a worker thread
+  (:class:`Prefetcher`) samples and fetches batches in order on its own duplicate of the communicator
+  (``MPI_THREAD_MULTIPLE``), into a queue of at most ``N`` finished batches, while the main thread trains;
+  ``wait`` is the main thread's time blocked on the queue, and ``sample``/``fetch`` are the worker's seconds
+  (overlapped). It runs across epoch boundaries: when epoch ``e`` starts, the worker is granted the rest of
+  ``e`` and the first ``ceil(N / K)`` groups of ``e + 1`` (if the run trains ``e + 1``), so the next epoch's
+  first batches are made while this epoch's last ones train and while the run evaluates (on the main
+  communicator, beside the worker's). Grants are given at the same point on every rank, so every worker
+  runs the same collectives; :meth:`close` drains what was granted. The worker's communicator has its own
+  counters and each group's bytes travel with its first batch to the epoch that trains it, so each epoch's
+  bytes are its own batches' and an evaluation's are its own. Batches are pure functions of (seed, epoch,
   step), so the run is bitwise the unpipelined one. Of ByteGNN's two-level scheduling it keeps only the
   coarse level with a fixed depth (how many batches may be ready ahead); no DAG of sub-tasks, no
   adaptive launch score.
 * Bulk sampling (``sample_batches = K``; DistDGL's and ByteGNN's k-batch step): the epoch's steps are
   sampled in groups of ``K`` (the last group may be shorter), one request round per hop for the whole group
-  (:meth:`DistributedSampler.sample_many`), then each batch's input rows are fetched on their own. Batches
-  are bitwise those of ``K = 1``; each batch's ``sample`` seconds are the round's share (1 / K). With
-  prefetch the worker samples a group at once, so up to ``K`` batches are made ahead of the queue's ``N``.
+  (:meth:`DistributedSampler.sample_many`), then ONE feature pull for the group: the distinct input rows of
+  all ``K`` batches (a row two batches need travels once), each batch's rows copied out of it. Batches are
+  bitwise those of ``K = 1``; each batch's ``sample`` and ``fetch`` seconds are the group's share (1 / K);
+  the epoch record's ``feature_cache`` counts a group's distinct remote rows once. With prefetch the worker
+  makes a group at once, so up to ``K`` batches are made ahead of the queue's ``N``.
 
 Collective: construction, :meth:`MinibatchTrainer.train_epoch`, :meth:`MinibatchTrainer.evaluate` and
 :meth:`MinibatchTrainer.step_gradients`, every rank in the same order.
@@ -59,6 +66,8 @@ from algorithms.dropout import GlobalRowDropout
 from algorithms.layers import layer_type
 from algorithms.minibatch.config import MinibatchConfig
 from algorithms.train import LocalGraph, TrainConfig, Trainer, bytes_by_phase
+from algorithms.training.metrics import counters_since
+from sparse_dist.accounting import CommStats
 from sparse_dist.comm import CollectiveError, Communicator, threads_may_call_mpi
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.fetch import FeatureFetcher, inclusion_estimate
@@ -96,6 +105,82 @@ class Batch:
                  inputs: torch.Tensor, seconds: dict[str, float], cache: tuple[int, int]) -> None:
         self.step, self.seeds, self.global_count = step, seeds, global_count
         self.blocks, self.inputs, self.seconds, self.cache = blocks, inputs, seconds, cache
+        self.moved: dict[str, dict[str, float]] | None = None  # counters of a prefetch worker's group
+
+
+class Prefetcher:
+    """A worker thread that makes batches ahead (sample and fetch) on its own communicator, across epochs.
+
+    The worker does only what it is granted, in order, and a grant is given on every rank at the same point
+    (deterministic), so every rank's worker runs the same collectives and none can wait for another that
+    stopped: when epoch ``e`` begins, the rest of ``e`` and the first ``ceil(N / K)`` groups (about ``N``
+    batches, ``N`` = ``--prefetch``) of ``e + 1`` are granted, the latter only if ``e + 1`` is an epoch the
+    run will train (``config.epochs``). So the next epoch's first batches are sampled and fetched while the
+    last ones of this epoch train and while the run evaluates. :meth:`close` grants nothing more and drains
+    the queue until the worker has finished what it was granted (a run that stops early loses at most the
+    granted prefix).
+
+    Bytes: the worker's communicator keeps its own counters (so an evaluation beside it counts only its own
+    bytes); the bytes of each group are handed to the epoch that trains its batches (``Batch.moved``, on the
+    group's first batch), so an epoch's bytes are those of its own batches, as without prefetch.
+    """
+
+    def __init__(self, trainer: "MinibatchTrainer", comm: Communicator) -> None:
+        self.trainer, self.comm = trainer, comm
+        self.sampler, self.fetcher = copy.copy(trainer.sampler), copy.copy(trainer.fetcher)
+        self.sampler.comm = self.fetcher.comm = comm
+        self.ready: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=trainer.minibatch.prefetch)
+        self.grants: queue.Queue[tuple[int, list[list[int]]] | None] = queue.Queue()
+        self.granted: dict[int, int] = {}  # epoch -> groups granted so far
+        self.failed = False
+        self.thread = threading.Thread(target=self._work, name="minibatch-prefetch", daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        try:
+            while (grant := self.grants.get()) is not None:
+                epoch, groups = grant
+                for group in groups:
+                    before = self.comm.stats.snapshot()
+                    made = self.trainer.make_batches(epoch, group, self.sampler, self.fetcher)
+                    made[0].moved = counters_since(self.comm, before)
+                    for batch in made:
+                        self.ready.put(batch)
+        except BaseException as exc:  # handed to the main thread, which raises it
+            self.failed = True
+            self.ready.put(exc)
+
+    def _grant(self, epoch: int, up_to: int) -> None:
+        groups = step_groups(self.trainer.steps_per_epoch, self.trainer.minibatch.sample_batches)
+        done = self.granted.get(epoch, 0)
+        if up_to > done:
+            self.grants.put((epoch, groups[done:up_to]))
+            self.granted[epoch] = up_to
+
+    def epoch(self, epoch: int, waited: list[float]) -> Iterator[Batch]:
+        """The batches of ``epoch`` in step order (collective, through the worker)."""
+        trainer = self.trainer
+        groups = len(step_groups(trainer.steps_per_epoch, trainer.minibatch.sample_batches))
+        self._grant(epoch, groups)
+        if epoch + 1 < trainer.config.epochs:
+            self._grant(epoch + 1, min(groups, -(-trainer.minibatch.prefetch // trainer.minibatch.sample_batches)))
+        for _ in range(trainer.steps_per_epoch):
+            start = time.perf_counter()
+            item = self.ready.get()
+            waited[0] += time.perf_counter() - start
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        """Grant nothing more; take what the worker still makes until it has done its grants; join it."""
+        self.grants.put(None)
+        while self.thread.is_alive() or not self.ready.empty():
+            try:
+                self.ready.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self.thread.join()
 
 
 class MinibatchTrainer:
@@ -124,10 +209,12 @@ class MinibatchTrainer:
         self.fetcher = FeatureFetcher(comm, graph.layout, self.group, self.full.features,
                                       self._cache_choice(normalized, own_train))
         self.worker_comm: Communicator | None = None
+        self._prefetcher: Prefetcher | None = None
         if minibatch.prefetch > 0:
             if not threads_may_call_mpi():  # the same answer on every rank (one MPI library)
                 raise CollectiveError("--prefetch needs an MPI library with MPI_THREAD_MULTIPLE")
-            self.worker_comm = comm.split(0, comm.rank)  # collective; books into the same counters
+            self.worker_comm = comm.split(0, comm.rank)  # collective
+            self.worker_comm.stats = CommStats()  # its own counters: its bytes reach the epoch through its batches
         self.epoch = 0
         self.setup_bytes = bytes_by_phase({phase: {k: v - built_from[phase][k] for k, v in counters.items()}
                                            for phase, counters in comm.stats.snapshot().items()})
@@ -174,17 +261,28 @@ class MinibatchTrainer:
         start = time.perf_counter()
         blocks = sampler.sample_many([mine for mine, _ in seeds], epoch, steps)
         share = (time.perf_counter() - start) / len(steps)
-        made = []
-        for step, (mine, global_count), batch_blocks in zip(steps, seeds, blocks):
-            start = time.perf_counter()
-            inputs = fetcher.fetch(batch_blocks[0].src)
-            made.append(Batch(step, mine, global_count, batch_blocks, inputs,
-                              {"sample": share, "fetch": time.perf_counter() - start},
-                              (fetcher.last_needed, fetcher.last_hits)))
-        return made
+        start = time.perf_counter()
+        inputs = self._fetch_inputs(fetcher, [batch_blocks[0].src for batch_blocks in blocks])
+        fetch_share = (time.perf_counter() - start) / len(steps)
+        cache = [(fetcher.last_needed, fetcher.last_hits)] + [(0, 0)] * (len(steps) - 1)  # the group's, once
+        return [Batch(step, mine, global_count, batch_blocks, rows, {"sample": share, "fetch": fetch_share}, hits)
+                for step, (mine, global_count), batch_blocks, rows, hits in zip(steps, seeds, blocks, inputs, cache)]
+
+    @staticmethod
+    def _fetch_inputs(fetcher: FeatureFetcher, sources: list[np.ndarray]) -> list[torch.Tensor]:
+        """The input rows of each batch (``sources[b]``: its layer-0 source ids): ONE pull for the group, of
+        the distinct ids of all of them (collective). Each batch's rows are copied out of the group's, so
+        they are bitwise what a pull of its own would give."""
+        if len(sources) == 1:
+            return [fetcher.fetch(sources[0])]
+        distinct = np.unique(np.concatenate(sources))
+        rows = fetcher.fetch(distinct)
+        return [rows.index_select(0, torch.from_numpy(np.searchsorted(distinct, src)).to(rows.device))
+                for src in sources]
 
     def batches(self, epoch: int, waited: list[float]) -> Iterator[Batch]:
-        """The epoch's batches in step order; with prefetch, made ahead by a worker thread (collective).
+        """The epoch's batches in step order; with prefetch, made ahead by a worker thread that runs on into
+        the next epoch's first batches (collective).
 
         ``waited[0]`` gathers the seconds the caller spent blocked on the queue.
         """
@@ -192,28 +290,9 @@ class MinibatchTrainer:
             for group in step_groups(self.steps_per_epoch, self.minibatch.sample_batches):
                 yield from self.make_batches(epoch, group)
             return
-        sampler, fetcher = copy.copy(self.sampler), copy.copy(self.fetcher)
-        sampler.comm = fetcher.comm = self.worker_comm
-        ready: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=self.minibatch.prefetch)
-
-        def work() -> None:
-            try:
-                for group in step_groups(self.steps_per_epoch, self.minibatch.sample_batches):
-                    for batch in self.make_batches(epoch, group, sampler, fetcher):
-                        ready.put(batch)
-            except BaseException as exc:  # handed to the main thread, which raises it
-                ready.put(exc)
-
-        worker = threading.Thread(target=work, name="minibatch-prefetch", daemon=True)
-        worker.start()
-        for _ in range(self.steps_per_epoch):
-            start = time.perf_counter()
-            item = ready.get()
-            waited[0] += time.perf_counter() - start
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-        worker.join()
+        if self._prefetcher is None:
+            self._prefetcher = Prefetcher(self, self.worker_comm)
+        yield from self._prefetcher.epoch(epoch, waited)
 
     # -------------------------------------------------------------- compute
     def forward(self, batch: Batch, dropout_epoch: int, training: bool) -> torch.Tensor:
@@ -266,8 +345,11 @@ class MinibatchTrainer:
         parts = {"sample": 0.0, "fetch": 0.0, "compute": 0.0, "allreduce": 0.0, "wait": 0.0}
         weighted_loss, needed, hits = 0.0, 0, 0
         waited = [0.0]
+        worker_counters: list[dict[str, dict[str, float]]] = []
         for batch in self.batches(self.epoch, waited):
             step = batch.step
+            if batch.moved is not None:
+                worker_counters.append(batch.moved)
             for key, seconds in batch.seconds.items():
                 parts[key] += seconds
             needed, hits = needed + batch.cache[0], hits + batch.cache[1]
@@ -286,7 +368,9 @@ class MinibatchTrainer:
         self.epoch += 1
         self.full.epoch = self.epoch
         after = self.comm.stats.snapshot()
-        delta = {phase: {key: after[phase][key] - before[phase][key] for key in after[phase]} for phase in after}
+        delta = {phase: {key: after[phase][key] - before[phase][key] + sum(moved[phase][key] for moved in
+                                                                             worker_counters)
+                         for key in after[phase]} for phase in after}
         return {"epoch": self.epoch, "loss": weighted_loss / max(self.train_ids.size, 1),
                 "time": {"total": wall, **parts}, "bytes": bytes_by_phase(delta), "broadcasts": None,
                 "cache_bytes": int(self.fetcher.cache_values.numel() * self.fetcher.cache_values.element_size()),
@@ -327,7 +411,19 @@ class MinibatchTrainer:
         self.epoch = self.full.epoch
 
     def close(self) -> None:
-        """End the run (collective): the full-graph trainer's exchanges, then the worker's communicator."""
+        """End the run (collective): the prefetch worker drained (its counters added to the communicator's,
+        so the run's totals hold its bytes), the full-graph trainer's exchanges, the worker's communicator."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+        if self.worker_comm is not None:  # the worker's bytes join the run's totals (a prefix left untrained too)
+            for name, counter in self.worker_comm.stats.phases.items():
+                total = self.comm.stats.counter(name)
+                total.bytes_sent += counter.bytes_sent
+                total.bytes_recv += counter.bytes_recv
+                total.seconds += counter.seconds
+                total.calls += counter.calls
+            self.worker_comm.stats = CommStats()
         self.full.close()
         if self.worker_comm is not None:
             self.worker_comm.free()

@@ -9,10 +9,12 @@ unevenly: P = 3 has an EMPTY row group, P = 4 an empty one and one with rows but
 * bytes: per batch, the counted ``sample`` and ``fetch`` bytes of every rank equal a prediction written here
   from the requested ids, every rank's requests (gathered) and the global degrees; and equal the library's
   own predictions (:func:`predict_hop_bytes`, :func:`predict_fetch_bytes`);
-* prefetch 2 (worker thread on its own communicator) is bitwise the unpipelined run, bytes included, and so
-  is prefetch 2 with bulk sampling of 3 batches per round;
+* prefetch 2 (worker thread on its own communicator, running on into the next epoch) is bitwise the
+  unpipelined run over 3 epochs, bytes per epoch and the evaluations between epochs (and their bytes)
+  included, and so are prefetch 2 with bulk sampling of 3 batches per round and prefetch 1 with 2;
 * bulk sampling (3 batches per round): each batch bitwise the one sampled alone, counted sample bytes per
-  round == predicted (independent and library), 4 collective calls per hop per round;
+  round == predicted (independent and library), 4 collective calls per hop per round; ONE feature pull per
+  group (3 calls) of the group's distinct uncached remote rows, counted bytes == predicted;
 * kernels: the compiled (numba) sampler's batches are bitwise the numpy reference's, in groups of 3;
 * P-invariance: with the same global batch size (12 = P x 12/P), fanouts 3,2 and dropout, the first step's
   loss and gradients and two epochs' losses equal those of a run on one rank holding the whole graph
@@ -41,6 +43,7 @@ from static_input_cases import C, graph_data  # noqa: E402
 from algorithms.minibatch import MinibatchConfig, MinibatchTrainer  # noqa: E402
 from algorithms.minibatch.trainer import step_groups  # noqa: E402
 from algorithms.train import TrainConfig  # noqa: E402
+from algorithms.training.metrics import counters_since  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.fetch import predict_fetch_bytes  # noqa: E402
 from sparse_dist.layout import RowLayout  # noqa: E402
@@ -59,10 +62,10 @@ def data_set() -> dict:
 
 def trainer(comm, data: dict, counts: list[int], model: str, layers: int, fanouts: tuple,
             batch_size: int, cache: int = 0, prefetch: int = 0, sample_batches: int = 1,
-            sampler: str = "auto") -> MinibatchTrainer:
+            sampler: str = "auto", epochs: int = 2) -> MinibatchTrainer:
     layout = RowLayout.from_counts(counts)
     graph = row_graph(data, layout, comm.rank, C, "minibatch")
-    return MinibatchTrainer(comm, graph, TrainConfig(model=model, layers=layers, epochs=2),
+    return MinibatchTrainer(comm, graph, TrainConfig(model=model, layers=layers, epochs=epochs),
                             MinibatchConfig(fanouts, batch_size, cache, prefetch, sample_batches, sampler))
 
 
@@ -189,13 +192,19 @@ def check_bulk(comm, data: dict, failures: list[str]) -> None:
     bulk = trainer(comm, data, COUNTS[comm.size], "sage", layers, fanouts, 1, cache=3, sample_batches=3)
     groups = step_groups(bulk.steps_per_epoch, 3)
     calls = {"alone": 0, "bulk": 0}
+    fetch_calls = {"alone": 0, "bulk": 0}
+    row_bytes = data["features"].shape[1] * 4
     for group in groups:
-        before = comm.stats.snapshot()["sample"]
+        before_all = comm.stats.snapshot()
+        before = before_all["sample"]
         made = bulk.make_batches(1, group)
-        after = comm.stats.snapshot()["sample"]
+        after_all = comm.stats.snapshot()
+        after = after_all["sample"]
         calls["bulk"] += int(after["calls"] - before["calls"])
+        fetch_calls["bulk"] += int(after_all["fetch"]["calls"] - before_all["fetch"]["calls"])
         moved = {"sent": int(after["bytes_sent"] - before["bytes_sent"]),
                  "recv": int(after["bytes_recv"] - before["bytes_recv"])}
+        check_grouped_pull(comm, bulk, made, before_all, after_all, row_bytes, group, failures)
         independent = expected_sample(comm, bulk.sampler.last_requests, list(fanouts)[::-1], degree, len(group))
         library = {"sent": 0, "recv": 0}
         for traffic in bulk.sampler.last_traffic:
@@ -205,17 +214,47 @@ def check_bulk(comm, data: dict, failures: list[str]) -> None:
             failures.append(f"bulk P={comm.size} steps {group}: counted {moved}, library {library}, "
                             f"predicted {independent}")
         for batch in made:
-            before = comm.stats.snapshot()["sample"]["calls"]
+            before_all = comm.stats.snapshot()
             single = alone.make_batch(1, batch.step)
-            calls["alone"] += int(comm.stats.snapshot()["sample"]["calls"] - before)
+            after_all = comm.stats.snapshot()
+            calls["alone"] += int(after_all["sample"]["calls"] - before_all["sample"]["calls"])
+            fetch_calls["alone"] += int(after_all["fetch"]["calls"] - before_all["fetch"]["calls"])
             if not same_batch(batch, single):
                 failures.append(f"bulk P={comm.size} step {batch.step}: not bitwise the batch sampled alone")
     want = {"alone": 4 * layers * bulk.steps_per_epoch, "bulk": 4 * layers * len(groups)}
     if calls != want:
         failures.append(f"bulk P={comm.size}: sample-phase collective calls {calls}, expected {want}")
+    want = {"alone": 3 * bulk.steps_per_epoch, "bulk": 3 * len(groups)}  # counts, ids, rows: once per group
+    if fetch_calls != want:
+        failures.append(f"bulk P={comm.size}: fetch-phase collective calls {fetch_calls}, expected {want}")
     if comm.rank == 0:
         print(f"BULK P={comm.size} steps={bulk.steps_per_epoch} groups={len(groups)} "
               f"sample_calls_alone={calls['alone']} sample_calls_bulk={calls['bulk']}", flush=True)
+
+
+def check_grouped_pull(comm, mb: MinibatchTrainer, made: list, before: dict, after: dict, row_bytes: int,
+                       group: list[int], failures: list[str]) -> None:
+    """A group's ONE feature pull: it asked each owner for the distinct uncached remote input rows of all the
+    group's batches (each once), and its counted bytes equal the prediction from every rank's requests
+    (gathered) and the library's (:func:`predict_fetch_bytes`)."""
+    last = mb.first_row + mb.graph.layout.count(comm.rank)
+    sources = np.concatenate([batch.blocks[0].src for batch in made])
+    remote = np.unique(sources[(sources < mb.first_row) | (sources >= last)])
+    asked_ids = np.concatenate(mb.fetcher.last_requests)
+    if asked_ids.size != np.unique(asked_ids).size or not np.array_equal(
+            np.sort(asked_ids), np.setdiff1d(remote, mb.fetcher.cache_ids)):
+        failures.append(f"grouped pull P={comm.size} steps {group}: the ids asked are not the group's distinct "
+                        f"uncached remote input rows")
+    asked = comm.allgather_object(mb.fetcher.last_requests)
+    others = [q for q in range(comm.size) if q != comm.rank]
+    want = {"sent": sum(8 + 8 * asked[comm.rank][q].size + row_bytes * asked[q][comm.rank].size for q in others),
+            "recv": sum(8 + 8 * asked[q][comm.rank].size + row_bytes * asked[comm.rank][q].size for q in others)}
+    moved = {"sent": int(after["fetch"]["bytes_sent"] - before["fetch"]["bytes_sent"]),
+             "recv": int(after["fetch"]["bytes_recv"] - before["fetch"]["bytes_recv"])}
+    library = predict_fetch_bytes(mb.fetcher.last_asked, mb.fetcher.last_answered, comm.rank, mb.fetcher.row_bytes())
+    if moved != want or library != want:
+        failures.append(f"grouped pull P={comm.size} steps {group}: counted {moved}, library {library}, "
+                        f"predicted {want}")
 
 
 def check_kernels(comm, data: dict, failures: list[str]) -> None:
@@ -255,21 +294,37 @@ def check_p_invariant(comm, data: dict, failures: list[str]) -> None:
 
 
 def check_prefetch(comm, data: dict, failures: list[str]) -> None:
-    """A pipelined run (worker thread, its own communicator) is bitwise the unpipelined one."""
-    runs = []
-    for prefetch, sample_batches in ((0, 1), (2, 1), (2, 3)):
+    """A pipelined run (worker thread, its own communicator, running on into the next epoch's first batches)
+    is bitwise the unpipelined one over 3 epochs, and each epoch's bytes are the unpipelined epoch's (with
+    K = 1 and K = 3); an evaluation between epochs, while the worker samples, counts only its own bytes."""
+    runs, epochs = [], 3
+    for prefetch, sample_batches in ((0, 1), (2, 1), (0, 3), (2, 3), (1, 2)):
         mb = trainer(comm, data, COUNTS[comm.size], "sage", 2, (3, 2), 2, cache=3, prefetch=prefetch,
-                     sample_batches=sample_batches)
-        records = [mb.train_epoch() for _ in range(2)]
+                     sample_batches=sample_batches, epochs=epochs)
+        records, evaluated = [], []
+        for epoch in range(epochs):
+            records.append(mb.train_epoch())
+            if prefetch and epoch + 1 < epochs and mb._prefetcher.granted.get(epoch + 1, 0) < 1:
+                failures.append(f"prefetch {prefetch} K={sample_batches} P={comm.size}: epoch {epoch + 1} was not "
+                                f"granted to the worker before epoch {epoch} ended")
+            before = comm.stats.snapshot()
+            scores = mb.evaluate()
+            evaluated.append((scores, {phase: int(d["bytes_sent"]) for phase, d in counters_since(comm, before).items()
+                                       if d["bytes_sent"]}))
         runs.append(([r["loss"] for r in records], [p.detach().clone() for p in mb.model.parameters()],
-                     [r["bytes"] for r in records], records[-1]["time"]["wait"]))
+                     [r["bytes"] for r in records], records[-1]["time"]["wait"], evaluated))
         mb.close()
-    (losses, weights, moved, _), *piped = runs
-    for label, (piped_losses, piped_weights, piped_moved, wait) in zip(("prefetch 2", "prefetch 2 with K=3"), piped):
+    (losses, weights, moved, _, evaluated), piped, (_, _, moved_k3, _, _), piped_k3, piped_k2 = runs
+    for label, (piped_losses, piped_weights, piped_moved, wait, piped_evaluated), want_moved in (
+            ("prefetch 2", piped, moved), ("prefetch 2 with K=3", piped_k3, moved_k3),
+            ("prefetch 1 with K=2", piped_k2, None)):
         if losses != piped_losses or not all(torch.equal(a, b) for a, b in zip(weights, piped_weights)):
             failures.append(f"{label} P={comm.size}: not bitwise the unpipelined run ({piped_losses} vs {losses})")
-        if label == "prefetch 2" and moved != piped_moved:
+        if want_moved is not None and piped_moved != want_moved:
             failures.append(f"{label} P={comm.size}: bytes per epoch differ from the unpipelined run")
+        if piped_evaluated != evaluated:
+            failures.append(f"{label} P={comm.size}: the evaluations or their bytes differ from the unpipelined "
+                            f"run's ({piped_evaluated} vs {evaluated})")
         if not wait >= 0.0:
             failures.append(f"{label} P={comm.size}: wait {wait}")
     if comm.rank == 0:
