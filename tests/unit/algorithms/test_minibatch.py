@@ -4,6 +4,7 @@ unbiasedness by averaging), the inclusion estimate of the feature cache, and fla
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 import pytest
@@ -112,6 +113,8 @@ TRAIN = ["train", "--data", "/no/such/dataset"]
     (["--mode", "minibatch", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1 and <= 16777216, got 0"),
     (["--mode", "minibatch", "--sample", "bns:p=0.5"], "--mode minibatch exchanges no boundary rows"),
     (["--sample-batches", "4"], "--sample-batches need --mode minibatch"),
+    (["--sampler", "numpy"], "--sampler need --mode minibatch"),
+    (["--mode", "minibatch", "--sampler", "c"], "argument --sampler: invalid choice: 'c'"),
     (["--mode", "minibatch", "--sample-batches", "0"], "argument --sample-batches: must be an integer >= 1 and <= 1024, got 0"),
 ])
 def test_bad_minibatch_flags_are_refused_before_mpi(extra: list[str], sentence: str,
@@ -158,3 +161,25 @@ def test_a_minibatch_checkpoint_resumes_only_with_its_mode_fanouts_and_global_ba
     said = str(refused.value)
     assert said.startswith(f"--checkpoint {path}: the checkpoint (epoch 2) belongs to another run: ")
     assert sentence in said and "\n" not in said, said
+
+
+def test_without_numba_auto_falls_back_to_numpy_once_and_numba_is_refused_before_mpi(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """Where the compiled sampler cannot be imported: ``auto`` runs the numpy kernel (said once in the log),
+    ``--sampler numba`` is refused in one sentence (exit 2)."""
+    from sparse_dist import sampling
+
+    monkeypatch.setitem(sys.modules, "sparse_dist.sampling_compiled", None)  # as if numba were missing
+    monkeypatch.setattr(sampling, "_fallback_said", [])
+    with caplog.at_level("WARNING", logger="sparse_dist"):
+        assert sampling.resolve_sampler("auto") == sampling.resolve_sampler("auto") == "numpy"
+    said = [r.getMessage() for r in caplog.records if "numpy reference kernel" in r.getMessage()]
+    assert len(said) == 1 and "numba is not importable" in said[0], said
+    for name in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(TRAIN + ["--mode", "minibatch", "--sampler", "numba"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "--sampler numba: numba is not importable" in err, err
+    assert "install numba or use --sampler numpy" in err
