@@ -12,6 +12,9 @@ Fanouts: ours count hops from the seeds (``fanouts[0]`` builds the last layer's 
 is DGL's ``-1``. Each row ``i`` of the adjacency aggregates over its stored columns, so DGL's in-edges of
 ``i`` are those columns (edges ``column -> i``), as the PyG peer does.
 
+Threads: DGL's C++ kernels run on their own OpenMP pool; it is given torch's thread count at construction
+(the bench's ``threads * P``), so sampler and model use the threads the report states.
+
 Figures per epoch: ``seconds`` (the whole epoch), ``sample`` (seconds spent waiting for the loader's next
 batch inside training: sampling and block construction) and, apart, :meth:`DglMinibatchPeer.sample_epoch`:
 one pass of the loader with no training (the sampler alone).
@@ -135,6 +138,7 @@ class DglMinibatchPeer:
         self.test_mask = torch.from_numpy(graph.masks["test"].astype(bool))
         layer_fanouts = [-1 if k is None else int(k) for k in reversed(fanouts)]  # DGL: input layer first
         self.sampler_name = f"DGL {dgl.__version__} NeighborSampler (compiled C++ kernel)"
+        dgl.utils.internal.set_num_threads(torch.get_num_threads())  # DGL's own OpenMP: the peer's thread count
         dgl.seed(config.seed)
         torch.manual_seed(config.seed)
         self.loader = dgl.dataloading.DataLoader(self.graph, self.train_ids,
