@@ -28,6 +28,10 @@ each cache file to a unique temporary name and renames it into place (atomic on 
 concurrent writers cannot leave a torn file; the worst a race does is drop one of two index entries, and
 the next process compiles again. Tested with two ranks on an empty cache directory.
 
+Threads: one thread of a process samples at a time (the main thread, or the prefetch worker while an
+epoch trains), which every numba threading layer allows (``workqueue``, the fallback where neither OpenMP
+nor TBB loads, forbids only concurrent launches).
+
 Pure (no communication). numba is a dependency of the package; where it cannot be imported,
 :func:`sparse_dist.sampling.resolve_sampler` falls back to the numpy reference (said once in the log).
 """
