@@ -316,6 +316,8 @@ FLAG_RANGES: dict[str, dict[str, Range]] = {
         "--threads": Range(1, 10**5, "cores a rank of the modelled machine computes with"),
         "--alpha": _ALPHA, "--beta-gbs": _BANDWIDTH, "--ranks-per-node": _PER_NODE, "--cores-per-node": _PER_NODE,
         "--machine-cores": _PER_NODE},
+    "cost bytes": {"--hidden": _WIDTH, "--layers": _LAYERS,
+                   "--itemsize": Range(1, 16, "bytes per value: 2 (fp16), 4 (float32), 8 (float64); 16 at most")},
     "emulate": {"--nodes": Range(1, 253, "one network namespace and address of a /24 per node"),
                 "--ranks-per-node": Range(1, 1024, "ranks sharing one emulated node's cores"),
                 "--timeout": Range(0.0, 7 * 86400.0, "seconds; a week, longer than any emulated run", low_open=True)},

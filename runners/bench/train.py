@@ -54,7 +54,7 @@ from runners.data.datasets import planted_classes
 from runners.results import print_report
 from runners.argtypes import add_renamed, at_least, probability
 from runners.argtypes import seed as seed_number
-from runners.train_cmd import add_attention_arguments, attention_problem
+from runners.train_flags import add_attention_arguments, attention_problem
 from runners.data.shards import load_local_graph, write_shards
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
