@@ -64,7 +64,8 @@ _BENCH_KINDS: dict[str, tuple[str, str, bool]] = {
     "train": ("runners.bench.train", "full training epochs: sparse-dist vs PyG on the same graph", True),
     "policies": ("runners.bench.policy_savings", "exact vs BNS-GCN sampling vs SANCUS staleness, one run", True),
     "minibatch": ("runners.bench.minibatch",
-                  "distributed mini-batch training vs PyG NeighborLoader + SAGEConv, one run", True),
+                  "distributed mini-batch training vs DGL's NeighborSampler or PyG's NeighborLoader (numpy "
+                  "kernel) + SAGE, one run", True),
     "partition": ("runners.bench.partition",
                   "partitioners side by side: balance, cut, remote rows of K-hop sampling", True),
 }

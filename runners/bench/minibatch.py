@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=at_least(1), default=3, help="timed epochs")
     parser.add_argument("--warmup", type=at_least(0), default=1, help="untimed epochs before the timed ones")
     parser.add_argument("--threads", type=at_least(0), default=0,
-                        help="torch threads per rank (default: cores / ranks); the PyG peer gets threads * P")
+                        help="torch threads per rank (default: cores / ranks); the peer (PyG or DGL) gets threads * P")
     parser.add_argument("--seed", type=seed_number, default=0, help="seed, >= 0 (default: %(default)s)")
     parser.add_argument("--peer", choices=PEERS, default="pyg",
                         help="the single-process system beside sparse-dist: pyg (NeighborLoader + SAGEConv; numpy "

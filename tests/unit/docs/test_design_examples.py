@@ -63,7 +63,10 @@ BLOCKS = [block for page in PAGES for block in python_blocks(page) if DEFINES.se
 
 @pytest.fixture
 def registries():
-    """Remove, after the test, every layer kind and policy name a block registered."""
+    """Remove, after the test, every layer kind and policy name a block registered (the built-in ones are
+    registered first, by importing their modules, so that none of them is taken for a block's)."""
+    import algorithms.model  # noqa: F401  (registers gcn, sage and gat)
+    import algorithms.policies  # noqa: F401  (registers every built-in policy)
     from algorithms.layers import LAYER_TYPES
     from algorithms.policies.registry import KINDS
 
