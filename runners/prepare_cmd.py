@@ -198,7 +198,7 @@ def main(comm: object, args: argparse.Namespace) -> int:
         entries = rmat_entries(args.scale, args.edge_factor)
         partitioner_kind, _ = resolve_partitioner(args.partitioner)
         check_prepare_resources(args.out, prepare_rmat_memory(nodes, entries, args.features, args.parts,
-                                                              partitioner_kind),
+                                                              partitioner_kind, args.classes),
                                 shard_bytes(nodes, entries, args.features), hint="--partitioner random or a "
                                 "smaller --scale")
     stages = Stages()
@@ -301,16 +301,16 @@ def partition_table(meta: dict) -> list[str]:
     train = stats.get("train_nodes") or [0] * parts
     cut = stats.get("cut_edges") or [0] * parts
     lines = [f"partition table ({meta['partitioner']}, {parts} parts):",
-             f"{'part':>5}{'nodes':>10}{'train':>9}{'boundary':>10}{'b/inner':>9}{'edges':>12}{'cut edges':>12}"]
+             f"{'part':>8}{'nodes':>10}{'train':>9}{'boundary':>10}{'b/inner':>9}{'edges':>12}{'cut edges':>12}"]
     for part in range(parts):
-        lines.append(f"{part:>5}{stats['inner_nodes'][part]:>10}{train[part]:>9}{stats['boundary_nodes'][part]:>10}"
+        lines.append(f"{part:>8}{stats['inner_nodes'][part]:>10}{train[part]:>9}{stats['boundary_nodes'][part]:>10}"
                      f"{stats['boundary_over_inner'][part]:>9.3f}{stats['edges'][part]:>12}{cut[part]:>12}")
 
     def ratio(values: list[int]) -> str:
         value = balance(np.asarray(values, dtype=np.float64))
         return "-" if value is None else f"{value:.3f}"
 
-    lines.append(f"{'max/mean':>5}{ratio(stats['inner_nodes']):>10}{ratio(train):>9}"
+    lines.append(f"{'max/mean':>8}{ratio(stats['inner_nodes']):>10}{ratio(train):>9}"
                  f"{ratio(stats['boundary_nodes']):>10}{'':>9}{ratio(stats['edges']):>12}{ratio(cut):>12}")
     if "total_cut_edges" in stats:
         edges = max(meta["num_edges"], 1)

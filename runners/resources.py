@@ -20,9 +20,10 @@ go to (summed where both are on one file system), from rank 0's view (shared fil
 rank's policy file goes to the checkpoint's directory).
 
 ``prepare``: :func:`prepare_memory` (whole-graph sources: the synthetic generator's arrays and the shard
-writer's copies) and :func:`shard_bytes` (the disk the shards take); :func:`check_prepare_resources` prints
-both and refuses a need above ``MemAvailable`` (pointing at ``--stream``) or the free space of the output's
-file system.
+writer's copies), :func:`prepare_rmat_memory` (``prepare rmat``, bounded memory: the largest of its stages,
+METIS counted as measured on R-MAT graphs, from :func:`rmat_entries`, the exact expected number of entries)
+and :func:`shard_bytes` (the disk the shards take); :func:`check_prepare_resources` prints both and refuses a
+need above ``MemAvailable`` (saying what helps) or the free space of the output's file system.
 
 The multipliers (how many copies of an array live at the peak) were read off the code and checked against
 measured peak RSS (``tests/cli/test_resources.py``: within 25% of ``ru_maxrss`` minus the RSS at start).
@@ -487,42 +488,61 @@ def rmat_entries(scale: int, edge_factor: int, abcd: tuple[float, ...] = (0.57, 
     return int(round(total))
 
 
-RMAT_KEY_BYTES = 16
-"""``prepare rmat``'s generation, per stored entry at its peak: the merged int64 keys and as many again
-pending in the buckets before they merge."""
+RMAT_KEY_BYTES = 14
+"""``prepare rmat``'s generation, per stored entry at its peak: the merged int64 keys, those pending in the
+buckets before they merge and the CSR's column ids filled as the keys go (measured 13.7 at SCALE 22)."""
 RMAT_GRAPH_BYTES = 8
 """The R-MAT CSR kept through every later stage, per stored entry: int32 column id and float32 weight."""
-METIS_BYTES = {"metis": 118, "metis-train": 118}
+LABEL_BLOCK_BYTES = 400 << 20
+"""The label propagation's row block (:data:`runners.data.rmat.ENTRY_BLOCK` entries: float64 copies, the
+identity added, the scaled operator)."""
+METIS_BYTES = {"metis": 138, "metis-train": 138}
 """What METIS adds per stored entry while it partitions an R-MAT graph: the int64 copy of the column ids it is
 given (8) and its own graphs (pymetis's METIS has 64-bit ``idx_t``: the edge weights it allocates and the
-coarsened levels, which shrink slowly on a power-law graph): measured 108-110 bytes an entry at SCALE 17 and
-18, 4 parts, whatever the objective or the matching (``ru_maxrss`` over the RSS before the call)."""
-METIS_NODE_BYTES = {"metis": 100, "metis-train": 150}
-"""What METIS adds per node (vertex weights, coarsening maps, per-level vertex arrays; metis-train's five
-constraints)."""
-WRITE_PART_BYTES = 24
+coarsened levels, which shrink slowly on a power-law graph). Measured (the partition stage's peak over the RSS
+at its start, ``prepare rmat``): 116 bytes an entry at SCALE 18 with 4 parts, 134 with 8, 132 at SCALE 20 with
+4; METIS alone 108-110 at SCALE 17 and 18, 4 parts, whatever the objective, the matching or 2-hop matching."""
+METIS_NODE_BYTES = {"metis": 150, "metis-train": 200}
+"""What METIS adds per node (vertex weights, coarsening maps; metis-train's five constraints)."""
+WRITE_PART_BYTES = 20
 """The shard writer per stored entry of the largest part: the rows taken out (int32 ids, float32 weights),
-their new ids (int64), the CSR's int32 copy of them and the boundary statistics' copy."""
-RMAT_NODE_BYTES = 120
-"""Per-node arrays of ``prepare rmat``: degrees, permutation, labels, masks, scores (float64 x classes),
-the partition and its relabelling."""
+their new ids (int64) and the CSR's int32 copy of them (measured 11 at SCALE 22 over 8 random parts, 18 at
+SCALE 20 over 4 METIS parts)."""
+GENERATION_NODE_BYTES = 40
+"""Per-node arrays of the generation: the permutation, its sort keys, the degrees."""
+RMAT_NODE_BYTES = 60
+"""Per-node arrays kept after the generation: the permutation, labels, masks, the partition, its order and
+inverse (plus 16 bytes a class for the label scores while they are propagated)."""
 
 
-def prepare_rmat_memory(nodes: int, entries: int, features: int, parts: int, partitioner: str) -> Estimate:
-    """Peak bytes ``prepare rmat`` adds to the process: the largest of its stages (generation; METIS with the
-    CSR; writing the largest part with the CSR), each counted per stored entry and per node. The features are
-    never held whole: a block of :data:`runners.data.shards.FEATURE_BLOCK` nodes at a time."""
+def largest_part_share(partitioner: str, parts: int) -> float:
+    """The share of the stored entries the largest part's rows hold: METIS on R-MAT puts the hubs together (the
+    largest of 4 parts held 57% of the entries at SCALE 20, of 8 parts 39% at SCALE 18), random and block
+    split them evenly."""
+    if partitioner.startswith("metis") or partitioner == "bytegnn":
+        return min(1.0, 0.25 + 1.3 / max(parts, 1))
+    return min(1.0, 1.05 / max(parts, 1))
+
+
+def prepare_rmat_memory(nodes: int, entries: int, features: int, parts: int, partitioner: str,
+                        classes: int = 8) -> Estimate:
+    """Peak bytes ``prepare rmat`` adds to the process: the largest of its stages (generation; labels; METIS with
+    the CSR; writing the largest part with the CSR), each counted per stored entry and per node. The features are
+    never held whole: a block of :data:`runners.data.shards.FEATURE_BLOCK` nodes at a time. Checked against the
+    measured stage peaks at SCALE 18-22 (``docs/guide/prepare.md``): within 10% where METIS sets the peak."""
     graph = RMAT_GRAPH_BYTES * entries
-    per_node = RMAT_NODE_BYTES * nodes
+    kept = RMAT_NODE_BYTES * nodes
     stages = {
-        "generation": {"keys": RMAT_KEY_BYTES * entries, "per-node": per_node},
+        "generation": {"keys": RMAT_KEY_BYTES * entries, "per-node": GENERATION_NODE_BYTES * nodes},
+        "labels": {"graph": graph, "per-node": kept + 16 * classes * nodes, "row block": LABEL_BLOCK_BYTES},
         "partition": {"graph": graph, "METIS": METIS_BYTES.get(partitioner, 0) * entries
-                      + METIS_NODE_BYTES.get(partitioner, 0) * nodes, "per-node": per_node},
-        "write": {"graph": graph, "largest part": WRITE_PART_BYTES * entries * min(1.0, 0.6 + 1 / max(parts, 1)),
-                  "per-node": per_node, "feature block": 12 * (1 << 16) * features},
+                      + METIS_NODE_BYTES.get(partitioner, 0) * nodes, "per-node": kept},
+        "write": {"graph": graph, "largest part": WRITE_PART_BYTES * entries * largest_part_share(partitioner, parts),
+                  "per-node": kept, "feature block": 12 * (1 << 16) * features},
     }
-    peak = max(stages.values(), key=lambda parts_of: sum(parts_of.values()))
-    return Estimate({name: int(value) for name, value in peak.items()})
+    stage, peak = max(stages.items(), key=lambda item: sum(item[1].values()))
+    return Estimate({f"{stage}: {name}" if index == 0 else name: int(value)
+                     for index, (name, value) in enumerate(peak.items())})
 
 
 def check_prepare_resources(out: str | Path, memory: Estimate | None, disk: int,

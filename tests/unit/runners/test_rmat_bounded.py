@@ -17,7 +17,7 @@ from runners.data.rmat import (RmatFeatures, features_of, node_data, node_labels
                                rmat_dataset_bounded, rmat_graph)
 from runners.data.shards import write_shards
 from runners.data.stages import Stages
-from runners.resources import rmat_entries
+from runners.resources import prepare_rmat_memory, rmat_entries
 
 
 def _probability_matrix(scale: int) -> np.ndarray:
@@ -132,3 +132,15 @@ def test_the_partition_table_agrees_with_a_recount_of_the_shards(tmp_path: Path,
     assert cut_line.endswith(f"boundary rows (rows other parts need): {sum(r[3] for r in recount)}")
     assert re.search(r"^partition \(\S+\)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M)  # stage table
     assert "generate edges" in out and "write features" in out
+
+
+MEASURED_GIB = {(18, 4, "metis"): 0.93, (18, 8, "metis"): 1.07, (20, 4, "metis"): 4.16, (22, 8, "random"): 2.00}
+"""``prepare rmat --features 128`` peak RSS (``ru_maxrss``) less the 0.26 GiB the process holds before it starts
+(docs/guide/prepare.md's table: this machine, commit 813f33b)."""
+
+
+@pytest.mark.parametrize("case", sorted(MEASURED_GIB))
+def test_the_memory_estimate_is_within_a_quarter_of_the_measured_peak(case: tuple[int, int, str]) -> None:
+    scale, parts, partitioner = case
+    estimate = prepare_rmat_memory(1 << scale, rmat_entries(scale, 16), 128, parts, partitioner).total / (1 << 30)
+    assert MEASURED_GIB[case] <= estimate <= 1.25 * MEASURED_GIB[case], (estimate, MEASURED_GIB[case])
