@@ -88,6 +88,10 @@ class Adam:
                 denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
                 param.addcdiv_(exp_avg, denom, value=-step_size)
 
+    def reset_moments(self) -> None:
+        """Forget every parameter's moments and step count: the next step is a fresh Adam's first."""
+        self.state = {}
+
     def state_dict(self) -> dict[str, Any]:
         """``torch.optim.Adam.state_dict()``'s layout: parameters numbered in group order."""
         index = {p: i for i, p in enumerate(self._parameters())}

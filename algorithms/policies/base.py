@@ -108,6 +108,9 @@ class PolicyBase:
     per_receiver: ClassVar[bool] = False  # needs a plan that sends each receiver its own subset (p2p)
     caches: ClassVar[bool] = False        # needs a plan whose receivers can cache whole blocks
     feeds_layer0: ClassVar[bool] = False  # gives layer 0 its input itself (its work's layer_input)
+    # its damage shows from the first epochs, as a lower plateau that exact training started late does not
+    # recover: the accuracy guard judges it from the end of its warm-up, without waiting for the loss to settle
+    harms_from_start: ClassVar[bool] = False
 
     def refusal(self, run: RunShape) -> str | None:
         """Why this policy cannot run in ``run`` (one sentence, naming what to change), or None."""

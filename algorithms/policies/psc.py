@@ -70,6 +70,9 @@ class PscSampler(PolicyBase):
     per_edge: bool = True
     samples: ClassVar[bool] = True
     per_receiver: ClassVar[bool] = True
+    # every row keeps ``budget`` of all its neighbours, inner ones too: at 0.1 on Cora and CiteSeer its validation
+    # plateaus 3 points below exact's without falling, and exact from epoch 100 on ends 1.7 low (guard docs)
+    harms_from_start: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.budget <= 1.0:

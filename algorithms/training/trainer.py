@@ -199,8 +199,9 @@ class Trainer(TrainingRun):
         return metrics
 
     def _kept_state(self) -> dict[str, Any]:
-        """What the guard keeps of the best evaluation: the replicated weights and Adam state."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """What the guard keeps of the best evaluation: the replicated weights (Adam's moments start afresh at a
+        tightening, so they are not kept)."""
+        return {"model": self.model.state_dict()}
 
     def _exact_metrics(self) -> dict[str, float]:
         """Accuracy per split from an exact forward without dropout (collective)."""

@@ -232,3 +232,36 @@ def test_validation_falls_count_only_once_the_loss_has_settled() -> None:
 def test_settings_out_of_range_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match="guard"):
         GuardSettings(**{field: value})
+
+
+def test_a_policy_that_harms_from_start_is_judged_before_the_loss_settles() -> None:
+    assert ActivePolicies(AxisSpec.parse("sample", "psc:budget=0.1"), AxisSpec("stale")).harms_from_start
+    assert not ActivePolicies(AxisSpec.parse("sample", "bns:keep=0.1"),
+                              AxisSpec.parse("stale", "pipe:tau=1")).harms_from_start
+    for waits, due in ((True, False), (False, True)):
+        guard = Guard(GuardSettings(patience=1, warmup=1, noise=0.0), OneRank(), active=True, validation_size=500)
+        guard.waits_for_settled_loss = waits
+        for epoch, (loss, value) in enumerate([(1.79, 0.5), (1.78, 0.6), (1.77, 0.45)], start=1):
+            guard.observe_loss(epoch, loss)  # never 10% below the first step's
+            guard.observe_metrics(epoch, {"val_acc": value}, kept)
+        assert guard.due == due
+
+
+def test_tightening_starts_adams_moments_afresh() -> None:
+    from algorithms.optim import Adam
+
+    torch = pytest.importorskip("torch")
+    weight = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    used = Adam([{"params": [weight]}], lr=0.1)
+    for scale in (100.0, -50.0, 80.0):  # a noisy policy's large gradients fill the second moments
+        weight.grad = torch.full_like(weight, scale)
+        used.step()
+    start = weight.detach().clone()
+    used.reset_moments()
+    fresh_weight = torch.nn.Parameter(start.clone())
+    fresh = Adam([{"params": [fresh_weight]}], lr=0.1)
+    for optimiser, param in ((used, weight), (fresh, fresh_weight)):
+        param.grad = torch.tensor([0.5, 0.5, -0.5])
+        optimiser.step()
+    assert torch.equal(weight.detach(), fresh_weight.detach())  # bitwise a fresh Adam's first step
+    assert not torch.equal(weight.detach(), start)
