@@ -226,7 +226,7 @@ def exchanged_rows(meta: dict[str, Any], plan: str, groups: int, counts: dict[st
 
 def guard_keeps_weights(args: Any) -> bool:
     """Whether the accuracy guard watches this run (a policy on some axis, ``--guard auto``), and so keeps a copy
-    of the weights and Adam state of the best evaluation in memory and in checkpoints."""
+    of the weights of the best evaluation in memory and in checkpoints."""
     policy = any(not getattr(args, axis).is_none for axis in ("sample", "stale") if hasattr(getattr(args, axis, None),
                                                                                           "is_none"))
     compressed = str(getattr(args, "compress", "none")).strip() not in ("", "none")
@@ -241,8 +241,8 @@ def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, in
     widths = layer_widths(args.model, int(meta["feature_dim"]), args.hidden, args.layers, int(meta["num_classes"]),
                           args.heads, args.output_heads)
     if args.checkpoint:
-        # weights and Adam's two moments; the accuracy guard keeps a second copy of all three (its best evaluation)
-        copies_of_weights = 6 if guard_keeps_weights(args) else 3
+        # weights and Adam's two moments; the accuracy guard keeps a second copy of the weights (its best evaluation)
+        copies_of_weights = 4 if guard_keeps_weights(args) else 3
         main = copies_of_weights * parameter_count(args.model, widths, args.output_heads) * itemsize + CHECKPOINT_FIXED_BYTES
         copies, structure = policy_state_copies(args.stale, str(getattr(args, "compress", "none")))
         heads = [args.heads] * (len(widths) - 1) + [args.output_heads]
