@@ -496,13 +496,21 @@ RMAT_GRAPH_BYTES = 8
 LABEL_BLOCK_BYTES = 400 << 20
 """The label propagation's row block (:data:`runners.data.rmat.ENTRY_BLOCK` entries: float64 copies, the
 identity added, the scaled operator)."""
-METIS_BYTES = {"metis": 138, "metis-train": 138}
-"""What METIS adds per stored entry while it partitions an R-MAT graph: the int64 copy of the column ids it is
-given (8) and its own graphs (pymetis's METIS has 64-bit ``idx_t``: the edge weights it allocates and the
-coarsened levels, which shrink slowly on a power-law graph). Measured (the partition stage's peak over the RSS
-at its start, ``prepare rmat``): 116 bytes an entry at SCALE 18 with 4 parts, 134 with 8, 132 at SCALE 20 with
-4; METIS alone 108-110 at SCALE 17 and 18, 4 parts, whatever the objective, the matching or 2-hop matching."""
-METIS_NODE_BYTES = {"metis": 150, "metis-train": 200}
+METIS_PARTITIONERS = ("metis", "metis-train")
+
+
+def metis_bytes(entries: int, parts: int) -> float:
+    """What METIS adds per stored entry while it partitions an R-MAT graph: the int64 copy of the column ids it
+    is given (8) and its own graphs (pymetis's METIS has 64-bit ``idx_t``: the edge weights it allocates and
+    the coarsened levels, which shrink slowly on a power-law graph, the more so the larger it is). Measured (the
+    partition stage's peak over the RSS at its start, ``prepare rmat``): 116 bytes an entry at SCALE 18 with 4
+    parts, 134 with 8; 132 at SCALE 20 with 4; 151 at SCALE 22 with 8 (METIS alone: 108-110 at SCALE 17 and 18,
+    4 parts, whatever the objective, the matching or 2-hop matching). Fitted: ``105 + 6 log2(entries / 2^20)``,
+    15 more from 8 parts on."""
+    return 105 + 6 * math.log2(max(entries, 1 << 20) / (1 << 20)) + (15 if parts >= 8 else 0)
+
+
+METIS_NODE_BYTES = 150
 """What METIS adds per node (vertex weights, coarsening maps; metis-train's five constraints)."""
 WRITE_PART_BYTES = 20
 """The shard writer per stored entry of the largest part: the rows taken out (int32 ids, float32 weights),
@@ -535,8 +543,8 @@ def prepare_rmat_memory(nodes: int, entries: int, features: int, parts: int, par
     stages = {
         "generation": {"keys": RMAT_KEY_BYTES * entries, "per-node": GENERATION_NODE_BYTES * nodes},
         "labels": {"graph": graph, "per-node": kept + 16 * classes * nodes, "row block": LABEL_BLOCK_BYTES},
-        "partition": {"graph": graph, "METIS": METIS_BYTES.get(partitioner, 0) * entries
-                      + METIS_NODE_BYTES.get(partitioner, 0) * nodes, "per-node": kept},
+        "partition": {"graph": graph, "METIS": (metis_bytes(entries, parts) * entries + METIS_NODE_BYTES * nodes
+                                                if partitioner in METIS_PARTITIONERS else 0), "per-node": kept},
         "write": {"graph": graph, "largest part": WRITE_PART_BYTES * entries * largest_part_share(partitioner, parts),
                   "per-node": kept, "feature block": 12 * (1 << 16) * features},
     }
