@@ -33,6 +33,7 @@ def _train(data: Path, *extra: str):
     return run_mpi(2, [SPARSE_DIST, "train", "--data", str(data), "--print-every", "1000", *extra], timeout=120)
 
 
+@pytest.mark.slow
 def test_a_second_job_on_a_running_jobs_outputs_is_refused_and_the_first_completes(cora_data: Path,
                                                                                      tmp_path: Path) -> None:
     out, path = tmp_path / "same.jsonl", tmp_path / "same.ckpt"

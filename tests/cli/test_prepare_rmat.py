@@ -19,6 +19,7 @@ def _prepare(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([SPARSE_DIST, "prepare", "rmat", *argv], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_prepare_rmat_writes_a_dataset_two_ranks_train_on(tmp_path: Path) -> None:
     out = tmp_path / "rmat"
     result = _prepare("--scale", "10", "--features", "16", "--classes", "4", "--parts", "2", "--seed", "3",

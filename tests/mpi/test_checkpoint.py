@@ -159,6 +159,7 @@ def _reference_losses(data: Path, pointer: Path, epochs: int, ranks: int, replic
     return json.loads(next(line for line in reference.stdout.splitlines() if line.startswith("LOSSES "))[7:])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_at_other_p_and_c_bitwise_as_a_run_started_there_from_its_state(data: Path,
                                                                                             tmp_path: Path) -> None:
     """P = 4 to epoch 4, then P = 2 to 8, P = 4 with c = 2 to 12: each leg's losses equal, bitwise, those of a
@@ -275,6 +276,7 @@ def _terminated_at_a_checkpoint(data: Path, out: Path, path: Path) -> int:
     return read_pointer(path).epoch
 
 
+@pytest.mark.slow
 def test_resume_keeps_every_epoch_of_the_earlier_legs_once_and_spans_them(data: Path, tmp_path: Path) -> None:
     """SIGTERM mid-run, then --resume twice (from the killed leg's NAME.partial, then from the completed NAME):
     the file holds epochs 1..N once each, says where each leg started, and its best value spans the legs."""

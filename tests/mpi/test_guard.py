@@ -18,6 +18,7 @@ def test_guard_rescues_a_falling_policy_and_decides_alike_everywhere(tmp_path) -
     assert "guard cases P=4: all checks pass" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_train_says_each_decision_once_and_records_them(tmp_path) -> None:
     from mpirun import BIN, run_mpi
 
