@@ -9,20 +9,21 @@
   without neighbours stays zero).
 
 The same functions serve one rank or many: the only non-local input, the
-degrees of the columns a rank touches, comes from
-:func:`sparse_dist.gather.fetch_by_global_id`, so the result does not depend
-on the number of ranks.
+degrees of the columns a rank touches, is pulled from their owners
+(:class:`sparse_dist.pull.Pull`, phase ``other``), so the result does not
+depend on the number of ranks.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from sparse_dist.comm import Communicator
 from sparse_dist.csr import distinct_ids_and_positions, entry_rows
-from sparse_dist.gather import fetch_by_global_id
 from sparse_dist.layout import RowLayout
+from sparse_dist.pull import Pull
 
 
 def add_remaining_self_loops(rows: sp.csr_matrix, first_row: int) -> sp.csr_matrix:
@@ -60,12 +61,12 @@ def inverse_sqrt(values: np.ndarray) -> np.ndarray:
 
 
 def gcn_normalize(comm: Communicator, layout: RowLayout, rows: sp.csr_matrix, group: int) -> sp.csr_matrix:
-    """GCN ``Â`` rows of row group ``group`` (collective over ``comm``, one rank per group)."""
+    """GCN ``Â`` rows of row group ``group`` (collective over ``comm``, one rank per group: rank ``group``)."""
     first_row = layout.offsets[group]
     with_loops = add_remaining_self_loops(rows, first_row)
     degree_inv_sqrt = inverse_sqrt(np.asarray(with_loops.sum(axis=1)).ravel())
     columns, inverse = distinct_ids_and_positions(with_loops.indices, layout.n_rows)
-    column_scale = fetch_by_global_id(comm, layout, columns, degree_inv_sqrt)
+    column_scale = Pull(comm, layout, columns, "other").rows(torch.from_numpy(degree_inv_sqrt)).numpy()
     return scale_symmetric(with_loops, degree_inv_sqrt, column_scale[inverse])
 
 

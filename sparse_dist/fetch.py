@@ -1,11 +1,11 @@
 """Pulling rows of ``X`` for a mini-batch from their owners, with a per-rank cache (DESIGN section 10).
 
 A batch's input rows are its layer-0 source nodes. Own rows are read in place; remote rows held in the
-cache are read from it; the others are requested by owner through the communicator (phase ``fetch``): an
-alltoallv of per-peer counts, one of the global ids, then one of the rows (``F`` columns of the features'
-dtype). Bytes on one rank (the own slot of every alltoallv counts nothing): sent = ``8 (P - 1)`` + ``8`` per
-id asked of another rank + ``F * itemsize`` per row answered to another rank; received alike with the
-roles swapped (:func:`predict_fetch_bytes`).
+cache are read from it; the others are pulled from their owners (:class:`sparse_dist.pull.Pull`, phase
+``fetch``): an alltoallv of per-peer counts, one of the global ids, then one of the rows (``F`` columns of the
+features' dtype). Bytes on one rank (the own slot of every alltoallv counts nothing): sent = ``8 (P - 1)`` +
+``8`` per id asked of another rank + ``F * itemsize`` per row answered to another rank; received alike with
+the roles swapped (:func:`predict_fetch_bytes`, the pull's own prediction).
 
 The cache (``--feature-cache SIZE`` rows per rank; psc's inclusion-aware idea, :mod:`sparse_dist.importance`,
 and SALIENT++'s): the remote rows with the highest estimated probability of being an input row of one of
@@ -25,7 +25,7 @@ import torch
 
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import RowLayout
-from sparse_dist.sampling import ID_BYTES, exchange_requests
+from sparse_dist.pull import Pull, PullTraffic, predict_pull_bytes
 
 __all__ = ["FeatureFetcher", "inclusion_estimate", "predict_fetch_bytes"]
 
@@ -64,9 +64,7 @@ def inclusion_estimate(rows: sp.csr_matrix, first_row: int, seed_probability: np
 
 def predict_fetch_bytes(asked: Sequence[int], answered: Sequence[int], rank: int, row_bytes: int) -> dict[str, int]:
     """Bytes one fetch sends and receives on ``rank``: ``asked[q]`` ids to rank ``q``, ``answered[q]`` rows to it."""
-    others = [q for q in range(len(asked)) if q != rank]
-    return {"sent": ID_BYTES * len(others) + sum(ID_BYTES * asked[q] + row_bytes * answered[q] for q in others),
-            "recv": ID_BYTES * len(others) + sum(ID_BYTES * answered[q] + row_bytes * asked[q] for q in others)}
+    return predict_pull_bytes(PullTraffic.dense(asked, answered, row_bytes), rank)
 
 
 class FeatureFetcher:
@@ -98,23 +96,12 @@ class FeatureFetcher:
         return self.width * self.own.element_size()
 
     def _pull(self, ids: np.ndarray) -> torch.Tensor:
-        """Rows ``ids`` (remote, sorted by owner then as given) fetched from their owners (collective)."""
-        size = self.comm.size
-        owners = self.layout.owner_of(ids) if ids.size else np.zeros(0, dtype=np.int64)
-        order = np.argsort(owners, kind="stable")
-        requests = [ids[order][owners[order] == q] for q in range(size)]
-        incoming = exchange_requests(self.comm, requests, self.phase)
-        answers = [self.own.index_select(0, torch.from_numpy(wanted - self.first_row).to(self.own.device))
-                   for wanted in incoming]
-        send = torch.cat(answers).contiguous() if answers else self.own[:0]
-        recv = torch.empty(int(ids.size), self.width, dtype=self.own.dtype, device=self.own.device)
-        self.comm.alltoallv(send, [len(w) for w in incoming], recv, [len(r) for r in requests], self.phase)
-        self.last_requests = requests
-        self.last_asked = [len(r) for r in requests]
-        self.last_answered = [len(w) for w in incoming]
-        out = torch.empty_like(recv)
-        out[torch.from_numpy(order).to(out.device)] = recv
-        return out
+        """Rows ``ids`` (remote) pulled from their owners, in ``ids``' order (collective)."""
+        pull = Pull(self.comm, self.layout, ids, self.phase)
+        rows = pull.rows(self.own)
+        self.last_requests = pull.requests
+        self.last_asked, self.last_answered = pull.asked_counts, pull.answered_counts
+        return rows
 
     def fetch(self, src: np.ndarray) -> torch.Tensor:
         """Rows of ``X`` for the global ids ``src`` (any owners, unique), in ``src``'s order (collective)."""

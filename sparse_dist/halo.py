@@ -17,7 +17,8 @@ On the 1.5D grid every replica of a row group fetches (in its replica column) an
 whole halo of its row group, so layer 0 needs no replica allreduce either; its local work is
 then repeated on the ``c`` replicas (it is the small product: ``F_0 x F_1`` per row).
 
-Construction is collective over the replica column: one alltoallv of row ids (phase
+Construction is collective over the replica column: one pull (:class:`~sparse_dist.pull.Pull`)
+without a count exchange (the boundary counts are agreed already): one alltoallv of row ids (phase
 ``other``) and one of feature rows (phase ``halo``).
 """
 
@@ -33,6 +34,7 @@ from sparse_dist.csr import csr_bytes, distinct_ids, entry_rows
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.layout import RowLayout
 from sparse_dist.plans import ExchangePlan
+from sparse_dist.pull import Pull
 
 
 def _column_part(rows: sp.csr_matrix, keep: np.ndarray, new_columns: np.ndarray, width: int) -> sp.csr_matrix:
@@ -61,7 +63,7 @@ class StaticHalo:
         :class:`~sparse_dist.dcsr.DistCSR`).
         """
         self.plan = plan
-        group, device = plan.group, own_values.device
+        group = plan.group
         lo, hi = layout.row_range(group)
         rows = sp.csr_matrix(rows)
         columns = distinct_ids(rows.indices, layout.n_rows).astype(np.int64)
@@ -74,14 +76,8 @@ class StaticHalo:
         if not np.array_equal(recv_rows, np.where(others, counts[group], 0)):
             raise RuntimeError(f"row group {group}: its halo per owner {recv_rows.tolist()} differs from the "
                                f"boundary counts {counts[group].tolist()}")
-        send_rows = np.where(others, counts[:, group], 0)
-        offsets = np.asarray(layout.offsets, dtype=np.int64)
-        asked = torch.empty(int(send_rows.sum()), dtype=torch.int64)
-        plan.col_comm.alltoallv(torch.from_numpy(self.halo_ids - offsets[owners]), recv_rows.tolist(), asked,
-                                send_rows.tolist(), phase="other")
-        received = torch.empty(self.halo_ids.size, own_values.shape[1], dtype=own_values.dtype, device=device)
-        plan.col_comm.alltoallv(own_values.index_select(0, asked.to(device)).contiguous(), send_rows.tolist(),
-                                received, recv_rows.tolist(), phase="halo")
+        received = Pull(plan.col_comm, layout, self.halo_ids, "halo", request_phase="other",
+                        answered=np.where(others, counts[:, group], 0)).rows(own_values)  # counts agreed already
         self.own_count = hi - lo
         self.count = int(self.halo_ids.size)
         self.values = torch.cat([own_values, received]) if self.count else own_values

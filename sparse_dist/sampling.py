@@ -6,11 +6,11 @@ entries, self loop included) with fanout ``k < d`` keeps ``k`` entries drawn uni
 each multiplied by ``d / k`` (each entry is kept with probability ``k / d``); with ``k >= d`` or fanout
 ``None`` ("all") every entry stays with scale 1, so the sampled product is exact.
 
-Who samples: the OWNER of a row. A hop is one request round through the communicator (phase ``sample``):
-the requester sends each owner the global ids of the frontier rows it owns (an alltoallv of per-peer counts,
-then one alltoallv of the ids); each owner samples its own rows and answers with, per row, the number of
-entries kept, then their global column ids and values (float64), packed into one int64 buffer per peer
-(an alltoallv of per-peer answer lengths, then one alltoallv of the answers). The requester builds a small
+Who samples: the OWNER of a row. A hop is one pull (:class:`sparse_dist.pull.Pull`, phase ``sample``) whose
+answers the owners compute: the requester sends each owner the global ids of the frontier rows it owns (an
+alltoallv of per-peer counts, then one alltoallv of the ids); each owner samples its own rows and answers
+with, per row, the number of entries kept, then their global column ids and values (float64), packed into
+one int64 buffer per peer (an alltoallv of per-peer answer lengths, then one alltoallv of the answers). The requester builds a small
 local CSR (:class:`SampledBlock`): rows = the hop's destination nodes, columns = its source nodes, which are
 the destination nodes first (so a self term reads the first rows, as SAGE does) and then the new nodes in
 increasing global id.
@@ -57,12 +57,11 @@ from sparse_dist.comm import Communicator
 from sparse_dist.csr import torch_csr
 from sparse_dist.layout import RowLayout
 from sparse_dist.log import get_logger
+from sparse_dist.pull import ID_BYTES, Pull, PullTraffic, predict_pull_bytes
 from sparse_dist.splitmix import splitmix64 as _mix
 
-__all__ = ["SAMPLERS", "DistributedSampler", "HopTraffic", "SampledBlock", "exchange_requests", "exchange_segments",
-           "predict_hop_bytes", "resolve_sampler", "sample_rows", "sampling_key"]
-
-ID_BYTES = 8  # global ids, counts and answer lengths travel as int64; values as float64
+__all__ = ["SAMPLERS", "DistributedSampler", "HopTraffic", "SampledBlock", "predict_hop_bytes", "resolve_sampler",
+           "sample_rows", "sampling_key"]
 SAMPLERS = ("auto", "numba", "numpy")  # the kernels a run may ask for (module docstring)
 
 _log = get_logger(__name__)
@@ -136,37 +135,6 @@ def sample_rows(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout:
     return kept, columns[chosen], values[chosen] * scale[owner_of_entry[chosen]]
 
 
-def exchange_segments(comm: Communicator, segments: Sequence[Sequence[np.ndarray]],
-                      phase: str) -> list[list[np.ndarray]]:
-    """Send rank ``q`` the int64 arrays ``segments[q]`` (the same number ``K`` for every ``q``, and on every
-    rank); returns, per rank, the ``K`` arrays it sent this one (collective).
-
-    Two alltoallvs: the ``K`` lengths per peer (one int64 each), then the arrays, concatenated per peer.
-    """
-    size = comm.size
-    count = len(segments[0]) if size else 0
-    lengths = torch.tensor([len(part) for q in range(size) for part in segments[q]], dtype=torch.int64)
-    incoming = torch.empty(size * count, dtype=torch.int64)
-    comm.alltoallv(lengths, [count] * size, incoming, [count] * size, phase)
-    send = torch.from_numpy(np.concatenate([np.asarray(part, dtype=np.int64) for q in range(size)
-                                            for part in segments[q]] + [np.zeros(0, dtype=np.int64)]))
-    per_peer = lengths.view(size, count).sum(dim=1) if count else torch.zeros(size, dtype=torch.int64)
-    incoming_per_peer = incoming.view(size, count).sum(dim=1) if count else torch.zeros(size, dtype=torch.int64)
-    recv = torch.empty(int(incoming.sum()), dtype=torch.int64)
-    comm.alltoallv(send, per_peer.tolist(), recv, incoming_per_peer.tolist(), phase)
-    bounds = np.concatenate(([0], np.cumsum(incoming.numpy())))
-    flat = recv.numpy()
-    return [[flat[bounds[q * count + b]:bounds[q * count + b + 1]] for b in range(count)] for q in range(size)]
-
-
-def exchange_requests(comm: Communicator, requests: Sequence[np.ndarray], phase: str) -> list[np.ndarray]:
-    """Send ``requests[q]`` (int64 ids) to rank ``q``; returns what each rank sent this one (collective).
-
-    Two alltoallvs: the per-peer counts (one int64 each), then the ids.
-    """
-    return [parts[0] for parts in exchange_segments(comm, [[r] for r in requests], phase)]
-
-
 @dataclass
 class HopTraffic:
     """One rank's side of one hop: rows it asked each rank for, and entries each answer carried.
@@ -184,14 +152,12 @@ class HopTraffic:
 
 
 def predict_hop_bytes(traffic: HopTraffic, rank: int) -> dict[str, int]:
-    """Bytes one hop sends and receives on ``rank`` (the module docstring's rule; the own slot counts nothing)."""
-    others = [q for q in range(len(traffic.asked)) if q != rank]
-    fixed = (traffic.batches + 1) * ID_BYTES * len(others)  # request counts (one per batch) and answer lengths
-    sent = fixed + ID_BYTES * sum(traffic.asked[q] + traffic.answered[q] + 2 * traffic.kept_answered[q]
-                                  for q in others)
-    recv = fixed + ID_BYTES * sum(traffic.answered[q] + traffic.asked[q] + 2 * traffic.kept_asked[q]
-                                  for q in others)
-    return {"sent": sent, "recv": recv}
+    """Bytes one hop sends and receives on ``rank`` (the module docstring's rule; the own slot counts nothing):
+    a pull of ``batches`` segments whose answers are ``1 + 2 c`` int64 per row."""
+    words = [ID_BYTES * (rows + 2 * kept) for rows, kept in zip(traffic.asked, traffic.kept_asked)]
+    words_out = [ID_BYTES * (rows + 2 * kept) for rows, kept in zip(traffic.answered, traffic.kept_answered)]
+    return predict_pull_bytes(PullTraffic(traffic.asked, traffic.answered, words, words_out, traffic.batches,
+                                          ragged=True), rank)
 
 
 class _BlockProduct(torch.autograd.Function):
@@ -322,18 +288,11 @@ class DistributedSampler:
 
     def _hop(self, frontiers: list[np.ndarray], fanout: int | None,
              keys: list[np.ndarray]) -> tuple[list[SampledBlock], HopTraffic, list[np.ndarray]]:
-        """One hop of every batch: frontier rows to their owners (per peer, batch after batch), the owners'
-        samples back; returns the blocks, the round's traffic and the ids asked of each rank (concatenated)."""
-        size = self.comm.size
-        orders, asked = [], []  # per batch: rows sorted by owner, and the ids asked of each rank
-        for dst in frontiers:
-            owners = self.layout.owner_of(dst) if dst.size else np.zeros(0, dtype=np.int64)
-            order = np.argsort(owners, kind="stable")
-            orders.append(order)
-            asked.append([dst[order][owners[order] == q] for q in range(size)])
-        incoming = exchange_segments(self.comm, [[mine[q] for mine in asked] for q in range(size)], self.phase)
+        """One hop of every batch: one pull whose segments are the batches' frontier rows and whose answers the
+        owners sample; returns the blocks, the round's traffic and the ids asked of each rank (concatenated)."""
+        pull = Pull(self.comm, self.layout, frontiers, self.phase)
         answers, kept_answered = [], []
-        for wanted in incoming:  # per peer: its batches' rows, each sampled with its batch's key
+        for wanted in pull.incoming:  # per peer: its batches' rows, each sampled with its batch's key
             parts, kept_total = [], 0
             for rows, key in zip(wanted, keys):
                 kept, columns, values = self.sample_rows(rows, fanout, key)
@@ -341,13 +300,13 @@ class DistributedSampler:
                 kept_total += int(kept.sum())
             answers.append(np.concatenate(parts + [np.zeros(0, dtype=np.int64)]))
             kept_answered.append(kept_total)
-        replies = exchange_requests(self.comm, answers, self.phase)
-        rows_of = [[] for _ in frontiers]  # per batch: (kept, columns, values) from each peer
+        replies = pull.answers(answers)
+        rows_of: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in frontiers]  # per batch, peer
         kept_asked = []
-        for q, reply in enumerate(replies):
+        for reply, asked in zip(replies, pull.asked):
             offset, kept_total = 0, 0
             for batch, mine in enumerate(asked):
-                n = len(mine[q])
+                n = mine.size
                 kept = reply[offset:offset + n]
                 entries = int(kept.sum())
                 columns = reply[offset + n:offset + n + entries]
@@ -357,14 +316,14 @@ class DistributedSampler:
                 kept_total += entries
             kept_asked.append(kept_total)
         blocks = []
-        for dst, order, parts in zip(frontiers, orders, rows_of):
+        for batch, (dst, parts) in enumerate(zip(frontiers, rows_of)):
             grouped = tuple(np.concatenate([part[i] for part in parts]) for i in range(3))
+            order = pull.orders[batch]
             inverse = np.empty_like(order)
             inverse[order] = np.arange(order.size)
             blocks.append(assemble_block(dst, *reorder_rows(grouped, inverse), block_columns=self._block_columns))
-        traffic = HopTraffic([sum(len(mine[q]) for mine in asked) for q in range(size)], kept_asked,
-                             [sum(len(rows) for rows in wanted) for wanted in incoming], kept_answered, len(frontiers))
-        return blocks, traffic, [np.concatenate([mine[q] for mine in asked]) for q in range(size)]
+        traffic = HopTraffic(pull.asked_counts, kept_asked, pull.answered_counts, kept_answered, len(frontiers))
+        return blocks, traffic, pull.requests
 
 
 def reorder_rows(rows: tuple[np.ndarray, np.ndarray, np.ndarray], new_order: np.ndarray) -> tuple[
