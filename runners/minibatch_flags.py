@@ -2,10 +2,13 @@
 
 The train command calls :func:`add_minibatch_arguments` from its ``add_arguments``, :func:`minibatch_flag_problem`
 from its ``check_arguments`` (so a bad combination is refused before MPI does any collective work) and
-:func:`make_trainer` where it builds its trainer. Decisions: ``--checkpoint``/``--resume`` are refused in
-mini-batch mode are written at epoch ends like full-graph ones (a batch is a pure function of (seed, epoch,
-step), so weights, Adam state and epoch resume exactly) and their fingerprint adds the mode, the fanouts and
-the global batch size (:func:`mode_fingerprint`); ``--fanouts`` needs one entry per ``--layers``.
+:func:`make_trainer` where it builds its trainer. The mode is read from the flags once: the check builds the
+run's :class:`MinibatchConfig` (None for a full-graph run) and keeps it as ``args.minibatch``; the trainer,
+the checkpoint fingerprint (:func:`mode_fingerprint`) and the results file's ``config`` record
+(:func:`mode_record`) read that object. Decisions: ``--checkpoint``/``--resume`` in mini-batch mode are
+written at epoch ends like full-graph ones (a batch is a pure function of (seed, epoch, step), so weights,
+Adam state and epoch resume exactly) and their fingerprint adds the mode, the fanouts and the global batch
+size; ``--fanouts`` needs one entry per ``--layers``.
 """
 
 from __future__ import annotations
@@ -76,40 +79,45 @@ DEFAULT_BATCH_SIZE = 512
 
 
 def minibatch_flag_problem(args: argparse.Namespace) -> str | None:
-    """Why the mini-batch flags do not fit (checked before MPI starts), or None; fills their defaults."""
-    given = [flag for flag, value in (("--fanouts", args.fanouts), ("--batch-size", args.batch_size),
-                                      ("--feature-cache", args.feature_cache or None),
-                                      ("--prefetch", args.prefetch or None),
-                                      ("--sample-batches", None if args.sample_batches == 1 else args.sample_batches),
-                                      ("--sampler", None if args.sampler == "auto" else args.sampler))
-             if value is not None]
-    if args.mode == "full":
+    """Why the mini-batch flags do not fit (checked before MPI starts), or None; fills their defaults and
+    keeps the run's settings as ``args.minibatch`` (:func:`minibatch_settings`)."""
+    minibatch = minibatch_settings(args)
+    if minibatch is None:
+        given = [flag for flag, value in (("--fanouts", args.fanouts), ("--batch-size", args.batch_size),
+                                          ("--feature-cache", args.feature_cache or None),
+                                          ("--prefetch", args.prefetch or None),
+                                          ("--sample-batches", None if args.sample_batches == 1 else args.sample_batches),
+                                          ("--sampler", None if args.sampler == "auto" else args.sampler))
+                 if value is not None]
         return f"{', '.join(given)} need --mode minibatch" if given else None
-    if args.fanouts is None:
-        args.fanouts = (None,) * args.layers
-    if args.batch_size is None:
-        args.batch_size = DEFAULT_BATCH_SIZE
-    problem = sampler_problem(args.sampler)
+    problem = sampler_problem(minibatch.sampler)
     if problem:
         return problem
-    return minibatch_problem(_shape_only(args), minibatch_config(args))
+    shape = TrainConfig(model=args.model, layers=args.layers, replication=args.replication, sample=args.sample,
+                        stale=args.stale, compress=args.compress)
+    return minibatch_problem(shape, minibatch)
 
 
-def _shape_only(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(model=args.model, layers=args.layers, replication=args.replication, sample=args.sample,
-                       stale=args.stale, compress=args.compress)
-
-
-def minibatch_config(args: argparse.Namespace) -> MinibatchConfig:
-    return MinibatchConfig(tuple(args.fanouts), args.batch_size, args.feature_cache, args.prefetch,
-                           args.sample_batches, args.sampler)
+def minibatch_settings(args: argparse.Namespace) -> MinibatchConfig | None:
+    """The run's mini-batch settings, None for a full-graph run: built from the flags the first time it is
+    asked (the defaults filled in: ``all`` per layer, batch size 512) and kept as ``args.minibatch``."""
+    if not hasattr(args, "minibatch"):
+        if getattr(args, "mode", "full") == "full":
+            args.minibatch = None
+        else:
+            fanouts = args.fanouts if args.fanouts is not None else (None,) * args.layers
+            batch_size = args.batch_size if args.batch_size is not None else DEFAULT_BATCH_SIZE
+            args.minibatch = MinibatchConfig(tuple(fanouts), batch_size, args.feature_cache, args.prefetch,
+                                             args.sample_batches, args.sampler)
+    return args.minibatch
 
 
 def make_trainer(comm: Communicator, graph: LocalGraph, config: TrainConfig, device: torch.device,
                  args: argparse.Namespace) -> Trainer | MinibatchTrainer:
     """The full-graph trainer, or with ``--mode minibatch`` the mini-batch one (collective)."""
-    if getattr(args, "mode", "full") == "minibatch":
-        return MinibatchTrainer(comm, graph, config, minibatch_config(args), device)
+    minibatch = minibatch_settings(args)
+    if minibatch is not None:
+        return MinibatchTrainer(comm, graph, config, minibatch, device)
     return Trainer(comm, graph, config, device)
 
 
@@ -118,13 +126,13 @@ def mode_fingerprint(args: argparse.Namespace, world_size: int, saved: Any) -> d
     is ``saved``: a mini-batch run its :meth:`MinibatchConfig.fingerprint`; a full-graph run nothing (so
     checkpoints written before mini-batch mode existed still resume), or ``mode: full`` against a mini-batch
     checkpoint (so the refusal names the mode)."""
-    if getattr(args, "mode", "full") == "minibatch":
-        return minibatch_config(args).fingerprint(world_size)
+    minibatch = minibatch_settings(args)
+    if minibatch is not None:
+        return minibatch.fingerprint(world_size)
     return {"mode": "full"} if isinstance(saved, dict) and "mode" in saved else {}
 
 
 def mode_record(args: argparse.Namespace) -> dict[str, Any]:
     """What the results file's ``config`` record says of the mode."""
-    if getattr(args, "mode", "full") == "minibatch":
-        return minibatch_config(args).record()
-    return {"mode": "full"}
+    minibatch = minibatch_settings(args)
+    return minibatch.record() if minibatch is not None else {"mode": "full"}

@@ -1,6 +1,8 @@
-"""Sampled mini-batch training on the full-graph shards (DistDGL, ByteGNN): :class:`MinibatchTrainer`."""
+"""Sampled mini-batch training on the full-graph shards (DistDGL, ByteGNN): :class:`MinibatchTrainer` stepping on
+the batches of a :class:`BatchLoader`."""
 
 from algorithms.minibatch.config import MinibatchConfig, parse_fanouts
-from algorithms.minibatch.trainer import Batch, MinibatchTrainer, minibatch_problem
+from algorithms.minibatch.loader import Batch, BatchLoader
+from algorithms.minibatch.trainer import MinibatchTrainer, minibatch_problem
 
-__all__ = ["Batch", "MinibatchConfig", "MinibatchTrainer", "minibatch_problem", "parse_fanouts"]
+__all__ = ["Batch", "BatchLoader", "MinibatchConfig", "MinibatchTrainer", "minibatch_problem", "parse_fanouts"]
