@@ -112,8 +112,9 @@ def prepare_command(study: Study, run: Run) -> list[str]:
     spec = run.dataset
     if spec.planetoid:
         source, flags = "planetoid", [f"--{key}={value}" for key, value in spec.planetoid.items()]
-    elif spec.rmat:
-        source, flags = "rmat", [f"{RMAT_KEYS[key]}={value}" for key, value in spec.rmat.items()]
+    elif spec.rmat:  # under weak scaling the run's vertex count, a power of two, sets the scale
+        settings = {**spec.rmat, **({"scale": run.nodes.bit_length() - 1} if run.nodes is not None else {})}
+        source, flags = "rmat", [f"{RMAT_KEYS[key]}={value}" for key, value in settings.items()]
     else:
         settings = {"nodes": run.nodes, **{k: v for k, v in spec.synthetic.items() if k != "nodes"}}
         source, flags = "synthetic", [f"--{key}={value}" for key, value in settings.items()]

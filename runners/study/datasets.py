@@ -37,8 +37,15 @@ class DatasetSpec:
     epochs: int | None = None  # None: the study's epochs
 
     def nodes_for(self, ranks: int, scaling: str) -> int | None:
-        """Synthetic node count of the run with ``ranks`` ranks (None for a prepared directory, Planetoid or
-        R-MAT, whose size is its scale)."""
+        """Node count of the run with ``ranks`` ranks where the sweep sizes the graph by ``P``: a synthetic
+        graph, or an R-MAT graph under weak scaling (``2^(scale + log2 P)`` vertices: ``scale`` is the graph of
+        one rank, so vertices and edges per rank stay fixed; ``P`` must be a power of two). None for a prepared
+        directory, Planetoid, or R-MAT under strong scaling (its size is its scale)."""
+        if self.rmat and scaling == "weak":
+            if ranks < 1 or ranks & (ranks - 1):
+                raise StudyError(f"dataset {self.name!r}: weak scaling of an R-MAT graph doubles its vertices with "
+                                 f"P, so P must be a power of two, not {ranks}")
+            return 2 ** (int(self.rmat["scale"]) + ranks.bit_length() - 1)
         if self.path is not None or self.planetoid or self.rmat:
             return None
         if scaling == "weak":
@@ -76,9 +83,9 @@ def _planetoid(path: Path, where: str, table: dict[str, Any], scaling: str, epoc
 
 def _rmat(where: str, table: dict[str, Any], scaling: str, epochs: int | None) -> DatasetSpec:
     """An ``rmat = { scale, edge_factor, features, classes }`` dataset: prepared by the sweep (``prepare rmat``),
-    each value in its flag's range (:data:`runners.argtypes.FLAG_RANGES`), ``scale`` required."""
-    if scaling == "weak":
-        raise StudyError(f"{where}: weak scaling needs a synthetic dataset (one size per P), not rmat")
+    each value in its flag's range (:data:`runners.argtypes.FLAG_RANGES`), ``scale`` required. Under weak
+    scaling ``scale`` is the graph of one rank: the run at ``P`` ranks gets ``scale + log2 P``
+    (:meth:`DatasetSpec.nodes_for`)."""
     rmat = expect(f"{where}.rmat", table["rmat"], dict, "a table")
     unknown_keys(f"{where}.rmat", rmat, set(RMAT_KEYS))
     if "scale" not in rmat:

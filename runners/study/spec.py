@@ -38,7 +38,8 @@ A study file (see ``studies/`` and the README)::
                                            # without one)
     # rmat = { scale = 16, edge_factor = 16, features = 128, classes = 8 }   # or prepare rmat: a Graph500
                                            # R-MAT graph of 2^scale vertices (edge_factor, features, classes:
-                                           # prepare's defaults where left out)
+                                           # prepare's defaults where left out; weak scaling: scale is
+                                           # one rank's graph, P ranks get scale + log2 P)
     # nodes_per_rank = 25000               # weak scaling: nodes = nodes_per_rank * P
     # sizes = { "1" = 25000, "2" = 50000 } # weak scaling, explicit
     # epochs = 200                         # this dataset's runs train this many epochs (default: study.epochs)

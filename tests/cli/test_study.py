@@ -10,7 +10,7 @@ import pytest
 
 from runners.study.collect import broadcast_fraction, summarise_run
 from runners.study.spec import Study, StudyError, load_study
-from runners.sweep_cmd import launcher_for, train_flags
+from runners.sweep_cmd import launcher_for, prepare_command, train_flags
 
 GOOD = """
 [study]
@@ -66,6 +66,26 @@ def test_weak_scaling_sizes_per_rank_count(tmp_path: Path) -> None:
     nodes = {r.ranks: r.nodes for r in runs}
     assert nodes == {1: 500, 2: 1000, 3: 1234, 4: 2000}
     assert len({study.prepared_dir(r) for r in runs}) == 4
+
+
+def test_weak_scaling_of_an_rmat_graph_adds_log2_p_to_its_scale(tmp_path: Path) -> None:
+    text = GOOD.replace('name = "s"', 'name = "s"\nscaling = "weak"').replace("ranks = [1, 2, 3, 4]", "ranks = [1, 2, 4]").replace(
+        "synthetic = { nodes = 1000, degree = 4, features = 8, classes = 3 }",
+        "rmat = { scale = 9, edge_factor = 8, features = 8, classes = 3 }")
+    study = load_study(_write(tmp_path, text))
+    runs, _ = study.runs()
+    assert {r.ranks: r.nodes for r in runs} == {1: 512, 2: 1024, 4: 2048}
+    scales = {}
+    for run in runs:
+        command = prepare_command(study, run)
+        scales[run.ranks] = command[command.index("rmat") + 1:]
+    assert {ranks: [flag for flag in flags if flag.startswith("--scale=")] for ranks, flags in scales.items()} == {
+        1: ["--scale=9"], 2: ["--scale=10"], 4: ["--scale=11"]}
+    assert all("--edge-factor=8" in flags for flags in scales.values())
+    strong = load_study(_write(tmp_path, text.replace('scaling = "weak"', 'scaling = "strong"')))
+    assert {r.nodes for r in strong.runs()[0]} == {None}  # one graph, its scale as written
+    with pytest.raises(StudyError, match="power of two, not 3"):
+        load_study(_write(tmp_path, text.replace("ranks = [1, 2, 4]", "ranks = [1, 3]"))).runs()
 
 
 @pytest.mark.parametrize("change,field", [
