@@ -24,8 +24,8 @@ def add_guard_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"falling at once: one evaluation more than S below the best (default "
                              f"{defaults.sharp:g}; >= --guard-drop; raised to twice --guard-noise standard errors)")
     parser.add_argument("--guard-loss-rise", type=float, default=defaults.loss_rise, metavar="R",
-                        help=f"falling: the training loss above (1 + R) x its lowest since the last tightening "
-                             f"(default {defaults.loss_rise:g})")
+                        help=f"falling: the training loss above (1 + R) x the lowest level it held for "
+                             f"--guard-patience steps (default {defaults.loss_rise:g})")
     parser.add_argument("--guard-warmup", type=int, default=defaults.warmup, metavar="E",
                         help=f"the first E epochs only set the best (default {defaults.warmup}: early training "
                              f"swings even when exact)")

@@ -107,17 +107,33 @@ def test_a_validation_fall_for_patience_evaluations_is_agreed_and_then_applied_o
 
 def test_a_rising_loss_or_a_nan_is_a_fall() -> None:
     guard = Guard(as_given(patience=3, loss_rise=0.5, warmup=0), OneRank(), active=True, validation_size=500)
-    for epoch, loss in enumerate([2.0, 1.0, 1.4, 1.6, 1.6], start=1):  # 1.4: within 1.5x of 1.0; two strikes
+    # the loss holds 1.0 for three steps (its level), then 1.4 (within 1.5x), then two strikes
+    for epoch, loss in enumerate([2.0, 1.0, 1.0, 1.0, 1.4, 1.6, 1.6], start=1):
         guard.observe_loss(epoch, loss)
     guard.observe_metrics(1, {"val_acc": 0.5}, kept)
-    assert not guard.due
-    guard.observe_loss(6, 1.7)
+    assert not guard.due and guard.state.loss_strikes == 2
+    guard.observe_loss(8, 1.7)
     guard.observe_metrics(2, {"val_acc": 0.5}, kept)
     assert guard.due and "training loss" in guard.state.pending
     other = Guard(as_given(), OneRank(), active=True, validation_size=500)
     other.observe_loss(1, math.nan)  # also in the warm-up
     other.observe_metrics(1, {"val_acc": 0.5}, kept)
     assert other.due
+
+
+def test_one_lucky_step_of_a_sampled_policy_sets_no_level() -> None:
+    # Cora, bns:keep=0.1, P = 2, seed 7, epochs 186-194: one step at 0.34 among steps near 0.44; against that
+    # step the next three were 1.25x above "the lowest" and the guard restored the weights of 90 epochs before
+    losses = [0.4493, 0.4368, 0.4499, 0.5354, 0.3406, 0.3934, 0.5056, 0.4299, 0.4505]
+    guard = Guard(as_given(patience=3, loss_rise=0.25, warmup=0), OneRank(), active=True, validation_size=500)
+    for epoch, loss in enumerate(losses, start=1):
+        guard.observe_loss(epoch, loss)
+        assert guard.state.loss_strikes == 0, epoch
+    assert guard.state.lowest_loss == 0.4499  # the lowest level held for three steps
+    for epoch in range(10, 13):  # a rise the loss holds is still a fall
+        guard.observe_loss(epoch, 0.6)
+    guard.observe_metrics(12, {"val_acc": 0.5}, kept)
+    assert guard.due and "its lowest 0.4499" in guard.state.pending
 
 
 def test_it_never_loosens_and_stops_watching_once_exact() -> None:
