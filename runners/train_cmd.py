@@ -320,9 +320,13 @@ def _ogb_metric(comm: Communicator, trainer: Trainer, meta: dict[str, Any]) -> d
 
 def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
     """How layer 0 gets its input, what each rank keeps for it, and the bytes before the first epoch (collective)."""
-    gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes})
+    plan_seconds = getattr(trainer.spmm.plan, "setup_seconds", None)  # a plan that builds something (cover)
+    gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes,
+                                      "plan_seconds": plan_seconds})
     memory = {key: spread([g["memory"][key] for g in gathered]) for key in gathered[0]["memory"]}
     return {"type": "setup", "input_exchange": trainer.input_exchange.record(),
+            **({"plan_setup_seconds": spread([g["plan_seconds"] for g in gathered])} if plan_seconds is not None
+               else {}),
             "progress": getattr(trainer, "progress_mode", None),  # what --progress resolved to (full-graph runs)
             "receiver_dropout": trainer.receiver_dropout, "halo": memory,
             "halo_bytes_per_rank": [g["memory"]["halo_bytes"] for g in gathered],

@@ -32,6 +32,17 @@ def _train(data: Path, *extra: str, ranks: int = 2) -> subprocess.CompletedProce
                    timeout=240)
 
 
+def test_the_cover_plan_reports_its_set_up_time_beside_the_epochs(shards, tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    result = _train(shards["random"], "--plan", "cover", "--epochs", "1", "--out", str(out), ranks=2)
+    assert result.returncode == 0, result.stderr
+    import json
+
+    setup = next(json.loads(line) for line in out.read_text().splitlines() if '"setup"' in line)
+    seconds = setup["plan_setup_seconds"]  # each rank's matchings, set-up exchanges and matrices
+    assert 0 < seconds["min"] <= seconds["mean"] <= seconds["max"]
+
+
 def test_results_file_has_breakdown_bytes_and_memory(shards, tmp_path: Path) -> None:
     out = tmp_path / "results.jsonl"
     result = _train(shards["random"], "--epochs", "3", "--out", str(out), ranks=3)
@@ -48,6 +59,7 @@ def test_results_file_has_breakdown_bytes_and_memory(shards, tmp_path: Path) -> 
     assert setup["input_exchange"]["per_epoch_run_bytes"] == 6 * setup["input_exchange"]["once_bytes"] > 0
     assert setup["bytes"]["halo"]["recv"]["min"] > 0 and setup["bytes"]["other"]["sent"]["min"] > 0
     assert setup["halo"]["halo_bytes"]["max"] == max(setup["halo_bytes_per_rank"]) > 0
+    assert "plan_setup_seconds" not in setup  # p2p builds nothing beyond the matrix
     assert all("eval_bytes" in r for r in records[3:6])  # --eval-every 1
     evaluated = sum(r["eval_bytes"]["forward"]["sent"]["mean"] for r in records[3:6])
     trained = sum(r["bytes"][phase]["sent"]["mean"] for r in records[3:6] for phase in ("forward", "backward"))
