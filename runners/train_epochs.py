@@ -146,7 +146,7 @@ def run_epochs(comm: Communicator, args: argparse.Namespace, trainer: Trainer, c
         cpu_before = cpu_seconds()
         record = trainer.train_epoch(evaluation_follows=evaluated and not overlap,
                                      evaluate_alongside=waiting is not None)
-        step = _Step(epoch, record, cpu_since(cpu_before))  # CPU: the step's (and a turned evaluation's)
+        step = _Step(epoch, record, cpu_since(cpu_before))  # CPU: the step's and its evaluation's (after, or turned)
         if waiting is not None:  # the previous epoch's row, its evaluation done beside this step
             if rows.write(waiting, record["evaluation"], record["evaluation_seconds"]):
                 reached = (waiting.epoch, dict(rows.metrics))

@@ -161,6 +161,10 @@ class CachedStrategy(ExchangeStrategy):
     def scale(self) -> float:
         return self.inner.scale
 
+    @property
+    def sampling(self) -> ExchangeStrategy:
+        return self.inner.sampling
+
     @staticmethod
     def _compared_rows(plan: BroadcastView, context: ExchangeContext, h: torch.Tensor) -> torch.Tensor:
         """The owner's rows the variation gap compares: the exchanged rows ``h``, or, under owner-side dropout,

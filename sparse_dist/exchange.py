@@ -188,23 +188,23 @@ class Flight:
     ``ahead``: how many parts are posted beyond the one being consumed (1: prefetch depth 1, so at
     most two receive buffers exist at once); None posts every part at once (a pipelined strategy
     keeps the flight and consumes it epochs later). Posting starts with the construction (the first
-    part, or all), unless ``deferred``: then with :meth:`start` or the first consumption. Collective:
-    every rank of the replica column posts the same parts in the same order, so several flights may be
-    outstanding on one communicator.
+    part, or all), unless ``held``: a held flight posts nothing until it is told, by :meth:`release` or its
+    first consumption. Collective: every rank of the replica column posts the same parts in the same order,
+    so several flights may be outstanding on one communicator.
     """
 
     def __init__(self, epoch: int, layer: int, parts: list[Transfer], ahead: int | None = 1,
-                 source_epoch: int | None = None, deferred: bool = False) -> None:
+                 source_epoch: int | None = None, held: bool = False) -> None:
         """``source_epoch``: the epoch of the forward messages the parts carry (a backward flight reverses a
         forward flight, which a pipelined strategy took from an earlier epoch); ``epoch`` by default."""
         self.epoch, self.layer, self.parts, self.ahead = epoch, layer, parts, ahead
         self.source_epoch = epoch if source_epoch is None else source_epoch
         self._posted = 0
-        if not deferred:
+        if not held:
             self._post_until(len(parts) if ahead is None else 1)
 
-    def start(self) -> None:
-        """Post every part not posted yet (a deferred flight; collective, like posting)."""
+    def release(self) -> None:
+        """Post every part not posted yet (a held flight; collective, like posting)."""
         self._post_until(len(self.parts))
 
     def _post_until(self, count: int) -> None:
@@ -261,6 +261,7 @@ class ExchangeStrategy:
     caches: ClassVar[bool] = False   # needs a plan whose receivers all get the same block (broadcasts)
     per_receiver: ClassVar[bool] = False  # needs a plan that sends each receiver its own subset (p2p)
     posts_ahead: ClassVar[int | None] = 1  # parts posted beyond the one consumed (None: all at once)
+    tests_progress: bool = True  # progress() tests kept flights (False: the MPI library or a thread drives them)
     skip_backward: bool = False
 
     def __init__(self) -> None:
@@ -335,10 +336,10 @@ class ExchangeStrategy:
         """The owner's summed gradient of an arrived ``part`` as this transpose adds it."""
         return part.rows
 
-    defers_gradients: ClassVar[bool] = False  # gradient flights wait for start_deferred (a pipelined strategy)
+    holds_gradients: ClassVar[bool] = False  # a training call's gradient flight is held until release_held
 
-    def start_deferred(self) -> None:
-        """Post the gradient flights kept unposted (none here). Collective over the plan's column."""
+    def release_held(self) -> None:
+        """Post the held gradient flights (none here). Collective over the plan's column."""
 
     def progress(self) -> None:
         """Drive outstanding exchanges kept across calls (none here); local, never blocks."""
@@ -351,6 +352,12 @@ class ExchangeStrategy:
         """Complete every flight kept for later calls (none here). Collective over the plan's column: call it
         at the same point on every rank, e.g. when a run ends, so no receive is still pending when its buffers
         are freed or MPI is finalised."""
+
+    @property
+    def sampling(self) -> "ExchangeStrategy":
+        """The strategy that decides which rows travel: this one; a staleness wrapper answers with the one it
+        wraps (what ``psc``'s feature cache and ``dgs``' explainer read)."""
+        return self
 
     def sends_gradient(self, message: Message) -> bool:
         """Whether the gradient of ``message``'s rows goes back to its owner."""

@@ -195,11 +195,11 @@ class ExchangePlan(ABC):
 
     def _flight(self, context: ExchangeContext | None, parts: list[Transfer], strategy: ExchangeStrategy,
                 source_epoch: int | None = None, gradients: bool = False) -> Flight:
-        """A flight of ``parts``; a training call's gradient flight stays unposted where the strategy defers
-        them (:attr:`ExchangeStrategy.defers_gradients`)."""
+        """A flight of ``parts``; a training call's gradient flight is held (posted when told) where the strategy
+        holds them (:attr:`ExchangeStrategy.holds_gradients`)."""
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
-        deferred = gradients and context is not None and strategy.defers_gradients
-        return Flight(epoch, layer, parts, strategy.posts_ahead, source_epoch, deferred)
+        held = gradients and context is not None and strategy.holds_gradients
+        return Flight(epoch, layer, parts, strategy.posts_ahead, source_epoch, held)
 
     @abstractmethod
     def _messages_of(self, strategy: ExchangeStrategy, epoch: int) -> list[Transfer]:

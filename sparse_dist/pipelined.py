@@ -51,7 +51,6 @@ class PipelinedStrategy(ExchangeStrategy):
     """
 
     posts_ahead = None
-    tests_progress = True  # False: leave progress to the MPI library (or a progress thread)
 
     def __init__(self, rule: StalenessRule, inner: ExchangeStrategy) -> None:
         super().__init__()
@@ -91,6 +90,10 @@ class PipelinedStrategy(ExchangeStrategy):
 
     def sampled_block(self, epoch: int, block: sp.csr_matrix, kept_columns: np.ndarray) -> sp.csr_matrix:
         return self.inner.sampled_block(epoch, block, kept_columns)
+
+    @property
+    def sampling(self) -> ExchangeStrategy:
+        return self.inner.sampling
 
     def local_blocks(self, context: ExchangeContext) -> tuple[torch.Tensor, torch.Tensor] | None:
         return self.inner.local_blocks(context)
@@ -142,20 +145,20 @@ class PipelinedStrategy(ExchangeStrategy):
                 for _, queue in sorted(list(queues.items())) for flight in list(queue)]
 
     @property
-    def defers_gradients(self) -> bool:  # type: ignore[override]
-        """Where the rule overlaps (``tau >= 1``) a gradient flight is used epochs later: it is posted after the
-        step's gradient allreduce (:meth:`start_deferred`), not during the backward pass. Over TCP a flight
-        posted during the backward is still on the wire when the allreduce follows it on the same connection,
-        and the allreduce waits for it; posted after, it travels while the next epoch's forward computes."""
+    def holds_gradients(self) -> bool:  # type: ignore[override]
+        """Where the rule overlaps (``tau >= 1``) a gradient flight is used epochs later: it is held through the
+        backward pass and posted after the step's gradient allreduce (:meth:`release_held`, told by
+        :class:`~sparse_dist.lifecycle.ExchangeLifecycle`). Over TCP a flight posted during the backward is
+        still on the wire when the allreduce follows it on the same connection, and the allreduce waits for
+        it; posted after, it travels while the next epoch's forward computes."""
         return self.rule.overlaps
 
-    def start_deferred(self) -> None:
-        """Post the kept gradient flights still unposted, layers in order (collective over the column; the
-        trainer calls it right after the gradient allreduce). A flight consumed before it (a warm-up epoch)
-        was posted by its consumption."""
+    def release_held(self) -> None:
+        """Post the kept gradient flights still held, layers in order (collective over the column). A flight
+        consumed before it (a warm-up epoch) was posted by its consumption."""
         for backward, flight in self.kept_flights():
             if backward:
-                flight.start()
+                flight.release()
 
     def progress(self) -> None:
         """Test every kept flight (``tests_progress``; each layer's forward and transpose call it on entry)."""

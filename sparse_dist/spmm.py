@@ -8,7 +8,9 @@ its replica column. On the 1.5D grid DistSpMM completes that partial
 result across the ``c`` replicas of the row group: an allreduce of ``T_g``
 after the forward, and a broadcast of ``dH_g`` from the replica that owns
 block ``g`` after the transpose (only that replica holds a non-zero ``dH_g``,
-so a broadcast moves less than an allreduce would).
+so a broadcast moves less than an allreduce would). What its training exchanges keep between calls
+(a pipelined strategy's flights, gradient flights held until told, the strategy's caches) is its
+:class:`~sparse_dist.lifecycle.ExchangeLifecycle` (``lifecycle``), which a trainer drives.
 
 Shapes: ``H`` and ``dT`` are this rank's ``n_g x F`` rows (``n_g`` rows of its
 row group, the same on every replica), ``F`` equal on every rank.
@@ -29,6 +31,7 @@ from sparse_dist.dcsr import DistCSR
 from sparse_dist.exchange import BoundarySampler, ExchangeContext, ExchangeStrategy, StalenessRule
 from sparse_dist.exchange_plan import ExchangePlan
 from sparse_dist.factory import make_plan, make_strategy
+from sparse_dist.lifecycle import ExchangeLifecycle
 from sparse_dist.partial import PartialSpMM
 
 
@@ -55,6 +58,7 @@ class DistSpMM:
                                             row_masks=row_masks)
         self.plan.codec = codec  # compresses the training exchanges' rows and gradients (sparse_dist.compress)
         self.partial = PartialSpMM(self.plan)  # this rank's part over its replica column: flights and products
+        self.lifecycle = ExchangeLifecycle(self.plan)  # what training exchanges keep between calls
         self._replicated = matrix.grid.replication > 1
         self._owner_replica = matrix.grid.replica_for_block(matrix.group)
 
@@ -96,7 +100,8 @@ class DistSpMM:
 
     @property
     def strategy(self) -> ExchangeStrategy:
-        """What this operator's training exchanges carry (and the per-rank state that needs)."""
+        """What this operator's training exchanges carry (and the per-rank state that needs); a trainer goes
+        through :attr:`lifecycle` instead."""
         return self.plan.strategy
 
     def compute_seconds(self) -> dict[str, float]:

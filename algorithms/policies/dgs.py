@@ -147,7 +147,7 @@ class DgsExplanations(EpochWork):
     def __init__(self, sampler: DgsSampler, parts: TrainingParts) -> None:
         self.sampler, self.parts = sampler, parts
         plan = parts.spmm.plan
-        self.last_rows = getattr(parts.spmm.strategy, "inner", parts.spmm.strategy).last_rows
+        self.last_rows = parts.spmm.lifecycle.sampling.last_rows
         self.explainer = Explainer(sampler, self._masked_forward, plan.local_block, plan.exact_pairs.remote_block,
                                    self.last_rows, int(sum(plan.exact_pairs.recv_rows)), parts.col_comm)
 

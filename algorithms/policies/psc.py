@@ -147,8 +147,7 @@ class PscFeatureCache(EpochWork):
 
     def __init__(self, sampler: PscSampler, parts: TrainingParts) -> None:
         self.sampler = sampler
-        strategy = parts.spmm.strategy
-        self.cached_input = CachedInput(parts.spmm.plan, getattr(strategy, "inner", strategy), parts.layer_input)
+        self.cached_input = CachedInput(parts.spmm.plan, parts.spmm.lifecycle.sampling, parts.layer_input)
 
     def input_exchange(self, choice: Any, spec: str, requested: str) -> Any:
         return replace(choice, mode="cache", requested=requested,

@@ -32,7 +32,6 @@ from algorithms.training.metrics import SPLITS, moved_since
 from sparse_dist.comm import Communicator, ProgressThread, said_once, spans_nodes, threads_may_call_mpi
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
-from sparse_dist.factory import make_strategy
 from sparse_dist.halo import StaticHalo
 from sparse_dist.layout import Grid
 from sparse_dist.spmm import DistSpMM
@@ -88,7 +87,6 @@ class TrainingRun:
                                                                        self.group)  # collective for GCN
         self.matrix = DistCSR(comm, graph.layout, self.normalized, replication=replication, name=graph.name,
                               grid_comms=grid_comms)
-        strategy = make_strategy(sampler, rule)
         dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
         self.model = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=self.dtype,
                                 options=config.layer_options()).to(self.device)
@@ -96,22 +94,23 @@ class TrainingRun:
         self.receiver_dropout = receiver_side(config.dropout_side, config.dropout, config.stale, model_exchange_widths(
             self.model.layers, "per-epoch" if self.feeds_layer0 else config.input_exchange))
         self.codec = Codec.parse(config.compress, seed=config.seed)
-        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, strategy=strategy,
-                             row_masks=self.receiver_dropout or self.model.needs_source_ids, codec=self.codec)
+        self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, sampler=sampler,
+                             staleness=rule, row_masks=self.receiver_dropout or self.model.needs_source_ids,
+                             codec=self.codec)
         if config.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
         if config.overlap_evaluation and not threads_may_call_mpi():  # the same answer on every rank
             raise ValueError("overlap_evaluation runs the evaluation's exchanges from a second thread, which needs "
                              "MPI_THREAD_MULTIPLE; this MPI does not give it")
         # pipelined flights, and an evaluation beside a step (overlap_evaluation), stay in flight while it computes
-        all_at_once = strategy.posts_ahead is None  # a pipelined strategy posts every part at once
+        lifecycle = self.spmm.lifecycle
+        all_at_once = lifecycle.posts_all_at_once  # a pipelined strategy posts every part at once
         progress = (resolve_progress(comm, config.progress) if all_at_once or config.overlap_evaluation
                     else "none")  # collective for auto: resolved once
         self.progress_mode = progress if all_at_once else "none"
-        strategy.tests_progress = self.progress_mode != "none"
+        lifecycle.test_progress(self.progress_mode != "none")
         self._evaluation_in_flight: Callable[[], bool] = lambda: False
-        self.progress_thread = (ProgressThread(comm, lambda: self.spmm.strategy.outstanding() > 0
-                                               or self._evaluation_in_flight())
+        self.progress_thread = (ProgressThread(comm, lambda: lifecycle.in_flight() or self._evaluation_in_flight())
                                 if progress == "thread" else None)
         return dims
 

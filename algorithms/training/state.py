@@ -53,13 +53,13 @@ def load_replicated_state(run: TrainingRun, state: dict[str, Any]) -> None:
 def keeps_rank_state(run: TrainingRun) -> bool:
     """Whether this run keeps per-rank exchange state (caches) that a checkpoint must save; decided by the
     configuration alone, so it is the same on every rank."""
-    return run.spmm.strategy.keeps_state or (run.codec is not None and run.codec.feedback)
+    return run.spmm.lifecycle.keeps_state or (run.codec is not None and run.codec.feedback)
 
 
 def rank_state(run: TrainingRun) -> dict[str, Any]:
     """This rank's policy state (strategy caches and versions, codec residuals, each work's own)."""
     state = {"rank": run.comm.rank, "world_size": run.comm.size, "epoch": run.epoch,
-             "strategy": run.spmm.strategy.state_dict(),
+             "strategy": run.spmm.lifecycle.state_dict(),
              "codec": run.codec.state_dict() if run.codec is not None else None}
     for work in run.work:
         state.update(work.rank_state())
@@ -67,7 +67,7 @@ def rank_state(run: TrainingRun) -> dict[str, Any]:
 
 
 def load_rank_state(run: TrainingRun, state: dict[str, Any]) -> None:
-    run.spmm.strategy.load_state_dict(state["strategy"])
+    run.spmm.lifecycle.load_state_dict(state["strategy"])
     if run.codec is not None and state.get("codec") is not None:
         run.codec.load_state_dict(state["codec"], run.device)
     for work in run.work:

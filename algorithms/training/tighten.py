@@ -2,11 +2,12 @@
 (:mod:`algorithms.training.guard`) does when a policy falls behind.
 
 The policies in force are :class:`ActivePolicies` (the two axes' parsed text and the compression text). A
-swap completes every flight the old strategy keeps (pipelined rows and gradients, a step's deferred gradient
-flights), builds the new strategy through the same factory as set-up, binds it to the plan, replaces the codec
-(its residuals go: an fp16 codec has none) and rebuilds the policies' per-epoch work (``psc``'s feature cache,
-``dgs``' explanations; collective where the work says so). Layer 0's input stays what set-up chose: a policy
-that fed layer 0 itself leaves the per-epoch input exchange behind, which is exact.
+swap (:meth:`sparse_dist.lifecycle.ExchangeLifecycle.swap`) completes every flight the old strategy keeps
+(pipelined rows and gradients), builds the new strategy through the same factory as set-up, binds it to the
+plan, replaces the codec (its residuals go: an fp16 codec has none); the run then rebuilds the policies'
+per-epoch work (``psc``'s feature cache, ``dgs``' explanations; collective where the work says so). Layer 0's
+input stays what set-up chose: a policy that fed layer 0 itself leaves the per-epoch input exchange behind,
+which is exact.
 
 Collective: :func:`install` and :func:`tighten` are entered by every rank at the same epoch (the guard agrees
 on it first).
@@ -20,7 +21,6 @@ from typing import Any
 from algorithms.policies.base import RunShape
 from algorithms.policies.spec import AxisSpec
 from sparse_dist.compress import Codec
-from sparse_dist.factory import make_strategy
 
 
 @dataclass(frozen=True)
@@ -73,20 +73,13 @@ def _step(axis: AxisSpec, run: RunShape) -> AxisSpec:
 def install(run: Any, policies: ActivePolicies) -> None:
     """Make ``run`` (a :class:`~algorithms.training.trainer.Trainer`) train with ``policies`` from its next
     step on (collective: completes the old strategy's flights, rebuilds the policies' work)."""
-    run.complete_deferred()
-    old = run.spmm.strategy
-    old.complete_outstanding()
     sampler, rule = policies.sample.build(seed=run.config.seed), policies.stale.build()
-    strategy = make_strategy(sampler, rule)
-    strategy.tests_progress = run.progress_mode != "none"  # as set-up set it (a tighter policy never adds pipe)
-    plan = run.spmm.plan
-    problem = plan.refusal(samples=strategy.samples, caches=strategy.caches, per_receiver=strategy.per_receiver)
-    if problem:  # a tighter policy needs no more of a plan than the looser one did
-        raise ValueError(f"the guard's {policies.text} cannot run on --plan {run.config.plan}: {problem}")
-    plan.strategy = strategy
-    strategy.bind(plan)
-    run.codec = Codec.parse(policies.compress, seed=run.config.seed)
-    plan.codec = run.codec
+    codec = Codec.parse(policies.compress, seed=run.config.seed)
+    try:
+        run.spmm.lifecycle.swap(sampler, rule, codec)
+    except ValueError as exc:  # a tighter policy needs no more of a plan than the looser one did
+        raise ValueError(f"the guard's {policies.text} cannot run on --plan {run.config.plan}: {exc}") from None
+    run.codec = codec
     run.build_work(((policies.sample, sampler), (policies.stale, rule)))
     run.policies = policies
     run.guard.waits_for_settled_loss = not policies.harms_from_start

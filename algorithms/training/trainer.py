@@ -26,13 +26,14 @@ import numpy as np
 import torch
 
 from algorithms.attention_structure import cached_structure_bytes
-from algorithms.training.alongside import AlongsideEvaluation
+from algorithms.training.alongside import AlongsideEvaluation, EvaluationShare
 from algorithms.training import state as checkpoint_state
 from algorithms.training.assembly import TrainingRun
 from algorithms.training.audit import Audit
 from algorithms.training.config import TrainConfig
 from algorithms.training.graph import LocalGraph
-from algorithms.training.metrics import TIMED_PARTS, local_loss_sum, moved_since, split_metrics, step_breakdown
+from algorithms.training.metrics import (TIMED_PARTS, counters_since, local_loss_sum, moved_since, split_metrics,
+                                         step_breakdown)
 from algorithms.training.tighten import tighten
 from sparse_dist.comm import Communicator
 from sparse_dist.hostmem import keep_freed_memory
@@ -48,8 +49,7 @@ class Trainer(TrainingRun):
         keep_freed_memory()  # where the user asked: set-up is done, epochs allocate the same sizes again
         self.audit = Audit(config.audit_every, comm, self.col_comm,
                            lambda trace: self.forward(training=True, bypass_policy=True, trace=trace))
-        # the record of the step whose deferred gradient flights wait for the evaluation (see train_epoch)
-        self._unposted_step: dict[str, Any] | None = None
+        self._evaluated: dict[str, float] | None = None  # the evaluation a step ended with (see train_epoch)
 
     def forward(self, training: bool, *, bypass_policy: bool = False,
                 trace: list[torch.Tensor] | None = None) -> torch.Tensor:
@@ -68,23 +68,25 @@ class Trainer(TrainingRun):
     def train_epoch(self, evaluation_follows: bool = False, evaluate_alongside: bool = False) -> dict[str, Any]:
         """One full-graph step; returns the global loss and this rank's time breakdown (collective).
 
+        ``evaluation_follows``: the caller evaluates the weights after this step next (:meth:`evaluate`). The
+        step then ends with that evaluation's exact forward and counts (kept for :meth:`evaluate`, which returns
+        them without another forward; their bytes in :attr:`eval_bytes`, their time and bytes left out of the
+        step's), and only then are the gradient flights a pipelined strategy held posted: over TCP an evaluation
+        posted behind them waits for them on the same connections, while posted after it they travel during the
+        next step's forward (:mod:`sparse_dist.lifecycle`). Their bytes are this step's: the record is built
+        after they are posted, so its bytes are final when it is returned. Every rank passes the same value.
+
         ``evaluate_alongside`` (needs ``overlap_evaluation`` in the config): the exact evaluation of the weights
         this step starts from runs in turns beside the step (:mod:`algorithms.training.alongside`); the
         record's ``evaluation`` holds its metrics (what :meth:`evaluate` would have given before the step),
         ``evaluation_seconds`` the wall time of its turns, and :attr:`eval_bytes` its bytes. The step's own
         time, compute and bytes leave the evaluation's out.
 
-        A pipelined strategy's gradient flights of this step are posted after the gradient allreduce, or, with
-        ``evaluation_follows``, after the next :meth:`evaluate`'s forward: over TCP an evaluation posted behind
-        them waits for them on the same connections (measured at 1 Gbit/s: 0.85 s against 0.47 s), while posted
-        after it they travel during the next step's forward. Either way their bytes are this step's: the
-        evaluation adds them to the returned record's ``bytes``. Every rank passes the same value.
-
         Every ``audit_every`` epochs the record also holds ``audit``: per layer, the relative error of
         the layer outputs this step computed under its policy against an exact forward with the same
         weights and masks, and that forward's own seconds and bytes (kept out of the step's figures).
         """
-        self._post_deferred()  # a promised evaluation that did not come
+        self._evaluated = None  # an evaluation computed with an earlier step that nobody asked for
         guarded = tighten(self) if self.guard.due else None  # agreed at the last evaluation: collective
         audit = self.audit.begin() if self.audit.due(self.epoch) else None
         stats_before = self.comm.stats.snapshot()
@@ -111,23 +113,23 @@ class Trainer(TrainingRun):
             self.guard.note_metrics(self.epoch, extra["evaluation"], self._kept_state)  # the weights it saw
         flat = self.allreduce_gradients(loss)
         self.guard.observe_loss(self.epoch + 1, float(flat[-1]))
-        deferring = evaluation_follows and self.spmm.strategy.defers_gradients
-        if not deferring:
-            self.spmm.strategy.start_deferred()  # pipe: this step's gradient flights, behind the allreduce
+        self.spmm.lifecycle.after_step(evaluation_follows)  # pipe: its gradient flights, behind the allreduce
         with self.spmm.timer.measure("optimizer", self.device):
             self.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the epoch's wall time includes its kernels
         wall = time.perf_counter() - start
-        broadcasts = self.spmm.strategy.decisions(self.epoch)
+        computed = dict(self.spmm.compute_seconds())
+        exchange = self.spmm.lifecycle.step_record(self.epoch)
         self.epoch += 1
-        booked = TIMED_PARTS + tuple(part for work in self.work for part in work.booked)
         if alongside is not None:
             stats_before, wall = alongside.share.excluded_from(stats_before, wall)
             extra["evaluation_seconds"] = alongside.share.wall
+        if evaluation_follows:
+            stats_before = self._evaluate_after_step(stats_before)
+        booked = TIMED_PARTS + tuple(part for work in self.work for part in work.booked)
         record = {"epoch": self.epoch, "loss": float(flat[-1]),
-                  **step_breakdown(self.comm, stats_before, wall, self.spmm.compute_seconds(), booked),
-                  "broadcasts": broadcasts, "cache_bytes": self.spmm.strategy.cache_bytes(), **extra}
+                  **step_breakdown(self.comm, stats_before, wall, computed, booked), **exchange, **extra}
         for work in self.work:  # e.g. psc's feature-cache hits
             record.update(work.after_epoch())
         if guarded is not None:
@@ -137,8 +139,6 @@ class Trainer(TrainingRun):
         if audit is not None:
             assert used is not None
             record["audit"] = self.audit.end(audit, used)
-        if deferring:
-            self._unposted_step = record
         return record
 
     def _alongside(self) -> AlongsideEvaluation:
@@ -150,21 +150,16 @@ class Trainer(TrainingRun):
         self._evaluation_in_flight = lambda: alongside.in_flight
         return alongside
 
-    def complete_deferred(self) -> None:
-        """Post the gradient flights a step left for its evaluation now (collective; see :meth:`train_epoch`)."""
-        self._post_deferred()
-
-    def _post_deferred(self) -> None:
-        """Post the gradient flights a step left for after the evaluation, and add their bytes to that step's
-        record (collective over the plan's column; nothing when none wait)."""
-        record, self._unposted_step = self._unposted_step, None
-        if record is None:
-            return
+    def _evaluate_after_step(self, stats_before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """The evaluation that follows a step, run before its record is built: the metrics kept for
+        :meth:`evaluate`, then the gradient flights the step held posted (collective). Returns the step's
+        ``stats_before`` with the evaluation's counters taken out (the held flights' stay in: the step's)."""
         before = self.comm.stats.snapshot()
-        self.spmm.strategy.start_deferred()
-        for phase, moved in moved_since(self.comm, before).items():
-            for side, count in moved.items():
-                record["bytes"][phase][side] += count
+        self._evaluated = self._measured_evaluation()
+        share = EvaluationShare()
+        share.add(0.0, counters_since(self.comm, before))
+        self.spmm.lifecycle.after_evaluation()
+        return share.excluded_from(stats_before, 0.0)[0]
 
     def allreduce_gradients(self, loss: torch.Tensor) -> torch.Tensor:
         """Clip (where on), then sum the weight gradients and the loss in one flat allreduce over the replica
@@ -184,18 +179,26 @@ class Trainer(TrainingRun):
         return flat
 
     # ----------------------------------------------------------- evaluation
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Exact forward (no dropout); accuracy (micro-F1 for multi-label) per split, global (collective).
 
         The bytes it moved (its forward exchanges, and the count gathers) are left in :attr:`eval_bytes`.
+        After a step told ``evaluation_follows`` it returns the evaluation that step ended with (the same
+        weights), without another forward.
         """
+        metrics, self._evaluated = self._evaluated, None
+        if metrics is None:
+            metrics = self._measured_evaluation()
+        self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
+        return metrics
+
+    @torch.no_grad()
+    def _measured_evaluation(self) -> dict[str, float]:
+        """The exact metrics of the current weights; their bytes in :attr:`eval_bytes` (collective)."""
         before = self.comm.stats.snapshot()
         self.model.eval()
         metrics = self._exact_metrics()
         self.eval_bytes = moved_since(self.comm, before)
-        self._post_deferred()  # the last step's gradient flights, if it left them for now
-        self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
         return metrics
 
     def _kept_state(self) -> dict[str, Any]:
@@ -238,8 +241,7 @@ class Trainer(TrainingRun):
         """End the run's exchanges (collective over the plan's column; idempotent): complete the pipelined
         flights still outstanding, so none is pending when its buffers go or MPI is finalised, and stop the
         progress thread. Training may go on afterwards (kept flights stay, completed)."""
-        self._post_deferred()
-        self.spmm.strategy.complete_outstanding()
+        self.spmm.lifecycle.close()
         if self.progress_thread is not None:
             self.progress_thread.stop()
             self.progress_thread = None
@@ -263,7 +265,6 @@ class Trainer(TrainingRun):
     def policy_state(self) -> dict[str, Any]:
         """This rank's policy state (caches and versions); per rank, unlike :meth:`state` (collective: kept
         flights complete first)."""
-        self._post_deferred()
         return checkpoint_state.rank_state(self)
 
     def load_policy_state(self, state: dict[str, Any]) -> None:

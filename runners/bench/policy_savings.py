@@ -164,7 +164,7 @@ def _run_one(comm: Communicator, args: argparse.Namespace, settings: dict[str, s
     for epoch in range(args.epochs):
         cpu_before = cpu_seconds()
         records.append(trainer.train_epoch(evaluation_follows=not overlap, evaluate_alongside=overlap and epoch > 0))
-        cpu.append(cpu_since(cpu_before))  # with overlap, the evaluation's turns too
+        cpu.append(cpu_since(cpu_before))  # the evaluation's too: run with the step, or in turns beside it
         if overlap and epoch > 0:  # the previous epoch's weights, evaluated beside this step
             points.append((epoch, time.perf_counter() - started, validation_value(records[-1]["evaluation"])))
         if not overlap or epoch == args.epochs - 1:

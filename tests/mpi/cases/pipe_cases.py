@@ -102,8 +102,11 @@ def check_simulated(comm, data: dict, layout: RowLayout, replication: int, failu
             # evaluation's forward, and must still carry the same values and be booked to their step
             evaluated = index % 2 == 1 and epoch % 2 == 0
             record = trainer.train_epoch(evaluation_follows=evaluated)
+            returned = {phase: dict(sides) for phase, sides in record["bytes"].items()}
             if evaluated:
                 trainer.evaluate()
+            if record["bytes"] != returned:
+                failures.append(f"{label}: epoch {epoch + 1}'s bytes changed after its record was returned")
             want = reference.step()
             if abs(record["loss"] - want) > ATOL + RTOL * abs(want):
                 failures.append(f"{label}: epoch {epoch + 1} loss {record['loss']:.7f} != simulation {want:.7f}")
