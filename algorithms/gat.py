@@ -115,6 +115,7 @@ class GATLayer(GraphLayer):
     kind = "gat"
     activation = "elu"
     takes_operator = True
+    takes_options = True
 
     def __init__(self, fan_in: int, head_width: int, *, generator: torch.Generator,
                  dtype: torch.dtype = torch.float32, heads: int = 1, concat: bool = True,
@@ -145,10 +146,45 @@ class GATLayer(GraphLayer):
         """:func:`attention_adjacency` of the rows. Purely local (not collective)."""
         return attention_adjacency(rows, layout.offsets[group])
 
+    @staticmethod
+    def _heads(last: bool, options: LayerOptions) -> int:
+        return options.output_heads if last else options.heads
+
+    @classmethod
+    def output_width(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions) -> int:
+        """Hidden layers concatenate their heads (``heads x fan_out``); the last averages them (``fan_out``)."""
+        return fan_out if last else options.heads * fan_out
+
+    @classmethod
+    def parameter_count(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions) -> int:
+        """``W`` (``fan_in x K F'``), ``a_src`` and ``a_dst`` (``K x F'`` each) and a bias of the output width."""
+        heads = cls._heads(last, options)
+        return fan_in * heads * fan_out + 2 * heads * fan_out + cls.output_width(fan_in, fan_out, last=last,
+                                                                                  options=options)
+
+    @classmethod
+    def dense_work(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions) -> int:
+        """``H W`` over all heads, then the source and destination terms."""
+        heads = cls._heads(last, options)
+        return fan_in * heads * fan_out + 2 * heads * fan_out
+
+    @classmethod
+    def edge_values(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions) -> int:
+        """Per head: the logits, their exponentials, the weights, the dropout mask and the gradients' terms (6)."""
+        return 6 * cls._heads(last, options)
+
+    @classmethod
+    def exchange_columns(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions,
+                         receiver: bool) -> tuple[int, bool]:
+        """``[Z | s]`` (``K F' + K`` columns) travels and its gradient returns; under receiver-side dropout the
+        input (which needs no gradient in layer 0)."""
+        heads = cls._heads(last, options)
+        return (fan_in, False) if receiver else (heads * fan_out + heads, True)
+
     def exchange_shape(self, receiver: bool) -> tuple[int, bool]:
-        """``[Z | s]`` travels and its gradient returns; under receiver-side dropout the input (which needs
-        no gradient in layer 0)."""
-        return (self.fan_in, False) if receiver else (self.heads * self.head_width + self.heads, True)
+        """:meth:`exchange_columns` of this layer's own heads (hidden or output, the same formula)."""
+        return type(self).exchange_columns(self.fan_in, self.head_width, last=False,
+                                           options=LayerOptions(heads=self.heads), receiver=receiver)
 
     @property
     def needs_source_ids(self) -> bool:

@@ -16,9 +16,12 @@ plus :func:`register_layer`, touching no other layer. Optional declarations
 (defaults suit the SpMM layers): ``activation`` (the model's activation after
 the layer when it is not the last: ``relu`` or ``elu``), ``takes_operator``
 (the layer is handed the operator object itself instead of the SpMM callable:
-attention needs the exchange's rows, :mod:`algorithms.gat`), :meth:`GraphLayer.build`
-(how a model's :class:`LayerOptions` shape the layer), :meth:`GraphLayer.exchange_shape`
-(for the byte model of layer 0's input).
+attention needs the exchange's rows, :mod:`algorithms.gat`), ``takes_options`` and
+:meth:`GraphLayer.build` (how a model's :class:`LayerOptions` shape the layer), and the answers
+estimators read from the flags alone, before any weight exists (memory and disk estimates, the
+performance model, the byte model of layer 0's input): :meth:`GraphLayer.output_width`,
+:meth:`GraphLayer.parameter_count`, :meth:`GraphLayer.dense_work`, :meth:`GraphLayer.edge_values` and
+:meth:`GraphLayer.exchange_columns` (its built form :meth:`GraphLayer.exchange_shape`).
 
 Layer math (DESIGN section 5):
 
@@ -123,6 +126,7 @@ class GraphLayer(nn.Module, ABC):
     weight_matrices: ClassVar[int] = 1  # fan_in x fan_out products per row (performance model: work, parameters)
     activation: ClassVar[str] = "relu"  # applied by the model after this layer unless it is the last
     takes_operator: ClassVar[bool] = False  # forward gets the operator (DistSpMM / StaticHalo), not a callable
+    takes_options: ClassVar[bool] = False  # builds from non-default LayerOptions (heads, attention dropout)
     # the layer sees its input only through the product A h (no self term, no attention): an evaluation may
     # hand layer 0 the static input's kept product (StaticHalo.aggregate) and an operator that returns it as is
     input_only_through_product: ClassVar[bool] = False
@@ -139,14 +143,53 @@ class GraphLayer(nn.Module, ABC):
         Layers without options refuse non-default ones; the output width is ``layer.fan_out``.
         """
         if not options.is_default():
+            takers = " or ".join(kind for kind, known in LAYER_TYPES.items() if known.takes_options)
             raise ValueError(f"the {cls.kind} layer takes no attention options (heads, output heads, attention "
-                             f"dropout), got {options}; they are for --layer-kind gat")
+                             f"dropout), got {options}; they are for --layer-kind {takers or 'a kind that takes them'}")
         return cls(fan_in, fan_out, generator=generator, dtype=dtype)  # type: ignore[call-arg]
 
+    # What estimators (memory and disk, the performance model, bench peers) ask of a layer from the flags alone,
+    # before any weight is drawn: ``fan_in`` columns in, ``fan_out`` the model's width for the layer (its ``dims``
+    # entry), ``last`` the output layer, ``options`` the model's :class:`LayerOptions`. The defaults describe an
+    # SpMM layer with ``weight_matrices`` products of ``fan_in x fan_out`` and one bias (:func:`propagate`).
+
+    @classmethod
+    def output_width(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions) -> int:
+        """Columns the layer gives the next one (its ``fan_out`` once built)."""
+        return fan_out
+
+    @classmethod
+    def parameter_count(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions) -> int:
+        """Trainable values the layer holds, exactly as built: ``weight_matrices`` weights and one bias."""
+        return cls.weight_matrices * fan_in * fan_out + fan_out
+
+    @classmethod
+    def dense_work(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions) -> int:
+        """Multiply-adds of the layer's dense products per row (the performance model's dense work)."""
+        return cls.weight_matrices * fan_in * fan_out
+
+    @classmethod
+    def edge_values(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions) -> int:
+        """Values per stored entry of the row group the layer keeps for its backward (attention's per-edge
+        terms); 0 for an SpMM layer, whose products keep nothing per entry (the memory estimate)."""
+        return 0
+
+    @classmethod
+    def exchange_columns(cls, fan_in: int, fan_out: int, *, last: bool, options: LayerOptions,
+                         receiver: bool) -> tuple[int, bool]:
+        """Columns one training exchange of the layer carries, and whether its backward exchanges even where the
+        layer input needs no gradient (layer 0). ``receiver``: under receiver-side dropout (the input travels).
+        The SpMM rule of :func:`propagate`: ``H W`` where that is narrower (its gradient returns), else ``H``."""
+        width = cls.output_width(fan_in, fan_out, last=last, options=options)
+        if width < fan_in and not receiver:
+            return width, True
+        return fan_in, False
+
     def exchange_shape(self, receiver: bool) -> tuple[int, bool] | None:
-        """Columns one training exchange of this layer carries and whether its backward exchanges even where
-        the layer input needs no gradient (layer 0); None: the SpMM rule of :func:`propagate`."""
-        return None
+        """:meth:`exchange_columns` of this built layer (a layer whose answer depends on ``last`` or its
+        options overrides this too, as attention does)."""
+        return type(self).exchange_columns(self.fan_in, self.fan_out, last=False, options=LayerOptions(),
+                                           receiver=receiver)
 
     @property
     def needs_source_ids(self) -> bool:

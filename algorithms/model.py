@@ -19,7 +19,8 @@ are replicated without a broadcast.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,41 @@ from sparse_dist.halo import StaticHalo
 MODEL_KINDS: tuple[str, ...] = tuple(LAYER_TYPES)
 """The built-in layer kinds (for ``choices=``); layers registered later are in ``LAYER_TYPES``."""
 
-__all__ = ["GraphModel", "MODEL_KINDS", "glorot"]
+__all__ = ["GraphModel", "LayerFigures", "MODEL_KINDS", "glorot", "layer_figures"]
+
+
+@dataclass(frozen=True)
+class LayerFigures:
+    """One layer of a model as the estimators see it, from the flags alone (no weights drawn).
+
+    ``owner`` / ``receiver``: (columns, backward even in layer 0) of its training exchange owner-side and
+    under receiver-side dropout (:meth:`GraphLayer.exchange_columns`).
+    """
+
+    fan_in: int
+    width: int
+    parameters: int
+    dense_work: int
+    edge_values: int
+    owner: tuple[int, bool]
+    receiver: tuple[int, bool]
+
+
+def layer_figures(kind: str, dims: Sequence[int], options: LayerOptions = LayerOptions()) -> list[LayerFigures]:
+    """What each layer of ``GraphModel(kind, dims, options=options)`` holds and moves, asked of the layer class
+    (widths chained as the model chains them: a layer takes what the previous one gives)."""
+    layer_class = layer_type(kind)
+    figures, fan_in = [], int(dims[0])
+    for index, fan_out in enumerate(dims[1:]):
+        where = {"last": index == len(dims) - 2, "options": options}
+        figures.append(LayerFigures(
+            fan_in, layer_class.output_width(fan_in, fan_out, **where),
+            layer_class.parameter_count(fan_in, fan_out, **where), layer_class.dense_work(fan_in, fan_out, **where),
+            layer_class.edge_values(fan_in, fan_out, **where),
+            layer_class.exchange_columns(fan_in, fan_out, receiver=False, **where),
+            layer_class.exchange_columns(fan_in, fan_out, receiver=True, **where)))
+        fan_in = figures[-1].width
+    return figures
 
 
 def _as_is(h: torch.Tensor, context: ExchangeContext) -> torch.Tensor:
