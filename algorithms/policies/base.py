@@ -11,6 +11,7 @@ A policy (a sampler of ``--sample`` or a rule of ``--stale``) is a typed object 
 * :meth:`PolicyBase.epoch_work`: an :class:`EpochWork` when it needs work in the training loop (``dgs``
   explains every ``every`` epochs, ``psc`` with a feature cache feeds layer 0), else None. The trainer calls
   the work's hooks and never names a policy;
+* :meth:`PolicyBase.state_size`: what it keeps on each rank between epochs, for the memory and disk estimates;
 * :meth:`PolicyBase.resume_drops`: what of its per-rank state a resume at another layout drops;
 * :meth:`PolicyBase.tightened`: its text one step toward exact, for the accuracy guard
   (:mod:`algorithms.training.guard`), or None where the next step is exact.
@@ -101,8 +102,24 @@ class EpochWork:
         pass
 
 
+@dataclass(frozen=True)
+class StateSize:
+    """What a policy keeps on each rank between epochs, per exchanging layer, in units an estimator prices
+    (the memory and disk estimates of ``train``, its per-rank checkpoint files).
+
+    ``row_copies``: arrays of (rows the layer exchanges) x (its exchanged width); ``block_structure``: also the
+    structure of the blocks it received (column ids, values, row pointers: cached blocks).
+    """
+
+    row_copies: int = 0
+    block_structure: bool = False
+
+
 class PolicyBase:
-    """Defaults of the policy protocol (see the module docstring): no refusal, no per-epoch work."""
+    """Defaults of the policy protocol (see the module docstring): no refusal, no per-epoch work, no per-rank
+    state, and every attribute a strategy or an estimator reads of a policy, so a policy declares only what
+    it changes. A sampler declares ``p`` and ``side`` itself (no default: they define it); a pipelined rule
+    ``tau`` and ``gamma``."""
 
     samples: ClassVar[bool] = False       # needs a plan that can send a sampled subset of rows
     per_receiver: ClassVar[bool] = False  # needs a plan that sends each receiver its own subset (p2p)
@@ -111,6 +128,26 @@ class PolicyBase:
     # its damage shows from the first epochs, as a lower plateau that exact training started late does not
     # recover: the accuracy guard judges it from the end of its warm-up, without waiting for the loss to settle
     harms_from_start: ClassVar[bool] = False
+    # a sampler's (sparse_dist.exchange.BoundarySampler, sparse_dist.importance)
+    per_edge: ClassVar[bool] = False      # samples each receiver's own edges (an ImportanceStrategy)
+    keeps_rows: ClassVar[bool] = False    # the strategy keeps the latest received rows (an explainer reads them)
+    # a staleness rule's (sparse_dist.exchange.StalenessRule; the performance model)
+    needs_gap: ClassVar[bool] = False     # decides from the variation gap of the rows
+    skip_backward: ClassVar[bool] = False  # a stale block's gradients are dropped too
+    pipelined: ClassVar[bool] = False     # a PipelinedStrategy rule (tau, gamma), else a CachedStrategy one
+    overlaps: ClassVar[bool] = False      # its flights travel while layers compute
+    agreement: ClassVar[bool] = False     # deciding costs one allgather of flags per layer
+
+    def scheduled_share(self) -> float | None:
+        """The share of forward blocks a rule sends, where a fixed schedule says; None where it depends on the
+        data (``sparse-dist cost predict`` then asks for ``--active``)."""
+        return None
+
+    def state_size(self) -> StateSize:
+        """What it keeps on each rank between epochs (checkpointed in the rank's policy file). The default is what
+        the strategy its declarations choose keeps: a cached-block rule (``caches``, not ``pipelined``) one
+        received block per layer with its structure; anything else nothing."""
+        return StateSize(1, True) if self.caches and not self.pipelined else StateSize()
 
     def refusal(self, run: RunShape) -> str | None:
         """Why this policy cannot run in ``run`` (one sentence, naming what to change), or None."""

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from algorithms.hashing import uniforms
+from algorithms.layers import layer_type
 from algorithms.policies.base import (EpochWork, PolicyBase, RunShape, TrainingParts, doubled_share,
                                       per_edge_refusal)
 from algorithms.policies.dgs_explainer import Explainer, MaskedHalo
@@ -116,7 +117,7 @@ class DgsSampler(PolicyBase):
         if run.dropout_side == "receiver":
             return ("explains with the rows its layers exchanged, which must be the rows it multiplies when "
                     "explaining: use --dropout-side owner or auto")
-        if run.model not in ("gcn", "sage"):
+        if layer_type(run.model).takes_operator:  # attention exchanges [Z | s], not the rows A multiplies
             return f"explains GCN and SAGE layers (their exchange is A H), not --layer-kind {run.model}"
         return None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from algorithms.policies.base import PolicyBase, RunShape
+from algorithms.policies.base import PolicyBase, RunShape, StateSize
 from algorithms.policies.registry import PolicyKind
 
 
@@ -66,6 +66,10 @@ class PipeRule(PolicyBase):
         if self.tau == 1:
             return None
         return f"{self.name}:tau={self.tau - 1}" + (f",gamma={self.gamma}" if self.gamma else "")
+
+    def state_size(self) -> StateSize:
+        """Its last flight of rows and of gradients per layer (from ``tau = 1`` on; ``tau = 0`` keeps none)."""
+        return StateSize(row_copies=2 if self.tau > 0 else 0)
 
     def resume_drops(self) -> str | None:
         if self.tau > 0:
