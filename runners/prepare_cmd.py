@@ -19,7 +19,8 @@ from runners.data.stream_synthetic import write_streamed_synthetic
 from runners.argtypes import at_least
 from runners.argtypes import seed as seed_number
 from runners.data.shards import ShardError, clear_leftovers, dataset_problem, output_problem, write_shards
-from runners.resources import check_prepare_resources, prepare_memory, prepare_rmat_memory, rmat_entries, shard_bytes
+from runners.prepare_resources import (check_prepare_resources, prepare_memory, prepare_rmat_memory, rmat_entries,
+                                       shard_bytes)
 
 EPILOG = """\
 edge-list input (prepare edgelist --edges E --node-features X.npy --labels Y [options]):

@@ -19,11 +19,8 @@ resuming). :func:`check_train_resources` also checks these against the free spac
 go to (summed where both are on one file system), from rank 0's view (shared file system assumed: every
 rank's policy file goes to the checkpoint's directory).
 
-``prepare``: :func:`prepare_memory` (whole-graph sources: the synthetic generator's arrays and the shard
-writer's copies), :func:`prepare_rmat_memory` (``prepare rmat``, bounded memory: the largest of its stages,
-METIS counted as measured on R-MAT graphs, from :func:`rmat_entries`, the exact expected number of entries)
-and :func:`shard_bytes` (the disk the shards take); :func:`check_prepare_resources` prints both and refuses a
-need above ``MemAvailable`` (saying what helps) or the free space of the output's file system.
+``prepare``'s estimates are in :mod:`runners.prepare_resources`; what both read of the machine
+(:func:`mem_available`, :func:`current_rss`) is here.
 
 The multipliers (how many copies of an array live at the peak) were read off the code and checked against
 measured peak RSS (``tests/cli/test_resources.py``: within 25% of ``ru_maxrss`` minus the RSS at start).
@@ -31,18 +28,23 @@ measured peak RSS (``tests/cli/test_resources.py``: within 25% of ``ru_maxrss`` 
 
 from __future__ import annotations
 
-import math
 import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algorithms.layers import layer_type
+import numpy as np
+
+from algorithms.layers import LayerOptions, layer_type
+from algorithms.model import LayerFigures, layer_figures
+from algorithms.policies import AxisSpec
+from algorithms.policies.base import StateSize
 from algorithms.static_input import exchange_widths, receiver_side
 from runners.data.shards import ShardError, read_meta
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.compress import Codec
+from sparse_dist.plans import plan_class
 
 GIB = 1 << 30
 
@@ -128,12 +130,12 @@ def group_counts(meta: dict[str, Any], groups: int, group: int) -> dict[str, int
             "boundary": int(sum(boundary[first:last])) if boundary else rows}
 
 
-def layer_widths(model: str, features: int, hidden: int, layers: int, classes: int, heads: int = 1,
-                 output_heads: int = 1) -> list[tuple[int, int]]:
-    """``(input width, output width)`` of each layer as computed (GAT: all heads side by side)."""
-    widths = [features] + [hidden * (heads if model == "gat" else 1)] * (layers - 1)
-    outputs = [hidden * (heads if model == "gat" else 1)] * (layers - 1) + [classes * (output_heads if model == "gat" else 1)]
-    return list(zip(widths, outputs))
+def model_figures(model: str, features: int, hidden: int, layers: int, classes: int, heads: int = 1,
+                  output_heads: int = 1) -> list[LayerFigures]:
+    """Each layer of the run's model as its layer kind declares it (:func:`algorithms.model.layer_figures`):
+    widths as computed, parameters, exchange widths."""
+    dims = [features] + [hidden] * (layers - 1) + [classes]
+    return layer_figures(model, dims, LayerOptions(heads=heads or 1, output_heads=output_heads or 1))
 
 
 def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replication: int, model: str, hidden: int,
@@ -149,12 +151,10 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     rows, edges, boundary = counts["rows"], counts["edges"], counts["boundary"]
     itemsize = 8 if dtype == "float64" else 4
     features = int(meta["feature_dim"])
-    widths = layer_widths(model, features, hidden, layers, int(meta["num_classes"]), heads, output_heads)
-    weight_matrices = 2 if model == "sage" else 1
-    parameters = sum(d_in * d_out * weight_matrices + d_out for d_in, d_out in widths)
-    widest = max(d_out for _, d_out in widths) if model == "gat" else max(min(pair) for pair in widths)  # exchanged
+    figures = model_figures(model, features, hidden, layers, int(meta["num_classes"]), heads, output_heads)
+    parameters = sum(figure.parameters for figure in figures)
+    widest = max(figure.owner[0] for figure in figures)  # exchanged
     stale_layers = layers if stale != "none" else 0
-    attention = 6 * edges * heads * itemsize if model == "gat" else 0
     training = {
         "features": rows * features * (4 * KEPT_FEATURE_COPIES + itemsize),
         "halo": boundary * features * itemsize if input_exchange == "once" else 0,
@@ -162,8 +162,9 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
         # layer sees its input only through that product (GCN)
         "evaluation": (rows * features * itemsize if layer_type(model).input_only_through_product
                        and input_exchange != "per-epoch" else 0),
-        "activations": (INPUT_DROPOUT_COPIES * rows * features + ACTIVATION_COPIES * rows * sum(d for _, d in widths))
-                       * itemsize + attention,
+        "activations": (INPUT_DROPOUT_COPIES * rows * features + ACTIVATION_COPIES * rows * sum(
+            figure.width for figure in figures)) * itemsize + edges * max(figure.edge_values for figure in figures)
+                       * itemsize,
         "parameters": OPTIMIZER_COPIES * parameters * itemsize,
         "buffers": (4 + 2 * stale_layers) * boundary * widest * itemsize,  # send and receive, both directions
     }
@@ -176,48 +177,42 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     return Estimate(parts)
 
 
-def parameter_count(model: str, widths: list[tuple[int, int]], output_heads: int = 1) -> int:
-    """The model's trainable values, exactly as its layers hold them: W and b per layer (SAGE: two W; GAT: the
-    heads' W side by side, the source and destination attention vectors, and a bias as wide as the layer's
-    output, which for the output layer is one head's, its heads being averaged)."""
-    count = 0
-    for index, (d_in, d_out) in enumerate(widths):
-        if model == "gat":
-            last = index == len(widths) - 1
-            count += d_in * d_out + 2 * d_out + (d_out // max(output_heads, 1) if last else d_out)
-        else:
-            count += d_in * d_out * (2 if model == "sage" else 1) + d_out
-    return count
+def _policy(axis: str, spec: Any) -> Any:
+    """The policy object of an axis given parsed (:class:`AxisSpec`) or as text; None for none."""
+    if spec is None:
+        return None
+    parsed = spec if isinstance(spec, AxisSpec) else AxisSpec.parse(axis, str(spec))
+    return parsed.policy
 
 
-def _stale_name(stale: Any) -> str:
-    return str(getattr(stale, "name", stale)).split(":")[0]
-
-
-def policy_state_copies(stale: Any, compress: str) -> tuple[int, bool]:
+def policy_state_copies(stale: Any, compress: str, sample: Any = None) -> tuple[int, bool]:
     """Arrays of exchanged-rows x width per exchanged layer a rank's policy file holds, and whether it also holds
-    the cached blocks' structure (sancus); (0, False) for a run without per-rank policy state. Read off the files
-    (Cora at P = 4): sancus keeps one received block per layer; pipe keeps its last flight of rows and of
-    gradients per layer; error feedback a residual of the rows and of the gradients per layer."""
-    name, copies, structure = _stale_name(stale), 0, False
-    if name.startswith("sancus"):
-        copies, structure = 1, True
-    elif name == "pipe" and int(dict(getattr(stale, "params", {}) or {}).get("tau", 1)) > 0:
-        copies = 2  # rows and gradients in flight
+    the cached blocks' structure; (0, False) for a run without per-rank policy state. Each policy says what it
+    keeps (:meth:`~algorithms.policies.base.PolicyBase.state_size`); error feedback adds a residual of the rows
+    and of the gradients per layer."""
+    sizes = [policy.state_size() for policy in (_policy("stale", stale), _policy("sample", sample))
+             if policy is not None] or [StateSize()]
+    copies, structure = sum(size.row_copies for size in sizes), any(size.block_structure for size in sizes)
     codec = Codec.parse(compress)
     if codec is not None and codec.feedback:
         copies += 2  # residuals of the rows and of the gradients
     return copies, structure
 
 
-def exchanged_rows(meta: dict[str, Any], plan: str, groups: int, counts: dict[str, int]) -> int:
-    """Rows a rank of a row group exchanges per layer and direction: under dense-bcast every other group's rows;
-    otherwise, where the run has one group per prepared part, the average from ``prepare``'s predicted bytes per
-    feature for the plan (float32: 4 bytes a row), else the group's boundary rows."""
+def exchanged_rows(meta: dict[str, Any], plan: str, groups: int, counts: dict[str, int], group: int = 0) -> int:
+    """Rows a rank of row group ``group`` exchanges per layer and direction: where the plan's byte model moves
+    rows no boundary asks for (``dense-bcast``: every other group's rows), those; otherwise, where the run has one
+    group per prepared part, the average from ``prepare``'s predicted bytes per feature for the plan (float32:
+    4 bytes a row), else the group's boundary rows."""
     if groups < 2:
         return 0
-    if plan == "dense-bcast":
-        return int(meta["num_nodes"]) - counts["rows"]
+    per_group = int(meta["num_parts"]) // groups
+    rows = np.diff(np.asarray(meta["row_offsets"], dtype=np.int64)[::per_group])
+    nothing = np.zeros((groups, groups), dtype=np.int64)
+    unasked = np.array(plan_class(plan).moved_rows(rows, nothing, np.zeros(groups, dtype=np.int64)), dtype=np.int64)
+    np.fill_diagonal(unasked, 0)
+    if unasked.any():
+        return int(unasked[group].sum())
     predicted = meta.get("partition_stats", {}).get("predicted_forward_bytes_per_feature", {}).get(plan)
     if predicted and groups == int(meta["num_parts"]):
         return int(predicted) // 4 // groups
@@ -238,20 +233,20 @@ def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, in
     ``checkpoint`` (its peak: two sets, one while resuming) and ``results``; 0 where nothing is written."""
     figures = {"set": 0, "checkpoint": 0, "results": 0}
     itemsize = 8 if args.dtype == "float64" else 4
-    widths = layer_widths(args.model, int(meta["feature_dim"]), args.hidden, args.layers, int(meta["num_classes"]),
-                          args.heads, args.output_heads)
+    layers = model_figures(args.model, int(meta["feature_dim"]), args.hidden, args.layers, int(meta["num_classes"]),
+                           args.heads, args.output_heads)
     if args.checkpoint:
         # weights and Adam's two moments; the accuracy guard keeps a second copy of the weights (its best evaluation)
         copies_of_weights = 4 if guard_keeps_weights(args) else 3
-        main = copies_of_weights * parameter_count(args.model, widths, args.output_heads) * itemsize + CHECKPOINT_FIXED_BYTES
-        copies, structure = policy_state_copies(args.stale, str(getattr(args, "compress", "none")))
-        heads = [args.heads] * (len(widths) - 1) + [args.output_heads]
+        main = copies_of_weights * sum(layer.parameters for layer in layers) * itemsize + CHECKPOINT_FIXED_BYTES
+        copies, structure = policy_state_copies(args.stale, str(getattr(args, "compress", "none")),
+                                                getattr(args, "sample", None))
         receiver = receiver_side(args.dropout_side, args.dropout, args.stale, exchange_widths(
-            widths, args.input_exchange,
-            [(d_in, d_out + h) for (d_in, d_out), h in zip(widths, heads)] if args.model == "gat" else None))
+            [(layer.fan_in, layer.width) for layer in layers], args.input_exchange,
+            [(layer.receiver[0], layer.owner[0]) for layer in layers]))
         skip_first = args.input_exchange == "once" or (args.input_exchange == "auto" and receiver)
-        cached = [(d_in if receiver else (d_out if args.model == "gat" else min(d_in, d_out)))
-                  for index, (d_in, d_out) in enumerate(widths) if not (skip_first and index == 0)]
+        cached = [(layer.receiver if receiver else layer.owner)[0]
+                  for index, layer in enumerate(layers) if not (skip_first and index == 0)]
         ranks = 0
         groups = world_size // max(args.replication, 1)
         stats = meta.get("partition_stats", {})
@@ -259,7 +254,7 @@ def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, in
             counts = group_counts(meta, groups, rank // args.replication)
             if counts is None:
                 continue
-            rows = exchanged_rows(meta, args.plan, groups, counts)
+            rows = exchanged_rows(meta, args.plan, groups, counts, rank // args.replication)
             ranks += RANK_FILE_FIXED_BYTES + copies * rows * sum(cached) * itemsize
             if structure and groups > 1:
                 cut = stats.get("cut_edges")
@@ -449,124 +444,3 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
         error = ResourceError(everyone[0]["disk_error"])
         raise said_once(error)
     return record
-
-
-def shard_bytes(nodes: int, edges: int, features: int) -> int:
-    """Disk the shards of a graph take: CSR (int64 ids, float32 values, int64 row pointers), float32 features,
-    int64 labels, three masks and the permutation, plus per-file overhead."""
-    return 12 * edges + nodes * (4 * features + 8 + 8 + 3 + 8) + 64 * 1024
-
-
-def prepare_memory(nodes: int, edges: int, features: int, parts: int, words: int = 0) -> Estimate:
-    """Peak bytes a whole-graph ``prepare`` adds to the process (everything in one process): the adjacency (CSR,
-    with the shard writer's int64 copy of one part), the features and the writer's copy of one part of them,
-    the synthetic generator's word draws (``words`` per node, four int64/float64 arrays; 0 for other sources)
-    and the partition's per-node arrays. Checked against measured peak RSS of ``prepare synthetic`` (200,000 nodes
-    of degree 15 and 128 features: 384 MiB estimated, 340 MiB measured; 400,000 of 256: 1015 and 955 MiB)."""
-    return Estimate({"graph": 16 * edges, "features": int((1 + 1 / max(parts, 1)) * 4 * nodes * features),
-                     "generator": 4 * 8 * nodes * words, "partition": 6 * 8 * nodes})
-
-
-def rmat_entries(scale: int, edge_factor: int, abcd: tuple[float, ...] = (0.57, 0.19, 0.19, 0.05)) -> int:
-    """The expected number of stored entries of ``prepare rmat``'s graph (both directions, duplicates merged,
-    self-loops dropped), exactly: the ordered pair ``(u, v)``, ``u != v``, is stored unless none of the
-    ``edge_factor * 2**scale`` draws is ``(u, v)`` or ``(v, u)``, and the chance ``q`` that one draw is depends
-    only on how many levels have each of the four bit pairs, so the sum over ``4**scale`` pairs is a sum over
-    ``O(scale**3)`` compositions, each weighted by its multinomial count."""
-    a, b, c, d = abcd
-    draws = edge_factor * (1 << scale)
-    total = 0.0
-    for k01 in range(scale + 1):
-        for k10 in range(scale + 1 - k01):
-            if k01 == k10 == 0:
-                continue  # u == v: a self-loop, dropped
-            for k00 in range(scale + 1 - k01 - k10):
-                k11 = scale - k00 - k01 - k10
-                pairs = math.exp(math.lgamma(scale + 1) - sum(math.lgamma(k + 1) for k in (k00, k01, k10, k11)))
-                q = a ** k00 * d ** k11 * (b ** k01 * c ** k10 + b ** k10 * c ** k01)
-                total += pairs * -math.expm1(draws * math.log1p(-min(q, 1.0)))
-    return int(round(total))
-
-
-RMAT_KEY_BYTES = 14
-"""``prepare rmat``'s generation, per stored entry at its peak: the merged int64 keys, those pending in the
-buckets before they merge and the CSR's column ids filled as the keys go (measured 13.7 at SCALE 22)."""
-RMAT_GRAPH_BYTES = 8
-"""The R-MAT CSR kept through every later stage, per stored entry: int32 column id and float32 weight."""
-LABEL_BLOCK_BYTES = 400 << 20
-"""The label propagation's row block (:data:`runners.data.rmat.ENTRY_BLOCK` entries: float64 copies, the
-identity added, the scaled operator)."""
-METIS_PARTITIONERS = ("metis", "metis-train")
-
-
-def metis_bytes(entries: int, parts: int) -> float:
-    """What METIS adds per stored entry while it partitions an R-MAT graph: the int64 copy of the column ids it
-    is given (8) and its own graphs (pymetis's METIS has 64-bit ``idx_t``: the edge weights it allocates and
-    the coarsened levels, which shrink slowly on a power-law graph, the more so the larger it is). Measured (the
-    partition stage's peak over the RSS at its start, ``prepare rmat``): 116 bytes an entry at SCALE 18 with 4
-    parts, 134 with 8; 132 at SCALE 20 with 4; 151 at SCALE 22 with 8 (METIS alone: 108-110 at SCALE 17 and 18,
-    4 parts, whatever the objective, the matching or 2-hop matching). Fitted: ``105 + 6 log2(entries / 2^20)``,
-    15 more from 8 parts on."""
-    return 105 + 6 * math.log2(max(entries, 1 << 20) / (1 << 20)) + (15 if parts >= 8 else 0)
-
-
-METIS_NODE_BYTES = 150
-"""What METIS adds per node (vertex weights, coarsening maps; metis-train's five constraints)."""
-WRITE_PART_BYTES = 20
-"""The shard writer per stored entry of the largest part: the rows taken out (int32 ids, float32 weights),
-their new ids (int64) and the CSR's int32 copy of them (measured 11 at SCALE 22 over 8 random parts, 18 at
-SCALE 20 over 4 METIS parts)."""
-GENERATION_NODE_BYTES = 40
-"""Per-node arrays of the generation: the permutation, its sort keys, the degrees."""
-RMAT_NODE_BYTES = 60
-"""Per-node arrays kept after the generation: the permutation, labels, masks, the partition, its order and
-inverse (plus 16 bytes a class for the label scores while they are propagated)."""
-
-
-def largest_part_share(partitioner: str, parts: int) -> float:
-    """The share of the stored entries the largest part's rows hold: METIS on R-MAT puts the hubs together (the
-    largest of 4 parts held 57% of the entries at SCALE 20, of 8 parts 39% at SCALE 18), random and block
-    split them evenly."""
-    if partitioner.startswith("metis") or partitioner == "bytegnn":
-        return min(1.0, 0.25 + 1.3 / max(parts, 1))
-    return min(1.0, 1.05 / max(parts, 1))
-
-
-def prepare_rmat_memory(nodes: int, entries: int, features: int, parts: int, partitioner: str,
-                        classes: int = 8) -> Estimate:
-    """Peak bytes ``prepare rmat`` adds to the process: the largest of its stages (generation; labels; METIS with
-    the CSR; writing the largest part with the CSR), each counted per stored entry and per node. The features are
-    never held whole: a block of :data:`runners.data.shards.FEATURE_BLOCK` nodes at a time. Checked against the
-    measured stage peaks at SCALE 18-22 (``docs/guide/prepare.md``): within 10% where METIS sets the peak."""
-    graph = RMAT_GRAPH_BYTES * entries
-    kept = RMAT_NODE_BYTES * nodes
-    stages = {
-        "generation": {"keys": RMAT_KEY_BYTES * entries, "per-node": GENERATION_NODE_BYTES * nodes},
-        "labels": {"graph": graph, "per-node": kept + 16 * classes * nodes, "row block": LABEL_BLOCK_BYTES},
-        "partition": {"graph": graph, "METIS": (metis_bytes(entries, parts) * entries + METIS_NODE_BYTES * nodes
-                                                if partitioner in METIS_PARTITIONERS else 0), "per-node": kept},
-        "write": {"graph": graph, "largest part": WRITE_PART_BYTES * entries * largest_part_share(partitioner, parts),
-                  "per-node": kept, "feature block": 12 * (1 << 16) * features},
-    }
-    stage, peak = max(stages.items(), key=lambda item: sum(item[1].values()))
-    return Estimate({f"{stage}: {name}" if index == 0 else name: int(value)
-                     for index, (name, value) in enumerate(peak.items())})
-
-
-def check_prepare_resources(out: str | Path, memory: Estimate | None, disk: int,
-                            hint: str = "use prepare synthetic --stream (bounded memory) or fewer --nodes") -> None:
-    """Print the estimates (one line) and refuse, in one sentence, a need above ``MemAvailable`` (``hint``
-    says what helps) or above the free space where ``out`` will be written."""
-    available = mem_available()
-    target = Path(out).resolve().parent
-    while not target.exists() and target != target.parent:
-        target = target.parent
-    free = shutil.disk_usage(target).free
-    shown = f"memory about {memory.describe()}; " if memory is not None else ""
-    print(f"prepare: {shown}disk about {size(disk)} for the shards ({size(free)} free in {target})", flush=True)
-    if memory is not None and available is not None and memory.total > available:
-        raise ResourceError(f"not enough memory: prepare needs about {size(memory.total)} but "
-                            f"{size(available)} is available; {hint}")
-    if disk > free:
-        raise ResourceError(f"not enough disk: the shards need about {size(disk)} but {target} has "
-                            f"{size(free)} free; choose another --out")

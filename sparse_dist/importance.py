@@ -170,9 +170,10 @@ class ImportanceStrategy(ExchangeStrategy):
 
     def bind(self, plan: Any) -> None:
         super().bind(plan)
-        if plan.name != "p2p" or plan.matrix.grid.replication != 1:
-            raise ValueError(f"{self.sampler.name} samples each receiver's own edges: it needs the p2p plan at "
-                             f"replication 1 (got {plan.name}, c={plan.matrix.grid.replication})")
+        if not plan.carries_per_receiver or plan.matrix.grid.replication != 1:
+            raise ValueError(f"{self.sampler.name} samples each receiver's own edges: it needs a plan that sends each "
+                             f"receiver its own rows (p2p) at replication 1 (got {plan.name}, "
+                             f"c={plan.matrix.grid.replication})")
         self._ready = False
 
     def _structures(self) -> None:

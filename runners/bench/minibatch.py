@@ -45,6 +45,8 @@ from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_
 
 STEP_PARTS = ("sample", "fetch", "compute", "allreduce", "wait")
 PEERS = ("pyg", "dgl", "none")
+PEER_KINDS: tuple[str, ...] = ("sage",)
+"""The layer kinds both peers mirror (their models are GraphSAGE-mean stacks): a table, not a switch."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +90,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--fanouts has {len(args.fanout_list)} entries for --layers {args.layers}: give one per layer"
     if args.no_pyg:
         args.peer = "none"
-    if args.peer == "dgl" and args.model == "sage":
+    if args.peer == "dgl" and args.model in PEER_KINDS:
         from runners.bench.minibatch_dgl import dgl_problem
 
         problem = dgl_problem()
@@ -144,8 +146,8 @@ def _peer_skip(comm: Communicator, args: argparse.Namespace) -> str | None:
     """Why the peer does not run (decided on rank 0), or None."""
     if args.peer == "none":
         return "--peer none" if not args.no_pyg else "--no-pyg"
-    if args.model != "sage":
-        return "the peer mirrors SAGE only"
+    if args.model not in PEER_KINDS:
+        return f"the peer mirrors --layer-kind {', '.join(PEER_KINDS)} only"
     if comm.rank == 0:
         module = "torch_geometric" if args.peer == "pyg" else "dgl"
         try:

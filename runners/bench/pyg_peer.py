@@ -39,6 +39,9 @@ the losses are comparable in size but never equal.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -99,38 +102,88 @@ def gat_edge_index(adjacency: sp.spmatrix) -> torch.Tensor:
     return edge_index
 
 
+def _gcn_conv(ours: Any, fan_in: int, attention_dropout: float) -> Any:
+    from torch_geometric.nn import GCNConv
+
+    conv = GCNConv(fan_in, ours.fan_out, normalize=False, cached=False, bias=True)
+    conv.lin.weight.copy_(ours.weight.T)
+    conv.bias.copy_(ours.bias)
+    return conv
+
+
+def _sage_conv(ours: Any, fan_in: int, attention_dropout: float) -> Any:
+    from torch_geometric.nn import SAGEConv
+
+    conv = SAGEConv(fan_in, ours.fan_out, aggr="mean", root_weight=True, bias=True)
+    conv.lin_r.weight.copy_(ours.weight.T)
+    conv.lin_l.weight.copy_(ours.neighbour_weight.T)
+    conv.lin_l.bias.copy_(ours.bias)
+    return conv
+
+
+def _gat_conv(ours: Any, fan_in: int, attention_dropout: float) -> Any:
+    from torch_geometric.nn import GATConv
+
+    conv = GATConv(fan_in, ours.head_width, heads=ours.heads, concat=ours.concat, negative_slope=ours.negative_slope,
+                   dropout=attention_dropout, add_self_loops=False, bias=True)
+    conv.lin.weight.copy_(ours.weight.T)
+    conv.att_src.copy_(ours.att_src.unsqueeze(0))
+    conv.att_dst.copy_(ours.att_dst.unsqueeze(0))
+    conv.bias.copy_(ours.bias)
+    return conv
+
+
+def _gcn_operand(rows: sp.spmatrix, dtype: torch.dtype, device: torch.device, notes: list[str]) -> torch.Tensor:
+    return sparse_csr(gcn_adjacency(rows), dtype, device)
+
+
+def _mean_operand(rows: sp.spmatrix, dtype: torch.dtype, device: torch.device, notes: list[str]) -> torch.Tensor:
+    matrix = sp.csr_matrix(rows, dtype=np.float64)
+    matrix.sum_duplicates()
+    if matrix.nnz and not np.all(matrix.data == 1.0):
+        notes.append("edge weights are not all 1: PyG's mean divides by the edge count, sparse-dist by the weighted "
+                     "degree")
+    return sparse_csr(matrix, dtype, device)
+
+
+def _gat_operand(rows: sp.spmatrix, dtype: torch.dtype, device: torch.device, notes: list[str]) -> torch.Tensor:
+    return gat_edge_index(rows).to(device)
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """How the peer mirrors one layer kind: the PyG layer made from ours (weights copied), and the whole graph
+    as that layer takes it (``rows``: the raw adjacency; ``notes`` collects where the two runs differ)."""
+
+    conv: Callable[[Any, int, float], Any]
+    operand: Callable[[sp.spmatrix, torch.dtype, torch.device, list[str]], torch.Tensor]
+
+
+MIRRORS: dict[str, Mirror] = {"gcn": Mirror(_gcn_conv, _gcn_operand), "sage": Mirror(_sage_conv, _mean_operand),
+                              "gat": Mirror(_gat_conv, _gat_operand)}
+"""The layer kinds the peer mirrors, by ``--layer-kind`` (a table of PyG's counterparts, not a switch)."""
+
+
+def mirror_problem(kind: str) -> str | None:
+    """Why the peer cannot mirror ``--layer-kind kind`` (one sentence), or None."""
+    if kind in MIRRORS:
+        return None
+    return (f"the PyG peer mirrors --layer-kind {', '.join(MIRRORS)} only: it has no PyG layer to copy the weights of "
+            f"--layer-kind {kind} into")
+
+
 class _PygModel(torch.nn.Module):
-    """GCNConv, SAGEConv or GATConv layers with dropout on every input and ReLU (ELU) between layers."""
+    """The PyG layers of ``kind`` with dropout on every input and the activation our layers declare between."""
 
     def __init__(self, kind: str, dims: list[int], dropout: float, start: GraphModel,
                  attention_dropout: float = 0.0) -> None:
         super().__init__()
-        from torch_geometric.nn import GATConv, GCNConv, SAGEConv  # optional dependency
-
         self.dropout = dropout
-        self.activation = torch.relu if kind != "gat" else F.elu
+        self.activation = F.elu if start.layers[0].activation == "elu" else torch.relu
         self.convs = torch.nn.ModuleList()
         with torch.no_grad():
-            for layer, (fan_in, fan_out) in enumerate(zip(start.widths[:-1], dims[1:])):
-                if kind == "gat":
-                    ours = start.layers[layer]
-                    conv = GATConv(fan_in, ours.head_width, heads=ours.heads, concat=ours.concat,
-                                   negative_slope=ours.negative_slope, dropout=attention_dropout,
-                                   add_self_loops=False, bias=True)
-                    conv.lin.weight.copy_(ours.weight.T)
-                    conv.att_src.copy_(ours.att_src.unsqueeze(0))
-                    conv.att_dst.copy_(ours.att_dst.unsqueeze(0))
-                    conv.bias.copy_(ours.bias)
-                elif kind == "gcn":
-                    conv = GCNConv(fan_in, fan_out, normalize=False, cached=False, bias=True)
-                    conv.lin.weight.copy_(start.weights[layer].T)
-                    conv.bias.copy_(start.biases[layer])
-                else:
-                    conv = SAGEConv(fan_in, fan_out, aggr="mean", root_weight=True, bias=True)
-                    conv.lin_r.weight.copy_(start.weights[layer].T)
-                    conv.lin_l.weight.copy_(start.neighbour_weights[layer].T)
-                    conv.lin_l.bias.copy_(start.biases[layer])
-                self.convs.append(conv)
+            for layer, fan_in in enumerate(start.widths[:-1]):
+                self.convs.append(MIRRORS[kind].conv(start.layers[layer], fan_in, attention_dropout))
 
     def forward(self, x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
         h = x
@@ -173,19 +226,10 @@ class PygPeer:
         self.num_classes = graph.num_classes
         self.notes: list[str] = []
         dtype = DTYPES[config.dtype]
-        if config.model == "gat":
-            matrix = None
-            self.adjacency = gat_edge_index(graph.rows).to(device)
-        elif config.model == "gcn":
-            matrix = gcn_adjacency(graph.rows)
-        else:
-            matrix = sp.csr_matrix(graph.rows, dtype=np.float64)
-            matrix.sum_duplicates()
-            if matrix.nnz and not np.all(matrix.data == 1.0):
-                self.notes.append("edge weights are not all 1: PyG's mean divides by the edge count, "
-                                  "sparse-dist by the weighted degree")
-        if matrix is not None:
-            self.adjacency = sparse_csr(matrix, dtype, device)
+        problem = mirror_problem(config.model)
+        if problem is not None:
+            raise ValueError(problem)
+        self.adjacency = MIRRORS[config.model].operand(graph.rows, dtype, device, self.notes)
         features = scaled_features(graph.features, config.feature_norm)
         self.features = torch.from_numpy(features).to(dtype).to(device)
         self.labels = torch.from_numpy(graph.labels).to(device)

@@ -48,8 +48,10 @@ from typing import Any, Callable
 
 import torch
 
+from algorithms.layers import layer_type
 from algorithms.model import MODEL_KINDS
 from algorithms.train import LocalGraph, TrainConfig, Trainer
+from runners.bench.pyg_peer import mirror_problem
 from runners.data.datasets import planted_classes
 from runners.results import print_report
 from runners.argtypes import add_renamed, at_least, probability
@@ -287,7 +289,7 @@ def run_peer(comm: Communicator, args: argparse.Namespace, data_dir: str, device
 
     Returns the summary on every rank, or ``{"skipped": reason}``.
     """
-    error = _pyg_import_error() if comm.rank == 0 else None
+    error = (mirror_problem(args.model) or _pyg_import_error()) if comm.rank == 0 else None
     whole = _whole_graph(comm, data_dir, error is None)
     outcome: dict[str, Any] | None = None
     if comm.rank == 0:
@@ -392,7 +394,7 @@ def report(result: dict[str, Any]) -> str:
     cfg, data, ours = result["config"], result["dataset"], result["sparse_dist"]
     size = result["world_size"]
     heads = (f" x {cfg['heads']} heads (output {cfg['output_heads']}), attention dropout {cfg['attention_dropout']}"
-             if cfg["model"] == "gat" else "")
+             if layer_type(cfg["model"]).takes_options else "")
     lines = [f"bench train on {result['device']}: {cfg['model']} {cfg['layers']} layers, "
              f"hidden {cfg['hidden']}{heads}, "
              f"dropout {cfg['dropout']}, plan {cfg['plan']}, seed {cfg['seed']}; {data['name']}: "

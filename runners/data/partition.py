@@ -41,6 +41,7 @@ import scipy.sparse as sp
 from runners.data.bytegnn_partition import bytegnn_partition
 from runners.data.metis_train import metis_kway, metis_train_partition, symmetric_pattern
 from sparse_dist.layout import Grid, RowLayout
+from sparse_dist.plans import PLANS
 from sparse_dist.predict import predict_spmm_bytes
 
 PARTITIONERS = ("block", "random", "metis", "metis-train", "bytegnn")
@@ -225,8 +226,9 @@ def boundary_summary(offsets: np.ndarray, inner: np.ndarray, boundary: np.ndarra
     ``cut[i]``: part ``i``'s entries whose column another part owns (left out when not given)."""
     layout = RowLayout(tuple(int(x) for x in offsets))
     parts = layout.parts
+    # every plan whose byte model needs only the boundary counts (a pair-counted plan needs the graph's covers)
     predicted = {plan: int(predict_spmm_bytes(Grid(parts), layout, counts, boundary, plan, 1, 4)["forward"][:, 1].sum())
-                 for plan in ("dense-bcast", "sparse-bcast", "p2p")}
+                 for plan, kind in PLANS.items() if not kind.pair_counted}
     stats = {
         "inner_nodes": [int(x) for x in inner], "boundary_nodes": [int(x) for x in boundary], "train_nodes": train,
         "boundary_over_inner": [float(b / i) if i else 0.0 for b, i in zip(boundary, inner)],

@@ -8,19 +8,8 @@ scales every exchanged row to the bytes its codec sends. The cycle (a step and
 its evaluation, what time-to-accuracy adds up) adds an exact forward after the
 step or beside the next one (:func:`predict_evaluation`, :func:`predict_cycle`).
 
-**Workload** (:class:`Workload`): rows, nonzeros (local / remote columns)
-and the boundary matrix ``|B_ij|`` per row group. Either measured exactly
-from a prepared dataset (:func:`workload_from_shards`, merging shards as a
-run would) or expected values for a partition model
-(:func:`workload_analytic`): every node has the graph's mean degree ``d``
-and each neighbour lies outside its part with probability ``cut``, spread
-evenly over ``k`` neighbouring parts (``random``: ``cut = (P-1)/P``,
-``k = P-1``). Then ``E|B_ij| = n_j (1 - (1 - cut/k)^d)`` for a neighbouring
-part and ``E|B_j| = n_j (1 - (1 - cut)^d)``; because ``1 - (1-q)^d`` is
-concave in ``d``, a skewed degree distribution gives fewer boundary rows,
-so this is an upper estimate. The ``cover`` plan's rows per pair depend on the graph itself (a minimum
-vertex cover of each block, :func:`pair_counts`), so it is priced from shards only
-(``workload_from_shards(..., covers=True)``); an analytic workload refuses it.
+**Workload** (:class:`~runners.perf.workload.Workload`, measured from shards or expected for a partition
+model): :mod:`runners.perf.workload`.
 
 **Compute** (:class:`Rates`, per core): local SpMM costs
 ``nnz * width`` per multiply (forward, and transpose where the layer needs
@@ -53,21 +42,17 @@ data-dependent rules take it from a measured run or an assumption).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
-from algorithms.layers import layer_type
+from algorithms.layers import LayerOptions, layer_type
+from algorithms.model import LayerFigures, layer_figures
 from algorithms.policies import AxisSpec, PolicySpec
-from runners.data.partition import BoundaryAccumulator
-from runners.data.shards import part_file, read_meta
+from runners.perf.workload import (PairCounts, Workload, pair_counts, workload_analytic,  # noqa: F401 (callers)
+                                   workload_from_shards)
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.compress import Codec
-from sparse_dist.cover_sets import konig_cover
-from sparse_dist.csr import entry_rows
 from sparse_dist.cost import Network, allreduce_time, bcast_time, log2_steps
 from sparse_dist.plans import plan_class
 from sparse_dist.predict import predict_spmm_bytes
@@ -86,6 +71,8 @@ class Rates:
 class ModelShape:
     """What a training epoch computes: layer widths, model kind, element size, and how layers exchange.
 
+    ``dims``: the model's ``dims`` (:class:`algorithms.model.GraphModel`); ``options`` its layer options. Every
+    width, parameter count and dense work is the layer kind's own answer (:func:`algorithms.model.layer_figures`).
     ``input_once``: layer 0 reads X's halo kept since the start and exchanges nothing
     (:mod:`algorithms.static_input`); ``receiver_dropout``: exchanges carry pre-dropout rows, so every
     exchanging layer aggregates first (width ``F_in``).
@@ -96,27 +83,32 @@ class ModelShape:
     itemsize: int = 4
     input_once: bool = False
     receiver_dropout: bool = False
+    options: LayerOptions = LayerOptions()
+
+    @property
+    def layers(self) -> list[LayerFigures]:
+        return layer_figures(self.kind, self.dims, self.options)
 
     @property
     def exchanges(self) -> list[tuple[int, bool]]:
         """Per exchanging layer: (width exchanged, whether the transpose runs too), as :mod:`algorithms.model`
-        orders them. Layer 0's transpose runs only where it multiplies by ``W`` first (``X`` needs no gradient)."""
+        orders them. Layer 0's transpose runs only where the layer says so (an SpMM layer: where it multiplies
+        by ``W`` first; ``X`` needs no gradient)."""
         out = []
-        for layer, (f_in, f_out) in enumerate(zip(self.dims[:-1], self.dims[1:])):
+        for layer, figures in enumerate(self.layers):
             if layer == 0 and self.input_once:
                 continue
-            transform_first = f_out < f_in and not self.receiver_dropout
-            out.append((f_out if transform_first else f_in, layer > 0 or transform_first))
+            width, returns = figures.receiver if self.receiver_dropout else figures.owner
+            out.append((width, layer > 0 or returns))
         return out
 
     @property
     def spmm_passes(self) -> int:
         """Columns the local SpMMs of one epoch multiply (forward, and transposes), over all layers: a layer
         that exchanges nothing (layer 0 from its halo) multiplies its local and halo columns all the same."""
-        whole = ModelShape(self.dims, self.kind, self.itemsize, False, self.receiver_dropout).exchanges
+        whole = replace(self, input_once=False).exchanges
         if self.input_once and whole:
-            f_in, f_out = self.dims[0], self.dims[1]
-            whole[0] = (min(f_in, f_out), f_out < f_in)
+            whole[0] = self.layers[0].owner
         return sum(width * (2 if backward else 1) for width, backward in whole)
 
     @property
@@ -137,13 +129,11 @@ class ModelShape:
 
     @property
     def dense_work_per_row(self) -> int:
-        factor = layer_type(self.kind).weight_matrices
-        return factor * sum(a * b for a, b in zip(self.dims[:-1], self.dims[1:]))
+        return sum(figures.dense_work for figures in self.layers)
 
     @property
     def parameters(self) -> int:
-        factor = layer_type(self.kind).weight_matrices
-        return sum(factor * a * b + b for a, b in zip(self.dims[:-1], self.dims[1:]))
+        return sum(figures.parameters for figures in self.layers)
 
 
 @dataclass(frozen=True)
@@ -185,155 +175,6 @@ class ExpectedTraffic:
         return ExpectedTraffic.of(PolicySpec(AxisSpec.parse("sample", sample), AxisSpec.parse("stale", stale)), active)
 
 
-@dataclass
-class Workload:
-    """Per row group: rows, nonzeros with local / remote columns, and ``|B_ij|``, ``|B_j|``."""
-
-    name: str
-    rows: np.ndarray
-    nnz_local: np.ndarray
-    nnz_remote: np.ndarray
-    boundary: np.ndarray            # G x G, boundary[i, j] = |B_ij| (expected values allowed)
-    union: np.ndarray               # |B_j|
-    exact: bool = True
-    notes: list[str] = field(default_factory=list)
-    cover: np.ndarray | None = None  # G x G, |C_ij| + |R_ij| of the cover plan (from shards only, where asked)
-
-    def pairs_for(self, plan: str) -> np.ndarray | None:
-        """The rows per pair a ``pair_counted`` plan's byte model needs (None for the others)."""
-        if not plan_class(plan).pair_counted:
-            return None
-        if self.cover is None:
-            raise ValueError(f"{self.name}: the {plan} plan's bytes depend on the graph's covers; they are known "
-                             f"only for a prepared dataset (workload_from_shards(..., covers=True))")
-        return self.cover
-
-    @property
-    def groups(self) -> int:
-        return int(self.rows.size)
-
-
-def _merged_groups(data_dir: Path, groups: int) -> tuple[dict, int, np.ndarray]:
-    """A prepared dataset's meta, its parts per row group and the groups' first rows (``groups + 1``)."""
-    meta = read_meta(data_dir)
-    if meta["num_parts"] % groups:
-        raise ValueError(f"{data_dir}: {meta['num_parts']} parts cannot be merged into {groups} row groups")
-    per_group = meta["num_parts"] // groups
-    return meta, per_group, np.asarray(meta["row_offsets"][::per_group], dtype=np.int64)
-
-
-def workload_from_shards(data_dir: str | Path, groups: int, self_loops: bool = True,
-                         covers: bool = False) -> Workload:
-    """Exact statistics of a prepared dataset run on ``groups`` row groups (its shards merged as a run does);
-    ``covers``: also the cover plan's rows per pair (:func:`pair_counts`, a matching per pair)."""
-    data_dir = Path(data_dir)
-    meta, per_group, offsets = _merged_groups(data_dir, groups)
-    accumulator = BoundaryAccumulator(offsets)
-    nnz_local = np.zeros(groups, dtype=np.int64)
-    nnz_remote = np.zeros(groups, dtype=np.int64)
-    for g in range(groups):
-        columns, loops = [], 0
-        for index in range(g * per_group, (g + 1) * per_group):
-            with np.load(data_dir / part_file(index), allow_pickle=False) as archive:
-                indices, indptr = archive["indices"].astype(np.int64), archive["indptr"]
-            first = meta["row_offsets"][index]
-            rows_of = np.repeat(np.arange(indptr.size - 1) + first, np.diff(indptr))
-            loops += int(np.unique(rows_of[indices == rows_of]).size)
-            columns.append(indices)
-        merged = np.concatenate(columns) if columns else np.empty(0, np.int64)
-        accumulator.add_part(g, merged, 0)
-        inside = (merged >= offsets[g]) & (merged < offsets[g + 1])
-        missing_loops = (offsets[g + 1] - offsets[g] - loops) if self_loops else 0
-        nnz_local[g] = int(inside.sum()) + missing_loops
-        nnz_remote[g] = int((~inside).sum())
-    union = np.bincount(accumulator._owner(np.flatnonzero(accumulator.needed)), minlength=groups)
-    cover = pair_counts(data_dir, groups).cover if covers else None
-    return Workload(meta["name"], np.diff(offsets), nnz_local, nnz_remote, accumulator.counts.copy(), union,
-                    cover=cover)
-
-
-# ---------------------------------------------------------------- the cover plan's pairs (single process)
-# Per pair of row groups: |B_ij| (p2p's rows) and the cover's |C_ij| + |R_ij| (sparse_dist.cover_sets), one row
-# group's rows in memory at a time; the input of the cover plan's byte model here and in ``sparse-dist cost bytes``.
-
-@dataclass
-class PairCounts:
-    """``boundary[i, j] = |B_ij|`` (p2p's rows) and ``cover[i, j] = |C_ij| + |R_ij|`` of one partition."""
-
-    layout: RowLayout
-    boundary: np.ndarray
-    cover: np.ndarray
-    pre_aggregated: np.ndarray  # |R_ij|: rows sent as partial sums
-    seconds: float              # covers' (matchings') time on this process
-
-
-def _group_rows(data_dir: Path, meta: dict, first: int, last: int) -> sp.csr_matrix:
-    """Parts ``first..last-1`` stacked: their CSR rows with global column ids."""
-    pieces = []
-    for index in range(first, last):
-        with np.load(data_dir / part_file(index), allow_pickle=False) as archive:
-            indptr, indices = archive["indptr"], archive["indices"].astype(np.int64)
-        pieces.append(sp.csr_matrix((np.ones(indices.size), indices, indptr),
-                                    shape=(indptr.size - 1, int(meta["num_nodes"]))))
-    return sp.vstack(pieces, format="csr") if pieces else sp.csr_matrix((0, int(meta["num_nodes"])))
-
-
-def pair_counts(data_dir: str | Path, groups: int) -> PairCounts:
-    """Boundary and cover counts of a prepared dataset on ``groups`` row groups (its parts merged)."""
-    data_dir = Path(data_dir)
-    meta, per_group, offsets = _merged_groups(data_dir, groups)
-    layout = RowLayout.from_counts([int(c) for c in np.diff(offsets)])
-    boundary = np.zeros((groups, groups), dtype=np.int64)
-    cover = np.zeros((groups, groups), dtype=np.int64)
-    pre = np.zeros((groups, groups), dtype=np.int64)
-    seconds = 0.0
-    for g in range(groups):
-        rows = _group_rows(data_dir, meta, g * per_group, (g + 1) * per_group)
-        owners = np.searchsorted(offsets, rows.indices, side="right") - 1
-        row_of_entry = entry_rows(rows.indptr)
-        for j in range(groups):
-            if j == g:
-                continue
-            keep = owners == j
-            if not keep.any():
-                continue
-            cols = rows.indices[keep] - offsets[j]
-            block = sp.csr_matrix((np.ones(cols.size), (row_of_entry[keep], cols)),
-                                  shape=(rows.shape[0], int(offsets[j + 1] - offsets[j])))
-            boundary[g, j] = np.unique(cols).size
-            began = time.perf_counter()
-            found = konig_cover(block)
-            seconds += time.perf_counter() - began
-            cover[g, j], pre[g, j] = found.size, found.rows.size
-    return PairCounts(layout, boundary, cover, pre, seconds)
-
-
-
-
-def workload_analytic(name: str, nodes: int, nnz: int, groups: int, cut: float | None = None,
-                      neighbour_parts: int | None = None) -> Workload:
-    """Expected statistics of an ``nnz``-entry graph on ``groups`` equal row groups (see the module doc)."""
-    rows = np.full(groups, nodes // groups, dtype=np.int64)
-    rows[: nodes % groups] += 1
-    degree = nnz / nodes
-    if cut is None:
-        cut = (groups - 1) / groups
-    k = min(neighbour_parts or groups - 1, groups - 1)
-    boundary = np.zeros((groups, groups))
-    union = np.zeros(groups)
-    if groups > 1:
-        q = cut / k
-        reach = 1.0 - (1.0 - q) ** degree
-        for i in range(groups):
-            for step in range(1, k + 1):
-                j = (i + step) % groups
-                boundary[i, j] = rows[j] * reach
-        union = rows * (1.0 - (1.0 - cut) ** degree)
-    remote = np.round(rows * degree * (cut if groups > 1 else 0.0)).astype(np.int64)
-    local = np.round(rows * degree).astype(np.int64) - remote + rows
-    notes = [f"expected boundary of a partition with edge cut {cut:.3f} over {k} neighbouring part(s), "
-             f"every node of mean degree {degree:.1f} (upper estimate)"]
-    return Workload(name, rows, local, remote, boundary, union, exact=False, notes=notes)
 
 
 @dataclass

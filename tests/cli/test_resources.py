@@ -12,7 +12,8 @@ from datasets_for_tests import cora, write
 from mpirun import BIN, ROOT, run_mpi
 
 from runners.data.datasets import planted_classes
-from runners.resources import mem_available, prepare_memory, shard_bytes, train_memory
+from runners.prepare_resources import prepare_memory, shard_bytes
+from runners.resources import mem_available, train_memory
 
 SPARSE_DIST = str(BIN / "sparse-dist")
 

@@ -17,7 +17,7 @@ from runners.data.rmat import (RmatFeatures, features_of, node_data, node_labels
                                rmat_dataset_bounded, rmat_graph)
 from runners.data.shards import write_shards
 from runners.data.stages import Stages
-from runners.resources import prepare_rmat_memory, rmat_entries
+from runners.prepare_resources import prepare_rmat_memory, rmat_entries
 
 
 def _probability_matrix(scale: int) -> np.ndarray:
