@@ -6,14 +6,16 @@ torch blocks), its features (loaded as float32, normalised in float64, kept as a
 (``--input-exchange once``) and, for a layer that sees its input only through the product (GCN), the product
 of layer 0 its evaluations keep (``once``, or ``auto`` which often takes it), per layer the activations
 autograd keeps and their gradients, the parameters with their gradients and Adam's two moments, the exchange
-buffers of the boundary rows and a staleness policy's caches. :func:`check_train_resources` (collective) prints
+buffers of the boundary rows and a staleness policy's caches. Every width and count of a layer is its layer
+kind's own answer (:func:`model_figures`): nothing here names a layer, a policy or a plan. :func:`check_train_resources` (collective) prints
 the estimate (rank 0, one line) and refuses the run in one sentence, with the flag that would help, when the
 ranks of a node together need more than its ``MemAvailable`` (``/proc/meminfo``).
 
 ``train``'s disk: :func:`train_disk` estimates the checkpoint sets (``main.ckpt``: the parameters, counted
-exactly from the layer widths, three times (weights and Adam's two moments) plus a small fixed part; a
-``rankNNNNN.ckpt`` per rank where the run keeps policy state: its cached rows x the exchanged width per
-cached layer, plus sancus' cached block structure) and the results file; while a new set is committed the
+exactly by each layer kind (:func:`algorithms.model.layer_figures`), three times (weights and Adam's two
+moments) plus a small fixed part; a ``rankNNNNN.ckpt`` per rank where the run keeps policy state: what each
+policy says it keeps (:meth:`~algorithms.policies.base.PolicyBase.state_size`: rows x the exchanged width per
+exchanging layer, plus a cached-block rule's block structure)) and the results file; while a new set is committed the
 previous one still exists, so the checkpoint's peak is two sets (one more beside the one already there when
 resuming). :func:`check_train_resources` also checks these against the free space of the directories they
 go to (summed where both are on one file system), from rank 0's view (shared file system assumed: every
