@@ -15,7 +15,8 @@ model): :mod:`runners.perf.workload`.
 ``nnz * width`` per multiply (forward, and transpose where the layer needs
 a gradient; sampled remote columns count ``p`` times); everything else
 ("dense": weight multiplies, dropout, loss, optimiser) costs
-``rows * sum_l F_in*F_out``. Both rates come from a measured calibration
+``rows * sum_l dense_work_l``, each layer kind's own multiply-adds per row
+(``weight_matrices * F_in * F_out`` for an SpMM layer; :meth:`algorithms.layers.GraphLayer.dense_work`). Both rates come from a measured calibration
 run; a rank's speed is its rate times its cores, ``min(threads,
 cores_per_node / ranks_per_node)`` (linear in cores: optimistic for many
 threads). On one node MPI copies through shared memory with the ranks'
