@@ -78,6 +78,14 @@ def test_the_estimators_ask_the_new_layer_and_rule(third_party, data: Path) -> N
     assert disk["set"] >= 3 * built * 4  # the weights and Adam's two moments, counted from the layer's own answer
 
 
+def test_the_pyg_peer_refuses_a_kind_it_cannot_mirror(third_party) -> None:
+    from runners.bench.pyg_peer import mirror_problem
+
+    assert all(mirror_problem(kind) is None for kind in ("gcn", "sage", "gat"))
+    assert mirror_problem("gin-like") == ("the PyG peer mirrors --layer-kind gcn, sage, gat only: it has no PyG "
+                                          "layer to copy the weights of --layer-kind gin-like into")
+
+
 def test_cost_predict_prices_the_new_layer_and_rule(data: Path, tmp_path: Path) -> None:
     study = tmp_path / "study"
     study.mkdir()
