@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from algorithms.layers import LAYER_TYPES, layer_type
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
@@ -47,14 +48,17 @@ _NO_ATTENTION = {"heads": 1, "output_heads": 1, "attention_dropout": 0.0}
 
 
 def attention_problem(args: argparse.Namespace) -> str | None:
-    """Why the attention flags do not fit ``--layer-kind``, or None (a flag left at its default or None is fine)."""
+    """Why the attention flags do not fit ``--layer-kind``, or None (a flag left at its default or None is fine; a
+    kind takes them when its layer says so, ``takes_options``)."""
     given = {key: getattr(args, key) for key, neutral in _NO_ATTENTION.items()
              if getattr(args, key) is not None and getattr(args, key) != neutral}
-    if args.model != "gat" and given:
-        return (f"--heads, --output-heads and --attention-dropout are for --layer-kind gat; "
-                f"--layer-kind {args.model} has no attention (got " + " ".join(f"--{key.replace('_', '-')} {value}"
-                                                     for key, value in given.items()) + ")")
-    return None
+    if layer_type(args.model).takes_options or not given:
+        return None
+    takers = " or ".join(kind for kind, known in LAYER_TYPES.items() if known.takes_options)
+    return (f"--heads, --output-heads and --attention-dropout are for --layer-kind {takers}; "
+            f"--layer-kind {args.model} has no attention (got " + " ".join(f"--{key.replace('_', '-')} {value}"
+                                                                           for key, value in given.items()) + ")")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag of ``train`` in groups by concern, each checked by its type while the command line is parsed

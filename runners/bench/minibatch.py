@@ -38,6 +38,7 @@ from algorithms.minibatch.config import MinibatchConfig, parse_fanouts
 from algorithms.train import TrainConfig
 from runners.argtypes import at_least, probability
 from runners.argtypes import seed as seed_number
+from runners.bench.minibatch_peer import PEER_KINDS, peer_problem
 from runners.results import print_report
 from runners.data.shards import load_local_graph
 from runners.minibatch_flags import add_sampler_argument, sampler_problem
@@ -45,8 +46,6 @@ from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_
 
 STEP_PARTS = ("sample", "fetch", "compute", "allreduce", "wait")
 PEERS = ("pyg", "dgl", "none")
-PEER_KINDS: tuple[str, ...] = ("sage",)
-"""The layer kinds both peers mirror (their models are GraphSAGE-mean stacks): a table, not a switch."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,8 +145,9 @@ def _peer_skip(comm: Communicator, args: argparse.Namespace) -> str | None:
     """Why the peer does not run (decided on rank 0), or None."""
     if args.peer == "none":
         return "--peer none" if not args.no_pyg else "--no-pyg"
-    if args.model not in PEER_KINDS:
-        return f"the peer mirrors --layer-kind {', '.join(PEER_KINDS)} only"
+    problem = peer_problem(args.model)
+    if problem:
+        return problem
     if comm.rank == 0:
         module = "torch_geometric" if args.peer == "pyg" else "dgl"
         try:

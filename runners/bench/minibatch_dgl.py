@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from algorithms.model import GraphModel
 from algorithms.train import LocalGraph, TrainConfig, scaled_features
-from runners.bench.minibatch_peer import train_epoch
+from runners.bench.minibatch_peer import peer_problem, train_epoch
 from runners.bench.pyg_peer import DTYPES, trainer_adam
 
 GRAPHBOLT_NOTE = ("dgl.graphbolt (DGL's distributed pipeline; its C++ library is built for torch <= 2.2 only) "
@@ -119,8 +119,9 @@ class DglMinibatchPeer:
 
     def __init__(self, graph: LocalGraph, config: TrainConfig, fanouts: list[int | None], batch_size: int) -> None:
         dgl, self.notes = import_dgl()
-        if config.model != "sage":
-            raise ValueError(f"the mini-batch DGL peer is SAGEConv (mean); --model {config.model} has none")
+        problem = peer_problem(config.model)
+        if problem:
+            raise ValueError(problem)
         if graph.rows.shape[0] != graph.rows.shape[1]:
             raise ValueError("the DGL peer needs the whole graph")
         dtype = DTYPES[config.dtype]

@@ -34,6 +34,19 @@ from algorithms.train import LocalGraph, TrainConfig, scaled_features
 from runners.bench.pyg_peer import DTYPES, _PygModel, trainer_adam
 
 
+PEER_KINDS: tuple[str, ...] = ("sage",)
+"""The layer kinds the mini-batch peers mirror (this one and :mod:`runners.bench.minibatch_dgl`): both stack
+``SAGEConv`` (mean) over a sampled block, which is GraphSAGE-mean's layer and no other's. A table, not a switch."""
+
+
+def peer_problem(kind: str) -> str | None:
+    """Why the mini-batch peers cannot mirror ``--layer-kind kind`` (one sentence), or None."""
+    if kind in PEER_KINDS:
+        return None
+    return (f"the mini-batch peers mirror --layer-kind {', '.join(PEER_KINDS)} only (SAGEConv, mean): they have no "
+            f"layer to copy the weights of --layer-kind {kind} into")
+
+
 def timed(batches: Iterable[Any], waited: list[float]) -> Iterator[Any]:
     """The items of ``batches``; ``waited[0]`` gains the seconds each took to arrive (a peer's sampling time)."""
     iterator, end = iter(batches), object()
@@ -158,8 +171,9 @@ class PygMinibatchPeer:
         from torch_geometric.data import Data
         from torch_geometric.loader import NeighborLoader
 
-        if config.model != "sage":
-            raise ValueError(f"the mini-batch PyG peer is SAGEConv (mean); --model {config.model} has none")
+        problem = peer_problem(config.model)
+        if problem:
+            raise ValueError(problem)
         if graph.rows.shape[0] != graph.rows.shape[1]:
             raise ValueError("the PyG peer needs the whole graph")
         dtype = DTYPES[config.dtype]

@@ -43,8 +43,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
+from algorithms.policies import PolicySpec
 from runners.results import ResultsWriter, temporary_beside
 from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, curve, first_reaching
+from sparse_dist.plans import PointToPointPlan
 
 DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
 OWN_PARTS = ("total", "local_spmm", "exchange", "allreduce") + DENSE_PARTS  # every other time part is a policy's
@@ -168,11 +170,18 @@ def default_targets(rows: list[dict[str, Any]]) -> dict[tuple[Any, int], float]:
     other policy)."""
     best: dict[tuple[Any, int], float] = {}
     for row in rows:
-        if (row.get("plan") == "p2p" and row.get("policy") == "exact" and (row.get("compress") or "none") == "none"
-                and not row.get("variant") and row.get("best_val") is not None):
+        if _is_reference(row) and row.get("best_val") is not None:
             key = (row.get("dataset"), int(row["world_size"]))
             best[key] = max(best.get(key, float("-inf")), float(row["best_val"]))
     return {key: DEFAULT_TARGET_FRACTION * value for key, value in best.items()}
+
+
+def _is_reference(row: dict[str, Any]) -> bool:
+    """Whether ``row`` is a reference run: the point-to-point plan, a policy that parses as exact (the study's own
+    parser), uncompressed and no variant."""
+    return (row.get("plan") == PointToPointPlan.name and row.get("policy") is not None
+            and PolicySpec.parse(str(row["policy"])).is_exact and (row.get("compress") or "none") == "none"
+            and not row.get("variant"))
 
 
 def add_time_to_target(rows: list[dict[str, Any]], target_acc: float | None = None) -> None:
