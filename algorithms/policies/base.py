@@ -43,7 +43,7 @@ class RunShape:
 class TrainingParts(Protocol):
     """The trainer as a policy's :class:`EpochWork` sees it (named by shape: policies import no trainer)."""
 
-    spmm: Any                  # sparse_dist.spmm.DistSpMM: .plan, .strategy, .timer
+    spmm: Any                  # sparse_dist.spmm.DistSpMM: .plan, .lifecycle (its sampling), .timer
     model: Any                 # algorithms.model.GraphModel
     halo: Any                  # sparse_dist.halo.StaticHalo or None
     col_comm: Any           # the G ranks holding distinct rows
