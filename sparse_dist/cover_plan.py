@@ -18,9 +18,11 @@ One alltoallv per call, as ``p2p`` (this class reuses its exchange; only what is
 the gradients differ), and never more rows than ``p2p``: a cover is at most ``B``'s nonzero columns.
 
 Set-up (collective over the replica column, once; phase ``other``): receivers compute the covers of their
-blocks; one allgather of order-independent block fingerprints tells, per pair, whether the owner holds
-``B^T`` itself (``A_ji`` equals ``A_ij^T`` bitwise and ``j`` multiplies it: a symmetric ``A`` in 1D), and then
-the owner computes the same cover from it; otherwise the receiver sends ``C_ij`` and the entries of
+blocks; an allgather of checksums, then one of order-independent block fingerprints where checksums agree,
+tells per pair whether the owner holds ``B^T`` itself (``A_ji`` equals ``A_ij^T`` bitwise and ``j`` multiplies
+it: a symmetric ``A`` in 1D), and then the owner computes the same cover from it, reusing the maximum matching
+it found for ``A_ji`` as a receiver (a cover depends on the pattern only, not on which maximum matching found
+it: :class:`~sparse_dist.cover_sets.MatchedBlock`); otherwise the receiver sends ``C_ij`` and the entries of
 ``B[R_ij, not C_ij]`` (ids and values, :attr:`CoverPlan.setup_bytes`) once. A pair whose cover is its nonzero
 columns needs neither (the owner knows them from ``p2p``'s send lists). A world allgather of
 ``|C_ij| + |R_ij|`` gives every rank the byte model's input (:attr:`CoverPlan.pair_counts`).
@@ -42,7 +44,8 @@ import scipy.sparse as sp
 import torch
 
 from sparse_dist.accounting import ComputeTimer
-from sparse_dist.cover_sets import BlockCover, block_fingerprint, konig_cover, positions_in
+from sparse_dist.cover_sets import (BlockCover, MatchedBlock, block_checksum, block_fingerprint, entries_of_rows,
+                                    positions_in)
 from sparse_dist.csr import csr_bytes, entry_rows
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Flight, Transfer
@@ -77,8 +80,9 @@ class CoverPlan(PointToPointPlan):
         began = time.perf_counter()
         ExchangePlan.__init__(self, matrix, dtype, device, timer, strategy, row_masks=row_masks)
         groups, me, share = self.groups, self.group, matrix.column_share
-        self.covers: dict[int, BlockCover] = {j: konig_cover(matrix.blocks[j]) for j in share
-                                              if j != me and j in matrix.blocks}
+        # one matching per block: this receiver's cover of A_gj, and the owner's of A_jg = A_gj^T where symmetric
+        matched = {j: MatchedBlock(matrix.blocks[j]) for j in share if j != me and j in matrix.blocks}
+        self.covers: dict[int, BlockCover] = {j: pattern.cover() for j, pattern in matched.items()}
         row = np.zeros(groups, dtype=np.int64)
         for j, cover in self.covers.items():
             row[j] = cover.size
@@ -86,32 +90,24 @@ class CoverPlan(PointToPointPlan):
         grid = matrix.grid
         self.pair_counts = np.array([[world[grid.rank_of(i, grid.replica_for_block(j)), j] for j in range(groups)]
                                      for i in range(groups)], dtype=np.int64)
-        owner_side = self._owner_parts()
+        owner_side = self._owner_parts(matched)
         self._build(owner_side)
         self._sampled = None
         self.setup_seconds = time.perf_counter() - began  # this rank's covers, set-up exchanges and matrices
 
     # ------------------------------------------------------------ set-up
-    def _owner_parts(self) -> dict[int, tuple[np.ndarray, sp.csr_matrix]]:
+    def _owner_parts(self, matched: dict[int, MatchedBlock]) -> dict[int, tuple[np.ndarray, sp.csr_matrix]]:
         """For each receiver ``i`` of this owner: ``(C_ig, B_ig[R_ig, not C_ig])``, the latter over this rank's
-        rows. Collective over the replica column (one allgather of fingerprints and sizes, one or two alltoallvs
-        of ids and values where some pair needs them)."""
+        rows; ``matched``: this rank's blocks' patterns and matchings. Collective over the replica column (one
+        allgather of fingerprints and sizes, one or two alltoallvs of ids and values where some pair needs
+        them)."""
         matrix, groups, me = self.matrix, self.groups, self.group
         share = set(matrix.column_share)
-        facts = np.full((groups, 4), -1, dtype=np.int64)  # per other group k: as receiver of k, as owner for k
-        for k in range(groups):
-            if k == me:
-                continue
-            if k in self.covers:
-                facts[k, 0:2] = block_fingerprint(matrix.blocks[k])
-            if k in matrix.blocks:  # A_gk^T is A_kg when A is symmetric
-                facts[k, 2:4] = block_fingerprint(matrix.blocks[k], transposed=True)
+        symmetric = self._symmetric(matched)
         # what this receiver sends each owner at set-up: ints (|C|, |R|, C ids, entries per R row, their columns)
         # and values; nothing where the owner can compute the cover itself or the cover is all columns
         ints_out: dict[int, np.ndarray] = {}
         values_out: dict[int, np.ndarray] = {}
-        gathered_facts = self.col_comm.allgather_array(facts)  # (G, G, 4), col_comm rank = group
-        symmetric = self._symmetric_pairs(gathered_facts)
         for j, cover in self.covers.items():
             if cover.rows.size == 0 or symmetric[me, j]:
                 continue
@@ -138,36 +134,53 @@ class CoverPlan(PointToPointPlan):
                 indices = ints[2 + n_c + n_r:]
                 indptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
                 parts[i] = (columns, sp.csr_matrix((values, indices, indptr), shape=(n_r, self.n_rows)))
-            elif symmetric[i, me]:
-                block = sp.csr_matrix(matrix.blocks[i].T)  # A_ig = A_gi^T, bitwise
-                block.sort_indices()
-                cover = konig_cover(block)
-                parts[i] = (cover.columns, self._pre_aggregated(block, cover))
+            elif symmetric[i, me]:  # A_ig = A_gi^T bitwise: its cover from A_gi's matching
+                cover = matched[i].transposed_cover()
+                parts[i] = (cover.columns, self._pre_aggregated(sp.csr_matrix(matrix.blocks[i].T), cover))
             else:  # its cover is every nonzero column: p2p's send list
                 parts[i] = (matrix.send_ids[i].astype(np.int64), sp.csr_matrix((0, self.n_rows), dtype=matrix.dtype))
         return parts
 
-    def _symmetric_pairs(self, facts: np.ndarray) -> np.ndarray:
-        """``symmetric[i, j]``: owner ``j`` holds ``A_ji``, and it equals ``A_ij^T`` (fingerprints: nnz and an
-        order-independent hash of entries and value bits)."""
-        groups = self.groups
-        out = np.zeros((groups, groups), dtype=bool)
-        for i in range(groups):
-            for j in range(groups):
-                if i == j:
-                    continue
-                receiver, owner = facts[i, j, 0:2], facts[j, i, 2:4]
-                out[i, j] = receiver[0] >= 0 and owner[0] >= 0 and bool(np.array_equal(receiver, owner))
+    def _symmetric(self, matched: dict[int, MatchedBlock]) -> np.ndarray:
+        """``symmetric[i, j]`` for every pair of the replica column: owner ``j`` holds ``A_ji = A_ij^T`` bitwise.
+        Collective over the replica column: one allgather of checksums (nnz, the sum of value bits: a row-
+        normalised ``A`` differs there), and one of full fingerprints only where some pair's checksums agree.
+        Each block is hashed once, with the lower group's ids first: it serves as receiver and as owner."""
+        me, blocks = self.group, self.matrix.blocks
+        facts = np.full((self.groups, 2), -1, dtype=np.int64)
+        for k in matched:
+            facts[k] = block_checksum(blocks[k])
+        candidates = self._symmetric_pairs(self.col_comm.allgather_array(facts))  # (G, G, 2): [group, block]
+        if not candidates.any():  # the same answer on every rank of the column
+            return candidates
+        facts[:] = -1
+        for k in matched:
+            if candidates[me, k]:  # symmetric in (i, j), so it also says whether k asks about A_kg
+                facts[k] = block_fingerprint(blocks[k], transposed=me > k)
+        return candidates & self._symmetric_pairs(self.col_comm.allgather_array(facts))
+
+    @staticmethod
+    def _symmetric_pairs(facts: np.ndarray) -> np.ndarray:
+        """``symmetric[i, j]``: owner ``j`` holds ``A_ji``, and it equals ``A_ij^T`` (``facts[i, j]``: nnz and
+        an order-independent hash of ``A_ij``'s entries, lower group's ids first, and value bits)."""
+        mirrored = facts.transpose(1, 0, 2)
+        out = (facts[..., 0] >= 0) & (mirrored[..., 0] >= 0) & (facts == mirrored).all(axis=2)
+        np.fill_diagonal(out, False)
         return out
 
     @staticmethod
     def _pre_aggregated(block: sp.csr_matrix, cover: BlockCover) -> sp.csr_matrix:
-        """``B[R, not C]`` (``|R| x n_j``): the entries the owner sums into the partial rows."""
-        rows = sp.csr_matrix(block[cover.rows])
-        keep = positions_in(cover.columns, rows.indices, rows.shape[1]) < 0
-        row_of_entry = entry_rows(rows.indptr)
-        indptr = np.concatenate(([0], np.cumsum(np.bincount(row_of_entry[keep], minlength=rows.shape[0]))))
-        return sp.csr_matrix((rows.data[keep], rows.indices[keep], indptr), shape=rows.shape)
+        """``B[R, not C]`` (``|R| x n_j``): the entries the owner sums into the partial rows (``block``'s order
+        within a row)."""
+        positions = entries_of_rows(block.indptr, cover.rows)
+        columns = block.indices[positions]
+        sent = np.zeros(block.shape[1], dtype=bool)
+        sent[cover.columns] = True
+        keep = ~sent[columns]
+        kept_before = np.concatenate(([0], np.cumsum(keep)))
+        indptr = kept_before[np.concatenate(([0], np.cumsum(np.diff(block.indptr)[cover.rows])))]
+        return sp.csr_matrix((block.data[positions[keep]], columns[keep], indptr),
+                             shape=(cover.rows.size, block.shape[1]))
 
     def _setup_exchange(self, ints_out: dict[int, np.ndarray], values_out: dict[int, np.ndarray],
                         all_sizes: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:

@@ -23,10 +23,11 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
-from sparse_dist.csr import distinct_ids, entry_rows
+from sparse_dist.csr import distinct_ids_and_positions, entry_rows
 from sparse_dist.splitmix import splitmix64
 
-__all__ = ["BlockCover", "block_fingerprint", "konig_cover", "cover_counts_of_rows", "positions_in"]
+__all__ = ["BlockCover", "MatchedBlock", "block_checksum", "block_fingerprint", "konig_cover", "cover_counts_of_rows",
+           "entries_of_rows", "positions_in"]
 
 
 @dataclass(frozen=True)
@@ -45,45 +46,105 @@ class BlockCover:
 def konig_cover(block: sp.csr_matrix) -> BlockCover:
     """A minimum vertex cover of the nonzero pattern of ``block`` (scipy CSR, sorted or not; stored entries
     count as nonzeros). Deterministic: the same pattern gives the same cover on every rank."""
-    block = sp.csr_matrix(block)
-    empty = np.empty(0, np.int64)
-    if block.nnz == 0:
-        return BlockCover(empty, empty)
-    row_ids = np.flatnonzero(np.diff(block.indptr)).astype(np.int64)
-    col_ids = distinct_ids(block.indices, block.shape[1]).astype(np.int64)
-    # the compact pattern: nonzero rows x nonzero columns, canonical (sorted, no duplicates)
-    compact_cols = positions_in(col_ids, block.indices, block.shape[1])
-    counts = np.diff(block.indptr)[row_ids]
-    indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    pattern = sp.csr_matrix((np.ones(block.nnz, dtype=np.int8), compact_cols, indptr),
-                            shape=(row_ids.size, col_ids.size))
-    pattern.sum_duplicates()
-    pattern.sort_indices()
-    match_of_row = maximum_bipartite_matching(pattern, perm_type="column")  # column of each row, -1: unmatched
-    matched = int((match_of_row >= 0).sum())
-    if matched == col_ids.size:  # every nonzero column is a minimum cover: prefer it (no pre-aggregation)
-        return BlockCover(col_ids, empty)
-    row_of_col = np.full(col_ids.size, -1, dtype=np.int64)
-    row_of_col[match_of_row[match_of_row >= 0]] = np.flatnonzero(match_of_row >= 0)
-    seen_rows = match_of_row < 0
-    seen_cols = np.zeros(col_ids.size, dtype=bool)
-    frontier = np.flatnonzero(seen_rows)
-    ptr, idx = pattern.indptr, pattern.indices
+    return MatchedBlock(block).cover()
+
+
+class MatchedBlock:
+    """One block's compact nonzero pattern (nonzero rows x nonzero columns) and a maximum matching of it: the
+    König covers of the block (:meth:`cover`) and of its transpose (:meth:`transposed_cover`) from ONE matching
+    (a maximum matching of ``B`` is one of ``B^T``; the owner of a symmetric pair needs both).
+
+    Why any maximum matching gives the same cover: for a maximum matching ``M``, the rows reached from the
+    ``M``-unmatched rows by ``M``-alternating paths are exactly the rows that SOME maximum matching leaves
+    unmatched (flip the path for one way; for the other, the component of ``M xor M'`` at such a row is an
+    even alternating path ending at an ``M``-unmatched row), and the columns reached are exactly their
+    neighbours. Both depend on the pattern only (Dulmage-Mendelsohn), and so does the matching's size, so
+    the cover does too: the transpose's cover equals ``konig_cover(B^T)`` bitwise.
+    """
+
+    def __init__(self, block: sp.csr_matrix) -> None:
+        if not (sp.issparse(block) and block.format == "csr"):
+            block = sp.csr_matrix(block)
+        lengths = np.diff(block.indptr)
+        nonzero = lengths > 0
+        self.row_ids = np.flatnonzero(nonzero).astype(np.int64)
+        col_ids, compact_cols = distinct_ids_and_positions(block.indices, block.shape[1])
+        self.col_ids = col_ids.astype(np.int64)
+        # the compact pattern: a monotone renumbering keeps a canonical block canonical (sorted, no duplicates)
+        index = np.int32 if block.nnz < 2**31 else np.int64  # what the compiled matching takes without a copy
+        compact_cols = compact_cols.astype(index)
+        indptr = np.concatenate(([0], block.indptr[1:][nonzero])).astype(index)
+        canonical = block.nnz == 0 or block.has_canonical_format
+        self.pattern = sp.csr_matrix((np.ones(compact_cols.size, dtype=np.int8), compact_cols, indptr),
+                                     shape=(self.row_ids.size, self.col_ids.size))
+        if canonical:
+            self.pattern.has_canonical_format = True
+        else:
+            self.pattern.sum_duplicates()
+            self.pattern.sort_indices()
+        if self.pattern.nnz:  # the column of each row, -1: unmatched
+            self.match_of_row = maximum_bipartite_matching(self.pattern, perm_type="column").astype(np.int64)
+        else:
+            self.match_of_row = np.empty(0, np.int64)
+        matched = self.match_of_row >= 0
+        self.matched = int(matched.sum())
+        self.row_of_col = np.full(self.col_ids.size, -1, dtype=np.int64)
+        self.row_of_col[self.match_of_row[matched]] = np.flatnonzero(matched)
+
+    def cover(self) -> BlockCover:
+        """The block's cover: all nonzero columns where they are a minimum cover (no pre-aggregation), else
+        the columns reached from the unmatched rows and the rows not reached."""
+        empty = np.empty(0, np.int64)
+        if self.matched == self.col_ids.size:
+            return BlockCover(self.col_ids, empty)
+        rows, cols = _alternating(self.pattern.indptr, self.pattern.indices, self.match_of_row, self.row_of_col)
+        cover = BlockCover(self.col_ids[cols], self.row_ids[~rows])
+        assert cover.size == self.matched, (cover.size, self.matched)  # König
+        return cover
+
+    def transposed_cover(self) -> BlockCover:
+        """``konig_cover(B^T)`` from this matching: the roles of rows and columns swapped."""
+        empty = np.empty(0, np.int64)
+        if self.matched == self.row_ids.size:
+            return BlockCover(self.row_ids, empty)
+        flipped = self.pattern.tocsc()  # the transpose's CSR arrays, indices sorted
+        cols, rows = _alternating(flipped.indptr, flipped.indices, self.row_of_col, self.match_of_row)
+        cover = BlockCover(self.row_ids[rows], self.col_ids[~cols])
+        assert cover.size == self.matched, (cover.size, self.matched)  # König
+        return cover
+
+
+def _alternating(ptr: np.ndarray, idx: np.ndarray, mate_of_left: np.ndarray,
+                 mate_of_right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the unmatched left vertices reach by alternating paths (any edge left -> right, the matched edge
+    right -> left), level by level: ``(seen_left, seen_right)`` as masks. ``ptr``/``idx``: the left side's
+    adjacency (CSR arrays); ``mate_of_*``: the matched partner, -1 where none."""
+    seen_left = mate_of_left < 0
+    seen_right = np.zeros(mate_of_right.size, dtype=bool)
+    slot = np.empty(mate_of_right.size, dtype=np.int64)  # dedupes a level's new right vertices without a sort
+    frontier = np.flatnonzero(seen_left)
     while frontier.size:
-        starts, ends = ptr[frontier], ptr[frontier + 1]
-        lengths = ends - starts
-        positions = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths) + np.arange(lengths.sum())
-        reached = np.unique(idx[positions])
-        reached = reached[~seen_cols[reached]]
-        seen_cols[reached] = True
-        rows = row_of_col[reached]
-        rows = rows[rows >= 0]
-        rows = rows[~seen_rows[rows]]
-        seen_rows[rows] = True
-        frontier = rows
-    cover = BlockCover(col_ids[seen_cols], row_ids[~seen_rows])
-    assert cover.size == matched, (cover.size, matched)  # König
-    return cover
+        reached = idx[entries_of_rows(ptr, frontier)]
+        reached = reached[~seen_right[reached]]
+        order = np.arange(reached.size)
+        slot[reached] = order
+        reached = reached[slot[reached] == order]  # one occurrence of each (the last)
+        seen_right[reached] = True
+        left = mate_of_right[reached]
+        left = left[left >= 0]
+        left = left[~seen_left[left]]
+        seen_left[left] = True
+        frontier = left
+    return seen_left, seen_right
+
+
+def entries_of_rows(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The positions of the stored entries of ``rows`` (in that order) in a CSR matrix with pointers ``indptr``:
+    the concatenated ranges ``indptr[r]:indptr[r + 1]``, without a Python loop."""
+    starts = indptr[rows]
+    lengths = indptr[rows + 1] - starts
+    firsts = np.cumsum(lengths) - lengths  # where each row's entries begin in the output
+    return np.repeat(starts - firsts, lengths) + np.arange(int(lengths.sum()))
 
 
 def positions_in(ids: np.ndarray, values: np.ndarray, bound: int) -> np.ndarray:
@@ -107,6 +168,14 @@ def block_fingerprint(block: sp.csr_matrix, *, transposed: bool = False) -> tupl
     with np.errstate(over="ignore"):
         key = splitmix64(splitmix64((rows << np.uint64(32)) ^ cols) ^ bits)  # local ids < 2^32
         total = np.uint64(key.sum(dtype=np.uint64)) if key.size else np.uint64(0)
+    return int(block.nnz), int(total.view(np.int64))
+
+
+def block_checksum(block: sp.csr_matrix) -> tuple[int, int]:
+    """``(nnz, sum of value bits)`` of a block's stored entries: equal for a block and its transpose, a cheap
+    test before :func:`block_fingerprint` (most unequal blocks already differ here). Wrapping uint64, as int64."""
+    bits = np.ascontiguousarray(block.data, dtype=np.float64).view(np.uint64)
+    total = np.uint64(bits.sum(dtype=np.uint64)) if bits.size else np.uint64(0)
     return int(block.nnz), int(total.view(np.int64))
 
 

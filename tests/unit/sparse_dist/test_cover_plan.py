@@ -12,7 +12,8 @@ import scipy.sparse as sp
 
 from algorithms.policies import AxisSpec, PolicySpec
 from algorithms.policies.base import RunShape
-from sparse_dist.cover_sets import block_fingerprint, konig_cover, cover_counts_of_rows
+from sparse_dist.cover_sets import (MatchedBlock, block_checksum, block_fingerprint, konig_cover,
+                                    cover_counts_of_rows, entries_of_rows)
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import PLAN_NAMES, plan_class
 from sparse_dist.predict import predict_spmm_bytes
@@ -64,6 +65,43 @@ def test_fingerprints_see_a_transpose_and_a_changed_value() -> None:
     changed = block.copy()
     changed.data[0] += 1e-12
     assert block_fingerprint(changed) != block_fingerprint(block)
+
+
+def scrambled(block: sp.csr_matrix, rng: np.random.Generator) -> sp.csr_matrix:
+    """The same pattern stored unsorted within rows and with a few entries twice (not canonical)."""
+    coo = block.tocoo()
+    order = np.lexsort((rng.random(coo.nnz), coo.row))  # rows ascending, columns shuffled within a row
+    twice = order[: min(3, order.size)]
+    rows, cols = np.concatenate((coo.row[order], coo.row[twice])), np.concatenate((coo.col[order], coo.col[twice]))
+    by_row = np.argsort(rows, kind="stable")
+    indptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=block.shape[0]))))
+    return sp.csr_matrix((np.ones(rows.size), cols[by_row], indptr), shape=block.shape)
+
+
+def test_one_matching_gives_the_transposes_cover_bitwise() -> None:
+    """A cover depends on the pattern only (not on which maximum matching found it): the owner's cover of
+    ``B^T`` from the receiver's matching of ``B`` equals a fresh ``konig_cover(B^T)``, sorted or not."""
+    rng = np.random.default_rng(2)
+    for trial in range(400):
+        m, n = rng.integers(1, 25, 2)
+        block = sp.random(m, n, density=rng.random() * 0.4, format="csr", random_state=rng)
+        if trial % 3 == 0:
+            block = scrambled(block, rng)
+        matched = MatchedBlock(block)
+        for got, want in ((matched.cover(), konig_cover(block)),
+                          (matched.transposed_cover(), konig_cover(sp.csr_matrix(block.T)))):
+            assert np.array_equal(got.columns, want.columns) and np.array_equal(got.rows, want.rows)
+    flipped = MatchedBlock(sp.csr_matrix(np.array([[1, 1, 1, 1], [0, 0, 0, 0]], dtype=float))).transposed_cover()
+    assert flipped.columns.tolist() == [0] and flipped.rows.size == 0  # the star's transpose: one column wins
+
+
+def test_checksums_and_entry_positions() -> None:
+    rng = np.random.default_rng(3)
+    block = sp.random(6, 9, density=0.5, format="csr", random_state=rng)
+    assert block_checksum(block) == block_checksum(sp.csr_matrix(block.T))
+    rows = np.array([4, 0, 4], dtype=np.int64)
+    want = np.concatenate([np.arange(block.indptr[r], block.indptr[r + 1]) for r in rows])
+    assert np.array_equal(entries_of_rows(block.indptr, rows), want)
 
 
 def power_law(n: int, seed: int) -> sp.csr_matrix:
