@@ -44,9 +44,9 @@ import scipy.sparse as sp
 import torch
 
 from sparse_dist.accounting import ComputeTimer
-from sparse_dist.cover_sets import (BlockCover, MatchedBlock, block_checksum, block_fingerprint, entries_of_rows,
-                                    positions_in)
-from sparse_dist.csr import csr_bytes, entry_rows
+from sparse_dist.cover_sets import (BlockCover, MatchedBlock, block_checksum, block_fingerprint, pre_aggregated,
+                                    pre_aggregated_of_transpose)
+from sparse_dist.csr import csr_bytes
 from sparse_dist.dcsr import DistCSR
 from sparse_dist.exchange import ExchangeContext, ExchangeStrategy, Flight, Transfer
 from sparse_dist.exchange_plan import ExchangePlan
@@ -111,7 +111,7 @@ class CoverPlan(PointToPointPlan):
         for j, cover in self.covers.items():
             if cover.rows.size == 0 or symmetric[me, j]:
                 continue
-            rows = self._pre_aggregated(matrix.blocks[j], cover)
+            rows = pre_aggregated(matrix.blocks[j], cover)
             ints_out[j] = np.concatenate(([cover.columns.size, cover.rows.size], cover.columns,
                                           np.diff(rows.indptr), rows.indices)).astype(np.int64)
             values_out[j] = np.ascontiguousarray(rows.data)
@@ -136,7 +136,7 @@ class CoverPlan(PointToPointPlan):
                 parts[i] = (columns, sp.csr_matrix((values, indices, indptr), shape=(n_r, self.n_rows)))
             elif symmetric[i, me]:  # A_ig = A_gi^T bitwise: its cover from A_gi's matching
                 cover = matched[i].transposed_cover()
-                parts[i] = (cover.columns, self._pre_aggregated(sp.csr_matrix(matrix.blocks[i].T), cover))
+                parts[i] = (cover.columns, pre_aggregated_of_transpose(matrix.blocks[i], cover))
             else:  # its cover is every nonzero column: p2p's send list
                 parts[i] = (matrix.send_ids[i].astype(np.int64), sp.csr_matrix((0, self.n_rows), dtype=matrix.dtype))
         return parts
@@ -167,20 +167,6 @@ class CoverPlan(PointToPointPlan):
         out = (facts[..., 0] >= 0) & (mirrored[..., 0] >= 0) & (facts == mirrored).all(axis=2)
         np.fill_diagonal(out, False)
         return out
-
-    @staticmethod
-    def _pre_aggregated(block: sp.csr_matrix, cover: BlockCover) -> sp.csr_matrix:
-        """``B[R, not C]`` (``|R| x n_j``): the entries the owner sums into the partial rows (``block``'s order
-        within a row)."""
-        positions = entries_of_rows(block.indptr, cover.rows)
-        columns = block.indices[positions]
-        sent = np.zeros(block.shape[1], dtype=bool)
-        sent[cover.columns] = True
-        keep = ~sent[columns]
-        kept_before = np.concatenate(([0], np.cumsum(keep)))
-        indptr = kept_before[np.concatenate(([0], np.cumsum(np.diff(block.indptr)[cover.rows])))]
-        return sp.csr_matrix((block.data[positions[keep]], columns[keep], indptr),
-                             shape=(cover.rows.size, block.shape[1]))
 
     def _setup_exchange(self, ints_out: dict[int, np.ndarray], values_out: dict[int, np.ndarray],
                         all_sizes: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -219,14 +205,14 @@ class CoverPlan(PointToPointPlan):
         pieces = []
         for j, cover in self.covers.items():
             block = matrix.blocks[j]
-            row_of_entry = entry_rows(block.indptr)
-            position = positions_in(cover.columns, block.indices, block.shape[1])
-            in_c = position >= 0
-            ones = np.ones(cover.rows.size, dtype=dtype)
-            rows = np.concatenate((row_of_entry[in_c], cover.rows))
-            cols = np.concatenate((starts[j] + position[in_c], starts[j] + cover.columns.size
-                                   + np.arange(cover.rows.size)))
-            pieces.append((np.concatenate((block.data[in_c], ones)), rows, cols))
+            place = np.full(block.shape[1], -1, dtype=np.int32)  # a column's place in C, -1: not sent
+            place[cover.columns] = np.arange(cover.columns.size, dtype=np.int32)
+            in_c = np.flatnonzero(place[block.indices] >= 0)  # the entries of sent columns, row by row
+            per_row = np.diff(np.searchsorted(in_c, block.indptr))
+            rows = np.concatenate((np.repeat(np.arange(n, dtype=np.int64), per_row), cover.rows))
+            cols = np.concatenate((starts[j] + place[block.indices[in_c]],
+                                   starts[j] + cover.columns.size + np.arange(cover.rows.size)))
+            pieces.append((np.concatenate((block.data[in_c], np.ones(cover.rows.size, dtype=dtype))), rows, cols))
         total = int(starts[-1])
         if pieces:
             data, rows, cols = (np.concatenate(p) for p in zip(*pieces))

@@ -27,7 +27,8 @@ from sparse_dist.csr import distinct_ids_and_positions, entry_rows
 from sparse_dist.splitmix import splitmix64
 
 __all__ = ["BlockCover", "MatchedBlock", "block_checksum", "block_fingerprint", "konig_cover", "cover_counts_of_rows",
-           "entries_of_rows", "positions_in"]
+           "entries_of_rows", "positions_in", "pre_aggregated",
+           "pre_aggregated_of_transpose"]
 
 
 @dataclass(frozen=True)
@@ -82,14 +83,25 @@ class MatchedBlock:
         else:
             self.pattern.sum_duplicates()
             self.pattern.sort_indices()
-        if self.pattern.nnz:  # the column of each row, -1: unmatched
-            self.match_of_row = maximum_bipartite_matching(self.pattern, perm_type="column").astype(np.int64)
+        self._flipped: sp.csr_matrix | None = None  # the pattern's transpose, built once where needed
+        # the matching from the side with fewer rows (scipy's search is much faster there; any maximum
+        # matching gives the same covers): the column of each row, the row of each column, -1: unmatched
+        if self.pattern.nnz and self.row_ids.size > self.col_ids.size:
+            self.row_of_col = maximum_bipartite_matching(self.flipped(), perm_type="column").astype(np.int64)
+            self.match_of_row = _mates(self.row_of_col, self.row_ids.size)
         else:
-            self.match_of_row = np.empty(0, np.int64)
-        matched = self.match_of_row >= 0
-        self.matched = int(matched.sum())
-        self.row_of_col = np.full(self.col_ids.size, -1, dtype=np.int64)
-        self.row_of_col[self.match_of_row[matched]] = np.flatnonzero(matched)
+            self.match_of_row = (maximum_bipartite_matching(self.pattern, perm_type="column").astype(np.int64)
+                                 if self.pattern.nnz else np.empty(0, np.int64))
+            self.row_of_col = _mates(self.match_of_row, self.col_ids.size)
+        self.matched = int((self.match_of_row >= 0).sum())
+
+    def flipped(self) -> sp.csr_matrix:
+        """The compact pattern's transpose as CSR (nonzero columns x nonzero rows, canonical)."""
+        if self._flipped is None:
+            csc = self.pattern.tocsc()  # sorted indices
+            self._flipped = sp.csr_matrix((csc.data, csc.indices, csc.indptr), shape=self.pattern.shape[::-1])
+            self._flipped.has_canonical_format = True
+        return self._flipped
 
     def cover(self) -> BlockCover:
         """The block's cover: all nonzero columns where they are a minimum cover (no pre-aggregation), else
@@ -107,11 +119,46 @@ class MatchedBlock:
         empty = np.empty(0, np.int64)
         if self.matched == self.row_ids.size:
             return BlockCover(self.row_ids, empty)
-        flipped = self.pattern.tocsc()  # the transpose's CSR arrays, indices sorted
+        flipped = self.flipped()
         cols, rows = _alternating(flipped.indptr, flipped.indices, self.row_of_col, self.match_of_row)
         cover = BlockCover(self.row_ids[rows], self.col_ids[~cols])
         assert cover.size == self.matched, (cover.size, self.matched)  # König
         return cover
+
+
+def pre_aggregated(block: sp.csr_matrix, cover: BlockCover) -> sp.csr_matrix:
+    """``B[R, not C]`` (``|R| x n_j``): the entries the owner sums into the partial rows (``block``'s order
+    within a row)."""
+    positions = entries_of_rows(block.indptr, cover.rows)
+    columns = block.indices[positions]
+    sent = np.zeros(block.shape[1], dtype=bool)
+    sent[cover.columns] = True
+    keep = ~sent[columns]
+    kept_before = np.concatenate(([0], np.cumsum(keep)))
+    indptr = kept_before[np.concatenate(([0], np.cumsum(np.diff(block.indptr)[cover.rows])))]
+    return sp.csr_matrix((block.data[positions[keep]], columns[keep], indptr),
+                         shape=(cover.rows.size, block.shape[1]))
+
+
+def pre_aggregated_of_transpose(held: sp.csr_matrix, cover: BlockCover) -> sp.csr_matrix:
+    """``B[R, not C]`` for ``B = held^T`` without transposing all of ``held``: its entries in the columns
+    ``R`` and outside the rows ``C``, regrouped by column (coo -> csr is stable: rows stay ascending)."""
+    place = np.full(held.shape[1], -1, dtype=np.int64)  # a column's place in R, -1: not pre-aggregated
+    place[cover.rows] = np.arange(cover.rows.size)
+    outside = np.ones(held.shape[0], dtype=bool)
+    outside[cover.columns] = False
+    row_of_entry = entry_rows(held.indptr)
+    keep = np.flatnonzero((place[held.indices] >= 0) & outside[row_of_entry])
+    return sp.csr_matrix((held.data[keep], (place[held.indices[keep]], row_of_entry[keep])),
+                         shape=(cover.rows.size, held.shape[0]))
+
+
+def _mates(mate: np.ndarray, size: int) -> np.ndarray:
+    """The other side's view of a matching: for each of ``size`` vertices its partner, -1 where none."""
+    out = np.full(size, -1, dtype=np.int64)
+    matched = mate >= 0
+    out[mate[matched]] = np.flatnonzero(matched)
+    return out
 
 
 def _alternating(ptr: np.ndarray, idx: np.ndarray, mate_of_left: np.ndarray,

@@ -13,7 +13,8 @@ import scipy.sparse as sp
 from algorithms.policies import AxisSpec, PolicySpec
 from algorithms.policies.base import RunShape
 from sparse_dist.cover_sets import (MatchedBlock, block_checksum, block_fingerprint, konig_cover,
-                                    cover_counts_of_rows, entries_of_rows)
+                                    cover_counts_of_rows, entries_of_rows, pre_aggregated,
+                                    pre_aggregated_of_transpose)
 from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import PLAN_NAMES, plan_class
 from sparse_dist.predict import predict_spmm_bytes
@@ -80,7 +81,8 @@ def scrambled(block: sp.csr_matrix, rng: np.random.Generator) -> sp.csr_matrix:
 
 def test_one_matching_gives_the_transposes_cover_bitwise() -> None:
     """A cover depends on the pattern only (not on which maximum matching found it): the owner's cover of
-    ``B^T`` from the receiver's matching of ``B`` equals a fresh ``konig_cover(B^T)``, sorted or not."""
+    ``B^T`` from the receiver's matching of ``B`` equals a fresh ``konig_cover(B^T)``, sorted or not; and its
+    partial-sum entries read from the held ``B`` equal those of ``B^T`` formed in full."""
     rng = np.random.default_rng(2)
     for trial in range(400):
         m, n = rng.integers(1, 25, 2)
@@ -91,6 +93,12 @@ def test_one_matching_gives_the_transposes_cover_bitwise() -> None:
         for got, want in ((matched.cover(), konig_cover(block)),
                           (matched.transposed_cover(), konig_cover(sp.csr_matrix(block.T)))):
             assert np.array_equal(got.columns, want.columns) and np.array_equal(got.rows, want.rows)
+        if trial % 3:  # canonical blocks, as a plan holds them: the owner's partial-sum entries, both ways
+            transpose = sp.csr_matrix(block.T)
+            cover = matched.transposed_cover()
+            got_rows, want_rows = pre_aggregated_of_transpose(block, cover), pre_aggregated(transpose, cover)
+            for part in ("indptr", "indices", "data"):
+                assert np.array_equal(getattr(got_rows, part), getattr(want_rows, part))
     flipped = MatchedBlock(sp.csr_matrix(np.array([[1, 1, 1, 1], [0, 0, 0, 0]], dtype=float))).transposed_cover()
     assert flipped.columns.tolist() == [0] and flipped.rows.size == 0  # the star's transpose: one column wins
 
