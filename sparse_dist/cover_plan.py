@@ -201,25 +201,7 @@ class CoverPlan(PointToPointPlan):
         matrix, groups, me, n = self.matrix, self.groups, self.group, self.n_rows
         dtype = matrix.dtype
         recv_rows = [self.covers[j].size if j in self.covers else 0 for j in range(groups)]
-        starts = np.concatenate(([0], np.cumsum(recv_rows))).astype(np.int64)
-        pieces = []
-        for j, cover in self.covers.items():
-            block = matrix.blocks[j]
-            place = np.full(block.shape[1], -1, dtype=np.int32)  # a column's place in C, -1: not sent
-            place[cover.columns] = np.arange(cover.columns.size, dtype=np.int32)
-            in_c = np.flatnonzero(place[block.indices] >= 0)  # the entries of sent columns, row by row
-            per_row = np.diff(np.searchsorted(in_c, block.indptr))
-            rows = np.concatenate((np.repeat(np.arange(n, dtype=np.int64), per_row), cover.rows))
-            cols = np.concatenate((starts[j] + place[block.indices[in_c]],
-                                   starts[j] + cover.columns.size + np.arange(cover.rows.size)))
-            pieces.append((np.concatenate((block.data[in_c], np.ones(cover.rows.size, dtype=dtype))), rows, cols))
-        total = int(starts[-1])
-        if pieces:
-            data, rows, cols = (np.concatenate(p) for p in zip(*pieces))
-            operand = sp.csr_matrix((data, (rows, cols)), shape=(n, total))
-        else:
-            operand = sp.csr_matrix((n, total), dtype=dtype)
-        operand.sort_indices()
+        operand = self._receive_operand(recv_rows)
         send_rows = [0] * groups
         blocks = []
         for i in range(groups):
@@ -241,6 +223,41 @@ class CoverPlan(PointToPointPlan):
         traffic = bool(sum(int(self.pair_counts[i, j]) for j in share for i in range(groups) if i != j) > 0)
         empty_index = torch.empty(0, dtype=torch.int64, device=self.device)
         self.exact_pairs = _PairExchange(empty_index, send_rows, recv_rows, self.csr(operand), operand, traffic)
+
+    def _receive_operand(self, recv_rows: list[int]) -> sp.csr_matrix:
+        """``O`` (``n x sum(recv_rows)``, canonical CSR): per row, owner by owner, the entries of ``B_gj`` in sent
+        columns (at their places in ``C``) and then the row's unit column if it is pre-aggregated, written
+        straight into place (the blocks are canonical, so every row comes out sorted)."""
+        n, dtype, blocks = self.n_rows, self.matrix.dtype, self.matrix.blocks
+        starts = np.concatenate(([0], np.cumsum(recv_rows))).astype(np.int64)
+        chunks = {}  # per owner: (entries of sent columns, their count per row, pre-aggregated rows as 0/1)
+        lengths = np.zeros(n, dtype=np.int64)
+        for j in sorted(self.covers):
+            cover, block = self.covers[j], blocks[j]
+            place = np.full(block.shape[1], -1, dtype=np.int64)  # a column's place in C, -1: not sent
+            place[cover.columns] = np.arange(cover.columns.size)
+            in_c = np.flatnonzero(place[block.indices] >= 0)  # the entries of sent columns, row by row
+            per_row = np.diff(np.searchsorted(in_c, block.indptr))
+            chunks[j] = (in_c, per_row, place)
+            lengths += per_row
+            lengths[cover.rows] += 1
+        indptr = np.concatenate(([0], np.cumsum(lengths)))
+        total = int(indptr[-1])
+        index = np.int32 if max(total, int(starts[-1])) < 2**31 else np.int64
+        indices, data = np.empty(total, dtype=index), np.empty(total, dtype=dtype)
+        filled = indptr[:-1].copy()  # where each row's next entry goes
+        for j, (in_c, per_row, place) in chunks.items():
+            cover, block = self.covers[j], blocks[j]
+            first = np.repeat(filled - (np.cumsum(per_row) - per_row), per_row) + np.arange(in_c.size)
+            indices[first] = starts[j] + place[block.indices[in_c]]
+            data[first] = block.data[in_c]
+            filled += per_row
+            indices[filled[cover.rows]] = starts[j] + cover.columns.size + np.arange(cover.rows.size)
+            data[filled[cover.rows]] = 1
+            filled[cover.rows] += 1
+        operand = sp.csr_matrix((data, indices, indptr.astype(index)), shape=(n, int(starts[-1])))
+        operand.has_canonical_format = True
+        return operand
 
     # --------------------------------------------------------- semantics
     @classmethod
