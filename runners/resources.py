@@ -1,15 +1,9 @@
 """Memory and disk a command will need, estimated before any work from ``meta.json`` counts and the flags.
 
-``train``: :func:`train_memory` estimates, per rank, the bytes a run adds to what the process holds when it
-starts (interpreter, torch, MPI): its rows of the graph (CSR as loaded, normalised, and as the operator's
-torch blocks), its features (loaded as float32, normalised in float64, kept as a tensor), layer 0's halo rows
-(``--input-exchange once``) and, for a layer that sees its input only through the product (GCN), the product
-of layer 0 its evaluations keep (``once``, or ``auto`` which often takes it), per layer the activations
-autograd keeps and their gradients, the parameters with their gradients and Adam's two moments, the exchange
-buffers of the boundary rows and a staleness policy's caches. Every width and count of a layer is its layer
-kind's own answer (:func:`model_figures`): nothing here names a layer, a policy or a plan. :func:`check_train_resources` (collective) prints
-the estimate (rank 0, one line) and refuses the run in one sentence, with the flag that would help, when the
-ranks of a node together need more than its ``MemAvailable`` (``/proc/meminfo``).
+``train``'s memory: :func:`check_train_resources` (collective) gathers every rank's estimate
+(:func:`runners.memory_estimate.train_memory`: what each part counts and how it was checked), prints it (rank 0, one
+line) and refuses the run in one sentence, with the flag that would help, when the ranks of a node together need
+more than its ``MemAvailable`` (``/proc/meminfo``).
 
 ``train``'s disk: :func:`train_disk` estimates the checkpoint sets (``main.ckpt``: the parameters, counted
 exactly by each layer kind (:func:`algorithms.model.layer_figures`), three times (weights and Adam's two
@@ -23,51 +17,26 @@ rank's policy file goes to the checkpoint's directory).
 
 ``prepare``'s estimates are in :mod:`runners.prepare_resources`; what both read of the machine
 (:func:`mem_available`, :func:`current_rss`) is here.
-
-The multipliers (how many copies of an array live at the peak) were read off the code and checked against
-measured peak RSS (``tests/cli/test_resources.py``: within 25% of ``ru_maxrss`` minus the RSS at start).
 """
 
 from __future__ import annotations
 
 import shutil
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from algorithms.layers import LayerOptions, layer_type
-from algorithms.model import LayerFigures, layer_figures
 from algorithms.policies import AxisSpec
 from algorithms.policies.base import StateSize
 from algorithms.static_input import exchange_widths, receiver_side
 from runners.data.shards import ShardError, read_meta
+from runners.memory_estimate import (OPTIMIZER_COPIES, Estimate, group_counts, model_figures, size,  # noqa: F401
+                                     train_memory)
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.compress import Codec
 from sparse_dist.plans import plan_class
-
-GIB = 1 << 30
-
-RUNTIME_BYTES = 32 << 20
-"""What a rank's resident set grows by for any graph: library code and kernels paged in at their first use (torch
-2.13 CPU wheel, Cora: about 31 MiB beyond the graph and features. It was 90 MiB while ``torch.optim.Adam``'s
-first step imported ``torch._dynamo``; :mod:`algorithms.optim` no longer does)."""
-GRAPH_BYTES_PER_EDGE = 80
-"""A rank's edges at the peak: the CSR as loaded (int64 ids, float32 values), the normalised rows, the operator's
-local and remote blocks and the torch tensors of both directions."""
-SETUP_BYTES_PER_FEATURE = 20
-"""Bytes per feature value while set-up normalises: float32 as loaded, a float64 copy, float64 row-normalised."""
-KEPT_FEATURE_COPIES = 1
-"""Feature copies kept while training besides the compute-dtype tensor: the float32 array as loaded."""
-INPUT_DROPOUT_COPIES = 2
-"""Layer 0's input under dropout: the dropped-out copy and its mask (compute dtype)."""
-ACTIVATION_COPIES = 3
-"""Arrays of each layer's output width kept or made per epoch (dense product, SpMM result, activation, and
-their gradients, not all alive at once)."""
-OPTIMIZER_COPIES = 4
-"""A parameter, its gradient and Adam's two moments."""
 
 CHECKPOINT_FIXED_BYTES = 12 << 10
 """``main.ckpt`` beyond weights and Adam's moments: torch's RNG state (5,056 bytes), the configuration, the
@@ -87,96 +56,6 @@ RESULTS_BYTES_PER_RANK = 512
 
 class ResourceError(ValueError):
     """The estimated memory or disk need exceeds what the machine has; the message names the flag that helps."""
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Bytes by what needs them at the peak; :attr:`total` is their sum."""
-
-    parts: dict[str, int]
-
-    @property
-    def total(self) -> int:
-        return sum(self.parts.values())
-
-    def describe(self) -> str:
-        shown = ", ".join(f"{name} {size(value)}" for name, value in self.parts.items() if value)
-        return f"{size(self.total)} ({shown})"
-
-
-def size(count: float) -> str:
-    """Bytes as a short human figure: ``512 KiB``, ``3.2 GiB``."""
-    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{int(count)} B"
-
-
-def group_counts(meta: dict[str, Any], groups: int, group: int) -> dict[str, int] | None:
-    """Rows, edges and boundary rows (an upper bound: the sum over its parts) of row group ``group``; None when the
-    parts cannot be split over ``groups`` (the shard reader says why)."""
-    parts = int(meta["num_parts"])
-    if groups < 1 or parts % groups:
-        return None
-    per_group = parts // groups
-    first, last = group * per_group, (group + 1) * per_group
-    stats = meta.get("partition_stats", {})
-    offsets = meta["row_offsets"]
-    edges = stats.get("edges")
-    boundary = stats.get("boundary_nodes")
-    rows = int(offsets[last] - offsets[first])
-    if groups == 1:  # one row group holds every row: no boundary
-        return {"rows": rows, "edges": int(meta["num_edges"]), "boundary": 0}
-    return {"rows": rows,
-            "edges": int(sum(edges[first:last])) if edges else int(meta["num_edges"] * rows / max(meta["num_nodes"], 1)),
-            "boundary": int(sum(boundary[first:last])) if boundary else rows}
-
-
-def model_figures(model: str, features: int, hidden: int, layers: int, classes: int, heads: int = 1,
-                  output_heads: int = 1) -> list[LayerFigures]:
-    """Each layer of the run's model as its layer kind declares it (:func:`algorithms.model.layer_figures`):
-    widths as computed, parameters, exchange widths."""
-    dims = [features] + [hidden] * (layers - 1) + [classes]
-    return layer_figures(model, dims, LayerOptions(heads=heads or 1, output_heads=output_heads or 1))
-
-
-def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replication: int, model: str, hidden: int,
-                 layers: int, dtype: str, heads: int = 1, output_heads: int = 1, input_exchange: str = "auto",
-                 stale: str = "none") -> Estimate | None:
-    """Peak bytes ``sparse-dist train`` adds on ``rank`` beyond the process at start; None if the dataset's parts
-    cannot be split over the run's row groups."""
-    if replication < 1 or world_size % replication:
-        return None
-    counts = group_counts(meta, world_size // replication, rank // replication)
-    if counts is None:
-        return None
-    rows, edges, boundary = counts["rows"], counts["edges"], counts["boundary"]
-    itemsize = 8 if dtype == "float64" else 4
-    features = int(meta["feature_dim"])
-    figures = model_figures(model, features, hidden, layers, int(meta["num_classes"]), heads, output_heads)
-    parameters = sum(figure.parameters for figure in figures)
-    widest = max(figure.owner[0] for figure in figures)  # exchanged
-    stale_layers = layers if stale != "none" else 0
-    training = {
-        "features": rows * features * (4 * KEPT_FEATURE_COPIES + itemsize),
-        "halo": boundary * features * itemsize if input_exchange == "once" else 0,
-        # evaluations keep layer 0's product A X where the halo is fetched once (auto takes it often) and the
-        # layer sees its input only through that product (GCN)
-        "evaluation": (rows * features * itemsize if layer_type(model).input_only_through_product
-                       and input_exchange != "per-epoch" else 0),
-        "activations": (INPUT_DROPOUT_COPIES * rows * features + ACTIVATION_COPIES * rows * sum(
-            figure.width for figure in figures)) * itemsize + edges * max(figure.edge_values for figure in figures)
-                       * itemsize,
-        "parameters": OPTIMIZER_COPIES * parameters * itemsize,
-        "buffers": (4 + 2 * stale_layers) * boundary * widest * itemsize,  # send and receive, both directions
-    }
-    setup = SETUP_BYTES_PER_FEATURE * rows * features
-    fixed = {"runtime": RUNTIME_BYTES, "graph": GRAPH_BYTES_PER_EDGE * edges + 3 * 8 * rows}
-    if setup > sum(training.values()):  # set-up's float64 copies are the peak: say so
-        parts = {**fixed, "features at set-up": setup}
-    else:
-        parts = {**fixed, **training}
-    return Estimate(parts)
 
 
 def _policy(axis: str, spec: Any) -> Any:
@@ -397,7 +276,8 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
         estimate = train_memory(meta, rank=comm.rank, world_size=comm.size, replication=args.replication,
                                 model=args.model, hidden=args.hidden, layers=args.layers, dtype=args.dtype,
                                 heads=args.heads, output_heads=args.output_heads,
-                                input_exchange=args.input_exchange, stale=str(args.stale))
+                                input_exchange=args.input_exchange, stale=str(args.stale), epochs=args.epochs,
+                                eval_every=args.eval_every)
     disk, disk_error = None, None
     if comm.rank == 0 and meta is not None and (args.checkpoint or args.out):
         disk = train_disk(meta, args, comm.size)

@@ -7,13 +7,15 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from datasets_for_tests import cora, write
 from mpirun import BIN, ROOT, run_mpi
 
 from runners.data.datasets import planted_classes
+from runners.memory_estimate import train_memory
 from runners.prepare_resources import prepare_memory, shard_bytes
-from runners.resources import mem_available, train_memory
+from runners.resources import mem_available
 
 SPARSE_DIST = str(BIN / "sparse-dist")
 
@@ -87,14 +89,59 @@ def test_shard_bytes_predicts_the_disk_the_shards_take(graphs) -> None:
     assert abs(predicted - written) <= 0.05 * written, (predicted, written)
 
 
-def test_a_one_rank_run_has_no_boundary_buffers(graphs) -> None:
+def test_a_one_rank_run_keeps_nothing_for_other_ranks(graphs) -> None:
     meta = json.loads((graphs["cora"] / "meta.json").read_text())
     whole = train_memory(meta, rank=0, world_size=1, replication=1, model="gcn", hidden=4096, layers=2, dtype="float32")
     split = train_memory(meta, rank=0, world_size=2, replication=1, model="gcn", hidden=4096, layers=2, dtype="float32")
-    assert whole is not None and split is not None
-    assert whole.parts["buffers"] == 0 < split.parts["buffers"]
+    per_epoch = train_memory(meta, rank=0, world_size=2, replication=1, model="gcn", hidden=4096, layers=2,
+                             dtype="float32", input_exchange="per-epoch")
+    assert whole is not None and split is not None and per_epoch is not None
+    assert whole.parts["buffers"] == whole.parts["halo"] == 0
+    assert split.parts["buffers"] == 0 < split.parts["halo"]  # auto fetches X's halo once: 1433 <= 2 x 1433
+    assert per_epoch.parts["halo"] == 0 < per_epoch.parts["buffers"]
     assert train_memory(meta, rank=0, world_size=3, replication=1, model="gcn", hidden=16, layers=2,
                         dtype="float32") is None  # 2 parts over 3 row groups: the shard reader refuses it
+
+
+@pytest.mark.parametrize("f_in,f_out,epochs", [(1433, 16, 3), (1433, 16, 100), (128, 128, 1), (128, 8, 5),
+                                                (64, 256, 2)])
+def test_auto_input_exchange_is_predicted_as_the_run_decides_it(f_in: int, f_out: int, epochs: int) -> None:
+    """The estimate counts the halo where ``auto`` will fetch it once: its rule is the run's under p2p."""
+    from algorithms.static_input import choose_input_exchange, evaluations
+    from runners.memory_estimate import fetched_once, model_figures
+    from sparse_dist.layout import Grid, RowLayout
+
+    counts = np.array([[0, 40, 7, 0], [31, 0, 12, 5], [9, 22, 0, 18], [0, 3, 25, 0]])
+    layout = RowLayout((0, 100, 220, 300, 400))
+    first = model_figures("gcn", f_in, f_out, 2, 7)[0]
+    decided = choose_input_exchange("auto", grid=Grid(4, 1), layout=layout, boundary_counts=counts,
+                                    union_sizes=counts.max(axis=0), plan="p2p", f_in=f_in, f_out=f_out, itemsize=4,
+                                    epochs=epochs, evaluations=evaluations(epochs, 1), layer0=first.owner)
+    assert fetched_once("auto", first, epochs, evaluations(epochs, 1)) == (decided.mode == "once"), decided
+
+
+def test_a_power_law_partition_counts_a_halo_and_the_fixed_part_on_every_rank(tmp_path: Path) -> None:
+    """R-MAT's hubs are in every part's halo: each rank of every P keeps one (the 16-36% under-estimate at P = 8
+    before the halo was counted), bounded by the other parts' boundary rows, and the per-rank fixed part."""
+    result = _prepare("rmat", "--scale", "10", "--parts", "8", "--features", "16", "--out", str(tmp_path / "r10"))
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((tmp_path / "r10" / "meta.json").read_text())
+    stats = meta["partition_stats"]
+    for world_size in (1, 2, 4, 8):
+        halos = []
+        for rank in range(world_size):
+            estimate = train_memory(meta, rank=rank, world_size=world_size, replication=1, model="gcn", hidden=16,
+                                    layers=3, dtype="float32", epochs=3)
+            assert estimate is not None and estimate.parts["runtime"] > 0
+            per_group = 8 // world_size
+            others = sum(stats["boundary_nodes"]) - sum(stats["boundary_nodes"][rank * per_group:(rank + 1) * per_group])
+            halos.append(estimate.parts["halo"] // (16 * 21))  # 16 features, 5 float32 copies and a mask byte
+            assert halos[-1] <= others
+            cut = sum(stats["cut_edges"][rank * per_group:(rank + 1) * per_group])
+            assert (halos[-1] > 0) == (world_size > 1 and cut > 0), (world_size, rank, halos)
+        if world_size == 8:  # one group per part: prepare's p2p prediction (every halo once), shared out and capped
+            predicted = stats["predicted_forward_bytes_per_feature"]["p2p"] // 4
+            assert predicted / 2 <= sum(halos) <= predicted + 8, (halos, predicted)
 
 
 def test_a_memory_cgroup_limit_counts_as_what_is_available(tmp_path: Path) -> None:

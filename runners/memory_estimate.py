@@ -1,0 +1,221 @@
+"""The memory ``train`` needs on each rank, estimated before any shard is read from ``meta.json`` and the flags.
+
+:func:`train_memory` estimates the bytes a run adds to what the process holds when it starts (interpreter,
+torch, MPI) as the sum of these parts (the names it prints):
+
+* ``runtime``: library code and kernels paged in at first use, the same on every rank at every ``P``.
+* ``graph``: per stored entry of the rank's rows, the CSR as loaded, normalised and as the operator's blocks
+  and torch tensors, both directions (:data:`GRAPH_BYTES_PER_EDGE`, measured), and three int64 per row.
+* ``features``: the float32 rows as loaded and the compute-dtype tensor.
+* ``halo``: layer 0's halo (the rows of other groups its rows read), where it is fetched once (``once``, or
+  ``auto`` where :func:`fetched_once` says the run takes it): the kept rows and what layer 0 makes of them and
+  of the exchanges' receive buffers each epoch (:data:`HALO_COPIES`). Its rows are :func:`halo_rows`, from
+  ``prepare``'s statistics; on power-law graphs a rank's halo can be several times its own rows (hubs).
+* ``evaluation``: the product of layer 0 an evaluation keeps (a layer that sees its input only through it, GCN).
+* ``activations``: layer 0's dropped-out input and mask, and per layer the arrays of its width autograd keeps
+  and their gradients (:data:`ACTIVATION_COPIES`), plus a layer's per-entry values (attention).
+* ``parameters``: the parameters, their gradients and Adam's two moments.
+* ``buffers``: a staleness rule's caches, and layer 0's exchange buffers where it exchanges every epoch.
+* ``kept by the heap``: where a rank's row arrays are small enough to be heap blocks (:data:`HEAP_BLOCK_BYTES`),
+  glibc keeps them when they are freed and the next epoch's peak comes on top: a share of the halo and
+  activations (:data:`HEAP_KEPT_SHARE`). This is the coarse part: how much the heap keeps depends on the order
+  of allocations, and measured ranks in this regime ranged from nothing kept to about 0.8 of those parts.
+
+When set-up's float64 copies of the features outweigh the training parts, they are the peak instead
+(``features at set-up``). Every width and count of a layer is its layer kind's own answer
+(:func:`model_figures`): nothing here names a layer, a policy or a plan.
+:func:`runners.resources.check_train_resources` (collective) prints it and refuses a run its nodes cannot hold.
+
+How it was checked: peak RSS (``ru_maxrss``) minus the RSS at start, per rank, GCN 3 x 128, float32, 3
+epochs, ``--input-exchange auto``. R-MAT SCALE 20 (1,048,576 vertices, 31M entries, 128 features) at P = 1,
+2, 4, 8 with METIS, metis-train and random parts, exact p2p, ``bns:keep=0.1`` and ``--plan cover``: 0.89 to
+1.15 of the measured peak on all 47 ranks. R-MAT SCALE 18 (262,144 vertices, METIS and metis-train, P = 1,
+2, 4, 8, exact and ``bns:keep=0.1``) and the uniform synthetic graph of 200,000 nodes (degree 15, 128
+features, P = 2, 4, 8): 0.76 to 1.25, the spread coming from the heap's share at P = 4 and 8, where a
+rank's row arrays are below 32 MiB (worst: 0.76 on a METIS rank of only isolated vertices, 1.25 on metis-train
+ranks). The same runs with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_=1048576``, no heap kept)
+measured 0.97 to 1.08 of the estimate without the heap's part. ``tests/cli/test_resources.py`` checks Cora
+and a 50k planted graph at P = 2 within 25%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from algorithms.layers import LayerOptions, layer_type
+from algorithms.model import LayerFigures, layer_figures
+from algorithms.static_input import evaluations
+
+GIB = 1 << 30
+
+RUNTIME_BYTES = 32 << 20
+"""What a rank's resident set grows by for any graph: library code and kernels paged in at their first use (torch
+2.13 CPU wheel, Cora: about 31 MiB beyond the graph and features. It was 90 MiB while ``torch.optim.Adam``'s
+first step imported ``torch._dynamo``; :mod:`algorithms.optim` no longer does)."""
+GRAPH_BYTES_PER_EDGE = 30
+"""A rank's stored entries at the peak, per entry: the CSR as loaded, the normalised rows, the operator's blocks
+and the torch tensors of both directions (the transposes made at the first backward), less what set-up frees
+before the epochs. Measured, not counted copy by copy: the resident set before the first epoch grows by 25-33
+bytes per entry (R-MAT SCALE 18 at P = 1, 2, 4, 8), whether the entry's column is the rank's own or remote, and
+a least-squares fit of the peak over the R-MAT ranks gives 25-30."""
+HALO_COPIES = 5
+"""Values of each halo row (rows of other groups that layer 0 reads, fetched once) alive at the peak, besides a
+one-byte dropout mask: the kept row, layer 0's dropped-out input over own and halo rows, and the receive buffers
+of the exchanging layers, whose rows are about the same (a least-squares fit of the peak over the R-MAT SCALE 18
+and 20 ranks: 21.6 bytes per float32 halo value)."""
+MERGED_HALO_SHARE = 0.6
+"""A row group merged from several prepared parts needs fewer halo rows than its parts together: the rows its own
+parts hold and the rows several of them read count once (R-MAT SCALE 20, 8 parts in 2 and 4 groups, METIS,
+metis-train and random: the halo was 0.54-0.9 of the parts' sum)."""
+HEAP_BLOCK_BYTES = 32 << 20
+"""glibc's largest dynamic mmap threshold (64-bit): a block up to this size, once one as large was freed, comes
+from the heap, and a freed heap block stays in the resident set."""
+HEAP_KEPT_SHARE = 0.42
+"""Share of an epoch's halo and activation arrays the heap still holds when the next epoch's peak comes, where
+they are heap blocks (measured 0 to about 0.8 by rank: R-MAT SCALE 18 and the 200k synthetic graph at P = 4, 8)."""
+SETUP_BYTES_PER_FEATURE = 20
+"""Bytes per feature value while set-up normalises: float32 as loaded, a float64 copy, float64 row-normalised."""
+KEPT_FEATURE_COPIES = 1
+"""Feature copies kept while training besides the compute-dtype tensor: the float32 array as loaded."""
+INPUT_DROPOUT_COPIES = 2
+"""Layer 0's input under dropout: the dropped-out copy and its mask (compute dtype)."""
+ACTIVATION_COPIES = 3
+"""Arrays of each layer's output width kept or made per epoch (dense product, SpMM result, activation, and
+their gradients, not all alive at once)."""
+EXCHANGE_COPIES = 4
+"""Where layer 0 exchanges every epoch (no halo term): boundary rows of the widest exchanged width sent and
+received in both directions (the earlier rule, not re-measured: every R-MAT run fetched the halo once)."""
+OPTIMIZER_COPIES = 4
+"""A parameter, its gradient and Adam's two moments."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes by what needs them at the peak; :attr:`total` is their sum."""
+
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{name} {size(value)}" for name, value in self.parts.items() if value)
+        return f"{size(self.total)} ({shown})"
+
+
+def size(count: float) -> str:
+    """Bytes as a short human figure: ``512 KiB``, ``3.2 GiB``."""
+    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{int(count)} B"
+
+
+def group_counts(meta: dict[str, Any], groups: int, group: int) -> dict[str, int] | None:
+    """Rows, edges and boundary rows (an upper bound: the sum over its parts) of row group ``group``; None when the
+    parts cannot be split over ``groups`` (the shard reader says why)."""
+    parts = int(meta["num_parts"])
+    if groups < 1 or parts % groups:
+        return None
+    per_group = parts // groups
+    first, last = group * per_group, (group + 1) * per_group
+    stats = meta.get("partition_stats", {})
+    offsets = meta["row_offsets"]
+    edges = stats.get("edges")
+    boundary = stats.get("boundary_nodes")
+    rows = int(offsets[last] - offsets[first])
+    if groups == 1:  # one row group holds every row: no boundary
+        return {"rows": rows, "edges": int(meta["num_edges"]), "boundary": 0}
+    return {"rows": rows,
+            "edges": int(sum(edges[first:last])) if edges else int(meta["num_edges"] * rows / max(meta["num_nodes"], 1)),
+            "boundary": int(sum(boundary[first:last])) if boundary else rows}
+
+
+def model_figures(model: str, features: int, hidden: int, layers: int, classes: int, heads: int = 1,
+                  output_heads: int = 1) -> list[LayerFigures]:
+    """Each layer of the run's model as its layer kind declares it (:func:`algorithms.model.layer_figures`):
+    widths as computed, parameters, exchange widths."""
+    dims = [features] + [hidden] * (layers - 1) + [classes]
+    return layer_figures(model, dims, LayerOptions(heads=heads or 1, output_heads=output_heads or 1))
+
+
+def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replication: int, model: str, hidden: int,
+                 layers: int, dtype: str, heads: int = 1, output_heads: int = 1, input_exchange: str = "auto",
+                 stale: str = "none", epochs: int = 1, eval_every: int = 1) -> Estimate | None:
+    """Peak bytes ``sparse-dist train`` adds on ``rank`` beyond the process at start; None if the dataset's parts
+    cannot be split over the run's row groups. ``epochs`` and ``eval_every`` decide what ``auto`` makes of
+    layer 0's input (:func:`fetched_once`)."""
+    if replication < 1 or world_size % replication:
+        return None
+    counts = group_counts(meta, world_size // replication, rank // replication)
+    if counts is None:
+        return None
+    rows, edges, boundary = counts["rows"], counts["edges"], counts["boundary"]
+    groups = world_size // replication
+    itemsize = 8 if dtype == "float64" else 4
+    features = int(meta["feature_dim"])
+    figures = model_figures(model, features, hidden, layers, int(meta["num_classes"]), heads, output_heads)
+    parameters = sum(figure.parameters for figure in figures)
+    widest = max(figure.owner[0] for figure in figures)  # exchanged
+    stale_layers = layers if stale != "none" else 0
+    once = fetched_once(input_exchange, figures[0], epochs, evaluations(epochs, eval_every))
+    halo = halo_rows(meta, groups, rank // replication, counts) if once else 0
+    training = {
+        "features": rows * features * (4 * KEPT_FEATURE_COPIES + itemsize),
+        "halo": halo * features * (HALO_COPIES * itemsize + 1),
+        # evaluations keep layer 0's product A X where the halo is fetched once and the layer sees its input only
+        # through that product (GCN)
+        "evaluation": (rows * features * itemsize if layer_type(model).input_only_through_product
+                       and once else 0),
+        "activations": (INPUT_DROPOUT_COPIES * rows * features + ACTIVATION_COPIES * rows * sum(
+            figure.width for figure in figures)) * itemsize + edges * max(figure.edge_values for figure in figures)
+                       * itemsize,
+        "parameters": OPTIMIZER_COPIES * parameters * itemsize,
+        # a staleness rule's caches (send and receive side per layer); layer 0's per-epoch exchange buffers
+        "buffers": ((0 if once else EXCHANGE_COPIES) + 2 * stale_layers) * boundary * widest * itemsize,
+    }
+    if rows * max(features, *(figure.width for figure in figures)) * itemsize <= HEAP_BLOCK_BYTES:
+        # an epoch's row arrays are heap blocks that glibc keeps when freed: the next epoch's peak adds to them
+        training["kept by the heap"] = int(HEAP_KEPT_SHARE * (training["halo"] + training["activations"]))
+    setup = SETUP_BYTES_PER_FEATURE * rows * features
+    fixed = {"runtime": RUNTIME_BYTES, "graph": GRAPH_BYTES_PER_EDGE * edges + 3 * 8 * rows}
+    if setup > sum(training.values()):  # set-up's float64 copies are the peak: say so
+        parts = {**fixed, "features at set-up": setup}
+    else:
+        parts = {**fixed, **training}
+    return Estimate(parts)
+
+
+def fetched_once(input_exchange: str, first: LayerFigures, epochs: int, evaluations: int) -> bool:
+    """Whether layer 0's halo is fetched once: ``once``, or ``auto`` where that moves no more bytes than exchanging
+    layer 0 every epoch would under p2p (the same halo rows each time: ``F_0`` columns once against the layer's
+    exchanged width per training forward, backward where it returns, and evaluation;
+    :func:`algorithms.static_input.choose_input_exchange` decides the same way from the plan's byte model)."""
+    if input_exchange != "auto":
+        return input_exchange == "once"
+    width, returns = first.owner
+    return first.fan_in <= (epochs * (1 + int(returns)) + evaluations) * width
+
+
+def halo_rows(meta: dict[str, Any], groups: int, group: int, counts: dict[str, int]) -> int:
+    """Rows of other row groups that row group ``group`` reads (layer 0's halo), from ``prepare``'s statistics.
+
+    ``prepare``'s p2p byte prediction is every part's halo once (4 bytes a value), shared out over the parts in
+    proportion to their cut edges; a group of several parts takes :data:`MERGED_HALO_SHARE` of its parts' sum,
+    and never more than the other parts' boundary rows (the only rows a halo can hold). Without those statistics,
+    the group's boundary rows (``counts``)."""
+    if groups < 2:
+        return 0
+    stats = meta.get("partition_stats", {})
+    cut, boundary = stats.get("cut_edges"), stats.get("boundary_nodes")
+    predicted = stats.get("predicted_forward_bytes_per_feature", {}).get("p2p")
+    if not (cut and boundary and predicted and sum(cut)):
+        return counts["boundary"]
+    per_group = int(meta["num_parts"]) // groups
+    mine = range(group * per_group, (group + 1) * per_group)
+    share = 1.0 if per_group == 1 else MERGED_HALO_SHARE
+    parts_halo = int(predicted) // 4 * sum(cut[i] for i in mine) / sum(cut)
+    others = sum(boundary) - sum(boundary[i] for i in mine)
+    return int(min(share * parts_halo, others))
