@@ -27,8 +27,7 @@ from sparse_dist.csr import distinct_ids_and_positions, entry_rows
 from sparse_dist.splitmix import splitmix64
 
 __all__ = ["BlockCover", "MatchedBlock", "block_checksum", "block_fingerprint", "konig_cover", "cover_counts_of_rows",
-           "entries_of_rows", "positions_in", "pre_aggregated",
-           "pre_aggregated_of_transpose"]
+           "entries_of_rows", "pre_aggregated", "pre_aggregated_of_transpose"]
 
 
 @dataclass(frozen=True)
@@ -192,14 +191,6 @@ def entries_of_rows(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     lengths = indptr[rows + 1] - starts
     firsts = np.cumsum(lengths) - lengths  # where each row's entries begin in the output
     return np.repeat(starts - firsts, lengths) + np.arange(int(lengths.sum()))
-
-
-def positions_in(ids: np.ndarray, values: np.ndarray, bound: int) -> np.ndarray:
-    """The position of each of ``values`` in the ascending ``ids`` (all in ``[0, bound)``), -1 where absent:
-    one lookup table, no search (a block's column ids against its few distinct ones)."""
-    table = np.full(bound, -1, dtype=np.int64)
-    table[ids] = np.arange(ids.size, dtype=np.int64)
-    return table[values]
 
 
 def block_fingerprint(block: sp.csr_matrix, *, transposed: bool = False) -> tuple[int, int]:
