@@ -98,9 +98,9 @@ class CoverPlan(PointToPointPlan):
     # ------------------------------------------------------------ set-up
     def _owner_parts(self, matched: dict[int, MatchedBlock]) -> dict[int, tuple[np.ndarray, sp.csr_matrix]]:
         """For each receiver ``i`` of this owner: ``(C_ig, B_ig[R_ig, not C_ig])``, the latter over this rank's
-        rows; ``matched``: this rank's blocks' patterns and matchings. Collective over the replica column (one
-        allgather of fingerprints and sizes, one or two alltoallvs of ids and values where some pair needs
-        them)."""
+        rows; ``matched``: this rank's blocks' patterns and matchings. Collective over the replica column
+        (:meth:`_symmetric`'s allgathers, one of sizes, one or two alltoallvs of ids and values where some pair
+        needs them)."""
         matrix, groups, me = self.matrix, self.groups, self.group
         share = set(matrix.column_share)
         symmetric = self._symmetric(matched)
@@ -227,10 +227,10 @@ class CoverPlan(PointToPointPlan):
     def _receive_operand(self, recv_rows: list[int]) -> sp.csr_matrix:
         """``O`` (``n x sum(recv_rows)``, canonical CSR): per row, owner by owner, the entries of ``B_gj`` in sent
         columns (at their places in ``C``) and then the row's unit column if it is pre-aggregated, written
-        straight into place (the blocks are canonical, so every row comes out sorted)."""
+        straight into place (from canonical blocks every row comes out sorted)."""
         n, dtype, blocks = self.n_rows, self.matrix.dtype, self.matrix.blocks
         starts = np.concatenate(([0], np.cumsum(recv_rows))).astype(np.int64)
-        chunks = {}  # per owner: (entries of sent columns, their count per row, pre-aggregated rows as 0/1)
+        chunks = {}  # per owner: (its entries in sent columns, their count per row, each column's place in C)
         lengths = np.zeros(n, dtype=np.int64)
         for j in sorted(self.covers):
             cover, block = self.covers[j], blocks[j]
@@ -256,7 +256,7 @@ class CoverPlan(PointToPointPlan):
             data[filled[cover.rows]] = 1
             filled[cover.rows] += 1
         operand = sp.csr_matrix((data, indices, indptr.astype(index)), shape=(n, int(starts[-1])))
-        operand.has_canonical_format = True
+        operand.sort_indices()  # only a check where the blocks are canonical, as DistCSR keeps them
         return operand
 
     # --------------------------------------------------------- semantics
