@@ -7,15 +7,16 @@ torch, MPI) as the sum of these parts (the names it prints):
 * ``graph``: per stored entry of the rank's rows, the CSR as loaded, normalised and as the operator's blocks
   and torch tensors, both directions (:data:`GRAPH_BYTES_PER_EDGE`, measured), and three int64 per row.
 * ``features``: the float32 rows as loaded and the compute-dtype tensor.
-* ``halo``: layer 0's halo (the rows of other groups its rows read), where it is fetched once (``once``, or
-  ``auto`` where :func:`fetched_once` says the run takes it): the kept rows and what layer 0 makes of them and
-  of the exchanges' receive buffers each epoch (:data:`HALO_COPIES`). Its rows are :func:`halo_rows`, from
-  ``prepare``'s statistics; on power-law graphs a rank's halo can be several times its own rows (hubs).
+* ``halo``: layer 0's halo (the rows of other groups its rows read): where it is fetched once (``once``, or
+  ``auto`` where :func:`fetched_once` says the run takes it) its rows of ``X``, else the rows it receives every
+  epoch at layer 0's exchanged width; with what layer 0 makes of them and the exchanges' receive buffers
+  (:data:`HALO_COPIES`). Its rows are :func:`halo_rows`, from ``prepare``'s statistics; on power-law graphs a
+  rank's halo can be several times its own rows (hubs).
 * ``evaluation``: the product of layer 0 an evaluation keeps (a layer that sees its input only through it, GCN).
 * ``activations``: layer 0's dropped-out input and mask, and per layer the arrays of its width autograd keeps
   and their gradients (:data:`ACTIVATION_COPIES`), plus a layer's per-entry values (attention).
 * ``parameters``: the parameters, their gradients and Adam's two moments.
-* ``buffers``: a staleness rule's caches, and layer 0's exchange buffers where it exchanges every epoch.
+* ``buffers``: a staleness rule's caches (send and receive side, every layer).
 * ``kept by the heap``: where a rank's row arrays are small enough to be heap blocks (:data:`HEAP_BLOCK_BYTES`),
   glibc keeps them when they are freed and the next epoch's peak comes on top: a share of the halo and
   activations (:data:`HEAP_KEPT_SHARE`). This is the coarse part: how much the heap keeps depends on the order
@@ -34,8 +35,12 @@ epochs, ``--input-exchange auto``. R-MAT SCALE 20 (1,048,576 vertices, 31M entri
 features, P = 2, 4, 8): 0.76 to 1.25, the spread coming from the heap's share at P = 4 and 8, where a
 rank's row arrays are below 32 MiB (worst: 0.76 on a METIS rank of only isolated vertices, 1.25 on metis-train
 ranks). The same runs with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_=1048576``, no heap kept)
-measured 0.97 to 1.08 of the estimate without the heap's part. ``tests/cli/test_resources.py`` checks Cora
-and a 50k planted graph at P = 2 within 25%.
+measured 0.97 to 1.08 of the estimate without the heap's part. Runs the constants were not fitted on: SCALE
+18 at P = 4 with ``--plan cover`` 0.86 to 1.17 and with ``--input-exchange per-epoch`` 0.91 to 1.01, the 200k
+graph at P = 4 with ``--hidden 64`` 0.90 to 0.97; SCALE 16 at P = 8 (8,000 rows a rank, 0.10 to 0.29 GiB
+measured) 0.65 to 0.89: there the heap's share and per-rank fixed costs the runtime part does not count
+weigh more (at most 60 MiB missing). ``tests/cli/test_resources.py`` checks Cora and a 50k planted graph at
+P = 2 within 25%.
 """
 
 from __future__ import annotations
@@ -60,10 +65,11 @@ before the epochs. Measured, not counted copy by copy: the resident set before t
 bytes per entry (R-MAT SCALE 18 at P = 1, 2, 4, 8), whether the entry's column is the rank's own or remote, and
 a least-squares fit of the peak over the R-MAT ranks gives 25-30."""
 HALO_COPIES = 5
-"""Values of each halo row (rows of other groups that layer 0 reads, fetched once) alive at the peak, besides a
-one-byte dropout mask: the kept row, layer 0's dropped-out input over own and halo rows, and the receive buffers
-of the exchanging layers, whose rows are about the same (a least-squares fit of the peak over the R-MAT SCALE 18
-and 20 ranks: 21.6 bytes per float32 halo value)."""
+"""Values of each halo row (rows of other groups that layer 0 reads) alive at the peak, besides a one-byte
+dropout mask: the kept (or received) row, layer 0's dropped-out input over own and halo rows, and the receive
+buffers of the exchanging layers, whose rows are about the same (a least-squares fit of the peak over the R-MAT
+SCALE 18 and 20 ranks: 21.6 bytes per float32 halo value; with ``--input-exchange per-epoch`` the peak was the
+same within 0.03 GiB, R-MAT SCALE 18, P = 4)."""
 MERGED_HALO_SHARE = 0.6
 """A row group merged from several prepared parts needs fewer halo rows than its parts together: the rows its own
 parts hold and the rows several of them read count once (R-MAT SCALE 20, 8 parts in 2 and 4 groups, METIS,
@@ -83,9 +89,6 @@ INPUT_DROPOUT_COPIES = 2
 ACTIVATION_COPIES = 3
 """Arrays of each layer's output width kept or made per epoch (dense product, SpMM result, activation, and
 their gradients, not all alive at once)."""
-EXCHANGE_COPIES = 4
-"""Where layer 0 exchanges every epoch (no halo term): boundary rows of the widest exchanged width sent and
-received in both directions (the earlier rule, not re-measured: every R-MAT run fetched the halo once)."""
 OPTIMIZER_COPIES = 4
 """A parameter, its gradient and Adam's two moments."""
 
@@ -161,10 +164,11 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     widest = max(figure.owner[0] for figure in figures)  # exchanged
     stale_layers = layers if stale != "none" else 0
     once = fetched_once(input_exchange, figures[0], epochs, evaluations(epochs, eval_every))
-    halo = halo_rows(meta, groups, rank // replication, counts) if once else 0
+    halo = halo_rows(meta, groups, rank // replication, counts)
     training = {
         "features": rows * features * (4 * KEPT_FEATURE_COPIES + itemsize),
-        "halo": halo * features * (HALO_COPIES * itemsize + 1),
+        # layer 0's halo kept (once) or received every epoch at its exchanged width, and what is made of it
+        "halo": halo * (features if once else widest) * (HALO_COPIES * itemsize + 1),
         # evaluations keep layer 0's product A X where the halo is fetched once and the layer sees its input only
         # through that product (GCN)
         "evaluation": (rows * features * itemsize if layer_type(model).input_only_through_product
@@ -173,8 +177,7 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
             figure.width for figure in figures)) * itemsize + edges * max(figure.edge_values for figure in figures)
                        * itemsize,
         "parameters": OPTIMIZER_COPIES * parameters * itemsize,
-        # a staleness rule's caches (send and receive side per layer); layer 0's per-epoch exchange buffers
-        "buffers": ((0 if once else EXCHANGE_COPIES) + 2 * stale_layers) * boundary * widest * itemsize,
+        "buffers": 2 * stale_layers * boundary * widest * itemsize,  # a staleness rule's caches, both sides
     }
     if rows * max(features, *(figure.width for figure in figures)) * itemsize <= HEAP_BLOCK_BYTES:
         # an epoch's row arrays are heap blocks that glibc keeps when freed: the next epoch's peak adds to them

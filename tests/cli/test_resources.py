@@ -91,14 +91,15 @@ def test_shard_bytes_predicts_the_disk_the_shards_take(graphs) -> None:
 
 def test_a_one_rank_run_keeps_nothing_for_other_ranks(graphs) -> None:
     meta = json.loads((graphs["cora"] / "meta.json").read_text())
-    whole = train_memory(meta, rank=0, world_size=1, replication=1, model="gcn", hidden=4096, layers=2, dtype="float32")
-    split = train_memory(meta, rank=0, world_size=2, replication=1, model="gcn", hidden=4096, layers=2, dtype="float32")
-    per_epoch = train_memory(meta, rank=0, world_size=2, replication=1, model="gcn", hidden=4096, layers=2,
-                             dtype="float32", input_exchange="per-epoch")
-    assert whole is not None and split is not None and per_epoch is not None
+    shape = dict(rank=0, replication=1, model="gcn", hidden=4096, layers=2, dtype="float32")
+    whole = train_memory(meta, world_size=1, stale="sancus-e", **shape)
+    split = train_memory(meta, world_size=2, **shape)
+    per_epoch = train_memory(meta, world_size=2, input_exchange="per-epoch", **shape)
+    stale = train_memory(meta, world_size=2, stale="sancus-e", **shape)
+    assert whole is not None and split is not None and per_epoch is not None and stale is not None
     assert whole.parts["buffers"] == whole.parts["halo"] == 0
-    assert split.parts["buffers"] == 0 < split.parts["halo"]  # auto fetches X's halo once: 1433 <= 2 x 1433
-    assert per_epoch.parts["halo"] == 0 < per_epoch.parts["buffers"]
+    assert split.parts["halo"] > 0 and per_epoch.parts["halo"] > 0  # fetched once, or received every epoch
+    assert split.parts["buffers"] == 0 < stale.parts["buffers"]  # a staleness rule's caches
     assert train_memory(meta, rank=0, world_size=3, replication=1, model="gcn", hidden=16, layers=2,
                         dtype="float32") is None  # 2 parts over 3 row groups: the shard reader refuses it
 
