@@ -43,7 +43,7 @@ __all__ = ["add_arguments", "check_arguments", "main"]  # the subcommand's inter
 
 import argparse
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     problem = minibatch_flag_problem(args)
     if problem:
         return problem
-    if args.overlap_evaluation and getattr(args, "mode", "full") == "minibatch":
+    if args.overlap_evaluation and args.minibatch is not None:  # kept by minibatch_flag_problem
         return "--overlap-evaluation is for full-graph training (a mini-batch step has no exchanges to hide it behind)"
     if args.stop_at_target and args.target_acc is None:
         return "--stop-at-target needs --target-acc A (the validation accuracy to stop at)"
@@ -115,9 +115,11 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     return PolicySpec(args.sample, args.stale).refusal(shape)  # the policies' one check, from the flags alone
 
 
-def _config(args: argparse.Namespace) -> TrainConfig:
-    fill_model_defaults(args)  # done by check_arguments already; kept for callers that skip it
-    return TrainConfig.from_args(args)
+def _config(args: argparse.Namespace, meta: dict[str, Any] | None = None) -> TrainConfig:
+    """The run's hyper-parameters from the checked flags (:func:`check_arguments` filled ``--layer-kind``'s
+    defaults), ``--feature-norm auto`` resolved to what the dataset's ``meta`` says (``row`` where it is silent)."""
+    norm = args.feature_norm if args.feature_norm != "auto" else (meta or {}).get("feature_norm", "row")
+    return TrainConfig.from_args(args, feature_norm=norm)
 
 
 @dataclass
@@ -143,20 +145,19 @@ def _layout_text(layout: dict[str, Any], other: dict[str, Any]) -> str:
     return text
 
 
-def open_resume(comm: Communicator, args: argparse.Namespace) -> Resumption:
-    """Read ``--checkpoint``'s current set on every rank and check it against this run: pointer, headers,
-    checksums, the fingerprint of configuration and graph (from ``meta.json``). Collective, before any shard
-    is read; any rank's problem is one :class:`CheckpointError` everywhere, said once."""
+def open_resume(comm: Communicator, args: argparse.Namespace, config: TrainConfig) -> Resumption:
+    """Read ``--checkpoint``'s current set on every rank and check it against this run (``config``, the run's
+    :func:`_config`): pointer, headers, checksums, the fingerprint of configuration and graph (from
+    ``meta.json``). Collective, before any shard is read; any rank's problem is one :class:`CheckpointError`
+    everywhere, said once."""
     result, error = None, None
     try:
         current = read_pointer(args.checkpoint)
         state = current.load(MAIN_FILE)
         meta = read_meta(args.data)
-        config = _config(args)
-        if config.feature_norm == "auto":
-            config = replace(config, feature_norm=meta.get("feature_norm", "row"))
         fingerprint = {**config.fingerprint(), **mode_fingerprint(args, comm.size, state.get("config"))}
         graph = {"name": meta["name"], "nodes": meta["num_nodes"]}
+        identity = {**fingerprint, "mode": mode_record(args)["mode"], "graph": graph}  # as its config record says
         problem = checkpoint_mismatch(state, fingerprint, graph)
         if problem:
             raise CheckpointError(f"--checkpoint {args.checkpoint}: {problem}")
@@ -168,7 +169,6 @@ def open_resume(comm: Communicator, args: argparse.Namespace) -> Resumption:
             note = (f"resumed at {_layout_text(here, current.written_at())} from a "
                     f"{_layout_text(current.written_at(), here)} checkpoint: dropped "
                     f"{', '.join(dropped_policy_state(config))}")
-        identity = {**fingerprint, "mode": getattr(args, "mode", "full"), "graph": graph}
         result = Resumption(current, state, policy, note, identity)
     except (CheckpointError, ShardError) as exc:
         error = str(exc)
@@ -337,17 +337,20 @@ def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     """The command (collective): paths checked, outputs claimed (one writer each), then the run."""
     check_paths(comm, args)  # first: before the collectives below and before any shard is read
-    resources = check_train_resources(comm, args, readable_meta(args.data))  # memory and disk estimates; may refuse
+    meta = readable_meta(args.data)  # None where it cannot be read: the shard reader then says why, collectively
+    resources = check_train_resources(comm, args, meta)  # memory and disk estimates; may refuse
     locks = _claim_outputs(comm, args)  # before any output is touched (a refusal above leaves no lock file)
     try:
-        return _train(comm, args, resources)
+        return _train(comm, args, _config(args, meta), resources)
     finally:
         locks.release()
 
 
-def _train(comm: Communicator, args: argparse.Namespace, resources: dict[str, Any] | None) -> int:
-    """Resume or start, train, write the final record (collective; rank 0 holds the outputs' locks)."""
-    resumption = open_resume(comm, args) if args.resume else None  # also before any shard is read
+def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
+           resources: dict[str, Any] | None) -> int:
+    """Resume or start, train with ``config`` (the run's one :class:`TrainConfig`), write the final record
+    (collective; rank 0 holds the outputs' locks)."""
+    resumption = open_resume(comm, args, config) if args.resume else None  # also before any shard is read
     earlier = _earlier_legs(comm, args, resumption)  # before the results file is touched
     _remove_leftovers(comm, args, resumption)
     checkpoints = (SetWriter(comm, args.checkpoint, replication=args.replication, plan=args.plan)
@@ -358,9 +361,6 @@ def _train(comm: Communicator, args: argparse.Namespace, resources: dict[str, An
     device = rank_device(comm, args.device)  # before any data is read
     grid = Grid(comm.size, args.replication)
     graph = load_local_graph(comm, args.data, grid.groups, args.replication)
-    if args.feature_norm == "auto":
-        args.feature_norm = graph.extra["meta"].get("feature_norm", "row")
-    config = _config(args)
     trainer = make_trainer(comm, graph, config, device, args)  # Trainer, or MinibatchTrainer with --mode minibatch
     leader = comm.rank == 0
     writer = ResultsWriter(args.out if leader else None, earlier.lines if earlier is not None else None)

@@ -20,7 +20,7 @@ import torch
 from algorithms.checkpoint import load_checkpoint
 from algorithms.train import Trainer
 from runners.data.shards import load_local_graph
-from runners.train_cmd import _config, add_arguments
+from runners.train_cmd import _config, add_arguments, check_arguments
 from sparse_dist.comm import run_or_abort, world
 from sparse_dist.layout import Grid
 
@@ -30,12 +30,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--data", data, "--epochs", epochs, *flags])
+    problem = check_arguments(args)  # as the command: it also fills --layer-kind's defaults
+    if problem:
+        raise SystemExit(problem)
     comm = world()
     torch.set_num_threads(1)
     graph = load_local_graph(comm, data, Grid(comm.size, args.replication).groups, args.replication)
-    if args.feature_norm == "auto":
-        args.feature_norm = graph.extra["meta"].get("feature_norm", "row")
-    trainer = Trainer(comm, graph, _config(args))
+    trainer = Trainer(comm, graph, _config(args, graph.extra["meta"]))
     state = load_checkpoint(main_file)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])

@@ -155,9 +155,11 @@ def test_a_minibatch_checkpoint_resumes_only_with_its_mode_fanouts_and_global_ba
     state = {"config": {**train_cmd._config(written).fingerprint(), **MinibatchConfig((5, 5), 32).fingerprint(1)},
              "epoch": 2, "graph": {"name": read_meta(data)["name"], "nodes": 30}}
     SetWriter(comm, path, replication=1, plan=written.plan).commit(2, state, None)
-    assert train_cmd.open_resume(comm, written).state["epoch"] == 2  # the same flags resume
+    resumed = train_cmd.open_resume(comm, written, train_cmd._config(written))
+    assert resumed.state["epoch"] == 2  # the same flags resume
+    refused_args = args(*flags)
     with pytest.raises(CheckpointError) as refused:
-        train_cmd.open_resume(comm, args(*flags))
+        train_cmd.open_resume(comm, refused_args, train_cmd._config(refused_args))
     said = str(refused.value)
     assert said.startswith(f"--checkpoint {path}: the checkpoint (epoch 2) belongs to another run: ")
     assert sentence in said and "\n" not in said, said
