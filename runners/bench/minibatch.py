@@ -33,8 +33,10 @@ from typing import Any
 
 import torch
 
+from algorithms.layers import layer_type
 from algorithms.minibatch import MinibatchTrainer
 from algorithms.minibatch.config import MinibatchConfig, parse_fanouts
+from algorithms.model import MODEL_KINDS
 from algorithms.train import TrainConfig
 from runners.argtypes import at_least, probability
 from runners.argtypes import seed as seed_number
@@ -46,12 +48,15 @@ from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_
 
 STEP_PARTS = ("sample", "fetch", "compute", "allreduce", "wait")
 PEERS = ("pyg", "dgl", "none")
+MINIBATCH_KINDS: tuple[str, ...] = tuple(kind for kind in MODEL_KINDS if not layer_type(kind).takes_operator)
+"""The layer kinds mini-batch training runs: those that see the exchange only as a product (attention, which
+needs the exchanged rows themselves, does not; :func:`algorithms.minibatch.minibatch_problem`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="dataset directory made by `sparse-dist prepare`")
-    parser.add_argument("--layer-kind", dest="model", choices=("sage", "gcn"), default="sage",
-                        help="the PyG peer mirrors sage only (default: %(default)s)")
+    parser.add_argument("--layer-kind", dest="model", choices=MINIBATCH_KINDS, default="sage",
+                        help=f"the peers mirror {', '.join(PEER_KINDS)} only (default: %(default)s)")
     parser.add_argument("--layers", type=at_least(1), default=3)
     parser.add_argument("--hidden", type=at_least(1), default=128)
     parser.add_argument("--dropout", type=probability, default=0.5)

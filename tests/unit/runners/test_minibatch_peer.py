@@ -1,10 +1,12 @@
-"""The numpy kernel inside PyG's NeighborSampler (runners/bench/minibatch_peer.py) against a plain loop."""
+"""The numpy kernel inside PyG's NeighborSampler (runners/bench/minibatch_peer.py) against a plain loop, and the
+kinds the mini-batch peers mirror."""
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from runners.bench.minibatch_peer import sample_hops
+from runners.bench.minibatch import MINIBATCH_KINDS
+from runners.bench.minibatch_peer import PEER_KINDS, peer_problem, sample_hops
 
 
 def _graph(n: int = 60, seed: int = 4) -> sp.csc_matrix:
@@ -50,3 +52,10 @@ def test_a_sampled_neighbour_is_uniform() -> None:
         counts[node[row[0]]] += 1
     expected = 4000 / 8
     assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected)), counts
+
+
+def test_the_minibatch_peers_mirror_their_table_and_refuse_any_other_kind_in_one_sentence() -> None:
+    assert PEER_KINDS == ("sage",) and all(peer_problem(kind) is None for kind in PEER_KINDS)
+    assert set(PEER_KINDS) <= set(MINIBATCH_KINDS) and "gat" not in MINIBATCH_KINDS  # attention takes the operator
+    assert peer_problem("gcn") == ("the mini-batch peers mirror --layer-kind sage only (SAGEConv, mean): they have "
+                                   "no layer to copy the weights of --layer-kind gcn into")
