@@ -35,17 +35,24 @@ def label(row: dict[str, Any]) -> str:
 
 
 def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Rows per configuration (dataset, plan, policy, c), sorted by P; seeds averaged."""
+    """Rows per configuration (dataset, plan, policy, c), sorted by P; seeds averaged. A study of several
+    datasets names each line ``dataset: plan policy`` (one line per dataset, never one across them)."""
     grouped: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         grouped[(row["dataset"], label(row), int(row["world_size"]))].append(row)
+    several = len({row["dataset"] for row in rows}) > 1
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for (dataset, name, _), runs in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         merged = dict(runs[0])
         for key in ("epoch_time", "exchange_bytes", *(k for k, _ in PARTS)):
             merged[key] = float(np.mean([float(r[key]) for r in runs]))
-        series[name].append(merged)
+        series[f"{dataset}: {name}" if several else name].append(merged)
     return series
+
+
+def ideal_times(ranks: np.ndarray, times: np.ndarray, scaling: str) -> np.ndarray:
+    """Perfect scaling from a series' first point: ``T_first * P_first / P`` (strong), ``T_first`` (weak)."""
+    return times[0] * ranks[0] / ranks if scaling == "strong" else np.full(ranks.shape, times[0])
 
 
 def plot_scaling(rows: list[dict[str, Any]], scaling: str, path: Path, dpi: int) -> None:
@@ -54,6 +61,7 @@ def plot_scaling(rows: list[dict[str, Any]], scaling: str, path: Path, dpi: int)
         ranks = np.array([int(r["world_size"]) for r in runs])
         times = np.array([r["epoch_time"] for r in runs])
         line, = ax_time.plot(ranks, times, marker="o", ls=_style(runs[0]), label=name)
+        ax_time.plot(ranks, ideal_times(ranks, times, scaling), ls=":", lw=0.9, color=line.get_color())
         if ranks[0] == 1 or scaling == "weak":
             base = times[0] * (ranks[0] if scaling == "strong" else 1)
             efficiency = base / (ranks * times) if scaling == "strong" else base / times
@@ -69,7 +77,9 @@ def plot_scaling(rows: list[dict[str, Any]], scaling: str, path: Path, dpi: int)
     sizes = sorted({int(r["nodes"]) for r in rows if r.get("nodes")})
     what = f"{sizes[0]:,} nodes" if scaling == "strong" and len(sizes) == 1 else \
         f"{sizes[0]:,} to {sizes[-1]:,} nodes" if sizes else ""
-    ax_time.set_title(f"{scaling} scaling: epoch time ({rows[0]['dataset']}, {what})")
+    datasets = ", ".join(sorted({str(r["dataset"]) for r in rows}))
+    ax_time.set_title(f"{scaling} scaling: epoch time ({datasets}, {what}; dotted: ideal)", fontsize=9)
+    ax_time.legend(fontsize=7, loc="upper left")
     ax_eff.set_ylabel("parallel efficiency" + (" T1/(P TP)" if scaling == "strong" else " T1/TP"))
     ax_eff.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax_eff.set_ylim(0, 1.2)

@@ -1,0 +1,29 @@
+"""The scaling figure's series and ideal line (no drawing)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runners.figures import _series, ideal_times
+
+
+def _row(dataset: str, ranks: int, seconds: float) -> dict[str, object]:
+    return {"dataset": dataset, "world_size": ranks, "replication": 1, "plan": "p2p", "policy": "exact",
+            "compress": "none", "variant": "", "epoch_time": seconds, "exchange_bytes": 0.0,
+            "t_local_spmm": 0.0, "t_dense": 0.0, "t_exchange": 0.0, "t_allreduce": 0.0}
+
+
+def test_each_dataset_is_its_own_line() -> None:
+    rows = [_row(name, ranks, seconds) for name, base in (("metis", 7.0), ("metis-train", 6.0))
+            for ranks, seconds in ((1, base), (2, base / 1.5), (4, base / 2))]
+    series = _series(rows)
+    assert sorted(series) == ["metis-train: p2p exact", "metis: p2p exact"]
+    assert [r["epoch_time"] for r in series["metis: p2p exact"]] == [7.0, 7.0 / 1.5, 3.5]
+    assert [r["world_size"] for r in series["metis-train: p2p exact"]] == [1, 2, 4]
+    assert list(_series(rows[:3])) == ["p2p exact"]  # one dataset: its lines keep the short name
+
+
+def test_the_ideal_line_divides_by_p_strong_and_stays_flat_weak() -> None:
+    ranks, times = np.array([2, 4, 8]), np.array([6.0, 4.0, 3.0])
+    assert ideal_times(ranks, times, "strong").tolist() == [6.0, 3.0, 1.5]
+    assert ideal_times(ranks, times, "weak").tolist() == [6.0, 6.0, 6.0]
