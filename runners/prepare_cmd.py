@@ -76,8 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=at_least(1), default=2, help="number of shards, >= 1 (default: 2)")
     parser.add_argument("--partitioner", choices=(AUTO, *PARTITIONERS), default=AUTO,
                         help="how nodes are split into parts (default: auto = metis when pymetis imports, "
-                             "else block with a printed note; synthetic --stream always writes contiguous "
-                             "blocks). metis: small boundary, fewest exchange bytes; metis-train: DistDGL's "
+                             "metis-train for rmat's power-law graphs, else block with a printed note; synthetic "
+                             "--stream always writes contiguous blocks). metis: small boundary, fewest exchange bytes; metis-train: DistDGL's "
                              "multi-constraint METIS (training/validation/test/other nodes and edges balanced); "
                              "bytegnn: ByteGNN's K-hop blocks around labelled nodes (--hops); block: contiguous "
                              "ranges of the input ids; random: balanced random")
@@ -197,14 +197,15 @@ def main(comm: object, args: argparse.Namespace) -> int:
         if problem:
             raise ShardError(f"prepare rmat: {problem}")
         entries = rmat_entries(args.scale, args.edge_factor)
-        partitioner_kind, _ = resolve_partitioner(args.partitioner)
+        partitioner_kind, _ = resolve_partitioner(args.partitioner, skewed_degrees=True)
         check_prepare_resources(args.out, prepare_rmat_memory(nodes, entries, args.features, args.parts,
                                                               partitioner_kind, args.classes),
                                 shard_bytes(nodes, entries, args.features), hint="--partitioner random or a "
                                 "smaller --scale")
     stages = Stages()
     streamed = args.source == "synthetic" and args.stream
-    partitioner, note = resolve_partitioner(args.partitioner, contiguous_only=streamed)
+    partitioner, note = resolve_partitioner(args.partitioner, contiguous_only=streamed,
+                                            skewed_degrees=args.source == "rmat")  # R-MAT: power-law degrees
     if note:
         print(f"note: {note}", flush=True)
     if streamed:

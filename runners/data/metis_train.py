@@ -69,7 +69,7 @@ def balance_constraints(symmetric: sp.csr_matrix, masks: dict[str, np.ndarray]) 
     return np.stack([column for column in columns if column.any()], axis=1)
 
 
-def _metis_library() -> tuple[ctypes.CDLL, type, int]:
+def metis_library() -> tuple[ctypes.CDLL, type, int]:
     """pymetis's extension module as a C library, its ``idx_t`` dtype and the index of the seed option."""
     try:
         from pymetis import _internal
@@ -99,7 +99,7 @@ def metis_kway(indptr: np.ndarray, indices: np.ndarray, parts: int, seed: int = 
     converted once, and the copies are freed as soon as METIS returns. ctypes releases the GIL during the
     call, so a progress thread keeps running."""
     n = indptr.size - 1
-    library, idx_t, seed_index = _metis_library()
+    library, idx_t, seed_index = metis_library()
     if parts == 1:
         return np.zeros(n, dtype=np.int64)
 
@@ -136,7 +136,7 @@ def metis_train_partition(adjacency: sp.spmatrix, parts: int, masks: dict[str, n
     """``part_of`` from METIS k-way (edge-cut objective) under :func:`balance_constraints`; ``symmetric``:
     ``adjacency`` is already a symmetric CSR without self-loops, indices sorted (given to METIS as it is)."""
     n = adjacency.shape[0]
-    _metis_library()  # refuse before any work when METIS cannot be reached
+    metis_library()  # refuse before any work when METIS cannot be reached
     if parts == 1:
         return np.zeros(n, dtype=np.int64)
     graph = sp.csr_matrix(adjacency) if symmetric else symmetric_pattern(adjacency)

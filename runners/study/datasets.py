@@ -99,7 +99,7 @@ def _rmat(where: str, table: dict[str, Any], scaling: str, epochs: int | None) -
     if parts is not None:
         int_list(f"{where}.parts", parts, 1)
     return DatasetSpec(name=expect(f"{where}.name", table.get("name"), str, "a name"), rmat=dict(rmat),
-                       partitioner=table.get("partitioner", "metis"), parts=parts, seed=int(table.get("seed", 0)),
+                       partitioner=table.get("partitioner", "auto"),  # prepare rmat's: metis-train parts=parts, seed=int(table.get("seed", 0)),
                        epochs=epochs)
 
 

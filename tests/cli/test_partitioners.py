@@ -249,3 +249,17 @@ def test_bench_partition_prints_one_line_per_partitioner_and_json(tmp_path: Path
         assert sum(stats["nodes"]) == 2708 and sum(stats["train"]) == int(cora_data.masks["train"].sum()), name
         assert all(0 < rows <= 16 * 6 for rows in stats["batch_input_rows"]), name  # seeds + 5 each at most
     assert report["results"]["bytegnn"]["train_balance"] < report["results"]["random"]["train_balance"]
+
+
+def test_auto_takes_metis_train_for_power_law_graphs_only(tmp_path: Path) -> None:
+    from runners.data.partition import metis_train_available, resolve_partitioner
+
+    assert metis_train_available()  # pymetis ships METIS's multi-constraint entry point
+    assert resolve_partitioner("auto")[0] == "metis"
+    assert resolve_partitioner("auto", skewed_degrees=True)[0] == "metis-train"
+    assert resolve_partitioner("auto", contiguous_only=True, skewed_degrees=True)[0] == "block"
+    assert resolve_partitioner("metis", skewed_degrees=True)[0] == "metis"  # a choice is kept
+    out = tmp_path / "rmat"
+    assert cli.main(["prepare", "rmat", "--scale", "9", "--edge-factor", "8", "--features", "8", "--parts", "2",
+                     "--out", str(out)]) == 0
+    assert json.loads((out / "meta.json").read_text())["partitioner"] == "metis-train"
