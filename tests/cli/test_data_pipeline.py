@@ -181,7 +181,8 @@ def test_the_default_partitioner_is_stated_in_help_and_falls_back_to_block(monke
     from runners.data.partition import resolve_partitioner
 
     result = subprocess.run([SPARSE_DIST, "prepare", "--help"], capture_output=True, text=True, timeout=120)
-    assert "default: auto = metis when pymetis imports, else block" in " ".join(result.stdout.split())
+    assert ("default: auto = metis when pymetis imports, metis-train for rmat's power-law graphs, else block"
+            in " ".join(result.stdout.split()))
     assert resolve_partitioner("auto") == ("metis", None)  # pymetis is installed here
     assert resolve_partitioner("auto", contiguous_only=True) == ("block", None)
     assert resolve_partitioner("random") == ("random", None)
