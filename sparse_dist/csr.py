@@ -30,9 +30,11 @@ def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype, device: torch.device) -
 
 def csr_tensor(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """A torch sparse CSR tensor from its three arrays, unchecked (callers build valid ones; torch's beta
-    notice silenced)."""
+    notice silenced, and torch 2.11's note that invariant checks are off: ``check_invariants=False`` is the
+    choice)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
         return torch.sparse_csr_tensor(crow, col, values, size=shape, check_invariants=False)
 
 
