@@ -50,6 +50,7 @@ from typing import Any
 
 from algorithms.layers import LayerOptions, layer_type
 from algorithms.model import LayerFigures, layer_figures
+from algorithms.policies.spec import AxisSpec
 from algorithms.static_input import evaluations
 
 GIB = 1 << 30
@@ -162,7 +163,7 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     figures = model_figures(model, features, hidden, layers, int(meta["num_classes"]), heads, output_heads)
     parameters = sum(figure.parameters for figure in figures)
     widest = max(figure.owner[0] for figure in figures)  # exchanged
-    stale_layers = layers if stale != "none" else 0
+    stale_layers = layers if AxisSpec.parse("stale", stale).policy is not None else 0  # a rule keeps both sides
     once = fetched_once(input_exchange, figures[0], epochs, evaluations(epochs, eval_every))
     halo = halo_rows(meta, groups, rank // replication, counts)
     training = {

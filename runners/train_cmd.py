@@ -320,8 +320,7 @@ def _ogb_metric(comm: Communicator, trainer: Trainer, meta: dict[str, Any]) -> d
 
 def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
     """How layer 0 gets its input, what each rank keeps for it, and the bytes before the first epoch (collective)."""
-    spmm = getattr(trainer, "spmm", None)  # the full-graph operator (a mini-batch trainer holds none)
-    plan_seconds = getattr(spmm.plan, "setup_seconds", None) if spmm is not None else None  # e.g. the cover's
+    plan_seconds = trainer.plan_setup_seconds  # the same on every rank: a plan times its set-up or never does
     gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes,
                                       "plan_seconds": plan_seconds})
     memory = {key: spread([g["memory"][key] for g in gathered]) for key in gathered[0]["memory"]}

@@ -66,6 +66,7 @@ class ExchangePlan(ABC):
     # function of the boundary sets alone
     pair_counted: ClassVar[bool] = False
     pair_counts: np.ndarray | None = None  # rows per pair ``[receiver, owner]`` of one exact forward, where pair_counted
+    setup_seconds: float | None = None  # this rank's time building the plan, where set-up does work of its own (cover)
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,
                  strategy: ExchangeStrategy | None = None, *, row_masks: bool = False) -> None:

@@ -66,6 +66,7 @@ from algorithms.minibatch.config import MinibatchConfig
 from algorithms.minibatch.loader import Batch, BatchLoader, Prefetcher, step_groups
 from algorithms.train import LocalGraph, TrainConfig, Trainer, bytes_by_phase
 from sparse_dist.comm import Communicator
+from sparse_dist.compress import Codec
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.fetch import FeatureFetcher
 from sparse_dist.sampling import DistributedSampler
@@ -83,9 +84,9 @@ def minibatch_problem(config: TrainConfig, minibatch: MinibatchConfig) -> str | 
                 f"fanout per layer")
     if config.replication != 1:
         return f"--mode minibatch samples from row owners: it needs --replication 1, got {config.replication}"
-    if str(config.sample) != "none" or str(config.stale) != "none":
+    if not (config.sample.is_none and config.stale.is_none):
         return "--mode minibatch exchanges no boundary rows: --sample and --stale must stay none"
-    if config.compress != "none":
+    if Codec.parse(config.compress) is not None:
         return "--mode minibatch does not compress (its gradients travel exactly): leave --compress none"
     return None
 
@@ -291,6 +292,11 @@ class MinibatchTrainer:
     @property
     def policies(self) -> Any:
         return self.full.policies
+
+    @property
+    def plan_setup_seconds(self) -> float | None:
+        """The evaluation trainer's plan set-up seconds (:attr:`Trainer.plan_setup_seconds`)."""
+        return self.full.plan_setup_seconds
 
     def memory(self) -> dict[str, int]:
         """What the evaluation keeps for layer 0 (:meth:`Trainer.memory`)."""

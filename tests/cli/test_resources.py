@@ -92,10 +92,10 @@ def test_shard_bytes_predicts_the_disk_the_shards_take(graphs) -> None:
 def test_a_one_rank_run_keeps_nothing_for_other_ranks(graphs) -> None:
     meta = json.loads((graphs["cora"] / "meta.json").read_text())
     shape = dict(rank=0, replication=1, model="gcn", hidden=4096, layers=2, dtype="float32")
-    whole = train_memory(meta, world_size=1, stale="sancus-e", **shape)
+    whole = train_memory(meta, world_size=1, stale="sancus-e:eps=1", **shape)
     split = train_memory(meta, world_size=2, **shape)
     per_epoch = train_memory(meta, world_size=2, input_exchange="per-epoch", **shape)
-    stale = train_memory(meta, world_size=2, stale="sancus-e", **shape)
+    stale = train_memory(meta, world_size=2, stale="sancus-e:eps=1", **shape)
     assert whole is not None and split is not None and per_epoch is not None and stale is not None
     assert whole.parts["buffers"] == whole.parts["halo"] == 0
     assert split.parts["halo"] > 0 and per_epoch.parts["halo"] > 0  # fetched once, or received every epoch
