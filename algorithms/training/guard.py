@@ -136,6 +136,11 @@ class Guard:
         self.kept: dict[str, Any] | None = None  # the best evaluation's model and optimiser state
         self._value: float | None = None  # the last evaluation's validation metric
 
+    def follow(self, policies: Any) -> None:
+        """The policies in force now (at the start and after each tightening): one that harms from the start
+        (``harms_from_start``) is judged without waiting for the loss to settle."""
+        self.waits_for_settled_loss = not policies.harms_from_start
+
     def observe_loss(self, epoch: int, loss: float) -> None:
         """``epoch``'s global training loss (the same on every rank)."""
         state = self.state

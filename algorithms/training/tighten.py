@@ -82,7 +82,7 @@ def install(run: Any, policies: ActivePolicies) -> None:
     run.codec = codec
     run.build_work(((policies.sample, sampler), (policies.stale, rule)))
     run.policies = policies
-    run.guard.waits_for_settled_loss = not policies.harms_from_start
+    run.guard.follow(policies)
 
 
 def tighten(run: Any) -> dict[str, Any]:
