@@ -11,7 +11,7 @@ from sparse_dist.plans import PLAN_NAMES
 SPARSE_DIST = str(BIN / "sparse-dist")
 
 
-@pytest.mark.parametrize("ranks,extra", [(2, []), (4, ["--replication", "2"])])
+@pytest.mark.parametrize("ranks,extra", [(2, []), pytest.param(4, ["--replication", "2"], marks=pytest.mark.slow)])
 def test_demo_matches_the_single_process_result(ranks: int, extra: list[str]) -> None:
     result = run_mpi(ranks, [SPARSE_DIST, "demo", *extra], timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr

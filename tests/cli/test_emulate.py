@@ -146,6 +146,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow  # the whole emulate command; its clean-up after kills stays in the main lane (below)
 @needs_namespaces
 def test_builds_the_nodes_and_leaves_nothing_after_a_timeout(tmp_path: Path) -> None:
     links = _root_links()

@@ -16,7 +16,7 @@ def _said(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("ranks", [1, 3, 4])  # P=8: the layout error below
+@pytest.mark.parametrize("ranks", [1, 3, pytest.param(4, marks=pytest.mark.slow)])  # P=8: the layout error below
 def test_the_same_problem_on_every_rank_is_said_once_with_the_ranks(ranks: int) -> None:
     result = run_case(ranks, "said_once.py", "same", timeout=180)
     assert result.returncode == 2, _said(result)
