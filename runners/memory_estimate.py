@@ -145,6 +145,14 @@ def model_figures(model: str, features: int, hidden: int, layers: int, classes: 
     return layer_figures(model, dims, LayerOptions(heads=heads or 1, output_heads=output_heads or 1))
 
 
+def axis_policy(axis: str, spec: Any) -> Any:
+    """The policy object of an axis given parsed (:class:`AxisSpec`) or as text; None for none."""
+    if spec is None:
+        return None
+    parsed = spec if isinstance(spec, AxisSpec) else AxisSpec.parse(axis, str(spec))
+    return parsed.policy
+
+
 def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replication: int, model: str, hidden: int,
                  layers: int, dtype: str, heads: int = 1, output_heads: int = 1, input_exchange: str = "auto",
                  stale: str = "none", epochs: int = 1, eval_every: int = 1) -> Estimate | None:
@@ -163,7 +171,7 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     figures = model_figures(model, features, hidden, layers, int(meta["num_classes"]), heads, output_heads)
     parameters = sum(figure.parameters for figure in figures)
     widest = max(figure.owner[0] for figure in figures)  # exchanged
-    stale_layers = layers if AxisSpec.parse("stale", stale).policy is not None else 0  # a rule keeps both sides
+    stale_layers = layers if axis_policy("stale", stale) is not None else 0  # a rule keeps both sides
     once = fetched_once(input_exchange, figures[0], epochs, evaluations(epochs, eval_every))
     halo = halo_rows(meta, groups, rank // replication, counts)
     training = {

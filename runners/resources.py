@@ -28,12 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.policies import AxisSpec
 from algorithms.policies.base import StateSize
 from algorithms.static_input import exchange_widths, receiver_side
 from runners.data.shards import ShardError, read_meta
-from runners.memory_estimate import (OPTIMIZER_COPIES, Estimate, group_counts, model_figures, size,  # noqa: F401
-                                     train_memory)
+from runners.memory_estimate import (OPTIMIZER_COPIES, Estimate, axis_policy, group_counts, model_figures,  # noqa: F401
+                                     size, train_memory)
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.compress import Codec
 from sparse_dist.plans import plan_class
@@ -58,20 +57,12 @@ class ResourceError(ValueError):
     """The estimated memory or disk need exceeds what the machine has; the message names the flag that helps."""
 
 
-def _policy(axis: str, spec: Any) -> Any:
-    """The policy object of an axis given parsed (:class:`AxisSpec`) or as text; None for none."""
-    if spec is None:
-        return None
-    parsed = spec if isinstance(spec, AxisSpec) else AxisSpec.parse(axis, str(spec))
-    return parsed.policy
-
-
 def policy_state_copies(stale: Any, compress: str, sample: Any = None) -> tuple[int, bool]:
     """Arrays of exchanged-rows x width per exchanged layer a rank's policy file holds, and whether it also holds
     the cached blocks' structure; (0, False) for a run without per-rank policy state. Each policy says what it
     keeps (:meth:`~algorithms.policies.base.PolicyBase.state_size`); error feedback adds a residual of the rows
     and of the gradients per layer."""
-    sizes = [policy.state_size() for policy in (_policy("stale", stale), _policy("sample", sample))
+    sizes = [policy.state_size() for policy in (axis_policy("stale", stale), axis_policy("sample", sample))
              if policy is not None] or [StateSize()]
     copies, structure = sum(size.row_copies for size in sizes), any(size.block_structure for size in sizes)
     codec = Codec.parse(compress)
