@@ -167,13 +167,19 @@ class Pull:
     def answers(self, replies: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Send ``replies[q]`` (int64, any length: this rank's answer to ``incoming[q]``) to each rank ``q``;
         returns, per rank, its answer to this one. Two alltoallvs: the lengths, then the answers. Collective."""
-        size = self.comm.size
-        lengths = torch.tensor([len(reply) for reply in replies], dtype=torch.int64)
-        incoming = torch.empty(size, dtype=torch.int64)
-        self.comm.alltoallv(lengths, [1] * size, incoming, [1] * size, self.phase)
         send = np.concatenate([np.asarray(reply, dtype=np.int64) for reply in replies] + [np.zeros(0, np.int64)])
+        return self.packed_answers(send, [len(reply) for reply in replies])
+
+    def packed_answers(self, send: np.ndarray, lengths: Sequence[int]) -> list[np.ndarray]:
+        """:meth:`answers` for replies already laid out one after another in ``send`` (int64; ``lengths[q]``
+        of them for rank ``q``), so that no copy gathers them. Collective."""
+        size = self.comm.size
+        sent = torch.tensor(list(lengths), dtype=torch.int64)
+        incoming = torch.empty(size, dtype=torch.int64)
+        self.comm.alltoallv(sent, [1] * size, incoming, [1] * size, self.phase)
         recv = torch.empty(int(incoming.sum()), dtype=torch.int64)
-        self.comm.alltoallv(torch.from_numpy(send), lengths.tolist(), recv, incoming.tolist(), self.phase)
+        self.comm.alltoallv(torch.from_numpy(np.ascontiguousarray(send, dtype=np.int64)), sent.tolist(), recv,
+                            incoming.tolist(), self.phase)
         return [parts[0] for parts in _split(recv.numpy(), incoming.numpy(), size, 1)]
 
     def traffic(self, row_bytes: int) -> PullTraffic:

@@ -103,6 +103,13 @@ def sampling_key(seed: int, epoch: int, step: int, layer: int) -> np.ndarray:
     return key
 
 
+def kept_per_row(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout: int | None) -> np.ndarray:
+    """How many entries each wanted row (global id, owned) keeps (int64): its degree, at most ``fanout``."""
+    local = np.asarray(wanted, dtype=np.int64) - first_row
+    degrees = (rows.indptr[local + 1] - rows.indptr[local]).astype(np.int64)
+    return degrees if fanout is None else np.minimum(degrees, int(fanout))
+
+
 def sample_rows(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout: int | None,
                 key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sample the owned rows ``wanted`` (global ids) of ``rows`` (this rank's rows, global column ids).
@@ -207,7 +214,7 @@ def assemble_block(dst: np.ndarray, kept: np.ndarray, columns: np.ndarray, value
                    ) -> SampledBlock:
     """The block whose row ``i`` (global id ``dst[i]``, distinct) holds ``kept[i]`` of the entries
     ``columns``/``values``. ``block_columns(dst, columns)``, where given, computes ``(src, positions)`` (the
-    compiled sampler's :func:`sparse_dist.sampling_compiled.block_columns_compiled`, bitwise the numpy lines
+    compiled sampler's :class:`sparse_dist.sampling_compiled.BlockColumns`, bitwise the numpy lines
     here)."""
     if block_columns is not None:
         src, positions = block_columns(dst, columns)
@@ -246,20 +253,31 @@ class DistributedSampler:
         self.kernel = resolve_sampler(kernel)
         self.threads = threads or torch.get_num_threads()
         self._compiled = self._block_columns = None
+        self._reorder_rows = reorder_rows
         if self.kernel == "numba":
             from sparse_dist import sampling_compiled
 
             sampling_compiled.warm_up(self.rows)
-            self._compiled = sampling_compiled.sample_rows_compiled
-            n_global = layout.n_rows
-            self._block_columns = lambda dst, columns: sampling_compiled.block_columns_compiled(dst, columns, n_global)
+            self._compiled = sampling_compiled.sample_rows_into
+            self._block_columns = sampling_compiled.BlockColumns(layout.n_rows)
+            self._reorder_rows = sampling_compiled.reorder_rows_compiled
 
     def sample_rows(self, wanted: np.ndarray, fanout: int | None, key: np.ndarray) -> tuple[
             np.ndarray, np.ndarray, np.ndarray]:
         """:func:`sample_rows` of this rank's rows with this sampler's kernel (pure)."""
+        kept = kept_per_row(self.rows, self.first_row, wanted, fanout)
+        total = int(kept.sum())
+        columns, values = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.float64)
+        self._sample_into(wanted, fanout, key, kept, columns, values)
+        return kept, columns, values
+
+    def _sample_into(self, wanted: np.ndarray, fanout: int | None, key: np.ndarray, kept: np.ndarray,
+                     columns: np.ndarray, values: np.ndarray) -> None:
+        """Sample ``wanted`` into ``columns``/``values`` (``kept``: :func:`kept_per_row` of them)."""
         if self._compiled is not None:
-            return self._compiled(self.rows, self.first_row, wanted, fanout, key, self.threads)
-        return sample_rows(self.rows, self.first_row, wanted, fanout, key)
+            self._compiled(self.rows, self.first_row, wanted, fanout, key, self.threads, kept, columns, values)
+            return
+        _, columns[:], values[:] = sample_rows(self.rows, self.first_row, wanted, fanout, key)
 
     def sample(self, seeds: np.ndarray, epoch: int, step: int) -> list[SampledBlock]:
         """Blocks of layers ``0 .. L-1`` for this rank's ``seeds`` (global ids it owns; may be empty). Collective."""
@@ -291,16 +309,20 @@ class DistributedSampler:
         """One hop of every batch: one pull whose segments are the batches' frontier rows and whose answers the
         owners sample; returns the blocks, the round's traffic and the ids asked of each rank (concatenated)."""
         pull = Pull(self.comm, self.layout, frontiers, self.phase)
-        answers, kept_answered = [], []
-        for wanted in pull.incoming:  # per peer: its batches' rows, each sampled with its batch's key
-            parts, kept_total = [], 0
-            for rows, key in zip(wanted, keys):
-                kept, columns, values = self.sample_rows(rows, fanout, key)
-                parts += [kept, columns, values.view(np.int64)]
-                kept_total += int(kept.sum())
-            answers.append(np.concatenate(parts + [np.zeros(0, dtype=np.int64)]))
-            kept_answered.append(kept_total)
-        replies = pull.answers(answers)
+        kept_of = [[kept_per_row(self.rows, self.first_row, rows, fanout) for rows in wanted]
+                   for wanted in pull.incoming]  # per peer and batch
+        kept_answered = [sum(int(kept.sum()) for kept in per_peer) for per_peer in kept_of]
+        lengths = [sum(kept.size for kept in per_peer) + 2 * total for per_peer, total in zip(kept_of, kept_answered)]
+        send = np.empty(sum(lengths), dtype=np.int64)  # every answer, written in place: no copy gathers them
+        offset = 0
+        for wanted, per_peer in zip(pull.incoming, kept_of):  # per peer: its batches' rows, each with its key
+            for rows, key, kept in zip(wanted, keys, per_peer):
+                n, entries = kept.size, int(kept.sum())
+                send[offset:offset + n] = kept
+                self._sample_into(rows, fanout, key, kept, send[offset + n:offset + n + entries],
+                                  send[offset + n + entries:offset + n + 2 * entries].view(np.float64))
+                offset += n + 2 * entries
+        replies = pull.packed_answers(send, lengths)
         rows_of: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in frontiers]  # per batch, peer
         kept_asked = []
         for reply, asked in zip(replies, pull.asked):
@@ -317,11 +339,14 @@ class DistributedSampler:
             kept_asked.append(kept_total)
         blocks = []
         for batch, (dst, parts) in enumerate(zip(frontiers, rows_of)):
-            grouped = tuple(np.concatenate([part[i] for part in parts]) for i in range(3))
+            grouped = parts[0] if len(parts) == 1 else tuple(np.concatenate([part[i] for part in parts])
+                                                             for i in range(3))
             order = pull.orders[batch]
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(order.size)
-            blocks.append(assemble_block(dst, *reorder_rows(grouped, inverse), block_columns=self._block_columns))
+            if not np.array_equal(order, np.arange(order.size)):  # rows came grouped by owner: back to dst's order
+                inverse = np.empty_like(order)
+                inverse[order] = np.arange(order.size)
+                grouped = self._reorder_rows(grouped, inverse)
+            blocks.append(assemble_block(dst, *grouped, block_columns=self._block_columns))
         traffic = HopTraffic(pull.asked_counts, kept_asked, pull.answered_counts, kept_answered, len(frontiers))
         return blocks, traffic, pull.requests
 

@@ -7,17 +7,24 @@ earlier stored entry, as the reference's stable ``lexsort`` does), in storage or
 multiplied by ``d / k``; a row with ``d <= k``, or fanout ``None``, keeps every entry as it is.
 
 How: the reference hashes every candidate entry of a hop and orders the whole hop with one ``lexsort``
-(``O(E log E)`` in numpy, one thread). Here each row is a partial selection: one pass over its ``d``
-entries keeps the ``k`` smallest hashes in a sorted buffer of ``k`` (an entry is compared with the
-buffer's largest first, so most are rejected in one comparison; expected ``O(d + k^2 log(d/k))``), then the
-``k`` positions are sorted back into storage order. Rows are independent: the output offsets are known
-before sampling (``min(d, k)`` per row), and chunks of rows run in parallel (``numba.prange``) over
-``threads`` numba threads, set on the calling thread before every call (numba's thread count is per
-thread: the prefetch worker gets the same count as the main thread).
+(``O(E log E)`` in numpy, one thread). Here each row is a partial selection in three short passes: its
+``d`` hashes (a loop without branches, which the compiler vectorises); the candidates, those below a cut of
+``(k + 1.5 sqrt(k) + 1) / d`` of the hash range (hashes are uniform, so about ``k + 1.5 sqrt(k) + 1`` of
+them, and at least ``k`` nearly always; where fewer, every entry is a candidate); then each candidate's
+rank by (hash, storage position) counted against the others, without branches, and the candidates of rank
+below ``k`` written in storage order (more than 48 candidates: the ``k`` smallest kept in a sorted buffer of
+``k`` instead). Rows are independent: the output offsets are known before sampling (``min(d, k)`` per row),
+and chunks of rows run in parallel (``numba.prange``) over ``threads`` numba threads, set on the calling
+thread before every call (numba's thread count is per thread: the prefetch worker gets the same count as
+the main thread). The cut decides only how much work a row takes, never what it keeps. (An insertion
+of every entry into a sorted buffer of ``k``, the earlier form, was slower: its comparisons mispredict.)
 
-:func:`block_columns_compiled` does the requester's side of a hop in the same spirit: the block's source ids
+:class:`BlockColumns` does the requester's side of a hop in the same spirit: the block's source ids
 (destinations first, then the new ids in increasing order) and each entry's column position, in linear
-passes over a mark per global id instead of numpy's ``setdiff1d`` and ``searchsorted`` (bitwise the same).
+passes over a mark per global id (kept between calls) instead of numpy's ``setdiff1d`` and
+``searchsorted`` (bitwise the same); :func:`reorder_rows_compiled` puts answered rows back into the
+frontier's order. :func:`sample_rows_into` writes a row set's answer into views of one buffer, so a hop's
+answers to every peer are one array with no gathering copy.
 
 Compilation: :func:`warm_up` compiles the kernels for the dtypes of the rank's rows (scipy keeps int32 or
 int64 indices; float32 or float64 values) when the sampler is built, so no JIT lands in a timed epoch.
@@ -41,7 +48,9 @@ Pure (no communication). numba is a dependency of the package; where it cannot b
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 
 import numba
 import numpy as np
@@ -53,11 +62,14 @@ from sparse_dist.splitmix import GOLDEN, MIX1, MIX2
 if "NUMBA_THREADING_LAYER" not in os.environ:  # before any parallel kernel runs (the module docstring)
     numba.config.THREADING_LAYER = "workqueue"
 
-__all__ = ["ROWS_PER_CHUNK", "block_columns_compiled", "sample_rows_compiled", "set_threads", "warm_up"]
+__all__ = ["ROWS_PER_CHUNK", "BlockColumns", "block_columns_compiled", "reorder_rows_compiled",
+           "sample_rows_compiled", "sample_rows_into", "set_threads", "warm_up"]
 
 ROWS_PER_CHUNK = 64  # rows one parallel task samples with one scratch buffer (amortises its allocation)
 
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_TWO64 = 18446744073709551616.0  # 2**64: a share of the hash range as a uint64 cut
+_RANKED_CANDIDATES = 48  # up to this many candidates a row ranks them all against each other (no branch)
 
 
 @njit(cache=True, inline="always")
@@ -69,6 +81,62 @@ def _mix(z: np.uint64) -> np.uint64:  # pragma: no cover - compiled
     return z ^ (z >> _S31)
 
 
+@njit(cache=True, inline="always")
+def _keep_by_rank(cand_hash, cand_pos, count, fanout, start, indices, data, scale, out_columns,
+                  out_values, out):  # pragma: no cover - compiled
+    """Write the candidates whose rank by (hash, storage position) is below ``fanout``, in storage order:
+    each candidate's rank counted against every other (no branch; for a few candidates)."""
+    j = 0
+    for c in range(count):
+        mine = cand_hash[c]
+        rank = 0
+        for other in range(count):
+            theirs = cand_hash[other]
+            rank += np.int64(theirs < mine) + np.int64((theirs == mine) & (other < c))
+        if rank < fanout:
+            e = start + cand_pos[c]
+            out_columns[out + j] = indices[e]
+            out_values[out + j] = np.float64(data[e]) * scale
+            j += 1
+
+
+@njit(cache=True, inline="always")
+def _keep_by_buffer(cand_hash, cand_pos, count, fanout, best, start, indices, data, scale, out_columns,
+                    out_values, out):  # pragma: no cover - compiled
+    """As :func:`_keep_by_rank` for many candidates: the ``fanout`` smallest hashes kept sorted in ``best``
+    (most candidates rejected by one comparison), then the candidates under the largest of them, and as
+    many equal to it as fit, earliest stored first."""
+    kept = 0
+    for c in range(count):
+        h = cand_hash[c]
+        if kept == fanout:
+            if h >= best[fanout - 1]:
+                continue
+            j = fanout - 1
+        else:
+            j = kept
+            kept += 1
+        while j > 0 and best[j - 1] > h:
+            best[j] = best[j - 1]
+            j -= 1
+        best[j] = h
+    last = best[fanout - 1]
+    ties = fanout  # entries hashing to ``last`` that are kept: the earliest stored ones
+    for j in range(fanout):
+        if best[j] < last:
+            ties -= 1
+    j = 0
+    for c in range(count):
+        h = cand_hash[c]
+        if h < last or (h == last and ties > 0):
+            if h == last:
+                ties -= 1
+            e = start + cand_pos[c]
+            out_columns[out + j] = indices[e]
+            out_values[out + j] = np.float64(data[e]) * scale
+            j += 1
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, offsets,
                    out_columns, out_values):  # pragma: no cover - compiled
@@ -76,9 +144,15 @@ def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, offsets,
     n = local.size
     chunks = (n + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
     for chunk in prange(chunks):
-        best_hash = np.empty(max(fanout, 1), dtype=np.uint64)
-        best_pos = np.empty(max(fanout, 1), dtype=np.int64)
-        for i in range(chunk * ROWS_PER_CHUNK, min(n, (chunk + 1) * ROWS_PER_CHUNK)):
+        first, stop = chunk * ROWS_PER_CHUNK, min(n, (chunk + 1) * ROWS_PER_CHUNK)
+        widest = 1  # the chunk's largest degree: the size of its scratch
+        for i in range(first, stop):
+            widest = max(widest, np.int64(indptr[local[i] + 1]) - np.int64(indptr[local[i]]))
+        hashes = np.empty(widest, dtype=np.uint64)
+        cand_hash = np.empty(widest, dtype=np.uint64)
+        cand_pos = np.empty(widest, dtype=np.int64)
+        best = np.empty(max(fanout, 1), dtype=np.uint64)
+        for i in range(first, stop):
             start = np.int64(indptr[local[i]])
             degree = np.int64(indptr[local[i] + 1]) - start
             out = offsets[i]
@@ -88,41 +162,38 @@ def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, offsets,
                     out_values[out + e] = np.float64(data[start + e])
                 continue
             node = _mix(np.uint64(wanted[i]) ^ key)
+            for e in range(degree):  # no branch: vectorised
+                hashes[e] = _mix(node ^ np.uint64(indices[start + e]))
             count = 0
-            for e in range(degree):
-                h = _mix(node ^ np.uint64(indices[start + e]))
-                if count == fanout:
-                    if h >= best_hash[fanout - 1]:
-                        continue  # not among the k smallest (an equal hash stored earlier ranks first)
-                    j = fanout - 1
-                else:
-                    j = count
-                    count += 1
-                while j > 0 and best_hash[j - 1] > h:  # insertion into the sorted buffer
-                    best_hash[j] = best_hash[j - 1]
-                    best_pos[j] = best_pos[j - 1]
-                    j -= 1
-                best_hash[j] = h
-                best_pos[j] = e
-            for a in range(1, fanout):  # the k positions back into storage order
-                p = best_pos[a]
-                b = a
-                while b > 0 and best_pos[b - 1] > p:
-                    best_pos[b] = best_pos[b - 1]
-                    b -= 1
-                best_pos[b] = p
+            share = (fanout + 1.5 * math.sqrt(fanout) + 1.0) / degree
+            if share < 1.0:  # candidates: the entries under a cut that the k-th smallest hash is likely below
+                cut = np.uint64(share * _TWO64)
+                for e in range(degree):
+                    h = hashes[e]
+                    cand_hash[count] = h
+                    cand_pos[count] = e
+                    count += np.int64(h < cut)
+            if count < fanout:  # the cut fell short (rare), or it would keep every entry: all are candidates
+                for e in range(degree):
+                    cand_hash[e] = hashes[e]
+                    cand_pos[e] = e
+                count = degree
             scale = degree / fanout
-            for j in range(fanout):
-                e = start + best_pos[j]
-                out_columns[out + j] = indices[e]
-                out_values[out + j] = np.float64(data[e]) * scale
+            if count <= _RANKED_CANDIDATES:
+                _keep_by_rank(cand_hash, cand_pos, count, fanout, start, indices, data, scale, out_columns,
+                              out_values, out)
+            else:
+                _keep_by_buffer(cand_hash, cand_pos, count, fanout, best, start, indices, data, scale,
+                                out_columns, out_values, out)
 
 
 @njit(cache=True, nogil=True)
-def _block_columns_kernel(dst, columns, n_global):  # pragma: no cover - compiled
+def _block_columns_kernel(dst, columns, mark):  # pragma: no cover - compiled
     """``src`` (``dst``, then the other ids of ``columns`` once each, increasing) and each column's position
-    in it; a mark per global id (0: unseen, -1: new, else position + 1)."""
-    mark = np.zeros(n_global, dtype=np.int64)
+    in it. ``mark`` (one int64 per global id, all 0 on entry and again on return) holds 0: unseen, -1: new,
+    else position + 1. The new ids come out increasing by a scan of the marks where that is cheaper than
+    sorting them (many new ids in a small graph), else by a sort."""
+    n_global = mark.size
     for i in range(dst.size):
         mark[dst[i]] = i + 1
     new = np.empty(columns.size, dtype=np.int64)
@@ -132,7 +203,14 @@ def _block_columns_kernel(dst, columns, n_global):  # pragma: no cover - compile
             mark[columns[e]] = -1
             new[count] = columns[e]
             count += 1
-    new = np.sort(new[:count])
+    if count * 24 > n_global:  # a sort costs about count log count, the scan n_global cheap steps
+        count = 0
+        for g in range(n_global):
+            if mark[g] == -1:
+                new[count] = g
+                count += 1
+    else:
+        new[:count] = np.sort(new[:count])
     src = np.empty(dst.size + count, dtype=np.int64)
     src[:dst.size] = dst
     for j in range(count):
@@ -141,16 +219,68 @@ def _block_columns_kernel(dst, columns, n_global):  # pragma: no cover - compile
     positions = np.empty(columns.size, dtype=np.int64)
     for e in range(columns.size):
         positions[e] = mark[columns[e]] - 1
+    for i in range(src.size):  # leave every mark 0 for the next call
+        mark[src[i]] = 0
     return src, positions
 
 
+@njit(cache=True, nogil=True)
+def _reorder_kernel(kept, columns, values, new_order):  # pragma: no cover - compiled
+    """Rows (counts, columns, values) permuted: input row ``new_order[i]`` comes ``i``-th."""
+    starts = np.empty(kept.size, dtype=np.int64)
+    total = 0
+    for r in range(kept.size):
+        starts[r] = total
+        total += kept[r]
+    out_kept = np.empty(new_order.size, dtype=np.int64)
+    out_columns = np.empty(total, dtype=np.int64)
+    out_values = np.empty(total, dtype=np.float64)
+    j = 0
+    for i in range(new_order.size):
+        r = new_order[i]
+        out_kept[i] = kept[r]
+        for e in range(starts[r], starts[r] + kept[r]):
+            out_columns[j] = columns[e]
+            out_values[j] = values[e]
+            j += 1
+    return out_kept, out_columns, out_values
+
+
+class BlockColumns:
+    """:func:`sparse_dist.sampling.assemble_block`'s ``block_columns`` for ids below ``n_global``, compiled
+    and bitwise numpy's: ``src`` = ``dst`` (distinct global ids) then the other ids of ``columns`` once each
+    in increasing order; ``positions[e]`` = where ``columns[e]`` lies in ``src``. Linear passes over one mark
+    per global id; the marks (``8 n_global`` bytes) are kept between calls (a fresh array per call costs page
+    faults on a large graph), one set per thread that calls at the same time."""
+
+    def __init__(self, n_global: int) -> None:
+        self.n_global = int(n_global)
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, dst: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            mark = self._free.pop() if self._free else np.zeros(self.n_global, dtype=np.int64)
+        try:
+            return _block_columns_kernel(np.ascontiguousarray(dst, dtype=np.int64),
+                                         np.ascontiguousarray(columns, dtype=np.int64), mark)
+        finally:
+            with self._lock:
+                self._free.append(mark)
+
+
 def block_columns_compiled(dst: np.ndarray, columns: np.ndarray, n_global: int) -> tuple[np.ndarray, np.ndarray]:
-    """A sampled block's source ids and column positions (:func:`sparse_dist.sampling.assemble_block`'s,
-    bitwise): ``src`` = ``dst`` (distinct global ids) then the other ids of ``columns`` once each in increasing
-    order; ``positions[e]`` = where ``columns[e]`` lies in ``src``. Linear passes and one sort of the new
-    ids, with one mark per global id (``n_global`` int64, allocated per call)."""
-    return _block_columns_kernel(np.ascontiguousarray(dst, dtype=np.int64),
-                                 np.ascontiguousarray(columns, dtype=np.int64), np.int64(n_global))
+    """:class:`BlockColumns` of ``n_global`` ids, called once (marks allocated for the call)."""
+    return BlockColumns(n_global)(dst, columns)
+
+
+def reorder_rows_compiled(rows: tuple[np.ndarray, np.ndarray, np.ndarray], new_order: np.ndarray) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`sparse_dist.sampling.reorder_rows`, bitwise, compiled: input row ``new_order[i]`` comes ``i``-th."""
+    kept, columns, values = rows
+    return _reorder_kernel(np.ascontiguousarray(kept, dtype=np.int64), np.ascontiguousarray(columns, dtype=np.int64),
+                           np.ascontiguousarray(values, dtype=np.float64),
+                           np.ascontiguousarray(new_order, dtype=np.int64))
 
 
 def set_threads(threads: int) -> None:
@@ -163,27 +293,37 @@ def sample_rows_compiled(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray
     """:func:`sparse_dist.sampling.sample_rows`, bitwise, compiled (the module docstring): per wanted row
     the number of kept entries, then the kept entries' global column ids (int64) and scaled values
     (float64), rows one after another in ``wanted``'s order."""
-    wanted = np.ascontiguousarray(wanted, dtype=np.int64)
-    local = wanted - first_row
-    indptr = rows.indptr
-    degrees = (indptr[local + 1] - indptr[local]).astype(np.int64)
-    limit = int(degrees.max(initial=0)) if fanout is None else int(fanout)
-    kept = np.minimum(degrees, limit)
-    offsets = np.zeros(kept.size, dtype=np.int64)
-    np.cumsum(kept[:-1], out=offsets[1:])
+    local = np.asarray(wanted, dtype=np.int64) - first_row
+    kept = (rows.indptr[local + 1] - rows.indptr[local]).astype(np.int64)
+    if fanout is not None:
+        kept = np.minimum(kept, int(fanout))
     total = int(kept.sum())
     columns, values = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.float64)
-    if total == 0:  # no rows, rows of degree 0, or fanout 0 (which the command line refuses)
-        return kept, columns, values
-    set_threads(threads)
-    _sample_kernel(indptr, rows.indices, rows.data, local, wanted, np.uint64(key[0]), np.int64(limit), offsets,
-                   columns, values)
+    sample_rows_into(rows, first_row, wanted, fanout, key, threads, kept, columns, values)
     return kept, columns, values
+
+
+def sample_rows_into(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout: int | None,
+                     key: np.ndarray, threads: int, kept: np.ndarray, columns: np.ndarray,
+                     values: np.ndarray) -> None:
+    """:func:`sample_rows_compiled` written into ``columns`` (int64) and ``values`` (float64) of
+    ``kept.sum()`` entries each, ``kept`` being each row's kept count (its degree, at most ``fanout``) (views of one answer
+    buffer, so that no copy gathers the answer)."""
+    wanted = np.ascontiguousarray(wanted, dtype=np.int64)
+    if int(kept.sum()) == 0:  # no rows, rows of degree 0, or fanout 0 (which the command line refuses)
+        return
+    offsets = np.zeros(kept.size, dtype=np.int64)
+    np.cumsum(kept[:-1], out=offsets[1:])
+    limit = int(kept.max(initial=0)) if fanout is None else int(fanout)  # None keeps every entry: the widest row
+    set_threads(threads)
+    _sample_kernel(rows.indptr, rows.indices, rows.data, wanted - first_row, wanted, np.uint64(key[0]),
+                   np.int64(limit), offsets, columns, values)
 
 
 def warm_up(rows: sp.csr_matrix) -> None:
     """Compile (or load from the cache) the kernels for the dtypes of ``rows``, by calls on no rows."""
     empty = np.zeros(0, dtype=np.int64)
     block_columns_compiled(empty, empty, 1)
+    reorder_rows_compiled((empty, empty, np.zeros(0, dtype=np.float64)), empty)
     _sample_kernel(rows.indptr, rows.indices, rows.data, empty, empty, np.uint64(0), np.int64(1), empty,
                    empty, np.zeros(0, dtype=np.float64))

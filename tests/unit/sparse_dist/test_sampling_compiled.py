@@ -16,9 +16,10 @@ pytest.importorskip("numba")
 from sparse_dist import sampling_compiled  # noqa: E402
 from sparse_dist.comm import world  # noqa: E402
 from sparse_dist.layout import RowLayout  # noqa: E402
-from sparse_dist.sampling import (DistributedSampler, assemble_block, resolve_sampler, sample_rows,  # noqa: E402
-                                  sampling_key)
-from sparse_dist.sampling_compiled import block_columns_compiled, sample_rows_compiled  # noqa: E402
+from sparse_dist.sampling import (DistributedSampler, assemble_block, reorder_rows, resolve_sampler,  # noqa: E402
+                                  sample_rows, sampling_key)
+from sparse_dist.sampling_compiled import (BlockColumns, reorder_rows_compiled, sample_rows_compiled,  # noqa: E402
+                                           sample_rows_into)
 
 
 def rows_of_every_degree(first_row: int = 0, seed: int = 0, index_dtype=np.int32, value_dtype=np.float64,
@@ -78,6 +79,55 @@ def test_many_keys_on_a_random_graph() -> None:
         assert_bitwise(sample_rows(a, 0, wanted, fanout, key), sample_rows_compiled(a, 0, wanted, fanout, key, 2))
 
 
+def test_rows_of_repeated_columns_take_every_path_of_the_selection() -> None:
+    """Rows that store one column many times hash to one value, so the compiled kernel's cut (a share of the
+    hash range the k-th smallest hash is likely below) keeps all of their entries or none, and in the
+    second case falls back to ranking every entry; ties are broken by storage order. Rows of 60 and 200
+    entries rank their candidates against each other or, when there are many, in a buffer of ``k``. Every
+    case against the numpy reference, over 60 keys and fanouts 1-20."""
+    rng = np.random.default_rng(11)
+    rows = []
+    rows.append(np.full(50, 7))  # one column fifty times
+    rows.append(np.repeat([3, 9], 25))  # two columns, each 25 times
+    rows.append(np.concatenate([np.full(20, 5), rng.choice(4000, size=20, replace=False)]))  # a tied block
+    rows.append(rng.choice(4000, size=60, replace=False))  # no ties, a few candidates
+    rows.append(rng.choice(4000, size=200, replace=False))  # no ties, many candidates at large fanouts
+    indptr = np.concatenate(([0], np.cumsum([r.size for r in rows])))
+    matrix = sp.csr_matrix((rng.random(indptr[-1]) + 0.5, np.concatenate(rows), indptr), shape=(len(rows), 4000))
+    wanted = np.arange(len(rows))
+    for draw in range(60):
+        key = sampling_key(draw, 3, draw % 5, draw % 3)
+        for fanout in (1, 2, 5, 11, 20):
+            assert_bitwise(sample_rows(matrix, 0, wanted, fanout, key),
+                           sample_rows_compiled(matrix, 0, wanted, fanout, key, 2))
+
+
+def test_sampling_into_slices_of_one_buffer_is_sampling_alone() -> None:
+    """The sampler writes a row set's columns and values into views of one int64 answer buffer."""
+    rows = rows_of_every_degree(first_row=0)
+    wanted = np.arange(rows.shape[0])
+    key = sampling_key(4, 1, 2, 0)
+    kept, columns, values = sample_rows_compiled(rows, 0, wanted, 5, key, 2)
+    buffer = np.full(3 + 2 * columns.size, -1, dtype=np.int64)  # three words before: an offset into it
+    sample_rows_into(rows, 0, wanted, 5, key, 2, kept, buffer[3:3 + columns.size],
+                     buffer[3 + columns.size:].view(np.float64))
+    assert np.array_equal(buffer[:3], [-1, -1, -1]) and np.array_equal(buffer[3:3 + columns.size], columns)
+    assert np.array_equal(buffer[3 + columns.size:].view(np.float64), values)
+
+
+def test_compiled_reorder_is_scipys() -> None:
+    """Rows permuted by the compiled kernel and by scipy's row indexing: the same arrays, empty rows too."""
+    rng = np.random.default_rng(4)
+    for n in (0, 1, 7, 300):
+        kept = rng.integers(0, 6, size=n)
+        columns = rng.integers(0, 50, size=int(kept.sum()))
+        values = rng.random(columns.size)
+        order = rng.permutation(n)
+        want, got = reorder_rows((kept, columns, values), order), reorder_rows_compiled((kept, columns, values), order)
+        for x, y in zip(want, got, strict=True):
+            assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
 def single_rank_sampler(kernel: str, rows: sp.csr_matrix, fanouts: list) -> DistributedSampler:
     comm = world(gpu_aware="off")
     layout = RowLayout.from_counts([rows.shape[0]] * comm.size) if comm.size == 1 else None
@@ -125,7 +175,8 @@ def test_kernel_names_resolve() -> None:
 
 def test_compiled_block_columns_are_bitwise_numpys_assembly() -> None:
     """The requester's side: the block's source ids (destinations first, then the new ids increasing) and
-    column positions, compiled, against assemble_block's numpy lines; no rows, no new ids, all new ids."""
+    column positions, compiled, against assemble_block's numpy lines; no rows, no new ids, all new ids; few
+    new ids (sorted) and many (read off the marks in order)."""
     rng = np.random.default_rng(9)
     n = 1000
     cases = [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))]
@@ -133,14 +184,14 @@ def test_compiled_block_columns_are_bitwise_numpys_assembly() -> None:
         dst = rng.choice(n, size=size, replace=False).astype(np.int64)
         cases.append((dst, rng.integers(0, n, size=entries)))
         cases.append((dst, rng.choice(dst, size=entries)))  # only destinations: no new id
-    for dst, columns in cases:
+    block_columns = BlockColumns(n)  # one set of marks through every case: each call leaves them clean
+    for dst, columns in cases + cases[::-1]:
         kept = np.full(dst.size, 0, dtype=np.int64)
         if dst.size:
             kept[0] = columns.size
         values = rng.random(columns.size)
         want = assemble_block(dst, kept, columns, values)
-        got = assemble_block(dst, kept, columns, values,
-                             block_columns=lambda d, c: block_columns_compiled(d, c, n))
+        got = assemble_block(dst, kept, columns, values, block_columns=block_columns)
         assert np.array_equal(want.src, got.src) and want.src.dtype == got.src.dtype
         for field in ("indptr", "indices", "data"):
             assert np.array_equal(getattr(want.matrix, field), getattr(got.matrix, field))
