@@ -19,9 +19,11 @@ run: $(STAMP)
 	test -f data_prepared/cora/meta.json || $(BIN)/sparse-dist prepare planetoid --out data_prepared/cora --parts 4
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/sparse-dist train --data data_prepared/cora --out results/cora-gcn.jsonl
 
+# The main lane on one pytest worker per core, at most four (pytest-xdist): each worker launches its own
+# mpiexec jobs, so two workers on two cores oversubscribe them while both run multi-rank cases.
 test: $(STAMP)
 	$(BIN)/python -m compileall -q sparse_dist algorithms runners tests > /dev/null  # every mpiexec rank imports them
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m "not slow" tests
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m "not slow" -n auto --maxprocesses 4 tests
 
 # The end-to-end lane (pytest marker `slow`: sweep, emulate, Slurm templates, a kill at every commit point);
 # CI runs it after `make test`.
