@@ -17,7 +17,9 @@ One pull (:class:`Pull`):
    or int64 answers an owner computes for the ids it was asked (:meth:`Pull.answers`, any length; their
    lengths go first, in one alltoallv of one int64 per peer).
 
-Ids may be this rank's own: they travel through the alltoallv's own slot, which counts nothing.
+Ids may be this rank's own: they travel through the alltoallv's own slot, which counts nothing. On one rank
+every int64 exchange is that slot alone, so :func:`_exchange_int64` hands the send buffer back as the
+received one (no copy of the ids or the answers; the call is still booked, with 0 bytes).
 
 Bytes on one rank (the :class:`~sparse_dist.accounting.CommStats` convention; :func:`predict_pull_bytes`),
 over the other ranks ``q``: sent = ``8 K`` (counts, where exchanged) + ``8`` per id asked of ``q`` + ``8``
@@ -90,6 +92,19 @@ def _split(flat: np.ndarray, lengths: np.ndarray, size: int, segments: int) -> l
             for q in range(size)]
 
 
+def _exchange_int64(comm: Communicator, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int],
+                    phase: str) -> np.ndarray:
+    """One alltoallv of int64 (``send_counts[q]`` to rank ``q``, ``recv_counts[q]`` from it); on one rank the
+    send buffer is the answer, booked as a call of 0 bytes without a copy. Collective."""
+    send = np.ascontiguousarray(send, dtype=np.int64)
+    if comm.size == 1:
+        comm.stats.add_bytes(phase, 0, 0)
+        return send
+    recv = torch.empty(int(sum(recv_counts)), dtype=torch.int64)
+    comm.alltoallv(torch.from_numpy(send), list(send_counts), recv, list(recv_counts), phase)
+    return recv.numpy()
+
+
 class Pull:
     """One pull's requests, agreed with the owners (construction is collective: counts, then ids).
 
@@ -140,9 +155,8 @@ class Pull:
         self.asked_counts = lengths.reshape(size, count).sum(axis=1).tolist()
         self.answered_counts = incoming_lengths.reshape(size, count).sum(axis=1).tolist()
         send = np.concatenate([part for q in range(size) for part in self.asked[q]] + [np.zeros(0, np.int64)])
-        recv = torch.empty(int(incoming_lengths.sum()), dtype=torch.int64)
-        comm.alltoallv(torch.from_numpy(send), self.asked_counts, recv, self.answered_counts, self.request_phase)
-        self.incoming = _split(recv.numpy(), incoming_lengths, size, count)
+        recv = _exchange_int64(comm, send, self.asked_counts, self.answered_counts, self.request_phase)
+        self.incoming = _split(recv, incoming_lengths, size, count)
 
     @property
     def requests(self) -> list[np.ndarray]:
@@ -177,10 +191,8 @@ class Pull:
         sent = torch.tensor(list(lengths), dtype=torch.int64)
         incoming = torch.empty(size, dtype=torch.int64)
         self.comm.alltoallv(sent, [1] * size, incoming, [1] * size, self.phase)
-        recv = torch.empty(int(incoming.sum()), dtype=torch.int64)
-        self.comm.alltoallv(torch.from_numpy(np.ascontiguousarray(send, dtype=np.int64)), sent.tolist(), recv,
-                            incoming.tolist(), self.phase)
-        return [parts[0] for parts in _split(recv.numpy(), incoming.numpy(), size, 1)]
+        recv = _exchange_int64(self.comm, send, sent.tolist(), incoming.tolist(), self.phase)
+        return [parts[0] for parts in _split(recv, incoming.numpy(), size, 1)]
 
     def traffic(self, row_bytes: int) -> PullTraffic:
         """This pull's :class:`PullTraffic` when answered with rows of ``row_bytes`` (:meth:`rows`)."""

@@ -7,11 +7,38 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 _EXIT_STATUS: list[int] = []
+_SEGMENTS_BEFORE: set[Path] = set()
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    """The process that runs the session (not a pytest-xdist worker)."""
+    return not hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _is_controller(session.config):
+        from runners.shm_leftovers import unmapped_segments
+
+        _SEGMENTS_BEFORE.update(unmapped_segments())
+
+
+def _remove_segments_the_session_left() -> None:
+    """Remove the MPICH segments in /dev/shm that appeared during this session and that no process maps: the
+    suite kills MPI jobs on purpose (SIGKILL tests), and a killed rank leaves its segment behind. Segments
+    that were there before the session are left alone, as are those a running job maps."""
+    from runners.shm_leftovers import unmapped_segments
+
+    for path in unmapped_segments():
+        if path not in _SEGMENTS_BEFORE:
+            path.unlink(missing_ok=True)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _EXIT_STATUS.append(int(exitstatus))
+    if _is_controller(session.config):
+        _remove_segments_the_session_left()
 
 
 @pytest.hookimpl(trylast=True)

@@ -10,7 +10,7 @@ from sparse_dist.pull import PullTraffic, predict_pull_bytes
 from sparse_dist.sampling import HopTraffic, predict_hop_bytes
 
 
-@pytest.mark.parametrize("ranks", [2, 3, pytest.param(4, marks=pytest.mark.slow)])  # 4: the slow lane
+@pytest.mark.parametrize("ranks", [1, 2, 3, pytest.param(4, marks=pytest.mark.slow)])  # 1: no exchange at all; 4: slow lane
 def test_pull_cases_under_mpiexec(ranks: int) -> None:
     result = run_case(ranks, "pull_cases.py", timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
