@@ -18,8 +18,8 @@ One pull (:class:`Pull`):
    lengths go first, in one alltoallv of one int64 per peer).
 
 Ids may be this rank's own: they travel through the alltoallv's own slot, which counts nothing. On one rank
-every int64 exchange is that slot alone, so :func:`_exchange_int64` hands the send buffer back as the
-received one (no copy of the ids or the answers; the call is still booked, with 0 bytes).
+every exchange is that slot alone, so :func:`_exchange` hands the send buffer back as the received one (no
+copy of the ids, the rows or the answers; the call is still booked, with 0 bytes).
 
 Bytes on one rank (the :class:`~sparse_dist.accounting.CommStats` convention; :func:`predict_pull_bytes`),
 over the other ranks ``q``: sent = ``8 K`` (counts, where exchanged) + ``8`` per id asked of ``q`` + ``8``
@@ -92,17 +92,24 @@ def _split(flat: np.ndarray, lengths: np.ndarray, size: int, segments: int) -> l
             for q in range(size)]
 
 
-def _exchange_int64(comm: Communicator, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int],
-                    phase: str) -> np.ndarray:
-    """One alltoallv of int64 (``send_counts[q]`` to rank ``q``, ``recv_counts[q]`` from it); on one rank the
-    send buffer is the answer, booked as a call of 0 bytes without a copy. Collective."""
-    send = np.ascontiguousarray(send, dtype=np.int64)
+def _exchange(comm: Communicator, send: torch.Tensor, send_rows: Sequence[int], recv_rows: Sequence[int],
+              phase: str) -> torch.Tensor:
+    """One alltoallv of ``send``'s rows (``send_rows[q]`` to rank ``q``, ``recv_rows[q]`` from it), received
+    into a new tensor; on one rank the send tensor is the answer, booked as a call of 0 bytes without a copy.
+    Collective."""
     if comm.size == 1:
         comm.stats.add_bytes(phase, 0, 0)
         return send
-    recv = torch.empty(int(sum(recv_counts)), dtype=torch.int64)
-    comm.alltoallv(torch.from_numpy(send), list(send_counts), recv, list(recv_counts), phase)
-    return recv.numpy()
+    recv = send.new_empty((int(sum(recv_rows)), *send.shape[1:]))
+    comm.alltoallv(send, list(send_rows), recv, list(recv_rows), phase)
+    return recv
+
+
+def _exchange_int64(comm: Communicator, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int],
+                    phase: str) -> np.ndarray:
+    """:func:`_exchange` of an int64 array."""
+    send_tensor = torch.from_numpy(np.ascontiguousarray(send, dtype=np.int64))
+    return _exchange(comm, send_tensor, send_counts, recv_counts, phase).numpy()
 
 
 class Pull:
@@ -169,8 +176,7 @@ class Pull:
         device = owned.device
         local = np.concatenate([ids for parts in self.incoming for ids in parts] + [np.zeros(0, np.int64)])
         send = owned.index_select(0, torch.from_numpy(local - self.first_row).to(device)).contiguous()
-        recv = owned.new_empty((sum(self.sizes), *owned.shape[1:]))
-        self.comm.alltoallv(send, self.answered_counts, recv, self.asked_counts, self.phase)
+        recv = _exchange(self.comm, send, self.answered_counts, self.asked_counts, self.phase)
         where = np.concatenate([w for parts in self._where for w in parts] + [np.zeros(0, np.int64)])
         if np.array_equal(where, np.arange(where.size)):  # asked in owner order already (a halo): no copy
             return recv
