@@ -48,8 +48,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     that teardown segfaults inside native libraries' exit handlers in most runs (no Python frame; a 10-line
     script of a single-rank ``DistributedSampler`` reproduces it), which would turn a passing suite into exit
     status 139. ``sparse-dist`` itself is not affected (its runs, tested through their exit status in
-    subprocesses, end normally)."""
-    if _EXIT_STATUS:
+    subprocesses, end normally). Not in a pytest-xdist worker: its results reach the controller over a channel
+    that an early ``os._exit`` can cut before the last message is out, which the controller reports as a crash;
+    a worker's own exit status is not the session's."""
+    if _EXIT_STATUS and _is_controller(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])
