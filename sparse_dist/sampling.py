@@ -57,6 +57,7 @@ from sparse_dist.comm import Communicator
 from sparse_dist.csr import torch_csr
 from sparse_dist.layout import RowLayout
 from sparse_dist.log import get_logger
+from sparse_dist.owned_rows import kept_per_row, owned_local_rows
 from sparse_dist.pull import ID_BYTES, Pull, PullTraffic, predict_pull_bytes
 from sparse_dist.splitmix import splitmix64 as _mix
 
@@ -103,13 +104,6 @@ def sampling_key(seed: int, epoch: int, step: int, layer: int) -> np.ndarray:
     return key
 
 
-def kept_per_row(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout: int | None) -> np.ndarray:
-    """How many entries each wanted row (global id, owned) keeps (int64): its degree, at most ``fanout``."""
-    local = np.asarray(wanted, dtype=np.int64) - first_row
-    degrees = (rows.indptr[local + 1] - rows.indptr[local]).astype(np.int64)
-    return degrees if fanout is None else np.minimum(degrees, int(fanout))
-
-
 def sample_rows(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout: int | None,
                 key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sample the owned rows ``wanted`` (global ids) of ``rows`` (this rank's rows, global column ids).
@@ -121,7 +115,7 @@ def sample_rows(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fanout:
     ``lexsort``. :func:`sparse_dist.sampling_compiled.sample_rows_compiled` returns the same arrays bitwise,
     compiled and per row; runs use it unless ``--sampler numpy`` (or numba is missing).
     """
-    local = np.asarray(wanted, dtype=np.int64) - first_row
+    local = owned_local_rows(rows, first_row, wanted)
     starts, ends = rows.indptr[local].astype(np.int64), rows.indptr[local + 1].astype(np.int64)
     degrees = ends - starts
     total = int(degrees.sum())
@@ -247,6 +241,12 @@ class DistributedSampler:
                  threads: int | None = None) -> None:
         self.comm, self.layout, self.rows = comm, layout, sp.csr_matrix(rows)
         self.first_row = int(layout.offsets[group])
+        owned = int(layout.offsets[group + 1]) - self.first_row
+        columns = self.rows.indices
+        if self.rows.shape[0] != owned or (columns.size and (int(columns.min()) < 0
+                                                             or int(columns.max()) >= layout.n_rows)):
+            raise ValueError(f"a sampler's rows must be the {owned} rows its rank owns with column ids in "
+                             f"[0, {layout.n_rows}), got {self.rows.shape[0]} rows of {self.rows.shape[1]} columns")
         self.fanouts, self.seed, self.phase = list(fanouts), seed, phase
         self.last_traffic: list[HopTraffic] = []
         self.last_requests: list[list[np.ndarray]] = []

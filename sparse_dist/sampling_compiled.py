@@ -57,6 +57,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
+from sparse_dist.owned_rows import kept_per_row, owned_local_rows
 from sparse_dist.splitmix import GOLDEN, MIX1, MIX2
 
 if "NUMBA_THREADING_LAYER" not in os.environ:  # before any parallel kernel runs (the module docstring)
@@ -194,6 +195,10 @@ def _block_columns_kernel(dst, columns, mark):  # pragma: no cover - compiled
     else position + 1. The new ids come out increasing by a scan of the marks where that is cheaper than
     sorting them (many new ids in a small graph), else by a sort."""
     n_global = mark.size
+    for ids in (dst, columns):  # every id in range before the first mark is written (marks stay clean)
+        for i in range(ids.size):
+            if ids[i] < 0 or ids[i] >= n_global:
+                raise IndexError("block ids must lie in [0, n_global)")
     for i in range(dst.size):
         mark[dst[i]] = i + 1
     new = np.empty(columns.size, dtype=np.int64)
@@ -293,10 +298,7 @@ def sample_rows_compiled(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray
     """:func:`sparse_dist.sampling.sample_rows`, bitwise, compiled (the module docstring): per wanted row
     the number of kept entries, then the kept entries' global column ids (int64) and scaled values
     (float64), rows one after another in ``wanted``'s order."""
-    local = np.asarray(wanted, dtype=np.int64) - first_row
-    kept = (rows.indptr[local + 1] - rows.indptr[local]).astype(np.int64)
-    if fanout is not None:
-        kept = np.minimum(kept, int(fanout))
+    kept = kept_per_row(rows, first_row, wanted, fanout)
     total = int(kept.sum())
     columns, values = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.float64)
     sample_rows_into(rows, first_row, wanted, fanout, key, threads, kept, columns, values)
@@ -310,13 +312,19 @@ def sample_rows_into(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fa
     ``kept.sum()`` entries each, ``kept`` being each row's kept count (its degree, at most ``fanout``) (views of one answer
     buffer, so that no copy gathers the answer)."""
     wanted = np.ascontiguousarray(wanted, dtype=np.int64)
-    if int(kept.sum()) == 0:  # no rows, rows of degree 0, or fanout 0 (which the command line refuses)
+    local = owned_local_rows(rows, first_row, wanted)  # the kernel reads and writes unchecked: check here
+    total = int(kept.sum())
+    if kept.size != wanted.size or not np.array_equal(kept, kept_per_row(rows, first_row, wanted, fanout)):
+        raise ValueError("kept must be kept_per_row of the wanted rows (the kernel writes that many entries a row)")
+    if columns.size < total or values.size < total:
+        raise ValueError(f"columns and values must hold {total} entries, got {columns.size} and {values.size}")
+    if total == 0:  # no rows, rows of degree 0, or fanout 0 (which the command line refuses)
         return
     offsets = np.zeros(kept.size, dtype=np.int64)
     np.cumsum(kept[:-1], out=offsets[1:])
     limit = int(kept.max(initial=0)) if fanout is None else int(fanout)  # None keeps every entry: the widest row
     set_threads(threads)
-    _sample_kernel(rows.indptr, rows.indices, rows.data, wanted - first_row, wanted, np.uint64(key[0]),
+    _sample_kernel(rows.indptr, rows.indices, rows.data, local, wanted, np.uint64(key[0]),
                    np.int64(limit), offsets, columns, values)
 
 

@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -6,7 +5,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
-_EXIT_STATUS: list[int] = []
 _SEGMENTS_BEFORE: set[Path] = set()
 
 
@@ -36,22 +34,5 @@ def _remove_segments_the_session_left() -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _EXIT_STATUS.append(int(exitstatus))
     if _is_controller(session.config):
         _remove_segments_the_session_left()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """End the test process with pytest's own status once everything is reported, skipping the interpreter's
-    teardown: after the compiled sampler's numba kernels have run beside an initialised MPI in one process,
-    that teardown segfaults inside native libraries' exit handlers in most runs (no Python frame; a 10-line
-    script of a single-rank ``DistributedSampler`` reproduces it), which would turn a passing suite into exit
-    status 139. ``sparse-dist`` itself is not affected (its runs, tested through their exit status in
-    subprocesses, end normally). Not in a pytest-xdist worker: its results reach the controller over a channel
-    that an early ``os._exit`` can cut before the last message is out, which the controller reports as a crash;
-    a worker's own exit status is not the session's."""
-    if _EXIT_STATUS and _is_controller(config):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_EXIT_STATUS[-1])

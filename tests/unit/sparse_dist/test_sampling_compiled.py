@@ -156,8 +156,17 @@ def test_bulk_sampling_with_either_kernel_makes_bitwise_the_same_blocks() -> Non
                         assert np.array_equal(getattr(x.matrix, field), getattr(y.matrix, field))
 
 
+def square(rows: sp.csr_matrix) -> sp.csr_matrix:
+    """``rows`` followed by empty rows up to its column count: a graph whose every column is a row."""
+    padded = sp.csr_matrix((rows.shape[1], rows.shape[1]), dtype=rows.dtype)
+    padded.indptr = np.concatenate([rows.indptr, np.full(rows.shape[1] - rows.shape[0], rows.indptr[-1])]).astype(
+        rows.indptr.dtype)
+    padded.indices, padded.data = rows.indices.copy(), rows.data.copy()
+    return padded
+
+
 def test_the_kernel_is_compiled_when_the_sampler_is_built_not_while_it_samples() -> None:
-    a = rows_of_every_degree(duplicates=False, index_dtype=np.int64, value_dtype=np.float32)
+    a = square(rows_of_every_degree(duplicates=False, index_dtype=np.int64, value_dtype=np.float32))
     sampler = single_rank_sampler("numba", a, [3])
     kernels = (sampling_compiled._sample_kernel, sampling_compiled._block_columns_kernel)
     compiled = [list(kernel.signatures) for kernel in kernels]
@@ -195,3 +204,32 @@ def test_compiled_block_columns_are_bitwise_numpys_assembly() -> None:
         assert np.array_equal(want.src, got.src) and want.src.dtype == got.src.dtype
         for field in ("indptr", "indices", "data"):
             assert np.array_equal(getattr(want.matrix, field), getattr(got.matrix, field))
+
+
+def test_ids_outside_the_rows_are_refused_before_a_kernel_writes() -> None:
+    """The compiled kernels write unchecked, so their callers check: a sampler built on rows whose columns
+    are not rows of its layout, rows asked of an owner that does not hold them (below, which numpy would
+    wrap around, and above), a ``kept`` that is not the rows' own, a buffer too small, and block ids out of
+    range (the marks left clean, as the next call shows)."""
+    rows = rows_of_every_degree(duplicates=False)  # 45 rows over 4000 columns: not a graph of its own
+    with pytest.raises(ValueError, match=r"a sampler's rows must be the 45 rows its rank owns with column ids in "
+                                         r"\[0, 45\), got 45 rows of 4000 columns"):
+        single_rank_sampler("numba", rows, [3])
+    key = sampling_key(4, 1, 2, 0)
+    for wanted in (np.array([12, 9]), np.array([54, 55])):  # the owner holds 10..54
+        for kernel in (sample_rows, lambda *args: sample_rows_compiled(*args, 2)):
+            with pytest.raises(IndexError, match=r"rows asked of this rank must lie in \[10, 55\)"):
+                kernel(rows, 10, wanted, 5, key)
+    wanted = np.arange(rows.shape[0])
+    kept, columns, values = sample_rows_compiled(rows, 0, wanted, 5, key, 2)
+    with pytest.raises(ValueError, match="kept must be kept_per_row of the wanted rows"):
+        sample_rows_into(rows, 0, wanted, 5, key, 2, np.maximum(kept - 1, 0), columns, values)
+    with pytest.raises(ValueError, match=f"columns and values must hold {columns.size} entries"):
+        sample_rows_into(rows, 0, wanted, 5, key, 2, kept, columns[:-1], values)
+    block_columns = BlockColumns(100)
+    dst = np.array([5, 7])
+    for columns in (np.array([5, 100]), np.array([-1, 7]), np.array([7, 99, 3, 1000])):
+        with pytest.raises(IndexError, match=r"block ids must lie in \[0, n_global\)"):
+            block_columns(dst, columns)
+    src, positions = block_columns(dst, np.array([99, 5, 3, 99]))
+    assert src.tolist() == [5, 7, 3, 99] and positions.tolist() == [3, 0, 2, 3]
