@@ -1,9 +1,11 @@
 """Stages of a long single-process command (``prepare``): time and memory per stage, and a heartbeat.
 
-``Stages.stage(name)`` times a block of work and measures the resident set size during it; a sampling thread
-reads ``/proc/self/statm`` every :data:`SAMPLE_SECONDS` (the peak of a stage that sets a new process peak is
-``VmHWM``, exact; the peak of a later, smaller stage is the largest sample, which can miss a spike shorter
-than the sampling period). A stage that runs longer than ``heartbeat`` seconds and says nothing itself (METIS
+``Stages.stage(name)`` times a block of work and measures the resident set size during it. Its peak is exact:
+the kernel's high-water mark (``VmHWM``) is reset to the current RSS when the stage starts (writing ``5`` to
+``/proc/self/clear_refs``) and read when it ends; the process's own peak, which that reset forgets, is
+kept by :class:`Stages` (the largest of the mark before the first stage and every stage's peak). Where the
+reset is refused (an old kernel, a restricted ``/proc``), a sampling thread's largest reading of
+``/proc/self/statm`` every :data:`SAMPLE_SECONDS` stands in, which can miss a spike shorter than that. A stage that runs longer than ``heartbeat`` seconds and says nothing itself (METIS
 is one C call; ctypes releases the GIL, so the thread still runs) gets a self-overwriting line on stderr with
 its elapsed time and RSS. :meth:`Stages.table` gives one line per stage for the command's report.
 
@@ -44,6 +46,16 @@ def current_rss() -> int | None:
         return None
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's ``VmHWM`` to its current RSS (Linux >= 4.0); False where that is refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss() -> int | None:
     """The process's peak resident set size so far (``VmHWM``, bytes), or None."""
     try:
@@ -80,11 +92,14 @@ class Stages:
         self.heartbeat = heartbeat
         self.records: list[StageRecord] = []
         self.started = time.perf_counter()
+        self.process_peak = peak_rss()  # the process's peak; VmHWM forgets it when a stage resets the mark
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Time and measure the body as stage ``name`` (not re-entrant: stages follow one another)."""
-        start_rss, start_peak = current_rss(), peak_rss()
+        self._note_peak(peak_rss())
+        exact = reset_peak_rss()
+        start_rss = current_rss()
         sampled = [start_rss or 0]
         stop = threading.Event()
         began = time.perf_counter()
@@ -112,12 +127,19 @@ class Stages:
             thread.join()
             if shown[0]:
                 sys.stderr.write("\n")
-            end_peak = peak_rss()
-            peak = sampled[0] if sampled[0] else None
-            if end_peak is not None and start_peak is not None and end_peak > start_peak:
-                peak = end_peak  # this stage set the process's peak: VmHWM is exact
+            end_mark = peak_rss()
+            peak = end_mark if exact and end_mark is not None else (sampled[0] or None)
+            self._note_peak(peak)
             self.records.append(StageRecord(name, time.perf_counter() - began, start_rss, current_rss(), peak,
-                                            end_peak))
+                                            self.process_peak))
+
+    def _final_peak(self) -> int | None:
+        self._note_peak(peak_rss())
+        return self.process_peak
+
+    def _note_peak(self, value: int | None) -> None:
+        if value is not None:
+            self.process_peak = max(self.process_peak or 0, value)
 
     def table(self) -> list[str]:
         """One line per stage: seconds, RSS at start and end, peak in the stage, process peak after it (GiB)."""
@@ -126,7 +148,7 @@ class Stages:
             lines.append(f"{record.name:<22}{record.seconds:>9.1f}{gib(record.rss_start):>11}{gib(record.rss_end):>9}"
                          f"{gib(record.peak):>8}{gib(record.process_peak):>14}")
         lines.append(f"{'total':<22}{time.perf_counter() - self.started:>9.1f}{'':>28}"
-                     f"{gib(peak_rss()):>14}")
+                     f"{gib(self._final_peak()):>14}")
         return lines
 
 

@@ -73,19 +73,29 @@ def test_the_expected_number_of_entries_is_exact() -> None:
         assert abs(rmat_graph(scale, seed=seed).adjacency.nnz - rmat_entries(scale, 16)) < 5 * spread
 
 
+def _touch_and_free(size: int) -> None:
+    """``size`` bytes of fresh pages, touched, then returned: an anonymous mapping, not the heap, where an
+    earlier test in this process may have left freed memory that is still resident (glibc keeps it)."""
+    region = mmap.mmap(-1, size)
+    np.frombuffer(region, dtype=np.uint8)[:] = 1
+    region.close()
+
+
 def test_stages_record_time_and_a_peak_that_sees_an_allocation() -> None:
+    """A stage's peak sees a spike shorter than the sampling period even when the process's peak is already
+    higher (set by an earlier, larger spike), and the process peak is kept across stages."""
+    _touch_and_free(160 << 20)  # the process's peak: 160 MiB over what the stage below will start from
     stages = Stages(heartbeat=None)
     with stages.stage("allocate"):
-        # 64 MiB of fresh pages, touched: an anonymous mapping, not the heap, where an earlier test in this
-        # process may have left freed memory that is still resident (glibc keeps it when told to)
-        region = mmap.mmap(-1, 64 << 20)
-        np.frombuffer(region, dtype=np.uint8)[:] = 1
-        region.close()
+        _touch_and_free(64 << 20)
     with stages.stage("nothing"):
         pass
     allocate, nothing = stages.records
     assert allocate.peak is not None and allocate.peak - allocate.rss_start >= 60 << 20
+    assert allocate.peak - allocate.rss_start < 150 << 20  # its own spike, not the earlier one
     assert nothing.peak < allocate.peak and allocate.seconds >= 0
+    assert stages.process_peak is not None and stages.process_peak - allocate.rss_start >= 150 << 20
+    assert nothing.process_peak == stages.process_peak
     lines = stages.table()
     assert lines[1].startswith("allocate") and lines[-1].startswith("total")
 
