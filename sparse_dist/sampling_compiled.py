@@ -139,11 +139,19 @@ def _keep_by_buffer(cand_hash, cand_pos, count, fanout, best, start, indices, da
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, offsets,
+def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, kept, offsets,
                    out_columns, out_values):  # pragma: no cover - compiled
-    """Fill ``out_columns``/``out_values`` from ``offsets[i]`` on with row ``local[i]``'s kept entries."""
+    """Fill ``out_columns``/``out_values`` from ``offsets[i]`` on with row ``local[i]``'s kept entries.
+    Returns how many rows' ``kept[i]`` is not ``min(degree, fanout)``: where it is not 0 nothing was written
+    (the count is taken before any write, so a wrong ``kept`` cannot send a row past its slot)."""
     n = local.size
     chunks = (n + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
+    wrong = 0
+    for i in prange(n):
+        degree = np.int64(indptr[local[i] + 1]) - np.int64(indptr[local[i]])
+        wrong += np.int64(kept[i] != min(degree, fanout))
+    if wrong:
+        return wrong
     for chunk in prange(chunks):
         first, stop = chunk * ROWS_PER_CHUNK, min(n, (chunk + 1) * ROWS_PER_CHUNK)
         widest = 1  # the chunk's largest degree: the size of its scratch
@@ -186,12 +194,13 @@ def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, offsets,
             else:
                 _keep_by_buffer(cand_hash, cand_pos, count, fanout, best, start, indices, data, scale,
                                 out_columns, out_values, out)
+    return 0
 
 
 @njit(cache=True, nogil=True)
 def _block_columns_kernel(dst, columns, mark):  # pragma: no cover - compiled
     """``src`` (``dst``, then the other ids of ``columns`` once each, increasing) and each column's position
-    in it. ``mark`` (one int64 per global id, all 0 on entry and again on return) holds 0: unseen, -1: new,
+    in it. ``mark`` (one int32 or int64 per global id, all 0 on entry and again on return) holds 0: unseen, -1: new,
     else position + 1. The new ids come out increasing by a scan of the marks where that is cheaper than
     sorting them (many new ids in a small graph), else by a sort."""
     n_global = mark.size
@@ -255,17 +264,19 @@ class BlockColumns:
     """:func:`sparse_dist.sampling.assemble_block`'s ``block_columns`` for ids below ``n_global``, compiled
     and bitwise numpy's: ``src`` = ``dst`` (distinct global ids) then the other ids of ``columns`` once each
     in increasing order; ``positions[e]`` = where ``columns[e]`` lies in ``src``. Linear passes over one mark
-    per global id; the marks (``8 n_global`` bytes) are kept between calls (a fresh array per call costs page
+    per global id; the marks (``4 n_global`` bytes, 8 beyond 2^31 ids) are kept between calls (a fresh array per call costs page
     faults on a large graph), one set per thread that calls at the same time."""
 
     def __init__(self, n_global: int) -> None:
         self.n_global = int(n_global)
+        # a mark holds -1, 0 or a position + 1 <= n_global: 4 bytes where that fits (half the cache lines)
+        self._mark_dtype = np.int32 if self.n_global < np.iinfo(np.int32).max else np.int64
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()
 
     def __call__(self, dst: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with self._lock:
-            mark = self._free.pop() if self._free else np.zeros(self.n_global, dtype=np.int64)
+            mark = self._free.pop() if self._free else np.zeros(self.n_global, dtype=self._mark_dtype)
         try:
             return _block_columns_kernel(np.ascontiguousarray(dst, dtype=np.int64),
                                          np.ascontiguousarray(columns, dtype=np.int64), mark)
@@ -313,9 +324,10 @@ def sample_rows_into(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fa
     buffer, so that no copy gathers the answer)."""
     wanted = np.ascontiguousarray(wanted, dtype=np.int64)
     local = owned_local_rows(rows, first_row, wanted)  # the kernel reads and writes unchecked: check here
+    kept = np.ascontiguousarray(kept, dtype=np.int64)
     total = int(kept.sum())
-    if kept.size != wanted.size or not np.array_equal(kept, kept_per_row(rows, first_row, wanted, fanout)):
-        raise ValueError("kept must be kept_per_row of the wanted rows (the kernel writes that many entries a row)")
+    if kept.size != wanted.size:
+        raise ValueError(f"kept must hold one count per wanted row, got {kept.size} for {wanted.size} rows")
     if columns.size < total or values.size < total:
         raise ValueError(f"columns and values must hold {total} entries, got {columns.size} and {values.size}")
     if total == 0:  # no rows, rows of degree 0, or fanout 0 (which the command line refuses)
@@ -324,8 +336,9 @@ def sample_rows_into(rows: sp.csr_matrix, first_row: int, wanted: np.ndarray, fa
     np.cumsum(kept[:-1], out=offsets[1:])
     limit = int(kept.max(initial=0)) if fanout is None else int(fanout)  # None keeps every entry: the widest row
     set_threads(threads)
-    _sample_kernel(rows.indptr, rows.indices, rows.data, local, wanted, np.uint64(key[0]),
-                   np.int64(limit), offsets, columns, values)
+    if _sample_kernel(rows.indptr, rows.indices, rows.data, local, wanted, np.uint64(key[0]),
+                      np.int64(limit), kept, offsets, columns, values):
+        raise ValueError("kept must be kept_per_row of the wanted rows (the kernel writes that many entries a row)")
 
 
 def warm_up(rows: sp.csr_matrix) -> None:
@@ -333,5 +346,5 @@ def warm_up(rows: sp.csr_matrix) -> None:
     empty = np.zeros(0, dtype=np.int64)
     block_columns_compiled(empty, empty, 1)
     reorder_rows_compiled((empty, empty, np.zeros(0, dtype=np.float64)), empty)
-    _sample_kernel(rows.indptr, rows.indices, rows.data, empty, empty, np.uint64(0), np.int64(1), empty,
+    _sample_kernel(rows.indptr, rows.indices, rows.data, empty, empty, np.uint64(0), np.int64(1), empty, empty,
                    empty, np.zeros(0, dtype=np.float64))

@@ -202,6 +202,9 @@ def test_compiled_block_columns_are_bitwise_numpys_assembly() -> None:
         want = assemble_block(dst, kept, columns, values)
         got = assemble_block(dst, kept, columns, values, block_columns=block_columns)
         assert np.array_equal(want.src, got.src) and want.src.dtype == got.src.dtype
+        wide = sampling_compiled._block_columns_kernel(dst.astype(np.int64), columns.astype(np.int64),
+                                                       np.zeros(n, dtype=np.int64))  # marks beyond 2^31 ids
+        assert np.array_equal(wide[0], got.src) and np.array_equal(wide[1], got.matrix.indices)
         for field in ("indptr", "indices", "data"):
             assert np.array_equal(getattr(want.matrix, field), getattr(got.matrix, field))
 
