@@ -24,7 +24,7 @@ from typing import Any
 
 def configuration(run: str) -> tuple[str, int, str, bool]:
     """``(graph, P, configuration, guarded)`` of a run name such as ``cora_P4_c1_p2p_bns_keep=0.1_unguarded_s2``."""
-    match = re.fullmatch(r"(?P<graph>[a-z0-9]+)_P(?P<p>\d+)_c\d+_(?P<rest>.+)_s\d+", run)
+    match = re.fullmatch(r"(?P<graph>[a-z0-9-]+)_P(?P<p>\d+)_c\d+_(?P<rest>.+)_s\d+", run)
     if match is None:
         raise ValueError(f"not a convergence run name: {run!r}")
     rest = match["rest"]
