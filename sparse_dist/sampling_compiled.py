@@ -200,8 +200,8 @@ def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, kept, offs
 @njit(cache=True, nogil=True)
 def _block_columns_kernel(dst, columns, mark):  # pragma: no cover - compiled
     """``src`` (``dst``, then the other ids of ``columns`` once each, increasing) and each column's position
-    in it. ``mark`` (one int32 or int64 per global id, all 0 on entry and again on return) holds 0: unseen, -1: new,
-    else position + 1. The new ids come out increasing by a scan of the marks where that is cheaper than
+    in it. ``mark`` (one int32 or int64 per global id, all 0 on entry and again on return) holds 0: unseen,
+    -1: new, else position + 1. The new ids come out increasing by a scan of the marks where that is cheaper than
     sorting them (many new ids in a small graph), else by a sort."""
     n_global = mark.size
     for ids in (dst, columns):  # every id in range before the first mark is written (marks stay clean)
@@ -264,8 +264,8 @@ class BlockColumns:
     """:func:`sparse_dist.sampling.assemble_block`'s ``block_columns`` for ids below ``n_global``, compiled
     and bitwise numpy's: ``src`` = ``dst`` (distinct global ids) then the other ids of ``columns`` once each
     in increasing order; ``positions[e]`` = where ``columns[e]`` lies in ``src``. Linear passes over one mark
-    per global id; the marks (``4 n_global`` bytes, 8 beyond 2^31 ids) are kept between calls (a fresh array per call costs page
-    faults on a large graph), one set per thread that calls at the same time."""
+    per global id; the marks (``4 n_global`` bytes, 8 beyond 2^31 ids) are kept between calls (a fresh array
+    per call costs page faults on a large graph), one set per thread that calls at the same time."""
 
     def __init__(self, n_global: int) -> None:
         self.n_global = int(n_global)

@@ -5,9 +5,10 @@ the kernel's high-water mark (``VmHWM``) is reset to the current RSS when the st
 ``/proc/self/clear_refs``) and read when it ends; the process's own peak, which that reset forgets, is
 kept by :class:`Stages` (the largest of the mark before the first stage and every stage's peak). Where the
 reset is refused (an old kernel, a restricted ``/proc``), a sampling thread's largest reading of
-``/proc/self/statm`` every :data:`SAMPLE_SECONDS` stands in, which can miss a spike shorter than that. A stage that runs longer than ``heartbeat`` seconds and says nothing itself (METIS
-is one C call; ctypes releases the GIL, so the thread still runs) gets a self-overwriting line on stderr with
-its elapsed time and RSS. :meth:`Stages.table` gives one line per stage for the command's report.
+``/proc/self/statm`` every :data:`SAMPLE_SECONDS` stands in, which can miss a spike shorter than that. A
+stage that runs longer than ``heartbeat`` seconds and says nothing itself (METIS is one C call; ctypes
+releases the GIL, so the thread still runs) gets a self-overwriting line on stderr with its elapsed time and
+RSS. :meth:`Stages.table` gives one line per stage for the command's report.
 
 Linux only (``/proc``); elsewhere the figures are left out and the times remain.
 """
