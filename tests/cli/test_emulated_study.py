@@ -40,7 +40,9 @@ def test_smoke_study_crosses_policies_compression_and_bandwidths(tmp_path: Path)
     for bandwidth in ("unlimited", "1gbit"):
         exact = float(by[("exact", "none", bandwidth)]["exchange_bytes"])
         fp16 = float(by[("exact", "fp16", bandwidth)]["exchange_bytes"])
-        assert exact > 0 and fp16 == pytest.approx(exact / 2, rel=1e-12)  # 2 bytes a value instead of 4
+        # 2 bytes a value instead of 4, plus a 2-byte exponent a row: rows of width w travel as (2 w + 2) / (4 w) of
+        # exact's bytes, at most 0.625 of them at the narrowest width here (the 4 classes)
+        assert exact > 0 and exact / 2 < fp16 <= exact * (0.5 + 1 / (2 * 4))
     for key in by:  # the network changes no arithmetic: the same bytes and accuracy at every bandwidth
         other = by[(key[0], key[1], "1gbit" if key[2] == "unlimited" else "unlimited")]
         assert (by[key]["exchange_bytes"], by[key]["final_test"]) == (other["exchange_bytes"], other["final_test"])

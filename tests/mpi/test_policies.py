@@ -145,8 +145,11 @@ def test_bench_policies_reports_every_configuration(cora_shards: Path) -> None:
     assert report["pipe t1"]["bytes"] == report["pipe t1 g.95"]["bytes"] == report["pipe t2"]["bytes"] == exact
     for name in ("psc B0.1", "dgs R.5", "dgs R.25 Q.5"):  # their agreements (phase sample) included
         assert 0 < report[name]["bytes"] < exact, name
-    # 16-bit rows are half of float32's; int8 adds a float32 scale per row; feedback changes no byte
-    assert report["fp16"]["bytes"] * 2 == report["bf16"]["bytes"] * 2 == exact
+    # bf16 rows are half of float32's; int8 adds a float32 scale per row, fp16 an int16 exponent: summed over the
+    # messages of rows r of width w, exact = 4 sum(r w), bf16 = 2 sum(r w), int8 = sum(r w) + 4 sum(r) and
+    # fp16 = 2 sum(r w) + 2 sum(r) = bf16 + (int8 - exact / 4) / 2; feedback changes no byte
+    assert report["bf16"]["bytes"] * 2 == exact
+    assert report["fp16"]["bytes"] * 4 == report["bf16"]["bytes"] * 4 + 2 * report["int8"]["bytes"] - exact / 2
     assert exact / 4 < report["int8"]["bytes"] == report["int8s"]["bytes"] < exact / 2
     for name in ("fp16", "bf16", "int8", "int8s"):
         assert report[name + "+fb"]["bytes"] == report[name]["bytes"], name

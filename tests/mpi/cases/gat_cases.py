@@ -21,8 +21,8 @@ With ``--policies``:
 * pipelining (p2p, dense-bcast): ``pipe:tau=0`` is bitwise the exact run; ``pipe:tau=1`` is exact in
   its first epoch, then every layer uses the previous epoch's flight (the losses part from the exact
   run's), at the exact run's bytes;
-* compression (p2p, c = 1): ``fp16`` sends exactly half of the exact run's forward and backward
-  bytes, with losses within fp16's rounding of the exact run's.
+* compression (p2p, c = 1): ``bf16`` sends exactly half of the exact run's forward and backward
+  bytes, with losses within 1% of the exact run's.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def check_pipelined_and_compressed(comm, data: dict, layout: RowLayout, replicat
     for plan in ("p2p", "dense-bcast"):
         variants = [("exact", {}), ("pipe:tau=0", {"stale": "pipe:tau=0"}), ("pipe:tau=1", {"stale": "pipe:tau=1"})]
         if plan == "p2p" and replication == 1:
-            variants.append(("fp16", {"compress": "fp16"}))
+            variants.append(("bf16", {"compress": "bf16"}))
         runs = {}
         for name, extra in variants:
             trainer = Trainer(comm, local_graph(data, layout, group),
@@ -220,12 +220,12 @@ def check_pipelined_and_compressed(comm, data: dict, layout: RowLayout, replicat
                             f"(expected exact epoch 1, then each layer one epoch stale: {want_used})")
         if traffic != exact_traffic:
             failures.append(f"{label}: pipe:tau=1 bytes {traffic} != the exact run's {exact_traffic}")
-        if "fp16" in runs:
-            losses, _, traffic, _ = runs["fp16"]
+        if "bf16" in runs:
+            losses, _, traffic, _ = runs["bf16"]
             halved = [{phase: (sent // 2, recv // 2) for phase, (sent, recv) in epoch.items()}
                       for epoch in exact_traffic]
             if traffic != halved or not np.allclose(losses, exact_losses, rtol=1e-2):
-                failures.append(f"{label}: fp16 bytes {traffic} (want half of exact: {halved}), losses {losses} "
+                failures.append(f"{label}: bf16 bytes {traffic} (want half of exact: {halved}), losses {losses} "
                                 f"vs exact {exact_losses}")
 
 

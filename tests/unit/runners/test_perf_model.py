@@ -191,12 +191,12 @@ def test_pipe_overlaps_its_exchange_and_compression_scales_the_rows(tmp_path: Pa
         assert pipe.exchange_bytes_total == plain.exchange_bytes_total  # every flight is sent, later
         assert pipe.epoch == pytest.approx(max(compute, plain.exchange) + plain.allreduce)
         assert plain.epoch == pytest.approx(compute + plain.exchange + plain.allreduce)
-    # fp16: 2 bytes a value; int8: 1 byte a value plus a float32 scale a row
+    # fp16: 2 bytes a value plus an int16 exponent a row; int8: 1 byte a value plus a float32 scale a row
     per_width = {w: [predict_spmm_bytes(Grid(4), layout, work.boundary, work.union, "p2p", w, 4)[d][:, 0].sum()
                      for d in ("forward", "backward")] for w in (12, 4)}
     rows_sent = {(w, d): per_width[w][k] / (4 * w) for w in (12, 4) for k, d in enumerate(("forward", "backward"))}
     legs = ((12, "forward"), (4, "forward"), (4, "backward"))
-    for codec, row_bytes in (("fp16", lambda w: 2 * w), ("int8", lambda w: w + 4)):
+    for codec, row_bytes in (("fp16", lambda w: 2 * w + 2), ("bf16", lambda w: 2 * w), ("int8", lambda w: w + 4)):
         compressed = predict_epoch(work, shape, "p2p", ExpectedTraffic(codec=Codec.parse(codec)),
                                    Rates(spmm=1e9, dense=1e9), FLAT)
         assert compressed.exchange_bytes_total == pytest.approx(sum(rows_sent[leg] * row_bytes(leg[0]) for leg in legs))

@@ -16,16 +16,38 @@ def _rows(seed: int = 0) -> torch.Tensor:
     return rows
 
 
-@pytest.mark.parametrize("name,relative", [("fp16", 2.0**-11), ("bf16", 2.0**-8)])
-def test_16_bit_formats_round_to_nearest(name: str, relative: float) -> None:
+@pytest.mark.parametrize("name,relative,row_bytes", [("fp16", 2.0**-11, 2 * 33 + 2), ("bf16", 2.0**-8, 2 * 33)])
+def test_16_bit_formats_round_to_nearest(name: str, relative: float, row_bytes: int) -> None:
     codec = Codec(name)
     rows = _rows()
     payload = codec.encode(rows)
-    assert payload.dtype == torch.uint8 and payload.shape == (64, codec.row_bytes(33)) == (64, 66)
+    assert payload.dtype == torch.uint8 and payload.shape == (64, codec.row_bytes(33)) == (64, row_bytes)
     back = codec.decode(payload, 33, torch.float32)
-    # relative error of the format's rounding; below its normal range, half its smallest subnormal step
-    smallest = {"fp16": 2.0**-24, "bf16": 2.0**-133}[name]
+    # relative error of the format's rounding; below its normal range, half its smallest subnormal step (fp16's
+    # range is the row's: its values are scaled by a power of two at most the row's largest magnitude)
+    peak = rows.abs().amax(dim=1, keepdim=True)
+    smallest = {"fp16": 2.0**-24 * peak, "bf16": torch.full_like(peak, 2.0**-133)}[name]
     assert torch.all((back - rows).abs() <= relative * rows.abs() + smallest / 2)
+    assert torch.equal(back[5], torch.zeros(33))
+
+
+@pytest.mark.parametrize("magnitude", [1e-9, 1e-6, 1e6, 1e30])
+def test_fp16_keeps_its_precision_for_rows_far_outside_halfs_range(magnitude: float) -> None:
+    """A plain cast to half flushes 1e-9 to zero, keeps 1e-6 to a few bits and turns 1e6 into inf: the row's
+    exponent keeps every value within half's rounding, 2^-11 of its size."""
+    rows = torch.randn(16, 24, generator=torch.Generator().manual_seed(2), dtype=torch.float32) * magnitude
+    codec = Codec("fp16")
+    back = codec.decode(codec.encode(rows), 24, torch.float32)
+    peak = rows.abs().amax(dim=1, keepdim=True)
+    assert torch.all((back - rows).abs() <= 2.0**-11 * rows.abs() + 2.0**-25 * peak)
+    plain = rows.to(torch.float16).to(torch.float32)
+    assert not torch.all((plain - rows).abs() <= 2.0**-11 * rows.abs() + 2.0**-25 * peak)  # what the exponent adds
+
+
+def test_fp16_rounds_as_a_plain_cast_inside_halfs_normal_range() -> None:
+    rows = _rows(3)[20:40]  # magnitudes 0.03 to 3: half's normal range
+    codec = Codec("fp16")
+    assert torch.equal(codec.decode(codec.encode(rows), 33, torch.float32), rows.to(torch.float16).to(torch.float32))
 
 
 def test_int8_error_is_at_most_half_a_step_of_its_row() -> None:
