@@ -35,7 +35,8 @@ def configuration(run: str) -> tuple[str, int, str, bool]:
 
 
 def decisions(study: Path, row: dict[str, str]) -> str:
-    """``sN: count, from epoch E[, to exact]`` of a guarded run's decisions, or '' without any."""
+    """``sN: count, from epoch E[, to exact][ (gave up)][, epoch B's weights at the end]`` of a guarded run's
+    decisions, or '' without any."""
     path = study / "runs" / f"{row['run']}.jsonl"
     final: dict[str, Any] = {}
     for line in path.read_text().splitlines():
@@ -44,10 +45,13 @@ def decisions(study: Path, row: dict[str, str]) -> str:
             final = record
     guard = final.get("guard") or {}
     taken = guard.get("decisions") or []
+    restored = guard.get("restored_at_end")
+    at_end = f", epoch {restored['restored_epoch']}'s weights at the end" if restored else ""
     if not taken:
-        return ""
+        return f"s{row['seed']}: 0{at_end}" if restored else ""
     exact = " to exact," if str(guard.get("ended_with")) in ("exact", "none") else ""
-    return f"s{row['seed']}: {len(taken)}, from epoch {taken[0]['epoch']}{exact}".rstrip(",")
+    gave_up = " (gave up)" if any(d.get("gave_up") for d in taken) else ""
+    return f"s{row['seed']}: {len(taken)}, from epoch {taken[0]['epoch']}{exact}{gave_up}".rstrip(",") + at_end
 
 
 def summary(values: list[float]) -> str:

@@ -300,6 +300,7 @@ FLAG_RANGES: dict[str, dict[str, Range]] = {
         "--guard-warmup": Range(0, 10**7, "in epochs, as --epochs"),
         "--guard-noise": Range(0.0, 10.0, "standard errors; past 10 no fall would ever count"),
         "--guard-settle": Range(0.0, 1.0, "a share of the first step's loss", high_open=True),
+        "--guard-stall": Range(0, 10**7, "in epochs, as --epochs; 0 for none"),
         "--checkpoint-every": _CADENCE, "--seed": _SEED, "--replication": _REPLICATION,
         "--halo-budget": _BYTES, "--clip": Range(0.0, 10.0**6, "a gradient-norm bound; 0 turns clipping off"),
         "--threads": _THREADS, "--target-acc": _TARGET, "--fanouts": _FANOUT, "--batch-size": _BATCH,

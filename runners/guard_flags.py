@@ -35,6 +35,11 @@ def add_guard_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guard-settle", type=float, default=defaults.settle, metavar="F",
                         help=f"validation falls count only once the training loss has fallen the share F below "
                              f"its first step's (default {defaults.settle:g}; 0: from the end of the warm-up)")
+    parser.add_argument("--guard-stall", type=int, default=defaults.stall, metavar="E",
+                        help=f"the training loss must have fallen --guard-settle below its first step's within E "
+                             f"epochs of the policy in force taking over (the start, or its tightening), or the "
+                             f"model has not begun to learn: the guard gives up and finishes exact (default "
+                             f"{defaults.stall}; 0: never; not within --guard-warmup)")
 
 
 def guard_flag_problem(args: argparse.Namespace) -> str | None:

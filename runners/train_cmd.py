@@ -56,6 +56,7 @@ from algorithms.checkpoint import (MAIN_FILE, CheckpointError, CheckpointSet, Se
 from algorithms.layers import layer_type
 from algorithms.policies import PolicySpec, RunShape
 from algorithms.train import TrainConfig, Trainer, bytes_by_phase
+from algorithms.training.tighten import restore_best_at_end
 from runners.shm_leftovers import leftover_note
 from runners.guard_flags import guard_flag_problem
 from runners.minibatch_flags import (make_trainer, minibatch_flag_problem, mode_fingerprint,
@@ -407,6 +408,9 @@ def _finish(comm: Communicator, trainer: Trainer, config: TrainConfig, writer: R
     leader = comm.rank == 0
     metrics, clock = rows.metrics, rows.clock
     trainer.close()  # collective: the last pipelined flights complete before the totals are counted
+    restored = restore_best_at_end(trainer)  # collective where the guard is on
+    if restored is not None:
+        metrics = dict(restored[0])
     ogb_metric = _ogb_metric(comm, trainer, meta) if "ogb_name" in meta else None
     if ogb_metric is not None:
         metrics.update(ogb_metric)
@@ -420,8 +424,11 @@ def _finish(comm: Communicator, trainer: Trainer, config: TrainConfig, writer: R
                       "bytes_total": traffic_spread(totals),
                       **clock.record(), "stopped_at_target": stopped, "wall_total": rows.wall(),
                       "guard": {"on": trainer.guard.on, "decisions": trainer.guard.state.decisions,
-                                "ended_with": trainer.policies.text}})
+                                "ended_with": trainer.policies.text,
+                                "restored_at_end": trainer.guard.state.restored_at_end}})
         writer.close()
+        if restored is not None:
+            print(restored[1], flush=True)
         final = metrics.get("test_acc", metrics.get("test_f1"))
         label = "test accuracy" if "test_acc" in metrics else "test micro-F1"
         if final is not None:

@@ -55,6 +55,8 @@ class TrainConfig:
     guard_sharp: float = GuardSettings.sharp     # falling at once: one evaluation this far below
     guard_noise: float = GuardSettings.noise     # falls must exceed this many standard errors of validation
     guard_settle: float = GuardSettings.settle   # validation falls count once the loss fell this share
+    guard_stall: int = GuardSettings.stall       # ... which it must within this many epochs of a policy taking
+                                                 # over, or the guard finishes exact
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -76,7 +78,8 @@ class TrainConfig:
 
     def guard_settings(self) -> GuardSettings:
         return GuardSettings(self.guard, self.guard_drop, self.guard_patience, self.guard_loss_rise,
-                             self.guard_warmup, self.guard_sharp, self.guard_noise, self.guard_settle)
+                             self.guard_warmup, self.guard_sharp, self.guard_noise, self.guard_settle,
+                             self.guard_stall)
 
     def layer_options(self) -> LayerOptions:
         """The options only some layer kinds take (attention heads, attention dropout)."""

@@ -37,6 +37,20 @@ for ``patience`` consecutive steps, or at once when the loss is not finite. Then
    ``bns``/``psc``/``dgs`` double ``keep``/``budget``/``nodes`` and then stop sampling; compression goes
    ``int8 -> fp16 -> none``). When no axis is left, the run is exact from there on, and rank 0 says so.
 
+A policy under which the model has not begun to learn ``stall`` epochs after it took over (from the start, or
+from its tightening: the training loss never fell ``settle`` below the first step's; exact training's GCN loss
+did so by epoch 17 to 24 on the 200k synthetic, Cora and CiteSeer, SAGE's by epoch 10; ``psc:budget=0.1``,
+tightened once or twice, by epoch 32 to 57) has no level to hold and no fall to see: on the 200k synthetic cut into 4 random
+parts, ``pipe:tau=1`` wandered between 2% and 26% validation accuracy for 40 epochs with its loss 5% below
+the first step's. The guard then gives up at once rather than a step at a time (each step would wait a warm-up
+of its own): the run finishes exact from the next step, and rank 0 says so.
+
+At the end of the run, when the last evaluation lies more than ``drop`` below the best one (a fall the guard had no
+evaluations left to see: ``pipe:tau=1`` at P = 2 on the 200k synthetic fell from 0.70 to 0.59 in its last two
+epochs), the guard restores the best evaluation's weights, evaluates them (exactly, collectively) and the final
+record holds those metrics, with ``restored_at_end`` saying so; rank 0 says so in one line. Checkpoints keep the
+last step's weights (a resumed run trains on from them, its guard still keeping the best).
+
 A policy whose damage shows from the first epochs, as a lower plateau rather than a fall
 (:attr:`~algorithms.policies.base.PolicyBase.harms_from_start`: ``psc``, which samples every row's inner
 neighbours too), is judged from the end of the warm-up without waiting for the loss to settle.
@@ -68,7 +82,9 @@ VALIDATION_KEYS = ("val_acc", "val_f1")
 class GuardSettings:
     """``mode``: ``auto`` (on whenever a policy is active) or ``off``; the thresholds of the module docstring
     (``noise``: standard errors of the validation metric a fall must exceed, 0 for none; ``settle``: the share
-    the training loss must fall below its first step's before validation falls count)."""
+    the training loss must fall below its first step's before validation falls count; ``stall``: the epochs
+    after the policy in force took over (the start or its tightening) by which it must have done so (not within
+    the warm-up), or the guard gives up and finishes exact; 0 for no such limit)."""
 
     mode: str = "auto"
     drop: float = 0.02
@@ -78,6 +94,7 @@ class GuardSettings:
     sharp: float = 0.10
     noise: float = 2.0
     settle: float = 0.10
+    stall: int = 30
 
     def __post_init__(self) -> None:
         if self.mode not in GUARD_MODES:
@@ -96,6 +113,8 @@ class GuardSettings:
             raise ValueError(f"guard noise must lie in [0, 10] standard errors, got {self.noise}")
         if not 0.0 <= self.settle < 1.0:
             raise ValueError(f"guard settle must lie in [0, 1), got {self.settle}")
+        if not 0 <= self.stall <= 10**7:
+            raise ValueError(f"guard stall must lie in [0, 10^7] epochs (0: none), got {self.stall}")
 
 
 @dataclass
@@ -109,14 +128,18 @@ class GuardState:
     recent_losses: list[float] = field(default_factory=list)  # the last ``patience`` steps' losses
     first_loss: float = math.nan        # the first step's
     settled: bool = False               # the loss has fallen ``settle`` below the first step's
+    stalled: bool = False               # ... and had not ``stall`` epochs after the policy took over: give up
+    took_over: int = 0                  # the epoch after which the policy in force took over (0: the start)
     value_strikes: int = 0
     loss_strikes: int = 0
     pending: str | None = None          # the reason of a tightening agreed, applied before the next step
     restore: bool = False               # whether that tightening restores the best evaluation's weights
+    give_up: bool = False               # whether it goes straight to exact (the policy never began to learn)
     quiet_until: int = 0                # no strike is counted up to this epoch (the warm-up after a tightening)
     exact: bool = False                 # nothing left to tighten: the run is exact
     policies: dict[str, str] | None = None  # the policies in force after the last tightening (their text)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    restored_at_end: dict[str, Any] | None = None  # the best evaluation's weights, restored after the last step
 
     def record(self) -> dict[str, Any]:
         return {key: value for key, value in self.__dict__.items()}
@@ -151,6 +174,10 @@ class Guard:
             state.first_loss = loss
         if not state.settled and math.isfinite(loss) and loss <= state.first_loss * (1.0 - self.settings.settle):
             state.settled = True
+        stall = self.settings.stall
+        if (not state.settled and self.settings.settle > 0.0 and stall
+                and epoch > state.took_over + max(stall, self.settings.warmup)):
+            state.stalled = True
         if not math.isfinite(loss):
             state.loss_strikes = self.settings.patience
             return
@@ -174,7 +201,7 @@ class Guard:
         state to keep when this evaluation is the best: the state the evaluation saw, so this is called before
         the optimiser moves on."""
         state = self.state
-        if not self.on or state.exact:
+        if not self.on:
             return
         value = next((float(metrics[key]) for key in VALIDATION_KEYS if metrics.get(key) is not None), None)
         self._value = value
@@ -183,9 +210,11 @@ class Guard:
         settled = state.settled or self.settings.settle == 0.0 or not self.waits_for_settled_loss
         counting = epoch > max(self.settings.warmup, state.quiet_until) and settled
         drop, sharp = self.thresholds()
-        if value > state.best_value:
+        if value > state.best_value:  # kept also once exact: the end of the run may restore it
             state.best_value, state.best_epoch, state.value_strikes = value, epoch, 0
             self.kept = copy.deepcopy(keep())
+        elif state.exact:
+            return
         elif value < state.best_value - sharp and counting:
             state.value_strikes = self.settings.patience  # a collapse: no need to wait for more
         elif value < state.best_value - drop and counting:
@@ -207,17 +236,23 @@ class Guard:
         if not self.on or state.exact:
             return
         reason, collapse = self._reason(self._value)
-        seen = 0 if reason is None else (2 if collapse else 1)
+        # one int64: 0 no fall, else 1 + (1 if a collapse) + (2 if the guard gives up); the same on every rank
+        seen = 0 if reason is None else 1 + int(collapse) + 2 * int(state.stalled)
         agreed = int(self.comm.allgather_array(np.array([seen], dtype=np.int64)).max())
-        if agreed > 0 and state.pending is None:
+        fell, collapsed, gives_up = agreed > 0, bool((agreed - 1) & 1), bool((agreed - 1) & 2)
+        if fell and state.pending is None:
             state.pending = reason or "another rank saw the policy fall"
-            state.restore = agreed == 2
+            state.restore, state.give_up = collapsed, gives_up
 
     def _reason(self, value: float | None) -> tuple[str | None, bool]:
         """Why the policy falls (or None), and whether it collapsed (a sharp fall or a loss that rises or is not
         finite: the weights are restored) rather than slid (the run goes on from where it is)."""
         state, settings = self.state, self.settings
         drop, sharp = self.thresholds()
+        if state.stalled:
+            return (f"training loss {state.recent_losses[-1] if state.recent_losses else math.nan:.4f} not "
+                    f"{settings.settle:.0%} below its first {state.first_loss:.4f} within {settings.stall} epochs "
+                    f"of the policy taking over: the model has not begun to learn"), False
         if state.value_strikes >= settings.patience and value is not None:
             if value < state.best_value - sharp:
                 return (f"validation {value:.4f} more than {sharp:.3g} below its best {state.best_value:.4f} "
@@ -245,16 +280,40 @@ class Guard:
         state.lowest_loss = math.inf
         state.recent_losses = []
         state.quiet_until = epoch - 1 + self.settings.warmup  # the tighter policy's own warm-up
+        state.took_over = epoch - 1  # and its own ``stall`` epochs to settle the loss
         rolled = state.best_epoch if self.kept is not None and state.restore else None
-        state.restore = False
+        gave_up, state.restore, state.give_up = state.give_up, False, False
         decision = {"epoch": epoch, "level": state.level, "from": before, "to": after, "reason": reason,
-                    "restored_epoch": rolled}
+                    "restored_epoch": rolled, "gave_up": gave_up}
         state.decisions.append(decision)
         back = f"; weights of epoch {rolled} restored" if rolled is not None else ""
+        if gave_up:
+            return f"guard: {before} gave up ({reason}); finishing exact from epoch {epoch}{back}"
         if exact:
             return (f"guard: {before} fell behind ({reason}); nothing left to tighten, finishing exact from epoch "
                     f"{epoch}{back}")
         return f"guard: {before} fell behind ({reason}); tightened to {after} from epoch {epoch}{back}"
+
+    def fallen_at_end(self) -> str | None:
+        """Why the run should end on the best evaluation's weights rather than its last (its last evaluation
+        more than ``drop`` below the best, the best's weights kept), or None. The same on every rank."""
+        value, state = self._value, self.state
+        if not self.on or self.kept is None or value is None:
+            return None
+        drop, _ = self.thresholds()
+        if value >= state.best_value - drop:
+            return None
+        return (f"its last validation {value:.4f} is more than {drop:.3g} below its best {state.best_value:.4f} "
+                f"(epoch {state.best_epoch})")
+
+    def restored(self, epoch: int, reason: str, metrics: dict[str, float]) -> str:
+        """Book the end-of-run restore (after ``epoch``'s step; ``metrics``: the restored weights' evaluation);
+        returns the one line rank 0 prints."""
+        state = self.state
+        state.restored_at_end = {"epoch": epoch, "restored_epoch": state.best_epoch, "reason": reason,
+                                 "metrics": dict(metrics)}
+        return (f"guard: {reason}; the final model is epoch {state.best_epoch}'s weights (restored, evaluated "
+                f"exactly)")
 
     def state_dict(self) -> dict[str, Any]:
         return {"guard": self.state.record(), "guard_kept": self.kept}

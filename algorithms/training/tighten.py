@@ -10,7 +10,7 @@ input stays what set-up chose: a policy that fed layer 0 itself leaves the per-e
 which is exact.
 
 Collective: :func:`install` and :func:`tighten` are entered by every rank at the same epoch (the guard agrees
-on it first).
+on it first); :func:`restore_best_at_end` by every rank after the last step.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from algorithms.policies.base import RunShape
 from algorithms.policies.spec import AxisSpec
 from sparse_dist.compress import Codec
@@ -46,6 +47,10 @@ class ActivePolicies:
     def harms_from_start(self) -> bool:
         """Whether a policy in force shows its damage from the first epochs (the guard judges it early)."""
         return any(axis.policy is not None and axis.policy.harms_from_start for axis in (self.sample, self.stale))
+
+    def exact(self) -> "ActivePolicies":
+        """No policy on any axis: what the guard finishes with when it gives up."""
+        return ActivePolicies(AxisSpec(self.sample.axis), AxisSpec(self.stale.axis))
 
     def tightened(self) -> "ActivePolicies":
         """Every active axis one step toward exact (each policy and the codec answer for themselves, the
@@ -90,7 +95,7 @@ def tighten(run: Any) -> dict[str, Any]:
     collapse, where kept), start Adam's moments afresh, install the next policies; returns the decision (with
     ``line`` for rank 0 to say). Collective."""
     before = run.policies
-    after = before.tightened()
+    after = before.exact() if run.guard.state.give_up else before.tightened()
     kept = run.guard.kept
     if kept is not None and run.guard.state.restore:  # a collapse; after a slide the run goes on from where it is
         run.model.load_state_dict(kept["model"])
@@ -101,3 +106,20 @@ def tighten(run: Any) -> dict[str, Any]:
     install(run, after)
     line = run.guard.tightened(run.epoch + 1, before.text, after.text, after.is_exact, after.record())
     return {**run.guard.state.decisions[-1], "line": line}
+
+
+def restore_best_at_end(run: Any) -> tuple[dict[str, float], str] | None:
+    """After ``run``'s last step: where its guard says the last evaluation fell more than ``drop`` below the best
+    (:meth:`~algorithms.training.guard.Guard.fallen_at_end`), load the best evaluation's weights and evaluate them
+    exactly; returns their metrics and the line rank 0 says, or None (weights untouched). Collective where the
+    guard is on (an allgather of the flag, then the evaluation); nothing where it is off (the same on every rank)."""
+    guard = run.guard
+    if not guard.on:
+        return None
+    reason = guard.fallen_at_end()
+    flag = np.array([reason is not None], dtype=np.int64)
+    if not int(run.comm.allgather_array(flag).max()) or guard.kept is None:
+        return None
+    run.model.load_state_dict(guard.kept["model"])
+    metrics = run.measured_evaluation()
+    return metrics, guard.restored(run.epoch, reason or "another rank saw the last evaluation fall", metrics)

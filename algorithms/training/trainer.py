@@ -155,7 +155,7 @@ class Trainer(TrainingRun):
         :meth:`evaluate`, then the gradient flights the step held posted (collective). Returns the step's
         ``stats_before`` with the evaluation's counters taken out (the held flights' stay in: the step's)."""
         before = self.comm.stats.snapshot()
-        self._evaluated = self._measured_evaluation()
+        self._evaluated = self.measured_evaluation()
         share = EvaluationShare()
         share.add(0.0, counters_since(self.comm, before))
         self.spmm.lifecycle.after_evaluation()
@@ -188,12 +188,12 @@ class Trainer(TrainingRun):
         """
         metrics, self._evaluated = self._evaluated, None
         if metrics is None:
-            metrics = self._measured_evaluation()
+            metrics = self.measured_evaluation()
         self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
         return metrics
 
     @torch.no_grad()
-    def _measured_evaluation(self) -> dict[str, float]:
+    def measured_evaluation(self) -> dict[str, float]:
         """The exact metrics of the current weights; their bytes in :attr:`eval_bytes` (collective)."""
         before = self.comm.stats.snapshot()
         self.model.eval()

@@ -244,7 +244,7 @@ def test_validation_falls_count_only_once_the_loss_has_settled() -> None:
 @pytest.mark.parametrize("field, value", [("mode", "on"), ("drop", 0.0), ("drop", 1.0), ("patience", 0),
                                           ("loss_rise", 0.0), ("warmup", -1), ("sharp", 0.01),
                                           ("sharp", 1.0), ("noise", -0.5), ("noise", 11.0), ("settle", 1.0),
-                                          ("settle", -0.1)])
+                                          ("settle", -0.1), ("stall", -1), ("stall", 10**7 + 1)])
 def test_settings_out_of_range_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match="guard"):
         GuardSettings(**{field: value})
@@ -281,3 +281,83 @@ def test_tightening_starts_adams_moments_afresh() -> None:
         optimiser.step()
     assert torch.equal(weight.detach(), fresh_weight.detach())  # bitwise a fresh Adam's first step
     assert not torch.equal(weight.detach(), start)
+
+
+def test_a_model_that_has_not_begun_to_learn_by_the_stall_epoch_finishes_exact() -> None:
+    # the 200k synthetic in 4 random parts under pipe:tau=1: the loss 5% below the first step's after 40 epochs,
+    # validation wandering between 2% and 26%: no fall the value or loss rules see
+    guard = Guard(GuardSettings(warmup=10, stall=30), OneRank(), active=True, validation_size=20000)
+    for epoch in range(1, 31):
+        guard.observe_loss(epoch, 3.85 - 0.005 * epoch)
+        guard.observe_metrics(epoch, {"val_acc": 0.26 if epoch == 11 else 0.05}, kept)
+    assert not guard.due and not guard.state.stalled
+    guard.observe_loss(31, 3.70)
+    guard.observe_metrics(31, {"val_acc": 0.05}, kept)
+    assert guard.due and guard.state.give_up and "not begun to learn" in guard.state.pending
+    line = guard.tightened(32, "pipe:tau=1", "exact", True, {"sample": "none", "stale": "none", "compress": "none"})
+    assert line.startswith("guard: pipe:tau=1 gave up (") and line.endswith("finishing exact from epoch 32")
+    assert guard.state.decisions[-1]["gave_up"] and not guard.state.give_up and guard.state.exact
+    # every axis at once, not a step at a time
+    policies = ActivePolicies(AxisSpec.parse("sample", "bns:keep=0.1"), AxisSpec.parse("stale", "pipe:tau=2"),
+                              "int8,feedback")
+    assert policies.exact().is_exact and not policies.tightened().is_exact
+
+
+@pytest.mark.parametrize("settings", [dict(stall=0), dict(settle=0.0), dict(stall=30)])
+def test_a_loss_that_settles_or_no_stall_epoch_never_gives_up(settings: dict) -> None:
+    guard = Guard(GuardSettings(warmup=10, **settings), OneRank(), active=True, validation_size=20000)
+    settles = settings == dict(stall=30)
+    for epoch in range(1, 61):
+        guard.observe_loss(epoch, 3.85 * (0.85 if settles and epoch > 25 else 1.0))
+        guard.observe_metrics(epoch, {"val_acc": 0.05}, kept)
+    assert not guard.due and not guard.state.stalled
+
+
+def test_the_run_ends_on_the_best_weights_when_its_last_evaluation_fell() -> None:
+    state = {"w": 0}
+
+    def current() -> dict:
+        return {"model": dict(state)}
+
+    guard = Guard(GuardSettings(warmup=0, noise=0.0, patience=3), OneRank(), active=True, validation_size=20000)
+    for epoch, value in enumerate([0.5, 0.70, 0.69, 0.60], start=1):  # the fall in the last evaluation only
+        state["w"] = epoch
+        guard.observe_loss(epoch, 1.0)
+        guard.observe_metrics(epoch, {"val_acc": value}, current)
+    assert not guard.due and guard.kept == {"model": {"w": 2}}
+    reason = guard.fallen_at_end()
+    assert reason is not None and "0.6000 is more than 0.02 below its best 0.7000 (epoch 2)" in reason
+    line = guard.restored(4, reason, {"val_acc": 0.70, "test_acc": 0.71})
+    assert "the final model is epoch 2's weights" in line
+    assert guard.state.restored_at_end == {"epoch": 4, "restored_epoch": 2, "reason": reason,
+                                           "metrics": {"val_acc": 0.70, "test_acc": 0.71}}
+    within = Guard(GuardSettings(warmup=0, noise=0.0), OneRank(), active=True, validation_size=20000)
+    for epoch, value in enumerate([0.70, 0.69], start=1):  # within drop of the best: the last weights stay
+        within.observe_metrics(epoch, {"val_acc": value}, current)
+    assert within.fallen_at_end() is None
+    off = Guard(GuardSettings(mode="off"), OneRank(), active=True, validation_size=20000)
+    off.observe_metrics(1, {"val_acc": 0.7}, current)
+    off.observe_metrics(2, {"val_acc": 0.1}, current)
+    assert off.fallen_at_end() is None and off.kept is None
+
+
+def test_the_best_is_still_kept_once_the_run_is_exact() -> None:
+    guard = Guard(GuardSettings(warmup=0, noise=0.0), OneRank(), active=True, validation_size=20000)
+    guard.observe_metrics(1, {"val_acc": 0.5}, kept)
+    guard.state.exact = True  # the guard has nothing left to tighten: no strikes, but the best still moves
+    guard.observe_metrics(2, {"val_acc": 0.8}, kept)
+    guard.observe_metrics(3, {"val_acc": 0.1}, kept)
+    assert guard.state.best_epoch == 2 and guard.state.value_strikes == 0 and not guard.due
+    assert guard.fallen_at_end() is not None
+
+
+def test_a_tightened_policy_gets_its_own_stall_epochs() -> None:
+    # psc:budget=0.1 on Cora: tightened at epoch 25, its loss settled at epoch 32; the give-up waits for 25 + 30
+    guard = Guard(GuardSettings(warmup=10, stall=30), OneRank(), active=True, validation_size=500)
+    guard.observe_loss(1, 2.0)
+    guard.tightened(26, "psc:budget=0.1", "psc:budget=0.2", False, {"sample": "psc:budget=0.2"})
+    for epoch in range(26, 56):
+        guard.observe_loss(epoch, 1.95)
+    assert not guard.state.stalled
+    guard.observe_loss(56, 1.95)
+    assert guard.state.stalled
