@@ -171,7 +171,8 @@ class Codec:
         out[:, :_EXPONENT_BYTES] = exponent.view(torch.uint8).reshape(rows.shape[0], _EXPONENT_BYTES)
         width = rows.shape[1]
         # (a zero-width block has no bytes to view: a zero-width half tensor stands in)
-        half = out[:, _EXPONENT_BYTES:].view(torch.float16) if width else rows.new_empty(rows.shape, dtype=torch.float16)
+        values = out[:, _EXPONENT_BYTES:]
+        half = values.view(torch.float16) if width else rows.new_empty(rows.shape, dtype=torch.float16)
         scaled = self._buffer("ratio", rows.shape[0], width, rows.dtype, rows.device)
         torch.mul(rows, _power_of_two(exponent.neg(), rows.dtype), out=scaled)  # exact: a power of two
         half.copy_(scaled)  # rounded to nearest

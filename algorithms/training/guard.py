@@ -44,10 +44,10 @@ for ``patience`` consecutive steps, or at once when the loss is not finite. Then
 A policy under which the model has not begun to learn ``stall`` epochs after it took over (from the start, or
 from its tightening: the training loss never fell ``settle`` below the first step's; exact training's GCN loss
 did so by epoch 17 to 24 on the 200k synthetic, Cora and CiteSeer, SAGE's by epoch 10; ``psc:budget=0.1``,
-tightened once or twice, by epoch 32 to 57) has no level to hold and no fall to see: on the 200k synthetic cut into 4 random
-parts, ``pipe:tau=1`` wandered between 2% and 26% validation accuracy for 40 epochs with its loss 5% below
-the first step's. The guard then gives up at once rather than a step at a time (each step would wait a warm-up
-of its own): the run finishes exact from the next step, and rank 0 says so.
+tightened once or twice, by epoch 32 to 57) has no level to hold and no fall to see: on the 200k synthetic
+cut into 4 random parts, ``pipe:tau=1`` wandered between 2% and 26% validation accuracy for 40 epochs with
+its loss 5% below the first step's. The guard then gives up at once rather than a step at a time (each step
+would wait a warm-up of its own): the run finishes exact from the next step, and rank 0 says so.
 
 At the end of the run, when the last evaluation lies more than ``drop`` below the best one (a fall the guard had no
 evaluations left to see: ``pipe:tau=1`` at P = 2 on the 200k synthetic fell from 0.70 to 0.59 in its last two
