@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from algorithms.policies.base import RunShape
 from algorithms.policies.spec import AxisSpec
 from sparse_dist.compress import Codec
