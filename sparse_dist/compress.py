@@ -123,8 +123,7 @@ class Codec:
         if self.format == "fp16":
             exponent = torch.empty(payload.shape[0], _EXPONENT_BYTES, dtype=payload.dtype, device=payload.device)
             exponent = exponent.copy_(payload[:, :_EXPONENT_BYTES]).view(torch.int16)
-            values = payload[:, _EXPONENT_BYTES:]
-            half = values.view(torch.float16) if width else payload.new_empty(payload.shape[0], 0, dtype=torch.float16)
+            half = _halves(payload[:, _EXPONENT_BYTES:], torch.float16)
             return half.to(dtype).mul_(_power_of_two(exponent, dtype))
         # a fresh (r, 4) buffer: .contiguous() keeps a one-row slice's row stride (width + 4 bytes), which a view
         # as float32 refuses when width is not a multiple of 4 (one sampled row of CiteSeer's 6 classes)
@@ -147,8 +146,7 @@ class Codec:
         ``decoded``, also return what the receiver will decode, in that dtype, in a work buffer (error feedback
         needs it; int8 computes it from the codes at hand, not from the payload)."""
         if self.format == "bf16":
-            # (a zero-width block has no bytes to view: a zero-width half tensor stands in)
-            half = out.view(torch.bfloat16) if out.shape[1] else rows.new_empty(rows.shape, dtype=torch.bfloat16)
+            half = _halves(out, torch.bfloat16)
             half.copy_(rows)  # rounded to nearest, as rows.to(bfloat16)
             if decoded is None:
                 return None
@@ -169,11 +167,8 @@ class Codec:
         # peak = m 2^e with m in [0.5, 1): k = e - 1 puts the row in (-2, 2), far inside half's range
         exponent = (torch.frexp(peak.to(torch.float32)).exponent - 1).clamp_(*_EXPONENT_RANGE).to(torch.int16)
         out[:, :_EXPONENT_BYTES] = exponent.view(torch.uint8).reshape(rows.shape[0], _EXPONENT_BYTES)
-        width = rows.shape[1]
-        # (a zero-width block has no bytes to view: a zero-width half tensor stands in)
-        values = out[:, _EXPONENT_BYTES:]
-        half = values.view(torch.float16) if width else rows.new_empty(rows.shape, dtype=torch.float16)
-        scaled = self._buffer("ratio", rows.shape[0], width, rows.dtype, rows.device)
+        half = _halves(out[:, _EXPONENT_BYTES:], torch.float16)
+        scaled = self._buffer("ratio", rows.shape[0], rows.shape[1], rows.dtype, rows.device)
         torch.mul(rows, _power_of_two(exponent.neg(), rows.dtype), out=scaled)  # exact: a power of two
         half.copy_(scaled)  # rounded to nearest
         return half, exponent
@@ -260,6 +255,14 @@ def _row_peak(rows: torch.Tensor) -> torch.Tensor:
     # max |x| as |max(max x, -min x)|: no |rows|-sized temporary (torch.aminmax along a dimension is an order of
     # magnitude slower on CPU than the two reductions); the outer abs makes a zero row's peak +0.0, not -0.0
     return torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg()).abs_()
+
+
+def _halves(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``part`` (``r x 2F`` payload bytes) seen as ``r x F`` 16-bit values of ``dtype``, without a copy; a
+    zero-width part has no bytes to view, so a zero-width tensor stands in."""
+    if part.shape[1]:
+        return part.view(dtype)
+    return part.new_empty(part.shape[0], 0, dtype=dtype)
 
 
 def _power_of_two(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
