@@ -46,8 +46,22 @@ def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         merged = dict(runs[0])
         for key in ("epoch_time", "exchange_bytes", *(k for k, _ in PARTS)):
             merged[key] = float(np.mean([float(r[key]) for r in runs]))
+        merged.update(_pooled_spread(runs))
         series[f"{dataset}: {name}" if several else name].append(merged)
     return series
+
+
+SPREAD = ("epoch_time_median", "epoch_time_min", "epoch_time_max")
+
+
+def _pooled_spread(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """A configuration's epoch-time spread over its runs (seeds): the median of their medians, the least min and the
+    largest max; None where a results table predates these columns."""
+    if any(r.get(key) in (None, "") for r in runs for key in SPREAD):
+        return dict.fromkeys(SPREAD)
+    return {"epoch_time_median": float(np.median([float(r["epoch_time_median"]) for r in runs])),
+            "epoch_time_min": min(float(r["epoch_time_min"]) for r in runs),
+            "epoch_time_max": max(float(r["epoch_time_max"]) for r in runs)}
 
 
 def ideal_times(ranks: np.ndarray, times: np.ndarray, scaling: str) -> np.ndarray:
@@ -59,8 +73,13 @@ def plot_scaling(rows: list[dict[str, Any]], scaling: str, path: Path, dpi: int)
     fig, (ax_time, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, runs in _series(rows).items():
         ranks = np.array([int(r["world_size"]) for r in runs])
-        times = np.array([r["epoch_time"] for r in runs])
+        spread = all(r["epoch_time_median"] is not None for r in runs)
+        times = np.array([r["epoch_time_median"] if spread else r["epoch_time"] for r in runs])
         line, = ax_time.plot(ranks, times, marker="o", ls=_style(runs[0]), label=name)
+        if spread:  # whiskers: the fastest and slowest timed epoch of the point's runs
+            ax_time.errorbar(ranks, times, yerr=[times - np.array([r["epoch_time_min"] for r in runs]),
+                                                 np.array([r["epoch_time_max"] for r in runs]) - times],
+                             fmt="none", capsize=3, color=line.get_color(), lw=0.9)
         ax_time.plot(ranks, ideal_times(ranks, times, scaling), ls=":", lw=0.9, color=line.get_color())
         if ranks[0] == 1 or scaling == "weak":
             base = times[0] * (ranks[0] if scaling == "strong" else 1)
@@ -73,7 +92,9 @@ def plot_scaling(rows: list[dict[str, Any]], scaling: str, path: Path, dpi: int)
         ax.set_xlabel("MPI ranks P")
         ax.grid(True, which="both", alpha=0.3)
     ax_time.set_yscale("log")
-    ax_time.set_ylabel("epoch time (s, slowest rank)")
+    spread = all(r.get("epoch_time_median") not in (None, "") for r in rows)
+    ax_time.set_ylabel("epoch time (s, slowest rank" + (": median of the timed epochs, bars min to max)" if spread
+                                                        else ": mean of the timed epochs)"))
     sizes = sorted({int(r["nodes"]) for r in rows if r.get("nodes")})
     what = f"{sizes[0]:,} nodes" if scaling == "strong" and len(sizes) == 1 else \
         f"{sizes[0]:,} to {sizes[-1]:,} nodes" if sizes else ""

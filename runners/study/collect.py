@@ -1,7 +1,8 @@
 """Results of many runs in one table: one CSV row per run, plus all raw JSON lines in one file.
 
 Time figures leave out the study's warm-up epochs. Per epoch, ``epoch_time``
-is the slowest rank's wall time (what a user waits for); the breakdown
+is the slowest rank's wall time (what a user waits for), its mean over the timed epochs (``epoch_time_std``,
+``epoch_time_median``, ``epoch_time_min`` and ``epoch_time_max`` give their spread); the breakdown
 columns (``t_local_spmm``, ``t_dense``, ``t_exchange``, ``t_allreduce``)
 are means over ranks, so they add up to ``epoch_time_mean_rank``. ``t_dense``
 is all compute besides the local SpMM (weight multiplies, dropout, loss,
@@ -54,6 +55,7 @@ EXCHANGE_PHASES = ("forward", "backward", "sample", "fetch")  # a training epoch
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
     "stale", "compress", "variant", "mode", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
+    "epoch_time_median", "epoch_time_min", "epoch_time_max",
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
     "t_dropout", "t_optimizer", "t_policy", "exchange_bytes", "sample_bytes", "fetch_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "eval_every", "overlap_evaluation",
@@ -96,6 +98,14 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
+def _spread(totals: list[float]) -> dict[str, float]:
+    """Median, min and max of the timed epochs' times: the spread a scaling point states beside its mean."""
+    if not totals:
+        return {f"epoch_time_{key}": float("nan") for key in ("median", "min", "max")}
+    return {"epoch_time_median": statistics.median(totals), "epoch_time_min": min(totals),
+            "epoch_time_max": max(totals)}
+
+
 def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, Any]) -> dict[str, Any]:
     """One CSV row from one run's records (``extra`` supplies the study's own columns)."""
     config = next(r for r in records if r["type"] == "config")
@@ -115,6 +125,7 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
         "receiver_dropout": bool(setup.get("receiver_dropout", False)),
         "epochs": len(epochs), "warmup": warmup,
         "epoch_time": _mean(totals), "epoch_time_std": statistics.pstdev(totals) if len(totals) > 1 else 0.0,
+        **_spread(totals),
         "epoch_time_mean_rank": _mean([e["time"]["total"]["mean"] for e in timed]),
         "exchange_bytes": _mean([sum(_phase_sent(e, phase) for phase in EXCHANGE_PHASES) * world for e in timed]),
         "sample_bytes": _mean([_phase_sent(e, "sample") * world for e in timed]),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.study.collect import broadcast_fraction, summarise_run
+from runners.study.collect import CSV_COLUMNS, broadcast_fraction, summarise_run
 from runners.study.spec import Study, StudyError, load_study
 from runners.sweep_cmd import launcher_for, prepare_command, train_flags
 
@@ -214,6 +214,17 @@ def test_summary_leaves_out_warmup_epochs() -> None:
     # (forward + backward sent mean) * world size, averaged over the two timed epochs
     assert row["exchange_bytes"] == pytest.approx((200 * 2 + 600 * 2) / 2)
     assert row["final_test"] == 0.5 and row["peak_rss_max"] == 7 and row["run"] == "x"
+
+
+def test_summary_states_the_timed_epochs_spread() -> None:
+    """Median, min and max are of the slowest rank's time over the timed epochs only, the warm-up left out."""
+    parts = (0.1, 0.1, 0.1, 0.1)
+    epochs = [_epoch(1, 50.0, parts, 1), _epoch(2, 1.0, parts, 1), _epoch(3, 6.0, parts, 1), _epoch(4, 2.0, parts, 1)]
+    final = {"type": "final", "epochs": 4, "test_acc": 0.5, "val_acc": 0.4, "peak_memory_per_rank": [{"rss": 7}]}
+    row = summarise_run([CONFIG, *epochs, final], 1, {"run": "x"})
+    assert row["epoch_time"] == pytest.approx(3.0)  # the mean, unlike the median below
+    assert (row["epoch_time_median"], row["epoch_time_min"], row["epoch_time_max"]) == (2.0, 1.0, 6.0)
+    assert {"epoch_time_median", "epoch_time_min", "epoch_time_max"} <= set(CSV_COLUMNS)
 
 
 def test_broadcast_fraction_counts_active_owners() -> None:

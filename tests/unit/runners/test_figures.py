@@ -27,3 +27,14 @@ def test_the_ideal_line_divides_by_p_strong_and_stays_flat_weak() -> None:
     ranks, times = np.array([2, 4, 8]), np.array([6.0, 4.0, 3.0])
     assert ideal_times(ranks, times, "strong").tolist() == [6.0, 3.0, 1.5]
     assert ideal_times(ranks, times, "weak").tolist() == [6.0, 6.0, 6.0]
+
+
+def test_a_points_spread_pools_its_seeds_and_old_tables_have_none() -> None:
+    runs = [{**_row("d", 2, mean), "seed": seed, "epoch_time_median": median, "epoch_time_min": low,
+             "epoch_time_max": high} for seed, (mean, median, low, high) in enumerate(
+                 ((3.0, 2.5, 2.0, 5.0), (4.0, 3.5, 1.5, 4.5), (5.0, 4.5, 3.0, 6.5)))]
+    (point,) = _series(runs)["p2p exact"]
+    assert point["epoch_time"] == 4.0  # the mean of the seeds' means, as before
+    assert (point["epoch_time_median"], point["epoch_time_min"], point["epoch_time_max"]) == (3.5, 1.5, 6.5)
+    (old,) = _series([_row("d", 2, 3.0)])["p2p exact"]  # a results table written before the spread columns
+    assert old["epoch_time_median"] is None and old["epoch_time_max"] is None
