@@ -47,12 +47,19 @@ did so by epoch 17 to 24 on the 200k synthetic, Cora and CiteSeer, SAGE's by epo
 tightened once or twice, by epoch 32 to 57) has no level to hold and no fall to see: on the 200k synthetic
 cut into 4 random parts, ``pipe:tau=1`` wandered between 2% and 26% validation accuracy for 40 epochs with
 its loss 5% below the first step's. The guard then gives up at once rather than a step at a time (each step
-would wait a warm-up of its own): the run finishes exact from the next step, and rank 0 says so.
+would wait a warm-up of its own): the run finishes exact from the next step, and rank 0 says so. It gives up
+the same way, restoring the best evaluation's weights, on a collapse that comes before the loss settled (the
+fall to less than half the best above): a policy that breaks training before the model has learned is not
+mended by one step tighter. On the 200k synthetic in random parts, ``pipe:tau=1`` collapsed so at epoch 12
+(P = 4) and 13 (P = 8), and smoothed from there it collapsed again in both runs; each tightening's warm-up
+cost 10 of the run's 40 epochs, and at P = 8 the exact epochs left were too few (0.9 points below exact).
 
-At the end of the run, when the last evaluation lies more than ``drop`` below the best one (a fall the guard had no
-evaluations left to see: ``pipe:tau=1`` at P = 2 on the 200k synthetic fell from 0.70 to 0.59 in its last two
-epochs), the guard restores the best evaluation's weights, evaluates them (exactly, collectively) and the final
-record holds those metrics, with ``restored_at_end`` saying so; rank 0 says so in one line. Checkpoints keep the
+At the end of the run, when the last evaluation lies below the best one by more than the validation metric's
+noise (``noise`` standard errors, not ``drop``: a fall the guard had no evaluations left to see, ``pipe:tau=1``
+at P = 2 on the 200k synthetic fell from 0.70 to 0.59 in its last two epochs; or a run still swinging a point
+below its best after going exact late), the guard restores the best evaluation's weights, evaluates them
+(exactly, collectively) and the final record holds those metrics, with ``restored_at_end`` saying so; rank 0
+says so in one line. Checkpoints keep the
 last step's weights (a resumed run trains on from them, its guard still keeping the best).
 
 A policy whose damage shows from the first epochs, as a lower plateau rather than a fall
@@ -133,6 +140,7 @@ class GuardState:
     first_loss: float = math.nan        # the first step's
     settled: bool = False               # the loss has fallen ``settle`` below the first step's
     stalled: bool = False               # ... and had not ``stall`` epochs after the policy took over: give up
+    broke: bool = False                 # a collapse before the loss settled (only halving sees it): give up
     took_over: int = 0                  # the epoch after which the policy in force took over (0: the start)
     value_strikes: int = 0
     loss_strikes: int = 0
@@ -224,6 +232,7 @@ class Guard:
             return
         elif (value < state.best_value - sharp and counting) or halved:
             state.value_strikes = self.settings.patience  # a collapse: no need to wait for more
+            state.broke = halved and not counting  # before the model learned: a tighter step would break too
         elif value < state.best_value - drop and counting:
             state.value_strikes += 1
         else:
@@ -232,9 +241,8 @@ class Guard:
     def thresholds(self) -> tuple[float, float]:
         """``(drop, sharp)`` in force: the settings', raised to ``noise`` and ``2 * noise`` standard errors of an
         accuracy of the best value's size measured on ``validation_size`` nodes."""
-        settings, best = self.settings, min(max(self.state.best_value, 0.0), 1.0)
-        error = math.sqrt(best * (1.0 - best) / max(self.validation_size, 1))
-        return max(settings.drop, settings.noise * error), max(settings.sharp, 2.0 * settings.noise * error)
+        settings, noise = self.settings, self.noise_floor()
+        return max(settings.drop, noise), max(settings.sharp, 2.0 * noise)
 
     def agree(self) -> None:
         """Whether the policy falls, agreed by every rank (one allgather of a flag over the communicator; every
@@ -244,7 +252,7 @@ class Guard:
             return
         reason, collapse = self._reason(self._value)
         # one int64: 0 no fall, else 1 + (1 if a collapse) + (2 if the guard gives up); the same on every rank
-        seen = 0 if reason is None else 1 + int(collapse) + 2 * int(state.stalled)
+        seen = 0 if reason is None else 1 + int(collapse) + 2 * int(state.stalled or state.broke)
         agreed = int(self.comm.allgather_array(np.array([seen], dtype=np.int64)).max())
         fell, collapsed, gives_up = agreed > 0, bool((agreed - 1) & 1), bool((agreed - 1) & 2)
         if fell and state.pending is None:
@@ -262,8 +270,9 @@ class Guard:
                     f"of the policy taking over: the model has not begun to learn"), False
         if state.value_strikes >= settings.patience and value is not None:
             if value < state.best_value - sharp:
+                early = ", before its training loss settled" if state.broke else ""
                 return (f"validation {value:.4f} more than {sharp:.3g} below its best {state.best_value:.4f} "
-                        f"(epoch {state.best_epoch})"), True
+                        f"(epoch {state.best_epoch}){early}"), True
             return (f"validation {value:.4f} more than {drop:.3g} below its best {state.best_value:.4f} "
                     f"(epoch {state.best_epoch}) for {state.value_strikes} evaluations"), False
         if state.loss_strikes >= settings.patience:
@@ -284,6 +293,7 @@ class Guard:
         state.exact = exact
         state.policies = dict(policies)
         state.value_strikes = state.loss_strikes = 0
+        state.broke = False
         state.lowest_loss = math.inf
         state.recent_losses = []
         state.quiet_until = epoch - 1 + self.settings.warmup  # the tighter policy's own warm-up
@@ -303,15 +313,22 @@ class Guard:
 
     def fallen_at_end(self) -> str | None:
         """Why the run should end on the best evaluation's weights rather than its last (its last evaluation
-        more than ``drop`` below the best, the best's weights kept), or None. The same on every rank."""
+        below the best by more than the validation metric's noise, the best's weights kept), or None. The same
+        on every rank."""
         value, state = self._value, self.state
         if not self.on or self.kept is None or value is None:
             return None
-        drop, _ = self.thresholds()
-        if value >= state.best_value - drop:
+        noise = self.noise_floor()
+        if value >= state.best_value - noise:
             return None
-        return (f"its last validation {value:.4f} is more than {drop:.3g} below its best {state.best_value:.4f} "
+        return (f"its last validation {value:.4f} is more than {noise:.3g} below its best {state.best_value:.4f} "
                 f"(epoch {state.best_epoch})")
+
+    def noise_floor(self) -> float:
+        """``noise`` standard errors of an accuracy of the best value's size measured on ``validation_size``
+        nodes: a smaller difference between two evaluations says nothing."""
+        best = min(max(self.state.best_value, 0.0), 1.0)
+        return self.settings.noise * math.sqrt(best * (1.0 - best) / max(self.validation_size, 1))
 
     def restored(self, epoch: int, reason: str, metrics: dict[str, float]) -> str:
         """Book the end-of-run restore (after ``epoch``'s step; ``metrics``: the restored weights' evaluation);
