@@ -242,8 +242,10 @@ def _train_hint(args: Any, estimate: Estimate) -> str:
     largest = max(estimate.parts, key=lambda name: estimate.parts[name])
     if largest in ("activations", "parameters", "buffers") and args.hidden > 16:
         return f"a smaller --hidden (now {args.hidden}) or more ranks (on more nodes)"
-    if largest == "halo":
+    if largest == "halo" and getattr(args, "input_exchange", "auto") != "per-epoch":
         return "--input-exchange per-epoch (or --halo-budget), or more ranks (on more nodes)"
+    if largest == "halo":  # already received every epoch, at the exchanged width
+        return f"a smaller --hidden (now {args.hidden}) or more ranks (on more nodes)"
     return "more ranks (on more nodes; the dataset must have as many parts: prepare --parts)"
 
 

@@ -258,3 +258,17 @@ def test_checkpoints_and_results_on_one_file_system_are_counted_together(graphs,
         assert list(tiny.iterdir()) == []
     finally:
         subprocess.run(["umount", str(tiny)], check=False)
+
+
+def test_the_memory_hint_names_a_flag_that_would_shrink_the_halo() -> None:
+    from argparse import Namespace
+
+    from runners.memory_estimate import Estimate
+    from runners.resources import _train_hint
+
+    halo_first = Estimate({"graph": 1, "halo": 10, "activations": 5})
+    kept = _train_hint(Namespace(hidden=128, input_exchange="auto"), halo_first)
+    assert kept.startswith("--input-exchange per-epoch")
+    # received every epoch already: per-epoch cannot help, a narrower exchange or more ranks can
+    received = _train_hint(Namespace(hidden=128, input_exchange="per-epoch"), halo_first)
+    assert received == "a smaller --hidden (now 128) or more ranks (on more nodes)"
