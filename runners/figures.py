@@ -93,8 +93,7 @@ def plot_scaling(rows: list[dict[str, Any]], scaling: str, path: Path, dpi: int)
         ax.grid(True, which="both", alpha=0.3)
     ax_time.set_yscale("log")
     spread = all(r.get("epoch_time_median") not in (None, "") for r in rows)
-    ax_time.set_ylabel("epoch time (s, slowest rank" + (": median of the timed epochs, bars min to max)" if spread
-                                                        else ": mean of the timed epochs)"))
+    ax_time.set_ylabel("epoch s, slowest rank" + (" (median; bars: min, max)" if spread else " (mean)"))
     sizes = sorted({int(r["nodes"]) for r in rows if r.get("nodes")})
     what = f"{sizes[0]:,} nodes" if scaling == "strong" and len(sizes) == 1 else \
         f"{sizes[0]:,} to {sizes[-1]:,} nodes" if sizes else ""
