@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,9 +313,33 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
     return peak
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+"""The directory holding the ``runners``, ``algorithms`` and ``sparse_dist`` packages that run."""
+
+
+def code_provenance(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
+    """Which code ran: the commit of the git checkout ``root`` is the top of, and whether its tracked files
+    differed from that commit; both None where ``root`` is no checkout's top (an installed wheel, a copy, git
+    missing). A figure's commit then comes from its results file, not from memory."""
+    def git(*argv: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *argv], capture_output=True, text=True, timeout=10,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    commit = git("rev-parse", "HEAD") if top is not None and Path(top).resolve() == root.resolve() else None
+    if commit is None:
+        return {"commit": None, "modified": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "modified": None if status is None else bool(status)}
+
+
 def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_node: int) -> dict[str, Any]:
-    """Where a run ran: versions, MPI library, ranks and threads, the node's CPU count (to spot
-    oversubscription: ranks_on_node * threads_per_rank > cpu_count), and the network when
+    """Where a run ran: versions, the code's commit (:func:`code_provenance`), MPI library, ranks and threads,
+    the node's CPU count (to spot oversubscription: ranks_on_node * threads_per_rank > cpu_count), and the network when
     ``sparse-dist emulate`` ran it (its ``SPARSE_DIST_NETWORK``; absent otherwise), and MPICH's VCIs where
     set (``MPIR_CVAR_CH4_NUM_VCIS``: ``--overlap-evaluation`` asks for 2)."""
     import torch  # here, not at the top: sweep and plot read results files without torch
@@ -324,6 +349,6 @@ def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_nod
     network = os.environ.get("SPARSE_DIST_NETWORK")
     vcis = os.environ.get(ENDPOINTS_VARIABLE)
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-            "platform": platform.platform(), "argv": sys.argv, "world_size": world_size,
+            "platform": platform.platform(), "code": code_provenance(), "argv": sys.argv, "world_size": world_size,
             "threads_per_rank": threads, "cpu_count": os.cpu_count(), "ranks_on_node": ranks_on_node, **mpi,
             **({"network": json.loads(network)} if network else {}), **({"mpich_vcis": vcis} if vcis else {})}

@@ -15,6 +15,7 @@ from datasets_for_tests import cora, write
 from mpirun import BIN, run_mpi
 
 from runners import cli, plot_cmd
+from runners.results import code_provenance
 from runners.study.collect import read_csv, summarise_run, write_csv, write_raw
 from runners.study.spec import StudyError, load_study
 from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION
@@ -58,6 +59,7 @@ def test_epochs_carry_wall_and_final_times_the_first_epoch_at_the_target(cora_sh
     result, records = _train(cora_shards, tmp_path / "r.jsonl", 2, "--epochs", "12", "--target-acc", str(target))
     environment = next(r for r in records if r["type"] == "environment")
     assert environment["launch"]["time"] > 0 and environment["launch"]["source"]
+    assert environment["code"] == code_provenance()  # every rank's run names the commit this checkout is at
     epochs = [r for r in records if r["type"] == "epoch"]
     walls = [e["wall"] for e in epochs]
     assert len(epochs) == 12 and walls[0] > 0 and all(b > a for a, b in zip(walls, walls[1:]))
