@@ -337,10 +337,12 @@ def code_provenance(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
     return {"commit": commit, "modified": None if status is None else bool(status)}
 
 
-def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_node: int) -> dict[str, Any]:
-    """Where a run ran: versions, the code's commit (:func:`code_provenance`), MPI library, ranks and threads,
-    the node's CPU count (to spot oversubscription: ranks_on_node * threads_per_rank > cpu_count), and the network when
-    ``sparse-dist emulate`` ran it (its ``SPARSE_DIST_NETWORK``; absent otherwise), and MPICH's VCIs where
+def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_node: int,
+                writes: bool = True) -> dict[str, Any]:
+    """Where a run ran: versions, the code's commit (:func:`code_provenance`, asked of git only where ``writes``:
+    the rank that writes the record), MPI library, ranks and threads, the node's CPU count (to spot
+    oversubscription: ranks_on_node * threads_per_rank > cpu_count), and the network when ``sparse-dist
+    emulate`` ran it (its ``SPARSE_DIST_NETWORK``; absent otherwise), and MPICH's VCIs where
     set (``MPIR_CVAR_CH4_NUM_VCIS``: ``--overlap-evaluation`` asks for 2)."""
     import torch  # here, not at the top: sweep and plot read results files without torch
 
@@ -349,6 +351,7 @@ def environment(mpi: dict[str, str], world_size: int, threads: int, ranks_on_nod
     network = os.environ.get("SPARSE_DIST_NETWORK")
     vcis = os.environ.get(ENDPOINTS_VARIABLE)
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-            "platform": platform.platform(), "code": code_provenance(), "argv": sys.argv, "world_size": world_size,
+            "platform": platform.platform(), "code": code_provenance() if writes else None, "argv": sys.argv,
+            "world_size": world_size,
             "threads_per_rank": threads, "cpu_count": os.cpu_count(), "ranks_on_node": ranks_on_node, **mpi,
             **({"network": json.loads(network)} if network else {}), **({"mpich_vcis": vcis} if vcis else {})}

@@ -370,7 +370,7 @@ def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
              "device": args.device, "gpu_aware": comm.gpu_aware, "target_acc": args.target_acc,
              "stop_at_target": args.stop_at_target},
             {"type": "environment", "huge_pages": huge_page_state(), "freed_memory": freed_memory_state(),
-             **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node()),
+             **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node(), writes=leader),
              **({"memory": resources} if resources is not None else {}),
              "launch": {"time": LAUNCH_TIME, "source": LAUNCH_SOURCE}},
             _setup_record(comm, trainer)]
