@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 from algorithms.policies import AxisSpec  # noqa: E402
 from runners.emulate.network import parse_bandwidth  # noqa: E402
-from runners.study.collect import ResultsError, read_csv  # noqa: E402
+from runners.study.collect import SPREAD_COLUMNS, ResultsError, read_csv  # noqa: E402
 from runners.time_to_accuracy import curve  # noqa: E402
 
 PARTS = (("t_local_spmm", "local SpMM"), ("t_dense", "dense"), ("t_exchange", "exchange"),
@@ -51,14 +51,11 @@ def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return series
 
 
-SPREAD = ("epoch_time_median", "epoch_time_min", "epoch_time_max")
-
-
 def _pooled_spread(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     """A configuration's epoch-time spread over its runs (seeds): the median of their medians, the least min and the
     largest max; None where a results table predates these columns."""
-    if any(r.get(key) in (None, "") for r in runs for key in SPREAD):
-        return dict.fromkeys(SPREAD)
+    if any(r.get(key) in (None, "") for r in runs for key in SPREAD_COLUMNS):
+        return dict.fromkeys(SPREAD_COLUMNS)
     return {"epoch_time_median": float(np.median([float(r["epoch_time_median"]) for r in runs])),
             "epoch_time_min": min(float(r["epoch_time_min"]) for r in runs),
             "epoch_time_max": max(float(r["epoch_time_max"]) for r in runs)}
@@ -71,9 +68,10 @@ def ideal_times(ranks: np.ndarray, times: np.ndarray, scaling: str) -> np.ndarra
 
 def plot_scaling(rows: list[dict[str, Any]], scaling: str, path: Path, dpi: int) -> None:
     fig, (ax_time, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, runs in _series(rows).items():
+    series = _series(rows)
+    spread = all(r["epoch_time_median"] is not None for runs in series.values() for r in runs)
+    for name, runs in series.items():
         ranks = np.array([int(r["world_size"]) for r in runs])
-        spread = all(r["epoch_time_median"] is not None for r in runs)
         times = np.array([r["epoch_time_median"] if spread else r["epoch_time"] for r in runs])
         line, = ax_time.plot(ranks, times, marker="o", ls=_style(runs[0]), label=name)
         if spread:  # whiskers: the fastest and slowest timed epoch of the point's runs
@@ -92,7 +90,6 @@ def plot_scaling(rows: list[dict[str, Any]], scaling: str, path: Path, dpi: int)
         ax.set_xlabel("MPI ranks P")
         ax.grid(True, which="both", alpha=0.3)
     ax_time.set_yscale("log")
-    spread = all(r.get("epoch_time_median") not in (None, "") for r in rows)
     ax_time.set_ylabel("epoch s, slowest rank" + (" (median; bars: min, max)" if spread else " (mean)"))
     sizes = sorted({int(r["nodes"]) for r in rows if r.get("nodes")})
     what = f"{sizes[0]:,} nodes" if scaling == "strong" and len(sizes) == 1 else \

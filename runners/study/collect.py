@@ -52,10 +52,11 @@ from sparse_dist.plans import PointToPointPlan
 DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
 OWN_PARTS = ("total", "local_spmm", "exchange", "allreduce") + DENSE_PARTS  # every other time part is a policy's
 EXCHANGE_PHASES = ("forward", "backward", "sample", "fetch")  # a training epoch's exchanges (mini-batch: the last two)
+SPREAD_COLUMNS = ("epoch_time_median", "epoch_time_min", "epoch_time_max")  # of a run's timed epochs
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
     "stale", "compress", "variant", "mode", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
-    "epoch_time_median", "epoch_time_min", "epoch_time_max",
+    *SPREAD_COLUMNS,
     "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
     "t_dropout", "t_optimizer", "t_policy", "exchange_bytes", "sample_bytes", "fetch_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "eval_every", "overlap_evaluation",
@@ -100,10 +101,8 @@ def _mean(values: list[float]) -> float:
 
 def _spread(totals: list[float]) -> dict[str, float]:
     """Median, min and max of the timed epochs' times: the spread a scaling point states beside its mean."""
-    if not totals:
-        return {f"epoch_time_{key}": float("nan") for key in ("median", "min", "max")}
-    return {"epoch_time_median": statistics.median(totals), "epoch_time_min": min(totals),
-            "epoch_time_max": max(totals)}
+    figures = (statistics.median(totals), min(totals), max(totals)) if totals else (float("nan"),) * 3
+    return dict(zip(SPREAD_COLUMNS, figures))
 
 
 def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, Any]) -> dict[str, Any]:
