@@ -229,6 +229,13 @@ class Flight:
         for part in self.parts:
             part.wait()
 
+    def forget_rows(self) -> None:
+        """Drop the parts' buffers once their rows were multiplied: a transpose reverses a flight from its
+        messages alone, and a receive buffer kept to the backward pass is a halo's worth of rows (a third of a
+        rank's peak on a power-law graph at P = 4). Local; call it on a consumed (complete) flight only."""
+        for part in self.parts:
+            part.rows = None
+
 
 class BroadcastView(Protocol):
     """What a strategy may ask a broadcast plan (see :class:`sparse_dist.broadcast_plans._BroadcastPlan`)."""
@@ -322,8 +329,15 @@ class ExchangeStrategy:
         return part.rows
 
     def finish_forward(self, context: ExchangeContext, flight: Flight) -> None:
-        """Remember the flight this layer's forward used, for its transpose."""
+        """Remember the flight this layer's forward used, for its transpose, without the rows it brought (the
+        transpose needs its messages only) unless this strategy uses the flight again (:meth:`keeps`)."""
+        if not self.keeps(flight):
+            flight.forget_rows()
         self._used[context.layer] = flight
+
+    def keeps(self, flight: Flight) -> bool:
+        """Whether ``flight``'s rows are used again by a later call (a pipelined strategy's kept flights)."""
+        return False
 
     def used(self, context: ExchangeContext) -> Flight:
         return self._used[context.layer]

@@ -144,6 +144,10 @@ class PipelinedStrategy(ExchangeStrategy):
         return [(backward, flight) for backward, queues in ((False, self._rows), (True, self._gradients))
                 for _, queue in sorted(list(queues.items())) for flight in list(queue)]
 
+    def keeps(self, flight: Flight) -> bool:
+        """A forward flight used in a warm-up epoch stays queued for the epoch ``tau`` later: its rows are kept."""
+        return any(kept is flight for _, kept in self.kept_flights())
+
     @property
     def holds_gradients(self) -> bool:  # type: ignore[override]
         """Where the rule overlaps (``tau >= 1``) a gradient flight is used epochs later: it is held through the

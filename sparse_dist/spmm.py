@@ -23,6 +23,8 @@ through :func:`sparse_dist.comm.run_or_abort`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from sparse_dist.accounting import ComputeTimer
@@ -120,7 +122,10 @@ class _SpMMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, op: DistSpMM,  # type: ignore[override]
                 context: ExchangeContext | None) -> torch.Tensor:
-        ctx.op, ctx.context = op, context  # type: ignore[attr-defined]
+        # the transpose needs no way to unmask this layer's input: dropping it lets that input (the layer
+        # below's output, n_g x F) go when nothing else keeps it, instead of living to the end of the backward
+        kept = context if context is None or context.unmasked is None else replace(context, unmasked=None)
+        ctx.op, ctx.context = op, kept  # type: ignore[attr-defined]
         return op.forward(h, context=context)
 
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import weakref
 
 import numpy as np
 import scipy.sparse as sp
@@ -17,6 +18,7 @@ import torch
 
 from sparse_dist.comm import run_or_abort, world
 from sparse_dist.dcsr import DistCSR
+from sparse_dist.exchange import ExchangeContext
 from sparse_dist.layout import RowLayout
 from sparse_dist.csr import is_symmetric
 from sparse_dist.plans import PLAN_NAMES, plan_class
@@ -121,6 +123,7 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
         (op(h_leaf) * dt).sum().backward()
         if not np.allclose(h_leaf.grad.cpu().numpy(), expect_dh, rtol=tol, atol=tol * scale):
             failures.append(f"{name}: autograd gradient differs from A^T dT")
+        failures += kept_after_forward(op, h, dt, expect_dh, tol * scale, name)
         checked += 1
         # gather/scatter (attention layers' form of the same exchange): blocks times gathered rows, and the
         # gradients sent back, give this rank's partial products of the plan's own forward and transpose.
@@ -141,6 +144,35 @@ def check_case(comm, replication: int, label: str, layout: RowLayout, a: sp.csr_
         if not torch.allclose(via_dh, partial_dh.cpu(), rtol=tol, atol=tol * scale):
             failures.append(f"{name}: scattered gradients differ from the plan's transpose")
     return checked
+
+
+def _returning(value: torch.Tensor):
+    return lambda: value
+
+
+def kept_after_forward(op: DistSpMM, h: torch.Tensor, dt: torch.Tensor, expect_dh: np.ndarray, atol: float,
+                       name: str) -> list[str]:
+    """A training call keeps nothing its transpose does not need: the forward flight's receive buffers and the
+    context's way to unmask the input (``unmasked``, which holds the layer below's output) are gone once the
+    forward returns, and the gradient is still ``A^T dT``. Collective."""
+    problems = []
+    below = torch.ones(3, 3)  # stands for the layer below's output, which only the closure refers to
+    alive = weakref.ref(below)
+    context = ExchangeContext(epoch=0, layer=0, training=True, unmasked=_returning(below))
+    below = None
+    h_leaf = h.clone().requires_grad_(True)
+    out = op(h_leaf, context)
+    context = None  # the caller's own reference; the autograd graph must not keep another
+    held = [part for part in op.plan.strategy.used(ExchangeContext(epoch=0, layer=0, training=True)).parts
+            if part.rows is not None]
+    if held:
+        problems.append(f"{name}: {len(held)} forward part(s) still hold their rows after the forward")
+    if alive() is not None:
+        problems.append(f"{name}: the autograd graph keeps the context's unmasked input until the backward")
+    (out * dt).sum().backward()
+    if not np.allclose(h_leaf.grad.cpu().numpy(), expect_dh, rtol=atol, atol=atol):
+        problems.append(f"{name}: a training call's gradient differs from A^T dT")
+    return problems
 
 
 def run(comm, replication: int, device: str = "cpu") -> tuple[list[str], int]:
