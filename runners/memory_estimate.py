@@ -8,9 +8,8 @@ torch, MPI) as the sum of these parts (the names it prints):
   and torch tensors, both directions (:data:`GRAPH_BYTES_PER_EDGE`, measured), and three int64 per row.
 * ``features``: the float32 rows as loaded and the compute-dtype tensor.
 * ``halo``: layer 0's halo (the rows of other groups its rows read): where it is fetched once (``once``, or
-  ``auto`` where :func:`fetched_once` says the run takes it) its rows of ``X``, else the rows it receives every
-  epoch at layer 0's exchanged width; with what layer 0 makes of them and the exchanges' receive buffers
-  (:data:`HALO_COPIES`). Its rows are :func:`halo_rows`, from ``prepare``'s statistics; on power-law graphs a
+  ``auto`` where :func:`fetched_once` says the run takes it) its rows of ``X``; and the exchanges' rows of the
+  halo's size alive at the peak, at the widest exchanged width (:data:`HALO_EXCHANGE_COPIES`). Its rows are :func:`halo_rows`, from ``prepare``'s statistics; on power-law graphs a
   rank's halo can be several times its own rows (hubs).
 * ``evaluation``: the product of layer 0 an evaluation keeps (a layer that sees its input only through it, GCN).
 * ``activations``: layer 0's dropped-out input and mask, and per layer the arrays of its width autograd keeps
@@ -28,19 +27,19 @@ When set-up's float64 copies of the features outweigh the training parts, they a
 :func:`runners.resources.check_train_resources` (collective) prints it and refuses a run its nodes cannot hold.
 
 How it was checked: peak RSS (``ru_maxrss``) minus the RSS at start, per rank, GCN 3 x 128, float32, 3
-epochs, ``--input-exchange auto``. R-MAT SCALE 20 (1,048,576 vertices, 31M entries, 128 features) at P = 1,
-2, 4, 8 with METIS, metis-train and random parts, exact p2p, ``bns:keep=0.1`` and ``--plan cover``: 0.89 to
-1.15 of the measured peak on all 47 ranks. R-MAT SCALE 18 (262,144 vertices, METIS and metis-train, P = 1,
-2, 4, 8, exact and ``bns:keep=0.1``) and the uniform synthetic graph of 200,000 nodes (degree 15, 128
-features, P = 2, 4, 8): 0.76 to 1.25, the spread coming from the heap's share at P = 4 and 8, where a
-rank's row arrays are below 32 MiB (worst: 0.76 on a METIS rank of only isolated vertices, 1.25 on metis-train
-ranks). The same runs with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_=1048576``, no heap kept)
-measured 0.97 to 1.08 of the estimate without the heap's part. Runs the constants were not fitted on: SCALE
-18 at P = 4 with ``--plan cover`` 0.86 to 1.17 and with ``--input-exchange per-epoch`` 0.91 to 1.01, the 200k
-graph at P = 4 with ``--hidden 64`` 0.90 to 0.97; SCALE 16 at P = 8 (8,000 rows a rank, 0.10 to 0.29 GiB
-measured) 0.65 to 0.89: there the heap's share and per-rank fixed costs the runtime part does not count
-weigh more (at most 60 MiB missing). ``tests/cli/test_resources.py`` checks Cora and a 50k planted graph at
-P = 2 within 25%.
+epochs, ``--input-exchange auto``, exact p2p. Since forward flights forget their receive buffers
+(:meth:`sparse_dist.exchange.Flight.forget_rows`; the peak fell 10-27%), the halo's copies and the heap's share
+were fitted again on R-MAT SCALE 20 (1,048,576 vertices, 31M entries, 128 features; metis-train, P = 1, 2, 4, 8)
+and SCALE 18 (262,144 vertices; METIS, metis-train and random, P = 1, 2, 4, 8): SCALE 20 0.95 to 1.11 of the
+measured peak on all 15 ranks (``--input-exchange per-epoch`` at P = 4: 1.08 to 1.12); R-MAT SCALE 21 (not
+fitted on; metis-train, P = 1, 2, 4, and ``bns:keep=0.1`` at P = 4): 1.09 to 1.14. SCALE 18: 0.59 to 1.22, four
+of 43 ranks under 0.75, all METIS at P = 8, where a rank's row arrays are heap blocks and two ranks of the same
+estimate measured 0.45 and 0.65 GiB (and one rank 0.57 and 0.65 GiB in two runs): the heap's share is the coarse
+part. Before that change the same parts (with five halo copies and a heap share of 0.42) held 0.89 to 1.15 on
+SCALE 20 with METIS, metis-train and random parts, ``bns:keep=0.1`` and ``--plan cover``, 0.76 to 1.25 on SCALE
+18 and the 200k uniform graph, and 0.65 to 0.89 on SCALE 16 at P = 8 (8,000 rows a rank), where per-rank fixed
+costs the runtime part does not count weigh more; those runs were not repeated. ``tests/cli/test_resources.py``
+checks Cora and a 50k planted graph at P = 2 within 25%.
 """
 
 from __future__ import annotations
@@ -65,12 +64,14 @@ and the torch tensors of both directions (the transposes made at the first backw
 before the epochs. Measured, not counted copy by copy: the resident set before the first epoch grows by 25-33
 bytes per entry (R-MAT SCALE 18 at P = 1, 2, 4, 8), whether the entry's column is the rank's own or remote, and
 a least-squares fit of the peak over the R-MAT ranks gives 25-30."""
-HALO_COPIES = 5
-"""Values of each halo row (rows of other groups that layer 0 reads) alive at the peak, besides a one-byte
-dropout mask: the kept (or received) row, layer 0's dropped-out input over own and halo rows, and the receive
-buffers of the exchanging layers, whose rows are about the same (a least-squares fit of the peak over the R-MAT
-SCALE 18 and 20 ranks: 21.6 bytes per float32 halo value; with ``--input-exchange per-epoch`` the peak was the
-same within 0.03 GiB, R-MAT SCALE 18, P = 4)."""
+HALO_EXCHANGE_COPIES = 2
+"""Rows of the exchanged width per halo row alive at the peak (the backward of layer 1, the first exchanging layer
+after a static input): the gradient of the rows this rank received, on its way back, and what its owners send back
+for its own boundary rows (about as many rows on these graphs). The forward's receive buffer is gone by then: a
+flight forgets its rows once they are multiplied (:meth:`sparse_dist.exchange.Flight.forget_rows`). Where layer
+0's input is fetched once its rows of ``X`` are kept besides (``F_0`` columns). Fitted on R-MAT SCALE 20
+(metis-train, P = 2, 4, 8; the estimate is 0.96 to 1.13 of the peak, ``--input-exchange per-epoch`` at P = 4 1.09
+to 1.14)."""
 MERGED_HALO_SHARE = 0.6
 """A row group merged from several prepared parts needs fewer halo rows than its parts together: the rows its own
 parts hold and the rows several of them read count once (R-MAT SCALE 20, 8 parts in 2 and 4 groups, METIS,
@@ -78,9 +79,10 @@ metis-train and random: the halo was 0.54-0.9 of the parts' sum)."""
 HEAP_BLOCK_BYTES = 32 << 20
 """glibc's largest dynamic mmap threshold (64-bit): a block up to this size, once one as large was freed, comes
 from the heap, and a freed heap block stays in the resident set."""
-HEAP_KEPT_SHARE = 0.42
+HEAP_KEPT_SHARE = 0.25
 """Share of an epoch's halo and activation arrays the heap still holds when the next epoch's peak comes, where
-they are heap blocks (measured 0 to about 0.8 by rank: R-MAT SCALE 18 and the 200k synthetic graph at P = 4, 8)."""
+they are heap blocks (measured 0 to about 0.8 by rank: R-MAT SCALE 18 and the 200k synthetic graph at P = 4, 8;
+0.25 since forward flights forget their receive buffers, fitted on R-MAT SCALE 18 at P = 2, 4, 8)."""
 SETUP_BYTES_PER_FEATURE = 20
 """Bytes per feature value while set-up normalises: float32 as loaded, a float64 copy, float64 row-normalised."""
 KEPT_FEATURE_COPIES = 1
@@ -176,8 +178,8 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
     halo = halo_rows(meta, groups, rank // replication, counts)
     training = {
         "features": rows * features * (4 * KEPT_FEATURE_COPIES + itemsize),
-        # layer 0's halo kept (once) or received every epoch at its exchanged width, and what is made of it
-        "halo": halo * (features if once else widest) * (HALO_COPIES * itemsize + 1),
+        # layer 0's halo rows of X kept (once), and the exchanges' rows of the halo's size at the peak
+        "halo": halo * ((features if once else 0) + HALO_EXCHANGE_COPIES * widest) * itemsize,
         # evaluations keep layer 0's product A X where the halo is fetched once and the layer sees its input only
         # through that product (GCN)
         "evaluation": (rows * features * itemsize if layer_type(model).input_only_through_product
