@@ -246,6 +246,13 @@ def _fill_on_device(out: torch.Tensor, spans: list[tuple[int, int, int]], chunk_
         torch.lt(lanes[start:start + length], rule.signed_bound, out=out[out_start:out_start + length])
 
 
+def zero_dropped_(values: torch.Tensor, mask: torch.Tensor) -> None:
+    """``values *= mask`` for a boolean ``mask``, in place, without the float copy of the mask an in-place ``mul_``
+    makes on the CPU (as large as ``values``: at the layer's peak a transient of the layer's whole output); the
+    inverted mask it makes instead is one byte an entry. Equal to the product wherever ``values`` is finite."""
+    values.masked_fill_(mask.logical_not(), 0)
+
+
 class _Masked(torch.autograd.Function):
     """``h * mask``; keeps the boolean mask (1 byte an entry) for the backward only if ``h`` needs one."""
 
@@ -277,7 +284,7 @@ class _ReluMasked(torch.autograd.Function):
                 timer: ComputeTimer | None) -> torch.Tensor:
         out = torch.relu(z)
         with _timed(timer, out.device):
-            out.mul_(mask)
+            zero_dropped_(out, mask)
         ctx.save_for_backward(out)
         return out
 

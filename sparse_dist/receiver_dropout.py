@@ -52,4 +52,4 @@ class ReceiverDropout:
         if context is not None and context.dropout is not None:
             mask = context.dropout.own(out)
             with self.timer.measure("dropout", self.device):
-                out.mul_(mask)
+                out.masked_fill_(mask.logical_not(), 0)  # an in-place mul_ would copy the mask as floats
