@@ -28,11 +28,11 @@ When set-up's float64 copies of the features outweigh the training parts, they a
 
 How it was checked: peak RSS (``ru_maxrss``) minus the RSS at start, per rank, GCN 3 x 128, float32, 3
 epochs, ``--input-exchange auto``, exact p2p. Since forward flights forget their receive buffers
-(:meth:`sparse_dist.exchange.Flight.forget_rows`; the peak fell 10-27%), the halo's copies and the heap's share
+(:meth:`sparse_dist.exchange.Flight.forget_rows`; the peak fell 7-27%), the halo's copies and the heap's share
 were fitted again on R-MAT SCALE 20 (1,048,576 vertices, 31M entries, 128 features; metis-train, P = 1, 2, 4, 8)
 and SCALE 18 (262,144 vertices; METIS, metis-train and random, P = 1, 2, 4, 8): SCALE 20 0.95 to 1.11 of the
 measured peak on all 15 ranks (``--input-exchange per-epoch`` at P = 4: 1.08 to 1.12); R-MAT SCALE 21 (not
-fitted on; metis-train, P = 1, 2, 4, and ``bns:keep=0.1`` at P = 4): 1.09 to 1.14. SCALE 18: 0.59 to 1.22, four
+fitted on; metis-train, P = 1, 2, 4, 8, and ``bns:keep=0.1`` at P = 4): 1.01 to 1.14. SCALE 18: 0.59 to 1.22, four
 of 43 ranks under 0.75, all METIS at P = 8, where a rank's row arrays are heap blocks and two ranks of the same
 estimate measured 0.45 and 0.65 GiB (and one rank 0.57 and 0.65 GiB in two runs): the heap's share is the coarse
 part. Before that change the same parts (with five halo copies and a heap share of 0.42) held 0.89 to 1.15 on
