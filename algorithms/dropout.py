@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from sparse_dist.accounting import ComputeTimer
+from sparse_dist.receiver_dropout import zero_dropped_
 
 LANES_PER_CHUNK = 1 << 22          # 16-bit lanes per chunk on the CPU (2^20 64-bit words)
 DEVICE_LANES_PER_CHUNK = 1 << 24   # on CUDA (2^22 words: 32 MiB drawn per launch)
@@ -244,13 +245,6 @@ def _fill_on_device(out: torch.Tensor, spans: list[tuple[int, int, int]], chunk_
         generator.manual_seed(int(state))
         words.random_(-(1 << 63), None, generator=generator)  # from INT64_MIN to None: the full 64-bit range
         torch.lt(lanes[start:start + length], rule.signed_bound, out=out[out_start:out_start + length])
-
-
-def zero_dropped_(values: torch.Tensor, mask: torch.Tensor) -> None:
-    """``values *= mask`` for a boolean ``mask``, in place, without the float copy of the mask an in-place ``mul_``
-    makes on the CPU (as large as ``values``: at the layer's peak a transient of the layer's whole output); the
-    inverted mask it makes instead is one byte an entry. Equal to the product wherever ``values`` is finite."""
-    values.masked_fill_(mask.logical_not(), 0)
 
 
 class _Masked(torch.autograd.Function):

@@ -9,8 +9,9 @@ torch, MPI) as the sum of these parts (the names it prints):
 * ``features``: the float32 rows as loaded and the compute-dtype tensor.
 * ``halo``: layer 0's halo (the rows of other groups its rows read): where it is fetched once (``once``, or
   ``auto`` where :func:`fetched_once` says the run takes it) its rows of ``X``; and the exchanges' rows of the
-  halo's size alive at the peak, at the widest exchanged width (:data:`HALO_EXCHANGE_COPIES`). Its rows are :func:`halo_rows`, from ``prepare``'s statistics; on power-law graphs a
-  rank's halo can be several times its own rows (hubs).
+  halo's size alive at the peak, at the widest exchanged width (:data:`HALO_EXCHANGE_COPIES`). Its rows are
+  :func:`halo_rows`, from ``prepare``'s statistics; on power-law graphs a rank's halo can be several times its
+  own rows (hubs).
 * ``evaluation``: the product of layer 0 an evaluation keeps (a layer that sees its input only through it, GCN).
 * ``activations``: layer 0's dropped-out input and mask, and per layer the arrays of its width autograd keeps
   and their gradients (:data:`ACTIVATION_COPIES`), plus a layer's per-entry values (attention).
@@ -70,8 +71,8 @@ after a static input): the gradient of the rows this rank received, on its way b
 for its own boundary rows (about as many rows on these graphs). The forward's receive buffer is gone by then: a
 flight forgets its rows once they are multiplied (:meth:`sparse_dist.exchange.Flight.forget_rows`). Where layer
 0's input is fetched once its rows of ``X`` are kept besides (``F_0`` columns). Fitted on R-MAT SCALE 20
-(metis-train, P = 2, 4, 8; the estimate is 0.96 to 1.13 of the peak, ``--input-exchange per-epoch`` at P = 4 1.09
-to 1.14)."""
+(metis-train, P = 2, 4, 8; with :data:`HEAP_KEPT_SHARE` the estimate is 0.95 to 1.11 of the peak,
+``--input-exchange per-epoch`` at P = 4 1.08 to 1.12)."""
 MERGED_HALO_SHARE = 0.6
 """A row group merged from several prepared parts needs fewer halo rows than its parts together: the rows its own
 parts hold and the rows several of them read count once (R-MAT SCALE 20, 8 parts in 2 and 4 groups, METIS,
