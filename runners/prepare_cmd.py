@@ -18,7 +18,8 @@ from runners.data.stages import Stages
 from runners.data.stream_synthetic import write_streamed_synthetic
 from runners.argtypes import at_least
 from runners.argtypes import seed as seed_number
-from runners.data.shards import ShardError, clear_leftovers, dataset_problem, output_problem, write_shards
+from runners.data.shards import (ShardError, clear_leftovers, dataset_problem, output_problem, read_permutation,
+                                 write_shards)
 from runners.prepare_resources import (check_prepare_resources, prepare_memory, prepare_rmat_memory, rmat_entries,
                                        shard_bytes)
 
@@ -273,7 +274,7 @@ def _rmat(args: argparse.Namespace, stages: Stages) -> object:
 def _report_sampling(data: object, meta: dict, out: str, hops: int, seed: int, symmetric: bool = False) -> None:
     """The partition as mini-batch training sees it (:mod:`runners.data.sampling_stats`), from the written shards'
     permutation, so it describes exactly the partition on disk."""
-    order = np.load(Path(out) / meta["permutation_file"], allow_pickle=False)
+    order = read_permutation(Path(out), meta)
     part_of = np.repeat(np.arange(meta["num_parts"]), np.diff(meta["row_offsets"]))[np.argsort(order)]
     stats = sampling_statistics(data.adjacency, part_of, data.masks, hops, seed=seed, symmetric=symmetric)
     print(f"K-hop sampling view ({meta['partitioner']}, hops {hops}): khop-remote = rows of X other parts own in "

@@ -28,7 +28,7 @@ from runners.argtypes import seed as seed_number
 from runners.data.partition import DEFAULT_HOPS, PARTITIONERS, partition
 from runners.data.sampling_stats import (DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, format_comparison, format_part_table,
                                          sampling_statistics)
-from runners.data.shards import _read_part, read_meta
+from runners.data.shards import read_meta, read_part, read_permutation
 
 DEFAULT_PARTITIONERS = "metis,metis-train,bytegnn"
 
@@ -71,8 +71,8 @@ def fanouts_problem(fanouts: list[int] | None, hops: int) -> str | None:
 def read_graph(data_dir: str | Path) -> tuple[sp.csr_matrix, dict[str, np.ndarray], dict[str, Any]]:
     """The whole adjacency and the train/val/test masks of a prepared dataset, in the original node ids."""
     meta = read_meta(data_dir)
-    order = np.load(Path(data_dir) / meta["permutation_file"], allow_pickle=False).astype(np.int64)
-    pieces = [_read_part(Path(data_dir), meta, index) for index in range(meta["num_parts"])]
+    order = read_permutation(Path(data_dir), meta)
+    pieces = [read_part(Path(data_dir), meta, index) for index in range(meta["num_parts"])]
     offsets = meta["row_offsets"]
     rows = np.concatenate([offsets[index] + np.repeat(np.arange(piece["indptr"].size - 1, dtype=np.int64),
                                                       np.diff(piece["indptr"]))

@@ -16,16 +16,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from algorithms.training.graph import LocalGraph
+from runners.data.part_checks import PART_ARRAYS, member_problem, npy_header, part_problem
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.layout import RowLayout
 
 FORMAT_VERSION = 1
 META_FIELDS = ("format_version", "name", "num_nodes", "num_edges", "feature_dim", "num_classes", "multilabel",
                "partitioner", "num_parts", "row_offsets", "permutation_file", "files")
-PART_ARRAYS = ("indptr", "indices", "data", "features", "labels", "train", "val", "test")
-PART_KINDS = {"indptr": "iu", "indices": "iu", "data": "fiu", "features": "fiu", "labels": "iub",
-              "train": "biu", "val": "biu", "test": "biu"}
-"""numpy dtype kinds each shard array may have (anything else is refused before it is used)."""
 PERMUTATION_FILE = "permutation.npy"
 OWN_FILE = re.compile(r"meta\.json|permutation\.npy|part-\d{5}\.npz")
 """Every file name ``prepare`` writes into a dataset directory; nothing else there is ever removed."""
@@ -141,6 +138,9 @@ def meta_problem(meta: Any) -> str | None:
         if key in meta.get("partition_stats", {}) and (not test(value) or isinstance(value, list)
                                                        and len(value) != meta["num_parts"]):
             return f"field 'partition_stats.{key}' is {_shown(value)}, expected {what} ({meta['num_parts']} parts)"
+    edges = meta.get("partition_stats", {}).get("edges")
+    if edges is not None and sum(edges) != meta["num_edges"]:
+        return f"field 'partition_stats.edges' sums to {sum(edges)}, expected num_edges = {meta['num_edges']}"
     offsets = meta["row_offsets"]
     if (len(offsets) != meta["num_parts"] + 1 or offsets[0] != 0 or offsets[-1] != meta["num_nodes"]
             or any(a > b for a, b in zip(offsets, offsets[1:]))):
@@ -192,46 +192,72 @@ def read_meta(data_dir: str | Path) -> dict[str, Any]:
     return meta
 
 
-def _read_part(data_dir: Path, meta: dict[str, Any], index: int) -> dict[str, np.ndarray]:
-    name = part_file(index)
-    path = data_dir / name
+def _verified(path: Path, meta: dict[str, Any]) -> None:
+    """Refuse a shard file that is missing or whose SHA-256 is not ``meta.json``'s (damage, not hostility)."""
     if not path.is_file():
         raise ShardError(f"{path}: shard file missing")
-    expected = meta["files"].get(name)
+    expected = meta["files"].get(path.name)
     if expected is None or sha256_file(path) != expected:
         raise ShardError(f"{path}: checksum does not match meta.json (file damaged or replaced)")
+
+
+def read_part(data_dir: Path, meta: dict[str, Any], index: int,
+              names: tuple[str, ...] = PART_ARRAYS) -> dict[str, np.ndarray]:
+    """Arrays ``names`` of part ``index``, each checked before anything uses it (:mod:`runners.data.part_checks`:
+    headers before reading, values after); a problem raises :class:`ShardError` naming the file, the array and
+    the first bad position."""
+    path = data_dir / part_file(index)
+    _verified(path, meta)
+    arrays: dict[str, np.ndarray] = {}
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            missing = [key for key in PART_ARRAYS if key not in archive.files]
-            if missing:
-                raise ShardError(f"{path}: missing arrays {missing}")
-            arrays = {key: archive[key] for key in PART_ARRAYS}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # pickled objects, not an .npz, truncated
+        with zipfile.ZipFile(path) as archive:
+            problem = member_problem(archive, path.stat().st_size, meta, index, names)
+        if not problem:
+            with np.load(path, allow_pickle=False) as archive:
+                arrays = {key: archive[key] for key in names}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # not an .npz, truncated
         raise ShardError(f"{path}: not a shard written by `sparse-dist prepare` ({exc})") from None
-    wrong = [f"{key} ({arrays[key].dtype})" for key, kinds in PART_KINDS.items() if arrays[key].dtype.kind not in kinds]
-    if wrong:
-        raise ShardError(f"{path}: arrays of the wrong type: {', '.join(wrong)}; expected integer indptr and indices, "
-                         f"numeric data, features and labels, and boolean (or 0/1) masks")
-    n_rows = meta["row_offsets"][index + 1] - meta["row_offsets"][index]
-    if arrays["indptr"].size != n_rows + 1 or arrays["features"].shape != (n_rows, meta["feature_dim"]):
-        raise ShardError(f"{path}: expected {n_rows} rows and feature_dim {meta['feature_dim']}, found "
-                         f"indptr of {arrays['indptr'].size} and features {arrays['features'].shape}")
-    short = [f"{key} ({arrays[key].shape[0] if arrays[key].ndim else 0})" for key in ("labels", "train", "val", "test")
-             if not arrays[key].ndim or arrays[key].shape[0] != n_rows]
-    if short:
-        raise ShardError(f"{path}: expected {n_rows} rows in every per-node array, found {', '.join(short)}")
-    if not np.all(np.isfinite(arrays["features"])):
-        raise ShardError(f"{path}: field 'features' has non-finite values")
-    labels = arrays["labels"]
-    if meta["multilabel"]:
-        if labels.shape != (n_rows, meta["num_classes"]) or not np.isin(labels, (0, 1)).all():
-            raise ShardError(f"{path}: field 'labels' must be {n_rows} x {meta['num_classes']} of 0/1")
-    elif labels.size and (labels.min() < 0 or labels.max() >= meta["num_classes"]):
-        raise ShardError(f"{path}: field 'labels' has values in [{labels.min()}, {labels.max()}], expected "
-                         f"[0, {meta['num_classes'] - 1}] (num_classes={meta['num_classes']})")
-    if arrays["indices"].size and (arrays["indices"].min() < 0 or arrays["indices"].max() >= meta["num_nodes"]):
-        raise ShardError(f"{path}: field 'indices' has node ids outside [0, {meta['num_nodes']})")
+    problem = problem or part_problem(meta, index, arrays)
+    if problem:
+        raise ShardError(f"{path}: {problem}")
     return arrays
+
+
+def _permutation_header_problem(path: Path, n: int) -> str | None:
+    """Why ``path``'s ``.npy`` header is not a 1-D integer array of ``n`` entries filling the file, or None."""
+    with open(path, "rb") as handle:
+        problem, shape, dtype = npy_header(handle, path.stat().st_size)
+    if problem:
+        return problem
+    if dtype.kind not in "iu" or dtype.fields is not None or shape != (n,):
+        return f"expected a 1-D integer array of num_nodes = {n} entries, found {dtype} of shape {shape}"
+    return None
+
+
+def read_permutation(data_dir: Path, meta: dict[str, Any]) -> np.ndarray:
+    """``permutation.npy`` (new id -> original id, int64), checked: its checksum, a 1-D integer array of
+    ``num_nodes`` entries (from its header, before it is read) and a permutation of ``[0, num_nodes)``."""
+    path = data_dir / meta["permutation_file"]
+    _verified(path, meta)
+    n = meta["num_nodes"]
+    try:
+        problem = _permutation_header_problem(path, n)
+        order = None if problem else np.load(path, allow_pickle=False).astype(np.int64, copy=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ShardError(f"{path}: not a permutation written by `sparse-dist prepare` ({exc})") from None
+    if order is not None and order.size and (order.min() < 0 or order.max() >= n):
+        at = int(np.flatnonzero((order < 0) | (order >= n))[0])
+        problem = f"entry {at} is {int(order[at])}, expected an original node id in [0, {n})"
+    elif order is not None:
+        counts = np.bincount(order, minlength=n)
+        if (counts != 1).any():
+            repeated = int(np.argmax(counts > 1))
+            problem = (f"entry {int(np.flatnonzero(order == repeated)[1])} repeats original id {repeated}; "
+                       f"expected a permutation of [0, {n})")
+    if problem:
+        raise ShardError(f"{path}: {problem}")
+    assert order is not None
+    return order
 
 
 def _raise_if_any(comm: Communicator, error: str | None) -> None:
@@ -265,7 +291,7 @@ def load_local_graph(comm: Communicator, data_dir: str | Path, groups: int, repl
     group = comm.rank // replication
     pieces: list[dict[str, np.ndarray]] = []
     try:
-        pieces = [_read_part(data_dir, meta, index) for index in range(group * per_group, (group + 1) * per_group)]
+        pieces = [read_part(data_dir, meta, index) for index in range(group * per_group, (group + 1) * per_group)]
     except ShardError as exc:
         error = str(exc)
     _raise_if_any(comm, error)

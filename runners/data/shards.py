@@ -43,10 +43,10 @@ import scipy.sparse as sp
 
 from runners.data.datasets import GraphData, feature_dtype
 from runners.data.partition import DEFAULT_HOPS, BoundaryAccumulator, partition, relabel
-# the reading side; load_local_graph, _read_part and the meta rules are imported from here by callers too
+# the reading side; load_local_graph, read_part and the meta rules are imported from here by callers too
 from runners.data.shard_reader import (FORMAT_VERSION, META_RULES, OWN_FILE, STATS_RULES,  # noqa: F401
-                                       ShardError, _read_part, dataset_files, load_local_graph, part_file,
-                                       read_meta, sha256_file)
+                                       ShardError, dataset_files, load_local_graph, part_file, read_meta,
+                                       read_part, read_permutation, sha256_file)
 from runners.data.stages import NoStages
 from runners.data.stages import progress_line as _progress
 from sparse_dist.log import get_logger

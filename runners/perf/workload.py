@@ -25,7 +25,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from runners.data.partition import BoundaryAccumulator
-from runners.data.shards import part_file, read_meta
+from runners.data.part_checks import STRUCTURE
+from runners.data.shards import read_meta, read_part
 from sparse_dist.cover_sets import konig_cover
 from sparse_dist.csr import entry_rows
 from sparse_dist.layout import RowLayout
@@ -81,8 +82,8 @@ def workload_from_shards(data_dir: str | Path, groups: int, self_loops: bool = T
     for g in range(groups):
         columns, loops = [], 0
         for index in range(g * per_group, (g + 1) * per_group):
-            with np.load(data_dir / part_file(index), allow_pickle=False) as archive:
-                indices, indptr = archive["indices"].astype(np.int64), archive["indptr"]
+            part = read_part(data_dir, meta, index, STRUCTURE)
+            indices, indptr = part["indices"].astype(np.int64), part["indptr"]
             first = meta["row_offsets"][index]
             rows_of = np.repeat(np.arange(indptr.size - 1) + first, np.diff(indptr))
             loops += int(np.unique(rows_of[indices == rows_of]).size)
@@ -118,8 +119,8 @@ def _group_rows(data_dir: Path, meta: dict, first: int, last: int) -> sp.csr_mat
     """Parts ``first..last-1`` stacked: their CSR rows with global column ids."""
     pieces = []
     for index in range(first, last):
-        with np.load(data_dir / part_file(index), allow_pickle=False) as archive:
-            indptr, indices = archive["indptr"], archive["indices"].astype(np.int64)
+        part = read_part(data_dir, meta, index, STRUCTURE)
+        indptr, indices = part["indptr"], part["indices"].astype(np.int64)
         pieces.append(sp.csr_matrix((np.ones(indices.size), indices, indptr),
                                     shape=(indptr.size - 1, int(meta["num_nodes"]))))
     return sp.vstack(pieces, format="csr") if pieces else sp.csr_matrix((0, int(meta["num_nodes"])))
