@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,9 +67,17 @@ class OutputLocks:
         path = lock_beside(output)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            # no link followed, no FIFO or device waited on or read: only a regular file is a lock file
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return (f"{flag} {output}: its lock file {path} is a symbolic link; a lock file is a regular file "
+                        f"sparse_dist makes, so move the link away")
             return f"{flag} {output}: cannot open its lock file {path}: {exc.strerror or exc}"
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            os.close(descriptor)
+            return (f"{flag} {output}: its lock file {path} exists and is not a regular file (a FIFO, socket or "
+                    f"device); move it away or choose another {flag}")
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
