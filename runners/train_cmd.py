@@ -56,6 +56,7 @@ from algorithms.checkpoint import (MAIN_FILE, CheckpointError, CheckpointSet, Se
 from algorithms.layers import layer_type
 from algorithms.policies import PolicySpec, RunShape
 from algorithms.train import TrainConfig, Trainer, bytes_by_phase
+from algorithms.training.state import replicated_state_problem
 from algorithms.training.tighten import restore_best_at_end
 from runners.shm_leftovers import leftover_note
 from runners.guard_flags import guard_flag_problem
@@ -287,12 +288,24 @@ def _remove_leftovers(comm: Communicator, args: argparse.Namespace, resumption: 
 def _resume(comm: Communicator, trainer: Trainer, resumption: Resumption) -> None:
     """Load a checked set into the trainer: the replicated state, then this rank's policy state where it fits
     (collective: its check is agreed)."""
+    agree(comm, _unfit(resumption.current.pointer, replicated_state_problem(trainer, resumption.state)))
     trainer.load_state(resumption.state)
     if resumption.policy is None and resumption.note is None and trainer.has_policy_state:
         agree(comm, f"--checkpoint {resumption.current.pointer}: its set holds no policy state, which this run keeps")
     if resumption.policy is not None:
         agree(comm, trainer.policy_mismatch(resumption.policy))
-        trainer.load_policy_state(resumption.policy)
+        error = None
+        try:
+            trainer.load_policy_state(resumption.policy)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
+            error = _unfit(resumption.current.pointer, f"its policy state for rank {comm.rank} does not fit this "
+                                                       f"run ({type(exc).__name__}: {str(exc)[:120]})")
+        agree(comm, error)
+
+
+def _unfit(pointer: Path, problem: str | None) -> str | None:
+    """``problem`` of the checkpoint set ``pointer`` names, as the sentence a resume refuses with, or None."""
+    return None if problem is None else f"--checkpoint {pointer}: its set cannot be resumed here: {problem}"
 
 
 def _ogb_metric(comm: Communicator, trainer: Trainer, meta: dict[str, Any]) -> dict[str, float] | None:

@@ -38,6 +38,65 @@ def replicated_state(run: TrainingRun) -> dict[str, Any]:
     return state
 
 
+def _tensors_problem(found: Any, template: dict[str, torch.Tensor], what: str) -> str | None:
+    """Why ``found`` is not a mapping of exactly ``template``'s names to finite tensors of the same shapes and
+    dtypes, or None (one clause naming the first tensor that differs)."""
+    if not isinstance(found, dict) or set(found) != set(template):
+        names = sorted(map(str, found)) if isinstance(found, dict) else type(found).__name__
+        return f"{what} holds {_shown_names(names)}, this model has {_shown_names(sorted(template))}"
+    for name, mine in template.items():
+        theirs = found[name]
+        if not isinstance(theirs, torch.Tensor) or theirs.shape != mine.shape or theirs.dtype != mine.dtype:
+            shape = (f"{tuple(theirs.shape)} {theirs.dtype}" if isinstance(theirs, torch.Tensor)
+                     else type(theirs).__name__)
+            return f"{what} {name!r} is {shape}, this model's is {tuple(mine.shape)} {mine.dtype}"
+        if theirs.is_floating_point() and not bool(torch.isfinite(theirs).all()):
+            return f"{what} {name!r} holds non-finite values"
+    return None
+
+
+def _shown_names(names: Any) -> str:
+    text = repr(names)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def replicated_state_problem(run: TrainingRun, state: dict[str, Any]) -> str | None:
+    """Why a checkpoint's replicated state (checksum passed, fingerprint matched) cannot be loaded into this run,
+    or None: weights and Adam's moments of other names, shapes or dtypes than this model's, an epoch that is
+    not a count, a random-number state of another size, kept guard weights that are not this model's.
+    A checksum stops damage, not an author who rewrites it; this stops what would otherwise reach
+    ``load_state_dict`` as a traceback."""
+    template = run.model.state_dict()
+    problem = _tensors_problem(state.get("model"), template, "weight")
+    if problem:
+        return problem
+    epoch = state.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        return f"epoch {epoch!r}, expected an integer >= 0"
+    rng, mine = state.get("torch_rng"), torch.get_rng_state()
+    if not isinstance(rng, torch.Tensor) or rng.dtype != mine.dtype or rng.shape != mine.shape:
+        return "random-number state of another shape or type than torch's"
+    kept = state.get("guard_kept")
+    if isinstance(kept, dict) and "model" in kept:
+        problem = _tensors_problem(kept["model"], template, "kept guard weight")
+        if problem:
+            return problem
+    optimizer = state.get("optimizer")
+    parameters = [p for group in run.optimizer.param_groups for p in group["params"]]
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("state"), dict):
+        return "Adam state missing"
+    for key, values in optimizer["state"].items():
+        if not isinstance(key, int) or not 0 <= key < len(parameters) or not isinstance(values, dict):
+            return f"Adam state for parameter {key!r}, this model has {len(parameters)}"
+        moments = {name: values.get(name) for name in ("exp_avg", "exp_avg_sq")}
+        shape = parameters[key].detach()
+        problem = _tensors_problem(moments, {"exp_avg": shape, "exp_avg_sq": shape}, f"Adam moment of parameter {key}")
+        step = values.get("step")
+        if problem or not isinstance(step, torch.Tensor) or step.numel() != 1:
+            return problem or f"Adam step of parameter {key} is not a scalar tensor"
+    return None
+
+
 def load_replicated_state(run: TrainingRun, state: dict[str, Any]) -> None:
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
