@@ -361,7 +361,7 @@ def _run_without_mpi(args: argparse.Namespace) -> int:
         if isinstance(exc, _loaded_user_errors()):
             if args.debug:
                 raise
-            print(f"sparse-dist {args.command}: {exc}", file=sys.stderr)
+            print(f"sparse-dist {args.command}: error: {exc}", file=sys.stderr)
             return 2
         described = describe_environment_error(args.command)(exc)
         if described is None or args.debug:

@@ -275,7 +275,7 @@ def main(comm: object, args: argparse.Namespace) -> int:
             return 0
         return run(args)
     except EmulationUnavailable as exc:
-        print(f"sparse-dist emulate: {exc}", file=sys.stderr)
+        print(f"sparse-dist emulate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("sparse-dist emulate: interrupted; the job and its network are gone", file=sys.stderr)

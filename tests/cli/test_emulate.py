@@ -131,7 +131,7 @@ def test_refuses_latency_where_the_kernel_has_no_netem(tmp_path: Path) -> None:
                        sys.executable, "-c", f"open({str(marker)!r}, 'w')")
     rc, _, stderr = _finish(process)
     assert rc == 2, stderr
-    assert stderr.strip() == ("sparse-dist emulate: this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), which "
+    assert stderr.strip() == ("sparse-dist emulate: error: this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), which "
                               "--latency needs; leave --latency out to emulate bandwidth only")
     assert not marker.exists() and _ours(process.pid) == []
 

@@ -68,7 +68,7 @@ def test_the_cost_command_answers_to_its_old_name(tmp_path: Path, capsys: pytest
             raise SystemExit(cli.main([name, "compare", str(tmp_path)]))
         assert exit_info.value.code == 2
         said[name] = capsys.readouterr().err
-    assert said["cost"] == (f"sparse-dist cost: {tmp_path}/results.csv: no such results table "
+    assert said["cost"] == (f"sparse-dist cost: error: {tmp_path}/results.csv: no such results table "
                             f"(run `sparse-dist sweep` first)\n")
     assert said["model"] == ("sparse-dist: warning: sparse-dist model is deprecated, use sparse-dist cost "
                              "(the old name goes in the next release)\n" + said["cost"])

@@ -129,7 +129,7 @@ def test_a_misspelt_train_key_stops_a_dry_run(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "runners.cli", "sweep", str(path), "--dry-run"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr == (f"sparse-dist sweep: {path}: [train] hiden: not an option of `sparse-dist train`; "
+    assert result.stderr == (f"sparse-dist sweep: error: {path}: [train] hiden: not an option of `sparse-dist train`; "
                              f"did you mean hidden?\n")
     assert result.stdout == ""
 
@@ -324,7 +324,7 @@ def test_compression_and_policy_tables_are_refused_at_load_in_one_sentence(tmp_p
     result = subprocess.run([sys.executable, "-m", "runners.cli", "sweep", str(path), "--dry-run"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
-    assert result.stderr.startswith(f"sparse-dist sweep: {path}: ") and sentence in result.stderr, result.stderr
+    assert result.stderr.startswith(f"sparse-dist sweep: error: {path}: ") and sentence in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

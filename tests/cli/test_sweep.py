@@ -204,7 +204,7 @@ def test_an_output_holding_files_the_study_did_not_write_is_refused_unless_overw
                                 text=True, timeout=120)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
         assert result.stderr.strip().splitlines() == [
-            f"sparse-dist sweep: {path}: study.output {tmp_path / 'out'} holds files this study's sweep did not "
+            f"sparse-dist sweep: error: {path}: study.output {tmp_path / 'out'} holds files this study's sweep did not "
             f"write (results.csv, runs.jsonl), so nothing was written there; choose another output, or set "
             f"overwrite = true in [study] to let the sweep replace its results.csv and runs.jsonl there"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["results.csv", "runs.jsonl"]
