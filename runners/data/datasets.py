@@ -7,12 +7,14 @@ ranks read shards (:mod:`runners.data.shards`).
 from __future__ import annotations
 
 import pickle
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
+from runners.data.part_checks import npy_header
 from runners.data.synthetic import synthetic_rows
 
 BUILTIN_PLANETOID = Path(__file__).resolve().parent / "builtin_data" / "planetoid"
@@ -205,19 +207,44 @@ def feature_dtype(features: np.ndarray) -> type:
 
 
 def _load_array(path: Path, what: str) -> np.ndarray:
+    """A user's numeric array (``.npy``, single-array ``.npz`` or integer text), its ``.npy`` header checked
+    before any data is read (:func:`runners.data.part_checks.npy_header`: no allocation from a claimed size,
+    no objects) and its dtype numeric; anything else is one :class:`DatasetError` naming the file."""
     if not path.is_file():
         raise DatasetError(f"{path}: {what} file not found")
     try:
         if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as archive:
-                if len(archive.files) != 1:
-                    raise DatasetError(f"{path}: expected one array in the .npz, found {archive.files}")
-                return archive[archive.files[0]]
-        if path.suffix == ".npy":
-            return np.load(path, allow_pickle=False)
-        return np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
-    except (ValueError, OSError) as exc:
-        raise DatasetError(f"{path}: cannot read {what} ({exc})") from None
+            with zipfile.ZipFile(path) as archive:
+                members = archive.infolist()
+                if len(members) != 1:
+                    raise DatasetError(f"{path}: expected one array in the .npz, found "
+                                       f"{[m.filename.removesuffix('.npy') for m in members]}")
+                if members[0].compress_type == zipfile.ZIP_STORED and members[0].file_size > path.stat().st_size:
+                    raise DatasetError(f"{path}: its member claims {members[0].file_size} bytes, more than the file")
+                with archive.open(members[0]) as member:
+                    problem, _, dtype = npy_header(member, members[0].file_size)
+                    if not problem and members[0].compress_type == zipfile.ZIP_STORED:
+                        member.seek(0)
+                        array = np.lib.format.read_array(member, allow_pickle=False)
+                    elif not problem:
+                        raise DatasetError(f"{path}: a compressed .npz; save it with np.savez or np.save")
+        elif path.suffix == ".npy":
+            with open(path, "rb") as handle:
+                problem, _, dtype = npy_header(handle, path.stat().st_size)
+                if not problem:
+                    handle.seek(0)
+                    array = np.lib.format.read_array(handle, allow_pickle=False)
+        else:
+            return np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
+    except DatasetError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DatasetError(f"{path}: cannot read {what} ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+    if problem:
+        raise DatasetError(f"{path}: {what} {problem}")
+    if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
+        raise DatasetError(f"{path}: {what} of type {dtype}, expected numbers (integers, floats or booleans)")
+    return array
 
 
 def check_class_ids(y: np.ndarray, path: Path, num_classes: int | None) -> int:

@@ -355,6 +355,9 @@ def load_study(path: str | Path) -> Study:
         document = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise StudyError(f"{path}: study file not found") from None
+    except UnicodeDecodeError as exc:
+        raise StudyError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                         f"a study file is TOML in UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise StudyError(f"{path}: not valid TOML ({exc})") from None
     unknown_keys(str(path), document, {"study", "train", "dataset", "network"})
