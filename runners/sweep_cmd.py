@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.launcher_path import find_mpiexec
+from runners.output_lock import OutputLocks
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
 from runners.study.output import claim_output, output_problem
 from runners.study.datasets import RMAT_KEYS
@@ -221,8 +222,21 @@ def main(comm: object, args: argparse.Namespace) -> int:
     for line in skipped:
         print(f"skipped: {line}")
     table = StudyTable(study, launcher)
+    locks = OutputLocks()
     if not args.dry_run:
         claim_output(study)
+        # one sweep writes an output at a time: a second on the same study.output is refused, naming the holder
+        taken = locks.take(study.output / "results.csv", "study.output", overwrite=False)
+        if taken:
+            raise StudyError(f"{study.source}: {taken}")
+    try:
+        return _sweep(study, args, runs, launcher, table)
+    finally:
+        locks.release()
+
+
+def _sweep(study: Study, args: argparse.Namespace, runs: list[Run], launcher: str, table: StudyTable) -> int:
+    """The sweep itself (its output locked unless a dry run): collect only, show, or run what is not done."""
     if args.collect_only:
         for run in runs:
             table.add(run)

@@ -6,7 +6,9 @@ study (resuming, ``--collect-only``) find it and go on; an output that holds any
 or the mark of another study, is refused in one sentence, so a ``results.csv`` or ``runs.jsonl`` the user
 keeps there is never replaced, unless the study file says ``overwrite = true`` in ``[study]`` (the sweep
 then marks the directory as its own and replaces its ``results.csv`` and ``runs.jsonl``; nothing else of
-the user's there is touched).
+the user's there is touched). While a sweep runs, it holds the lock beside ``OUTPUT/results.csv``
+(:mod:`runners.output_lock`, taken in :func:`runners.sweep_cmd.main`), so a second sweep of the same output is
+refused rather than running every run twice into the same files.
 """
 
 from __future__ import annotations

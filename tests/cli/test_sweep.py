@@ -193,6 +193,30 @@ def _small_study(tmp_path: Path, extra_study: str = "", train: str = "", epochs:
     return path
 
 
+def test_a_second_sweep_on_the_same_output_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    """One writer per output: two sweeps of one study at once used to run every run twice into the same files
+    (one of them aborted); the second is now refused in one sentence naming the first's pid."""
+    from runners.output_lock import OutputLocks
+
+    path = _small_study(tmp_path)
+    first = subprocess.run([SPARSE_DIST, "sweep", "--collect-only", str(path)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)  # marks the output as the study's
+    assert first.returncode == 0, first.stderr
+    locks = OutputLocks()  # what a running sweep holds
+    assert locks.take(tmp_path / "out" / "results.csv", "study.output", overwrite=False) is None
+    try:
+        second = _sweep(path, timeout=60)
+    finally:
+        locks.release()
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert second.stderr.strip().splitlines() == [
+        f"sparse-dist sweep: error: {path}: study.output {tmp_path / 'out' / 'results.csv'} is being written by "
+        f"another run (pid {os.getpid()} on host {os.uname().nodename}, since "
+        f"{second.stderr.split(', since ')[1].split(';')[0]}; it holds {tmp_path / 'out' / 'results.csv.lock'}); wait "
+        f"for it to end or choose another study.output"], second.stderr
+    assert not list((tmp_path / "out").glob("runs/*.jsonl"))
+
+
 @pytest.mark.slow
 def test_an_output_holding_files_the_study_did_not_write_is_refused_unless_overwrite(tmp_path: Path) -> None:
     path = _small_study(tmp_path)
