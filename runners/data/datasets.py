@@ -107,12 +107,72 @@ def load_planetoid(directory: str | Path, name: str) -> GraphData:
         raise DatasetError(f"{directory}: not a Planetoid dataset directory for {name!r}; missing {missing}")
     objects = {part: _read_pickle(directory / f"ind.{name}.{part}") for part in PLANETOID_PARTS}
     for part in ("x", "tx", "allx"):
-        if not sp.issparse(objects[part]):
-            raise DatasetError(f"{directory / f'ind.{name}.{part}'}: expected a scipy sparse matrix, "
-                               f"got {type(objects[part]).__name__}")
+        objects[part] = _checked_sparse(objects[part], directory / f"ind.{name}.{part}")
     for part in ("y", "ty", "ally"):
-        if not isinstance(objects[part], np.ndarray) or objects[part].ndim != 2:
-            raise DatasetError(f"{directory / f'ind.{name}.{part}'}: expected a 2-D one-hot label array")
+        label = objects[part]
+        if (not isinstance(label, np.ndarray) or label.ndim != 2 or label.dtype.kind not in "biuf"
+                or not np.isfinite(label).all()):
+            raise DatasetError(f"{directory / f'ind.{name}.{part}'}: expected a 2-D one-hot label array of numbers")
+    try:
+        return _planetoid_graph(directory, name, objects)
+    except (ValueError, IndexError, TypeError, KeyError, OverflowError, MemoryError) as exc:
+        if isinstance(exc, DatasetError):
+            raise
+        raise DatasetError(f"{directory}: the ind.{name}.* files do not fit together as a Planetoid dataset "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+
+
+def _checked_sparse(matrix: object, path: Path) -> sp.csr_matrix:
+    """An unpickled sparse matrix as CSR, its structure checked first: unpickling sets a matrix's arrays without
+    scipy's checks, and an ``indptr`` that ends short of its entries makes scipy write past an array."""
+    if not sp.issparse(matrix) or matrix.format not in ("csr", "csc", "coo"):
+        raise DatasetError(f"{path}: expected a scipy sparse matrix, got {type(matrix).__name__}")
+    try:
+        shape = tuple(int(n) for n in matrix.shape)
+        if len(shape) != 2 or min(shape) < 0 or matrix.data.dtype.kind not in "biuf":
+            raise ValueError(f"shape {shape}, data of type {matrix.data.dtype}")
+        if matrix.format == "coo":
+            row, col = np.asarray(matrix.row), np.asarray(matrix.col)
+            if (row.dtype.kind not in "iu" or col.dtype.kind not in "iu" or not row.shape == col.shape
+                    == matrix.data.shape or row.ndim != 1 or row.size and (row.min() < 0 or row.max() >= shape[0]
+                                                                       or col.min() < 0 or col.max() >= shape[1])):
+                raise ValueError("its row and column ids do not fit its shape and entries")
+        else:
+            matrix.check_format(full_check=True)
+        if not np.isfinite(matrix.data).all():
+            raise ValueError("non-finite values")
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        raise DatasetError(f"{path}: not a valid sparse matrix ({exc})") from None
+    return sp.csr_matrix(matrix)
+
+
+def _check_planetoid_shapes(directory: Path, name: str, allx: sp.csr_matrix, tx: sp.csr_matrix, ally: np.ndarray,
+                            ty: np.ndarray, y: np.ndarray, test_index: np.ndarray, graph: dict) -> None:
+    """Refuse Planetoid parts that do not fit together before anything is sized from them: feature widths and
+    label widths equal, one label row per feature row, the training labels a prefix, test ids distinct, as many
+    as ``tx``'s rows and among the graph's nodes after ``allx``'s, and the graph a dict of node ids to lists of
+    node ids."""
+    files = f"{directory}/ind.{name}"
+    nodes = len(graph)
+    if allx.shape[1] != tx.shape[1] or not ally.shape[1] == ty.shape[1] == y.shape[1]:
+        raise DatasetError(f"{files}.*: allx and tx must have one width ({allx.shape[1]}, {tx.shape[1]}) and "
+                           f"ally, ty, y one label width ({ally.shape[1]}, {ty.shape[1]}, {y.shape[1]})")
+    if allx.shape[0] != ally.shape[0] or tx.shape[0] != ty.shape[0] or y.shape[0] > ally.shape[0]:
+        raise DatasetError(f"{files}.*: expected one label row per feature row (allx {allx.shape[0]}, ally "
+                           f"{ally.shape[0]}; tx {tx.shape[0]}, ty {ty.shape[0]}) and y no longer than ally")
+    if (test_index.size != tx.shape[0] or np.unique(test_index).size != test_index.size or test_index.size
+            and (test_index.min() < allx.shape[0] or test_index.max() >= max(nodes, allx.shape[0] + tx.shape[0]))):
+        raise DatasetError(f"{files}.test.index: expected {tx.shape[0]} distinct node ids (one per row of tx) in "
+                           f"[{allx.shape[0]}, {max(nodes, allx.shape[0] + tx.shape[0])})")
+    for node, neighbours in graph.items():
+        if (not isinstance(node, (int, np.integer)) or not isinstance(neighbours, (list, tuple, set))
+                or not all(isinstance(other, (int, np.integer)) for other in neighbours)):
+            raise DatasetError(f"{files}.graph: expected a dict of node ids to lists of node ids, found "
+                               f"{type(node).__name__} -> {type(neighbours).__name__}")
+
+
+def _planetoid_graph(directory: Path, name: str, objects: dict[str, object]) -> GraphData:
+    """The graph of checked Planetoid objects (:func:`load_planetoid`)."""
     try:
         test_index = np.loadtxt(directory / f"ind.{name}.test.index", dtype=np.int64, ndmin=1)
     except ValueError as exc:
@@ -123,6 +183,7 @@ def load_planetoid(directory: str | Path, name: str) -> GraphData:
 
     tx, allx = sp.csr_matrix(objects["tx"]), sp.csr_matrix(objects["allx"])
     ty, ally, y = objects["ty"], objects["ally"], objects["y"]
+    _check_planetoid_shapes(directory, name, allx, tx, ally, ty, y, test_index, graph)
     test_sorted = np.sort(test_index)
     n_nodes = max(allx.shape[0] + (test_sorted.max() - test_sorted.min() + 1), len(graph))
     if test_sorted.max() - test_sorted.min() + 1 != tx.shape[0]:  # Citeseer: isolated test nodes

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-FORMATS = ("shard", "meta", "permutation", "checkpoint", "study", "edgelist")
+FORMATS = ("shard", "meta", "permutation", "checkpoint", "study", "edgelist", "planetoid")
+PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 ARRAY_OPS = ("set", "dtype", "reshape", "shorter", "longer", "drop", "rename", "swap", "empty", "compress")
 BYTE_OPS = ("flip", "truncate", "garbage")
 SPECIAL = (0, -1, 1, 2, 255, 2 ** 31 - 1, 2 ** 31, 2 ** 63 - 1, -2 ** 63, 10 ** 12, float("nan"), float("inf"),
@@ -121,7 +122,7 @@ def _rewrite_npz(path: Path, m: Mutation) -> None:
 
 
 def apply(m: Mutation, dataset: Path, checkpoint: Path | None = None, study: Path | None = None,
-          edgelist: Path | None = None) -> Path:
+          edgelist: Path | None = None, planetoid: Path | None = None) -> Path:
     """Apply ``m`` to the file of its format (the dataset's part 1, meta.json or permutation; the checkpoint's
     main file; the study file; the edge list), rewriting checksums where ``m.fix_checksum``; returns the file."""
     if m.format in ("shard", "permutation"):
@@ -155,6 +156,9 @@ def apply(m: Mutation, dataset: Path, checkpoint: Path | None = None, study: Pat
     if m.format == "checkpoint":
         assert checkpoint is not None
         return _mutate_checkpoint(checkpoint, m)
+    if m.format == "planetoid":
+        assert planetoid is not None
+        return _mutate_planetoid(planetoid, m)
     path = study if m.format == "study" else edgelist
     assert path is not None
     if m.format == "edgelist" and m.target in ("features", "labels"):  # the .npy beside the edge list
@@ -176,6 +180,39 @@ def apply(m: Mutation, dataset: Path, checkpoint: Path | None = None, study: Pat
             lines[at] = lines[at].split("=")[0] + (f"= {_special(m.value)!r}" if "=" in lines[at]
                                                      else f" {_special(m.value)}")
         path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _mutate_planetoid(directory: Path, m: Mutation) -> Path:
+    """Change one ``ind.cora.*`` file: its bytes, or one entry of the object it holds (a sparse matrix's
+    ``indptr``, ``indices`` or ``data``, a label array, a neighbour in the graph, a test id), re-pickled."""
+    import pickle
+
+    import scipy.sparse as sp
+
+    part = PLANETOID_PARTS[m.value % len(PLANETOID_PARTS)]
+    path = directory / f"ind.cora.{part}"
+    if m.op in BYTE_OPS:
+        _mutate_bytes(path, m)
+        return path
+    if part == "test.index":
+        ids = np.loadtxt(path, dtype=np.int64, ndmin=1)
+        changed = mutate_array(ids, m)
+        np.savetxt(path, np.zeros(0) if changed is None else changed.reshape(-1), fmt="%s")
+        return path
+    with open(path, "rb") as handle:
+        obj = pickle.load(handle, encoding="latin1")
+    if sp.issparse(obj):
+        field = ("indptr", "indices", "data")[int(m.where * 3)]
+        changed = mutate_array(getattr(obj, field), m)
+        obj.__dict__[field if changed is not None else "data"] = changed if changed is not None else obj.data[:-1]
+    elif isinstance(obj, np.ndarray):
+        obj = mutate_array(obj, m)
+    elif isinstance(obj, dict) and obj:
+        key = sorted(obj)[int(m.where * len(obj))]
+        obj[key] = [_special(m.value)] if m.op == "set" else "x"
+    with open(path, "wb") as handle:
+        pickle.dump(obj, handle, protocol=2)
     return path
 
 

@@ -1,7 +1,8 @@
 """Fuzzing every input format's reader (Hypothesis): any mutation of a valid file ends in success or in a
 one-sentence refusal naming the file, never a traceback of another kind, a signal or a hang.
 
-Formats: a shard (``part-NNNNN.npz``), ``meta.json``, ``permutation.npy``, a study file and an edge list. What
+Formats: a shard (``part-NNNNN.npz``), ``meta.json``, ``permutation.npy``, a study file, an edge list (and its
+features and labels) and the Planetoid files (pickles read by a restricted unpickler). What
 "success" must then hold: a shard that passes is loaded and normalised (scipy and the GCN normalisation run
 on it) with finite results. The mutations (:mod:`input_mutations`) are array-level (special values, dtypes,
 shapes, lengths off by one, arrays dropped, renamed or compressed) and byte-level (bit flips, truncation,
@@ -23,7 +24,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from input_mutations import ARRAY_OPS, BYTE_OPS, FORMATS, PART_NAMES, Mutation, apply, one_sentence
 
-from runners.data.datasets import DatasetError, load_edge_list, planted_classes
+from runners.data.datasets import BUILTIN_PLANETOID, DatasetError, load_edge_list, load_planetoid, planted_classes
 from runners.data.shards import ShardError, read_meta, read_part, read_permutation, write_shards
 from runners.study.spec import StudyError, load_study
 
@@ -34,7 +35,7 @@ SEED = os.environ.get("SPARSE_DIST_FUZZ_SEED")
 
 
 def mutations(fmt: str) -> st.SearchStrategy[Mutation]:
-    ops = ARRAY_OPS + BYTE_OPS if fmt in ("shard", "permutation", "edgelist") else BYTE_OPS + ("set", "drop")
+    ops = ARRAY_OPS + BYTE_OPS if fmt in ("shard", "permutation", "edgelist", "planetoid") else BYTE_OPS + ("set", "drop")
     return st.builds(Mutation, st.just(fmt), st.sampled_from(ops), st.sampled_from(PART_NAMES),
                      st.floats(0, 1, exclude_max=True), st.integers(0, 63), st.booleans())
 
@@ -50,6 +51,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     np.savetxt(root / "edges.txt", np.array([[0, 1], [1, 2], [2, 0], [3, 1]]), fmt="%d")
     np.save(root / "features.npy", np.eye(4, 3, dtype=np.float32))
     np.save(root / "labels.npy", np.array([0, 1, 2, 1]))
+    shutil.copytree(BUILTIN_PLANETOID, root / "planetoid")
     return root
 
 
@@ -68,6 +70,10 @@ def read_input(m: Mutation, case: Path) -> None:
             _normalised(meta, index, arrays)
     elif m.format == "permutation":
         read_permutation(case / "d", read_meta(case / "d"))
+    elif m.format == "planetoid":
+        graph = load_planetoid(case / "planetoid", "cora")
+        graph.adjacency.check_format(full_check=True)
+        assert np.isfinite(graph.features).all() and graph.labels.min() >= 0
     elif m.format == "study":
         load_study(case / "study.toml")
     else:
@@ -95,7 +101,7 @@ REFUSALS = (ShardError, StudyError, DatasetError)
 def check(m: Mutation, pristine: Path, tmp_path: Path) -> str:
     """``accepted`` or ``refused`` (in one sentence naming a file of the case); anything else fails."""
     case = _copy(pristine, tmp_path)
-    apply(m, case / "d", study=case / "study.toml", edgelist=case / "edges.txt")
+    apply(m, case / "d", study=case / "study.toml", edgelist=case / "edges.txt", planetoid=case / "planetoid")
     try:
         read_input(m, case)
     except REFUSALS as exc:
