@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -451,6 +452,38 @@ def _read_ogb_raw(name: str, directory: Path) -> tuple:
     return dataset, graph, labels, split
 
 
+def _check_ogb_arrays(name: str, directory: Path, graph: dict, labels: np.ndarray, split: dict, tasks: int,
+                      classes: int) -> None:
+    """Refuse what OGB's reader handed over from ``directory/raw`` and ``split`` that does not fit together, before
+    anything is sized or indexed from it: node ids of the edges and the split in ``[0, num_nodes)``, features
+    finite with one row per node, labels one row per node (class ids in ``[0, num_classes)`` where labelled)."""
+    def refuse(what: str) -> DatasetError:
+        return DatasetError(f"{name}: {directory}: {what}")
+
+    n = graph.get("num_nodes")
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise refuse(f"raw/num-node-list.csv.gz gives {n!r} nodes, expected an integer >= 1")
+    edges = np.asarray(graph.get("edge_index"))
+    if edges.ndim != 2 or edges.shape[0] != 2 or edges.dtype.kind not in "iu" or edges.size and (
+            edges.min() < 0 or edges.max() >= n):
+        raise refuse(f"raw/edge.csv.gz must hold integer node id pairs in [0, {n}), found {edges.dtype} of "
+                     f"shape {edges.shape}")
+    features = graph.get("node_feat")
+    if features is not None and (np.asarray(features).shape[:1] != (n,) or np.asarray(features).dtype.kind not in "biuf"
+                                 or not np.isfinite(features).all()):
+        raise refuse(f"raw/node-feat.csv.gz must hold {n} rows of finite numbers")
+    if labels.shape[:1] != (n,) or labels.dtype.kind not in "biuf":
+        raise refuse(f"raw/node-label.csv.gz must hold {n} rows of numbers, found shape {labels.shape}")
+    if tasks == 1:
+        known = labels.reshape(-1)[np.isfinite(labels.reshape(-1))] if labels.dtype.kind == "f" else labels.reshape(-1)
+        if known.size and (known.min() < 0 or known.max() >= classes or not np.all(known == np.floor(known))):
+            raise refuse(f"raw/node-label.csv.gz must hold class ids in [0, {classes}) (or NaN for unlabelled)")
+    for key in ("train", "valid", "test"):
+        ids = np.asarray(split.get(key, ()))
+        if ids.dtype.kind not in "iu" or ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise refuse(f"the {key} split must hold node ids in [0, {n})")
+
+
 def load_ogb(name: str, root: str | Path, *, symmetrize: bool = True, allow_download: bool = False) -> GraphData:
     """An OGB node-property dataset through ``ogb``'s own ``NodePropPredDataset``, with OGB's split.
 
@@ -476,11 +509,13 @@ def load_ogb(name: str, root: str | Path, *, symmetrize: bool = True, allow_down
         else:
             dataset = NodePropPredDataset(name=name, root=str(root))  # downloads and processes
             (graph, labels), split = dataset[0], dataset.get_idx_split()
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise DatasetError(f"{name}: could not read or download the dataset under {directory} ({exc}); "
+    except (OSError, RuntimeError, EOFError, ValueError, IndexError, KeyError, TypeError, zlib.error) as exc:
+        raise DatasetError(f"{name}: could not read or download the dataset under {directory} "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
                            f"put the OGB files in {directory}") from None
     if dataset.is_hetero:
         raise DatasetError(f"{name}: heterogeneous OGB graphs are not supported")
+    _check_ogb_arrays(name, directory, graph, np.asarray(labels), split, dataset.num_tasks, dataset.num_classes)
     n = int(graph["num_nodes"])
     src, dst = graph["edge_index"]
     if symmetrize:

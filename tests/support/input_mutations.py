@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-FORMATS = ("shard", "meta", "permutation", "checkpoint", "study", "edgelist", "planetoid")
+FORMATS = ("shard", "meta", "permutation", "checkpoint", "study", "edgelist", "planetoid", "ogb")
+OGB_FILES = ("raw/edge.csv.gz", "raw/num-node-list.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz",
+             "split/time/train.csv.gz", "split/time/test.csv.gz")
 PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 ARRAY_OPS = ("set", "dtype", "reshape", "shorter", "longer", "drop", "rename", "swap", "empty", "compress")
 BYTE_OPS = ("flip", "truncate", "garbage")
@@ -122,7 +124,7 @@ def _rewrite_npz(path: Path, m: Mutation) -> None:
 
 
 def apply(m: Mutation, dataset: Path, checkpoint: Path | None = None, study: Path | None = None,
-          edgelist: Path | None = None, planetoid: Path | None = None) -> Path:
+          edgelist: Path | None = None, planetoid: Path | None = None, ogb: Path | None = None) -> Path:
     """Apply ``m`` to the file of its format (the dataset's part 1, meta.json or permutation; the checkpoint's
     main file; the study file; the edge list), rewriting checksums where ``m.fix_checksum``; returns the file."""
     if m.format in ("shard", "permutation"):
@@ -159,6 +161,9 @@ def apply(m: Mutation, dataset: Path, checkpoint: Path | None = None, study: Pat
     if m.format == "planetoid":
         assert planetoid is not None
         return _mutate_planetoid(planetoid, m)
+    if m.format == "ogb":
+        assert ogb is not None
+        return _mutate_ogb(ogb, m)
     path = study if m.format == "study" else edgelist
     assert path is not None
     if m.format == "edgelist" and m.target in ("features", "labels"):  # the .npy beside the edge list
@@ -180,6 +185,26 @@ def apply(m: Mutation, dataset: Path, checkpoint: Path | None = None, study: Pat
             lines[at] = lines[at].split("=")[0] + (f"= {_special(m.value)!r}" if "=" in lines[at]
                                                      else f" {_special(m.value)}")
         path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _mutate_ogb(directory: Path, m: Mutation) -> Path:
+    """Change one of an OGB dataset's gzipped CSVs: its compressed bytes, or one line of its text."""
+    import gzip
+
+    path = directory / OGB_FILES[m.value % len(OGB_FILES)]
+    if m.op in BYTE_OPS:
+        _mutate_bytes(path, m)
+        return path
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    at = int(m.where * len(lines)) if lines else 0
+    if m.op == "drop" and lines:
+        lines.pop(at)
+    elif lines:
+        fields = lines[at].split(",")
+        fields[int(m.where * 7) % len(fields)] = str(_special(m.value // 3))
+        lines[at] = ",".join(fields)
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     return path
 
 
