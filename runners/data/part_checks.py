@@ -124,6 +124,32 @@ def _first_where(values: np.ndarray, bad: Any) -> int | None:
     return None
 
 
+def _unsigned_max(values: np.ndarray) -> int:
+    """The largest entry of integer ``values`` read as unsigned (a view, no copy): a negative entry reads as at
+    least 2^(bits-1), so one pass answers "all in [0, bound)" where ``min`` and ``max`` take two."""
+    if values.dtype.kind == "b":
+        return int(values.max())
+    return int(values.view(np.dtype(f"u{values.dtype.itemsize}")).max())
+
+
+def _first_non_finite(values: np.ndarray) -> int | None:
+    """The first flat position of a NaN or infinity in ``values`` (floating point), or None. A block whose sum is
+    finite has none (NaN and infinities propagate through a sum), so the per-entry scan runs only on a block
+    whose sum is not (one that holds one, or whose finite values overflow): about a third of the time of
+    ``isfinite`` on every entry."""
+    flat = values.reshape(-1)
+    for start in range(0, flat.size, _SCAN_BLOCK):
+        block = flat[start:start + _SCAN_BLOCK]
+        with np.errstate(all="ignore"):  # the sum of a block holding NaN or overflowing says so
+            total = block.sum()
+        if np.isfinite(total):
+            continue
+        hits = ~np.isfinite(block)
+        if hits.any():
+            return start + int(np.argmax(hits))
+    return None
+
+
 def _position(array: np.ndarray, flat: int) -> str:
     return str(flat) if array.ndim == 1 else _shape_text(tuple(int(i) for i in np.unravel_index(flat, array.shape)))
 
@@ -147,12 +173,12 @@ def structure_problem(arrays: dict[str, np.ndarray], num_nodes: int) -> str | No
                 f"entry count {indices.size} (the length of 'indices')")
     if data.size != indices.size:
         return f"array 'data' has {data.size} entries, expected one per entry of 'indices' ({indices.size})"
-    if indices.size and (indices.min() < 0 or indices.max() >= num_nodes):
+    if indices.size and _unsigned_max(indices) >= num_nodes:
         at = _first_where(indices, lambda ids: (ids < 0) | (ids >= num_nodes))
         assert at is not None
         return f"array 'indices' at position {at} is {_value(indices, at)}, expected a node id in [0, {num_nodes})"
     if data.dtype.kind == "f":
-        at = _first_where(data, lambda weights: ~np.isfinite(weights))
+        at = _first_non_finite(data)
         if at is not None:
             return f"array 'data' at position {at} is {_value(data, at)}, expected a finite edge weight"
     return None
@@ -173,15 +199,16 @@ def part_problem(meta: dict[str, Any], index: int, arrays: dict[str, np.ndarray]
                     f"partition_stats.edges gives part {index} {edges[index]}")
     if "features" in arrays:
         features = arrays["features"]
-        at = _first_where(features, lambda block: ~np.isfinite(block))
+        at = _first_non_finite(features)
         if at is not None:
             return f"array 'features' at {_position(features, at)} is {_value(features, at)}, expected a finite value"
     if "labels" in arrays:
         labels, classes = arrays["labels"], meta["num_classes"]
+        at = None
         if meta["multilabel"]:
             at = _first_where(labels, lambda block: (block != 0) & (block != 1))
             expected = "0 or 1 (a multi-label matrix)"
-        else:
+        elif labels.size and _unsigned_max(labels) >= classes:
             at = _first_where(labels, lambda block: (block < 0) | (block >= classes))
             expected = f"a class in [0, {classes - 1}] (num_classes={classes})"
         if at is not None:
