@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import zipfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -32,12 +33,17 @@ class ShardError(ValueError):
     """A dataset directory that is missing, damaged or does not fit the run."""
 
 
-def sha256_file(path: Path) -> str:
+def sha256_of(handle: BinaryIO) -> str:
+    """The SHA-256 of what is left to read from ``handle``, read a MiB at a time."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return sha256_of(handle)
 
 
 def part_file(index: int) -> str:
@@ -192,13 +198,17 @@ def read_meta(data_dir: str | Path) -> dict[str, Any]:
     return meta
 
 
-def _verified(path: Path, meta: dict[str, Any]) -> None:
-    """Refuse a shard file that is missing or whose SHA-256 is not ``meta.json``'s (damage, not hostility)."""
+def _verified(path: Path, meta: dict[str, Any]) -> BinaryIO:
+    """``path`` opened once (every later read goes through this handle, so what was checked is what is read),
+    refused if missing or if its SHA-256 is not ``meta.json``'s (damage, not hostility)."""
     if not path.is_file():
         raise ShardError(f"{path}: shard file missing")
-    expected = meta["files"].get(path.name)
-    if expected is None or sha256_file(path) != expected:
+    handle = open(path, "rb")
+    if sha256_of(handle) != meta["files"].get(path.name):
+        handle.close()
         raise ShardError(f"{path}: checksum does not match meta.json (file damaged or replaced)")
+    handle.seek(0)
+    return handle
 
 
 def read_part(data_dir: Path, meta: dict[str, Any], index: int,
@@ -207,26 +217,26 @@ def read_part(data_dir: Path, meta: dict[str, Any], index: int,
     headers before reading, values after); a problem raises :class:`ShardError` naming the file, the array and
     the first bad position."""
     path = data_dir / part_file(index)
-    _verified(path, meta)
     arrays: dict[str, np.ndarray] = {}
-    try:
-        with zipfile.ZipFile(path) as archive:
-            problem = member_problem(archive, path.stat().st_size, meta, index, names)
-        if not problem:
-            with np.load(path, allow_pickle=False) as archive:
-                arrays = {key: archive[key] for key in names}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # not an .npz, truncated
-        raise ShardError(f"{path}: not a shard written by `sparse-dist prepare` ({exc})") from None
+    with _verified(path, meta) as handle:
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                problem = member_problem(archive, os.fstat(handle.fileno()).st_size, meta, index, names)
+            if not problem:
+                handle.seek(0)
+                with np.load(handle, allow_pickle=False) as archive:
+                    arrays = {key: archive[key] for key in names}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # not an .npz, truncated
+            raise ShardError(f"{path}: not a shard written by `sparse-dist prepare` ({exc})") from None
     problem = problem or part_problem(meta, index, arrays)
     if problem:
         raise ShardError(f"{path}: {problem}")
     return arrays
 
 
-def _permutation_header_problem(path: Path, n: int) -> str | None:
-    """Why ``path``'s ``.npy`` header is not a 1-D integer array of ``n`` entries filling the file, or None."""
-    with open(path, "rb") as handle:
-        problem, shape, dtype = npy_header(handle, path.stat().st_size)
+def _permutation_header_problem(handle: BinaryIO, n: int) -> str | None:
+    """Why the ``.npy`` header of ``handle`` is not a 1-D integer array of ``n`` entries filling the file, or None."""
+    problem, shape, dtype = npy_header(handle, os.fstat(handle.fileno()).st_size)
     if problem:
         return problem
     if dtype.kind not in "iu" or dtype.fields is not None or shape != (n,):
@@ -238,13 +248,14 @@ def read_permutation(data_dir: Path, meta: dict[str, Any]) -> np.ndarray:
     """``permutation.npy`` (new id -> original id, int64), checked: its checksum, a 1-D integer array of
     ``num_nodes`` entries (from its header, before it is read) and a permutation of ``[0, num_nodes)``."""
     path = data_dir / meta["permutation_file"]
-    _verified(path, meta)
     n = meta["num_nodes"]
-    try:
-        problem = _permutation_header_problem(path, n)
-        order = None if problem else np.load(path, allow_pickle=False).astype(np.int64, copy=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ShardError(f"{path}: not a permutation written by `sparse-dist prepare` ({exc})") from None
+    with _verified(path, meta) as handle:
+        try:
+            problem = _permutation_header_problem(handle, n)
+            handle.seek(0)
+            order = None if problem else np.load(handle, allow_pickle=False).astype(np.int64, copy=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise ShardError(f"{path}: not a permutation written by `sparse-dist prepare` ({exc})") from None
     if order is not None and order.size and (order.min() < 0 or order.max() >= n):
         at = int(np.flatnonzero((order < 0) | (order >= n))[0])
         problem = f"entry {at} is {int(order[at])}, expected an original node id in [0, {n})"
