@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from algorithms.training.guard import GUARD_MODES, GuardSettings
+from algorithms.training.guard import BIAS_MODES, GUARD_MODES, GuardSettings
 
 
 def add_guard_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +40,13 @@ def add_guard_arguments(parser: argparse.ArgumentParser) -> None:
                              f"epochs of the policy in force taking over (the start, or its tightening), or the "
                              f"model has not begun to learn: the guard gives up and finishes exact (default "
                              f"{defaults.stall}; 0: never; not within --guard-warmup)")
+    parser.add_argument("--guard-bias", choices=BIAS_MODES, default=defaults.bias,
+                        help="the guard's second signal: auto (default, wherever the guard is on) = every K epochs "
+                             "an exact forward on the step's weights and masks (the audit's, at --audit-every K; "
+                             "else K chosen so that it costs at most 5%% of the steps' time), and when its "
+                             "validation accuracy lies more than --guard-noise standard errors above the policy's, "
+                             "with the policy's training loss above exact's, for --guard-patience checks in a row, "
+                             "the policy is tightened one step; off = only falls are watched")
 
 
 def guard_flag_problem(args: argparse.Namespace) -> str | None:

@@ -438,7 +438,9 @@ def _finish(comm: Communicator, trainer: Trainer, config: TrainConfig, writer: R
                       **clock.record(), "stopped_at_target": stopped, "wall_total": rows.wall(),
                       "guard": {"on": trainer.guard.on, "decisions": trainer.guard.state.decisions,
                                 "ended_with": trainer.policies.text,
-                                "restored_at_end": trainer.guard.state.restored_at_end}})
+                                "restored_at_end": trainer.guard.state.restored_at_end,
+                                "reference_every": trainer.guard.state.reference_every or config.audit_every,
+                                "reference_checks": trainer.guard.state.reference_checks}})
         writer.close()
         if restored is not None:
             print(restored[1], flush=True)

@@ -86,6 +86,7 @@ class EpochRows:
                                                "feature_cache": record.get("feature_cache"),
                                                "eval_bytes": trainer.eval_bytes if evaluated else None,
                                                "audit": record.get("audit"), "turns": turns,
+                                               "reference": record.get("guard_reference"),
                                                "at_target": at_target(args.target_acc, self.metrics, evaluated),
                                                **({"results_error": writer.error} if writer.error else {})})
         elapsed = self.wall()  # after the allgather: every rank has finished this epoch and its evaluation
@@ -106,6 +107,12 @@ class EpochRows:
             evaluation["audit"] = {"layer_error": record["audit"]["layer_error"],
                                    "seconds": spread([g["audit"]["seconds"] for g in gathered]),
                                    "bytes": traffic_spread([g["audit"]["bytes"] for g in gathered])}
+        if record.get("guard_reference") is not None:  # the guard's bias signal: global figures, per-rank cost
+            reading = {key: value for key, value in record["guard_reference"].items()
+                       if key not in ("seconds", "bytes")}
+            costs = [g["reference"] for g in gathered]
+            evaluation["guard_reference"] = {**reading, "seconds": spread([c["seconds"] for c in costs]),
+                                             "bytes": traffic_spread([c["bytes"] for c in costs])}
         if record.get("guard") is not None:  # the same on every rank: agreed at the last evaluation
             evaluation["guard"] = {key: value for key, value in record["guard"].items() if key != "line"}
             print(record["guard"]["line"], flush=True)

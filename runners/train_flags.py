@@ -191,7 +191,8 @@ def _exchange_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument("--audit-every", type=at_least(0), default=0, metavar="K",
                         help="every K epochs, one extra exact forward beside the policy's (same weights and "
                              "masks; its time and bytes recorded apart from training) and the relative error "
-                             "of each layer's output under the policy against it, K >= 0 (default 0: never)")
+                             "of each layer's output under the policy against it, K >= 0 (default 0: never; the "
+                             "guard's bias signal, --guard-bias, reads this forward, else chooses its own K)")
     add_guard_arguments(parser)
 
 

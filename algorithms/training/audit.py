@@ -40,16 +40,24 @@ class Audit:
             self._forward(exact)
         return {"exact": exact, "seconds": time.perf_counter() - start, "bytes": moved_since(self.comm, before)}
 
-    def end(self, audit: dict[str, Any], used: list[torch.Tensor]) -> dict[str, Any]:
-        """Per layer, ``||H_policy - H_exact||_F / ||H_exact||_F`` over all rows (one allreduce; collective)."""
+    def end(self, audit: dict[str, Any], used: list[torch.Tensor],
+            extra: torch.Tensor | None = None) -> dict[str, Any]:
+        """Per layer, ``||H_policy - H_exact||_F / ||H_exact||_F`` over all rows (one allreduce; collective).
+        ``extra``: more float64 sums to add up over the replica column in the same allreduce (the guard's bias
+        signal, :func:`algorithms.training.bias.local_sums`); their totals are ``sums`` in the result."""
         before, start = self.comm.stats.snapshot(), time.perf_counter()
-        sums = torch.stack([torch.stack([(mine.double() - exact.double()).square().sum(), exact.double().square().sum()])
-                            for mine, exact in zip(used, audit["exact"])]).reshape(-1).contiguous()
+        layers = torch.stack([torch.stack([(mine.double() - exact.double()).square().sum(),
+                                           exact.double().square().sum()])
+                              for mine, exact in zip(used, audit["exact"])]).reshape(-1)
+        added = extra.to(device=layers.device, dtype=torch.float64) if extra is not None else layers[:0]
+        sums = torch.cat([layers, added]).contiguous()
         self.col_comm.allreduce_(sums, "other")
-        totals = sums.view(-1, 2).cpu().numpy()
+        reduced = sums.cpu().numpy()
+        totals = reduced[:layers.numel()].reshape(-1, 2)
         errors = [float(np.sqrt(gap / size)) if size > 0 else (0.0 if gap == 0 else float("inf"))
                   for gap, size in totals]
         moved = moved_since(self.comm, before)
         traffic = {phase: {key: audit["bytes"][phase][key] + moved[phase][key] for key in moved[phase]}
                    for phase in moved}
-        return {"layer_error": errors, "seconds": audit["seconds"] + time.perf_counter() - start, "bytes": traffic}
+        return {"layer_error": errors, "seconds": audit["seconds"] + time.perf_counter() - start, "bytes": traffic,
+                "sums": reduced[layers.numel():]}

@@ -57,6 +57,7 @@ class TrainConfig:
     guard_settle: float = GuardSettings.settle   # validation falls count once the loss fell this share
     guard_stall: int = GuardSettings.stall       # ... which it must within this many epochs of a policy taking
                                                  # over, or the guard finishes exact
+    guard_bias: str = GuardSettings.bias         # the second signal: the policy against exact on the same weights
 
     def __post_init__(self) -> None:
         for axis in ("sample", "stale"):
@@ -79,7 +80,7 @@ class TrainConfig:
     def guard_settings(self) -> GuardSettings:
         return GuardSettings(self.guard, self.guard_drop, self.guard_patience, self.guard_loss_rise,
                              self.guard_warmup, self.guard_sharp, self.guard_noise, self.guard_settle,
-                             self.guard_stall)
+                             self.guard_stall, self.guard_bias)
 
     def layer_options(self) -> LayerOptions:
         """The options only some layer kinds take (attention heads, attention dropout)."""

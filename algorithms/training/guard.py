@@ -10,6 +10,11 @@ and rank counts that trade loses the model (PipeGCN without smoothing at P = 4 o
   Cora, bns at P = 2 stepped once to 0.34 among steps near 0.44 and the guard used to call the next three a
   collapse and throw away 90 epochs).
 
+These see a policy *fall*. A policy biased from the start never falls from its own best: the guard's second
+signal (:mod:`algorithms.training.bias`, ``bias``) compares the policy's forward with an exact one on the same
+weights every few epochs, and ``patience`` such readings in a row that show the policy worse beyond the
+validation noise tighten it like a slide.
+
 The warm-up only sets the best: the first ``warmup`` epochs, and for the validation signal also every epoch
 until the training loss has fallen ``settle`` (a share) below the first step's, except a fall to less than half
 the best (and by more than ``sharp``): a collapse whenever it comes after the first ``warmup`` epochs (on the 200k
@@ -83,9 +88,11 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.training import bias
 from sparse_dist.comm import Communicator
 
 GUARD_MODES = ("auto", "off")
+BIAS_MODES = ("auto", "off")
 VALIDATION_KEYS = ("val_acc", "val_f1")
 
 
@@ -95,7 +102,9 @@ class GuardSettings:
     (``noise``: standard errors of the validation metric a fall must exceed, 0 for none; ``settle``: the share
     the training loss must fall below its first step's before validation falls count; ``stall``: the epochs
     after the policy in force took over (the start or its tightening) by which it must have done so (not within
-    the warm-up), or the guard gives up and finishes exact; 0 for no such limit)."""
+    the warm-up), or the guard gives up and finishes exact; 0 for no such limit; ``bias``: the second signal,
+    the policy's error against an exact reference on the same weights (:mod:`algorithms.training.bias`),
+    ``auto`` (on wherever the guard is) or ``off``)."""
 
     mode: str = "auto"
     drop: float = 0.02
@@ -106,10 +115,13 @@ class GuardSettings:
     noise: float = 2.0
     settle: float = 0.10
     stall: int = 30
+    bias: str = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in GUARD_MODES:
             raise ValueError(f"guard must be one of {GUARD_MODES}, got {self.mode!r}")
+        if self.bias not in BIAS_MODES:
+            raise ValueError(f"guard bias must be one of {BIAS_MODES}, got {self.bias!r}")
         if not 0.0 < self.drop < 1.0:
             raise ValueError(f"guard drop must lie in (0, 1), got {self.drop}")
         if not 1 <= self.patience <= 1000:
@@ -152,6 +164,10 @@ class GuardState:
     policies: dict[str, str] | None = None  # the policies in force after the last tightening (their text)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     restored_at_end: dict[str, Any] | None = None  # the best evaluation's weights, restored after the last step
+    bias_strikes: int = 0               # exact-reference readings in a row that showed the policy biased
+    bias_seen: str | None = None        # the last such reading, in one clause
+    reference_every: int = 0            # epochs between exact references (0: not chosen yet; bias module)
+    reference_checks: int = 0           # exact references read so far
 
     def record(self) -> dict[str, Any]:
         return {key: value for key, value in self.__dict__.items()}
@@ -162,8 +178,11 @@ class Guard:
     after each evaluation (both collective: every rank with the same values); :meth:`due` says whether a
     tightening waits for the start of the next step."""
 
-    def __init__(self, settings: GuardSettings, comm: Communicator, active: bool, validation_size: int) -> None:
-        self.settings, self.comm = settings, comm
+    def __init__(self, settings: GuardSettings, comm: Communicator, active: bool, validation_size: int,
+                 audit_every: int = 0) -> None:
+        """``audit_every``: the run's audit interval, whose exact forward the bias signal reads (0: it chooses
+        its own, :func:`~algorithms.training.bias.reference_interval`)."""
+        self.settings, self.comm, self.audit_every = settings, comm, audit_every
         self.validation_size = validation_size  # global validation nodes: the metric's sampling noise
         self.waits_for_settled_loss = True  # False while a policy in force harms from the start (PolicyBase)
         self.on = settings.mode == "auto" and active
@@ -201,6 +220,37 @@ class Guard:
             state.loss_strikes = 0
         if len(state.recent_losses) == window:  # a level is what the loss held for ``patience`` steps
             state.lowest_loss = min(state.lowest_loss, max(state.recent_losses))
+
+    def reference_due(self, epoch: int) -> bool:
+        """Whether the step that makes ``epoch`` (1-based) runs beside the exact reference of the bias signal:
+        every ``--audit-every`` or chosen interval; before one is chosen, the step that measures its cost (step
+        ``MEASURED_AT``, or a resumed run's first step where a checkpoint carried none). The same on every rank."""
+        state = self.state
+        if not self.on or state.exact or self.settings.bias == "off":
+            return False
+        every = self.audit_every or state.reference_every
+        return epoch % every == 0 if every else epoch >= bias.MEASURED_AT
+
+    def observe_reference(self, epoch: int, seen: bias.SameWeights, seconds: float,
+                          step_seconds: float) -> dict[str, Any]:
+        """The exact reference read beside the step that made ``epoch`` (``seconds`` its cost on this rank,
+        ``step_seconds`` the step's): a strike where it shows the policy biased (counted after the warm-up of the
+        policy in force), and, at the measuring step, the interval agreed (collective there: one allgather of the
+        interval every rank would choose, the largest kept). Returns the reading for the epoch's record."""
+        state, settings = self.state, self.settings
+        state.reference_checks += 1
+        if not self.audit_every and not state.reference_every:
+            mine = np.array([bias.reference_interval(seconds, step_seconds)], dtype=np.int64)
+            state.reference_every = int(self.comm.allgather_array(mine).max())
+        why = bias.strikes(seen, self.validation_size, settings.noise)
+        if why is not None and epoch > max(settings.warmup, state.quiet_until):
+            state.bias_strikes, state.bias_seen = state.bias_strikes + 1, why
+        else:
+            state.bias_strikes = 0
+        return {**seen.record(), "threshold": bias.gap_threshold(seen.exact_val, self.validation_size,
+                                                                 settings.noise),
+                "strikes": state.bias_strikes, "every": self.audit_every or state.reference_every,
+                "seconds": seconds}
 
     def observe_metrics(self, epoch: int, metrics: dict[str, float], keep: Any) -> None:
         """An evaluation's global metrics after ``epoch``'s step: :meth:`note_metrics` then :meth:`agree`
@@ -278,6 +328,8 @@ class Guard:
         if state.loss_strikes >= settings.patience:
             return (f"training loss above {1 + settings.loss_rise:g}x its lowest {state.lowest_loss:.4f} "
                     f"for {state.loss_strikes} steps"), True
+        if state.bias_strikes >= settings.patience:
+            return f"{state.bias_seen}, {state.bias_strikes} checks in a row", False
         return None, False
 
     @property
@@ -292,7 +344,7 @@ class Guard:
         state.level += 1
         state.exact = exact
         state.policies = dict(policies)
-        state.value_strikes = state.loss_strikes = 0
+        state.value_strikes = state.loss_strikes = state.bias_strikes = 0
         state.broke = False
         state.lowest_loss = math.inf
         state.recent_losses = []

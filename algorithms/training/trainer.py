@@ -27,7 +27,7 @@ import torch
 
 from algorithms.attention_structure import cached_structure_bytes
 from algorithms.training.alongside import AlongsideEvaluation, EvaluationShare
-from algorithms.training import state as checkpoint_state
+from algorithms.training import bias, state as checkpoint_state
 from algorithms.training.assembly import TrainingRun
 from algorithms.training.audit import Audit
 from algorithms.training.config import TrainConfig
@@ -84,11 +84,15 @@ class Trainer(TrainingRun):
 
         Every ``audit_every`` epochs the record also holds ``audit``: per layer, the relative error of
         the layer outputs this step computed under its policy against an exact forward with the same
-        weights and masks, and that forward's own seconds and bytes (kept out of the step's figures).
+        weights and masks, and that forward's own seconds and bytes (kept out of the step's figures). Where the
+        guard's bias signal reads that forward (:meth:`Guard.reference_due`; the audit's epochs, or its own), the
+        record holds ``guard_reference``: the two forwards' training losses and validation metrics, its strikes,
+        and the forward's seconds and bytes; the guard counts it before it agrees at this step's evaluation.
         """
         self._evaluated = None  # an evaluation computed with an earlier step that nobody asked for
         guarded = tighten(self) if self.guard.due else None  # agreed at the last evaluation: collective
-        audit = self.audit.begin() if self.audit.due(self.epoch) else None
+        audited, referenced = self.audit.due(self.epoch), self.guard.reference_due(self.epoch + 1)
+        audit = self.audit.begin() if audited or referenced else None  # the same on every rank
         stats_before = self.comm.stats.snapshot()
         self.spmm.reset_compute()
         start = time.perf_counter()
@@ -134,11 +138,18 @@ class Trainer(TrainingRun):
             record.update(work.after_epoch())
         if guarded is not None:
             record["guard"] = guarded
+        if audit is not None:  # before the guard agrees: the bias signal's reading counts at this evaluation
+            assert used is not None
+            sums = bias.local_sums(logits.detach(), audit["exact"][-1], self) if referenced else None
+            checked = self.audit.end(audit, used, sums)
+            if audited:
+                record["audit"] = {key: checked[key] for key in ("layer_error", "seconds", "bytes")}
+            if referenced:
+                seen = bias.reading(checked["sums"], self.global_counts["val"])
+                record["guard_reference"] = {**self.guard.observe_reference(self.epoch, seen, checked["seconds"],
+                                                                            wall), "bytes": checked["bytes"]}
         if alongside is not None:  # after the record: the guard's agreement is neither the step's nor the evaluation's
             self.guard.agree()
-        if audit is not None:
-            assert used is not None
-            record["audit"] = self.audit.end(audit, used)
         return record
 
     def _alongside(self) -> AlongsideEvaluation:

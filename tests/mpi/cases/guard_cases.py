@@ -20,16 +20,15 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from case_report import finish  # noqa: E402
+from guard_runs import train, trainer, trains_on_alike, weights  # noqa: E402
 
 from algorithms.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from algorithms.train import TrainConfig, Trainer  # noqa: E402
-from runners.data.shards import load_local_graph  # noqa: E402
+from algorithms.train import Trainer  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 
 EPOCHS = 60
@@ -38,24 +37,8 @@ EXACT_SIGNALS = dict(stale="pipe:tau=0", lr=0.05, epochs=EPOCHS, guard_drop=0.01
                      guard_settle=0.0)  # thresholds as given: exact training's swings make the guard act
 
 
-def trainer(comm, data: str, **config: Any) -> Trainer:
-    return Trainer(comm, load_local_graph(comm, data, comm.size, 1), TrainConfig(**config))
-
-
-def train(run: Trainer, until: int) -> dict[str, float]:
-    metrics: dict[str, float] = {}
-    while run.epoch < until:
-        run.train_epoch(evaluation_follows=True)
-        metrics = run.evaluate()
-    return metrics
-
-
 def decisions(run: Trainer) -> list[tuple]:
     return [(d["epoch"], d["from"], d["to"], d["restored_epoch"]) for d in run.guard.state.decisions]
-
-
-def weights(run: Trainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in run.parameters()]
 
 
 def check_rescue(comm, data: str, failures: list[str]) -> tuple[list[tuple], list[torch.Tensor]]:
@@ -150,11 +133,7 @@ def check_resume(world_comm, data: str, expected: list[tuple], final: list[torch
             first.close()
             if resumed.guard.due != due:
                 failures.append(f"resume at epoch {stop}: an agreed fall was not carried")
-            train(resumed, EPOCHS)
-            if decisions(resumed) != expected:
-                failures.append(f"resume at epoch {stop}: decisions {decisions(resumed)} != {expected}")
-            if not all(torch.equal(a, b) for a, b in zip(weights(resumed), final)):
-                failures.append(f"resume at epoch {stop}: final weights differ from the uninterrupted run's")
+            failures += trains_on_alike(resumed, EPOCHS, decisions, expected, final, f"resume at epoch {stop}")
             resumed.close()
         world_comm.barrier()
 

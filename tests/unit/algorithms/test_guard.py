@@ -13,17 +13,7 @@ from algorithms.policies.base import RunShape
 from algorithms.policies.spec import AxisSpec
 from algorithms.training.guard import Guard, GuardSettings
 from algorithms.training.tighten import ActivePolicies
-
-
-class OneRank:
-    """The one collective the guard enters, on a single rank (records how often it was entered)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def allgather_array(self, values: np.ndarray, phase: str = "other") -> np.ndarray:
-        self.calls += 1
-        return values.reshape(1, -1)
+from guard_runs import OneRank
 
 
 def ladder(axis: str, text: str) -> list[str]:

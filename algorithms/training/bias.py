@@ -1,0 +1,124 @@
+"""The accuracy guard's second signal: the policy's own error against exact, on the same weights.
+
+The guard of :mod:`algorithms.training.guard` sees a policy *fall* (validation below its own best, the loss above
+its own level). A policy that is biased from the start never falls: on a held-out social graph
+``psc:budget=0.1`` sat a point below exact from the first tens of epochs and ended 0.8 points low with no
+decision. Its bias is visible only against an exact reference, and one is cheap to get: the audit's exact forward
+(:mod:`algorithms.training.audit`) runs beside the step on the step's own weights and dropout masks, with every
+exchange exact. From the two forwards of one step (the policy's, which trains, and the exact one) the guard
+reads, globally:
+
+* the training loss of each (the policy's is the step's loss; the exact one is the loss exact training would
+  have had at these weights and masks);
+* the validation metric each gives (accuracy, or micro-F1 for multi-label) from the same training-mode logits.
+
+**The rule.** A reading *strikes* when the exact forward's validation metric lies more than ``noise`` standard
+errors above the policy's, ``noise * sqrt(a * (1 - a) / n_val)`` with ``a`` the exact forward's metric and
+``n_val`` the validation nodes (the noise floor the guard's other validation rules use; 500 nodes at 0.7 and 2
+standard errors: 4.1 points), and the policy's training loss lies above the exact one: both say the policy's
+forward is the worse. ``patience`` strikes in a row, after the warm-up of the policy in force, make the policy
+*biased*: the guard tightens it one step toward exact, agreed across ranks like every other decision (the weights
+stay: a bias is not a collapse). The comparison is paired (same weights, same masks, same nodes), so its own
+noise is below the floor's, which is a bound. The loss alone decides nothing: a sampler's loss lies above exact's
+on the same weights by its variance, more as training goes on (``bns:keep=0.1`` on Cora in 2 random parts:
+1.02x at epoch 40, 1.73x at 200), while its validation gap does not grow.
+
+**Its cost.** With ``--audit-every K`` the guard reads the audit's forward every ``K`` epochs. Otherwise it
+chooses its own interval: the reference runs beside step 2 (step 1 pays one-off costs), and from its cost ``K``
+is the smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... at least ``t_ref / (0.05 * t_step)``: the reference forward
+then costs at most 5% of the steps' time (on Cora at P = 2 on a shared 2-core machine, one reference forward took
+0.37 to 0.8 of a step: K = 16 or 32).
+``K`` is agreed (the largest over ranks: one allgather, once) and kept in the guard's state, so a resumed run
+checks at the same epochs; two fresh runs on differently loaded machines may choose different ``K``
+(``--audit-every`` fixes it). Each reading's figures and seconds are in the epoch's record
+(``guard_reference``), its bytes apart from training's like the audit's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from algorithms.training.metrics import local_loss_sum
+
+REFERENCE_SHARE = 0.05
+"""The most of a run's step time the guard's own exact reference may cost."""
+MEASURED_AT = 2
+"""The step beside which the reference first runs and whose cost sets the interval (step 1 pays one-off costs)."""
+
+
+@dataclass(frozen=True)
+class SameWeights:
+    """One step's two forwards compared: training losses and validation metrics, global."""
+
+    policy_loss: float
+    exact_loss: float
+    policy_val: float
+    exact_val: float
+
+    def record(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+def local_sums(policy: torch.Tensor, exact: torch.Tensor, run: Any) -> torch.Tensor:
+    """This rank's parts of :class:`SameWeights` from its rows of the two forwards' logits (``n_g x C``), as one
+    float64 vector to sum over the replica column: the two loss sums (divided by the global training count) and
+    the validation counts of each forward (correct rows; true positives, false positives and false negatives for
+    multi-label)."""
+    graph, rows, labels = run.graph, run.train_rows, run.train_labels
+    count = run.global_counts["train"]
+    losses = [local_loss_sum(logits, rows, labels, graph.multilabel, graph.num_classes).double() / count
+              for logits in (policy, exact)]
+    mask, truth = run.masks["val"], run.labels[run.masks["val"]]
+    counts: list[torch.Tensor] = []
+    for logits in (policy, exact):
+        picked = logits[mask]
+        if graph.multilabel:
+            said, real = picked > 0, truth > 0.5
+            counts += [(said & real).sum(), (said & ~real).sum(), (~said & real).sum()]
+        else:
+            counts.append((picked.argmax(dim=1) == truth).sum())
+    return torch.stack(losses + [c.double() for c in counts]).to(torch.float64)
+
+
+def reading(totals: np.ndarray, validation_size: int) -> SameWeights:
+    """:class:`SameWeights` from :func:`local_sums` summed over the replica column."""
+    policy_loss, exact_loss, *counts = (float(v) for v in totals)
+    if len(counts) == 6:  # multi-label: micro-F1 of each forward
+        values = [2 * tp / max(2 * tp + fp + fn, 1.0) for tp, fp, fn in (counts[:3], counts[3:])]
+    else:
+        values = [c / max(validation_size, 1) for c in counts]
+    return SameWeights(policy_loss, exact_loss, values[0], values[1])
+
+
+def gap_threshold(exact_val: float, validation_size: int, noise: float) -> float:
+    """``noise`` standard errors of a metric of ``exact_val``'s size measured on ``validation_size`` nodes."""
+    value = min(max(exact_val, 0.0), 1.0)
+    return noise * math.sqrt(value * (1.0 - value) / max(validation_size, 1))
+
+
+def strikes(seen: SameWeights, validation_size: int, noise: float) -> str | None:
+    """Why ``seen`` shows the policy biased (one clause), or None (module docstring: the rule)."""
+    limit = gap_threshold(seen.exact_val, validation_size, noise)
+    if seen.exact_val - seen.policy_val > limit and seen.policy_loss > seen.exact_loss:
+        return (f"validation {seen.policy_val:.4f} under the policy against {seen.exact_val:.4f} exact on the same "
+                f"weights (more than {limit:.3g} apart; training loss {seen.policy_loss:.4f} against "
+                f"{seen.exact_loss:.4f})")
+    return None
+
+
+def reference_interval(reference_seconds: float, step_seconds: float, share: float = REFERENCE_SHARE) -> int:
+    """Epochs between reference forwards so that they cost at most ``share`` of the steps' time: the smallest of
+    1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and one and a half times them) at least
+    ``reference_seconds / (share * step_seconds)``. A coarse ladder, so that two runs whose timings differ by a
+    little mostly check at the same epochs; a fine one, so that from 3 on the checks cost more than two thirds
+    of the share, and the rule acts no later than it must."""
+    if step_seconds <= 0.0 or not math.isfinite(reference_seconds / step_seconds):
+        return 1
+    needed = max(reference_seconds / (share * step_seconds), 1.0)
+    power = 1 << max(math.ceil(math.log2(needed) - 1e-9) - 1, 0)  # half the first power of two >= needed
+    return next(step for step in (power, 3 * power // 2, 2 * power) if step >= needed - 1e-9)
