@@ -1,11 +1,12 @@
 """The accuracy guard under real mpiexec (tests/mpi/cases/guard_cases.py, one launch at P = 4): it rescues a
 pipelined run that falls, decides the same at P = 1, 2, 4 where the signals are the same, resumes bitwise,
-and ``--guard off`` changes nothing."""
+and ``--guard off`` changes nothing; its bias signal (tests/mpi/cases/bias_cases.py, P = 2) catches a policy
+that never falls but stays low, which the first signal alone does not."""
 
 import pytest
 import json
 
-from datasets_for_tests import cora, write
+from datasets_for_tests import across_halves, cora, write
 from mpirun import run_case
 
 
@@ -16,6 +17,14 @@ def test_guard_rescues_a_falling_policy_and_decides_alike_everywhere(tmp_path) -
     assert result.returncode == 0, result.stdout + result.stderr
     assert "RESCUE P=4" in result.stdout and "SAME P=4,2,1" in result.stdout, result.stdout
     assert "guard cases P=4: all checks pass" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_bias_signal_catches_a_policy_that_never_falls_and_the_old_rule_does_not(tmp_path) -> None:
+    data = write(across_halves(), tmp_path / "halves", parts=2, partitioner="block")
+    result = run_case(2, "bias_cases.py", str(data), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "CAUGHT" in result.stdout and "INTERVAL" in result.stdout, result.stdout
+    assert "bias cases P=2: all checks pass" in result.stdout, result.stdout + result.stderr
 
 
 @pytest.mark.slow

@@ -1,0 +1,127 @@
+"""The guard's bias signal under mpiexec (algorithms.training.bias), at P = 2 on a graph whose labels travel across
+the cut (tests/support/datasets_for_tests.py: ``across_halves``, the halves being the two parts).
+
+The policy is biased on purpose and registered here only (tests/support/biased_policy.py): ``drop-fixed:drop=0.75``
+leaves out the same three quarters of the boundary rows every epoch, unscaled. At lr 0.01 over 200 epochs (seed 1)
+it never falls (the guard's first signal takes no decision) and ends far below exact; the bias signal, reading
+the audit's exact forward every 8 epochs (fixed here: the chosen interval depends on timing), tightens it to
+exact and the run ends within half a point of exact. Each premise is checked, so that a change that makes the
+policy fall (or end high) fails here by name rather than passing without testing the signal. Also:
+
+* a run stopped while strikes are counted resumes from its checkpoint to the uninterrupted run's decisions and
+  weights, bitwise;
+* without ``--audit-every`` the guard chooses its interval from step 2's reading's cost: a rung of its ladder
+  (1, 2, 3, 4, 6, 8, 12, ...), recorded, and the references run at those epochs.
+
+Run: ``mpiexec -n 2 python tests/mpi/cases/bias_cases.py DATA`` (DATA: 2 parts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
+from biased_policy import register_biased_policy  # noqa: E402
+from case_report import finish  # noqa: E402
+from guard_runs import train, trainer, trains_on_alike, weights  # noqa: E402
+
+from algorithms.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from sparse_dist.comm import run_or_abort, world  # noqa: E402
+
+EPOCHS = 200
+BASE = dict(lr=0.01, epochs=EPOCHS, seed=1)
+BIASED = dict(BASE, sample="drop-fixed:drop=0.75", audit_every=8)
+HALF_A_POINT = 0.005
+
+
+def check_caught(comm, data: str, failures: list[str]) -> tuple[list[dict], list[torch.Tensor]]:
+    """Exact, the old rule alone and both rules; returns the guarded run's decisions and final weights."""
+    finals, decided = {}, {}
+    for name, config in (("exact", BASE), ("old rule", dict(BIASED, guard_bias="off")), ("both rules", BIASED)):
+        run = trainer(comm, data, **config)
+        finals[name] = train(run, EPOCHS)["test_acc"]
+        decided[name] = list(run.guard.state.decisions)
+        final = weights(run)
+        run.close()
+    if comm.rank == 0:
+        said = [(d["epoch"], d["to"], d["reason"]) for d in decided["both rules"]]
+        print(f"CAUGHT test_acc exact {finals['exact']:.4f} old rule {finals['old rule']:.4f} both rules "
+              f"{finals['both rules']:.4f}; decisions {said}", flush=True)
+    if decided["old rule"]:
+        failures.append(f"the old rule alone acted ({decided['old rule']}): the policy falls here, so the case no "
+                        f"longer tests the bias signal")
+    if not finals["old rule"] < finals["exact"] - HALF_A_POINT:
+        failures.append(f"the biased policy ends {finals['old rule']:.4f}, not below exact {finals['exact']:.4f}: "
+                        f"the case no longer tests the bias signal")
+    if not decided["both rules"] or "exact on the same weights" not in decided["both rules"][0]["reason"]:
+        failures.append(f"the bias signal did not tighten the biased policy: {decided['both rules']}")
+    if not finals["both rules"] >= finals["exact"] - HALF_A_POINT:
+        failures.append(f"caught, the biased policy ends {finals['both rules']:.4f}, more than half a point below "
+                        f"exact {finals['exact']:.4f}")
+    return decided["both rules"], final
+
+
+def check_resume(comm, data: str, expected: list[dict], final: list[torch.Tensor], failures: list[str]) -> None:
+    """Stop the guarded run while its strikes are counted (before its first decision), resume: bitwise the same."""
+    stop = expected[0]["epoch"] - 3
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(comm.allgather_object(scratch)[0])  # rank 0's (one machine: every rank sees it)
+        first = trainer(comm, data, **BIASED)
+        train(first, stop)
+        strikes = first.guard.state.bias_strikes
+        if comm.rank == 0:
+            save_checkpoint(directory / "bias.ckpt", first.state())
+        first.close()
+        comm.barrier()
+        resumed = trainer(comm, data, **BIASED)
+        resumed.load_state(load_checkpoint(directory / "bias.ckpt"))
+        if resumed.guard.state.bias_strikes != strikes or not strikes:
+            failures.append(f"resume at epoch {stop}: bias strikes {resumed.guard.state.bias_strikes}, the run "
+                            f"had {strikes} (the check wants some)")
+        failures += trains_on_alike(resumed, EPOCHS, lambda run: run.guard.state.decisions, expected, final,
+                                    f"resume at epoch {stop}")
+        resumed.close()
+        comm.barrier()
+
+
+def check_chosen_interval(comm, data: str, failures: list[str]) -> None:
+    """Without --audit-every: a reference beside step 2, which measures K, then every K epochs, K on the ladder."""
+    run = trainer(comm, data, **{**BIASED, "audit_every": 0, "epochs": 40})
+    read = []
+    while run.epoch < 40:
+        record = run.train_epoch(evaluation_follows=True)
+        run.evaluate()
+        if "guard_reference" in record:
+            read.append(record["epoch"])
+    every = run.guard.state.reference_every
+    run.close()
+    if comm.rank == 0:
+        print(f"INTERVAL chose every {every}; references after epochs {read}", flush=True)
+    expected = [2] + [epoch for epoch in range(3, 41) if every and epoch % every == 0]
+    rungs = {rung for power in (1 << k for k in range(20)) for rung in (power, 3 * power // 2)}
+    if every not in rungs or read != expected:
+        failures.append(f"chosen interval {every}: references after {read}, expected {expected}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("data")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    register_biased_policy()
+    comm = world()
+    failures: list[str] = []
+    expected, final = check_caught(comm, args.data, failures)
+    if expected:
+        check_resume(comm, args.data, expected, final, failures)
+    check_chosen_interval(comm, args.data, failures)
+    return finish(comm, failures, f"bias cases P={comm.size}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_or_abort(main))
