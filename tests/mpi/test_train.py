@@ -107,14 +107,14 @@ def test_labels_out_of_range_are_refused(tmp_path: Path) -> None:
     graph = random_directed()
     graph.labels[150] = 9
     _expect_refusal(write(graph, tmp_path / "d", parts=2, partitioner="block"),
-                    "field 'labels' has values in [0, 9], expected [0, 3]")
+                    "part-00001.npz: array 'labels' at 50 is 9, expected a class in [0, 3] (num_classes=4)")
 
 
 def test_non_finite_features_are_refused(tmp_path: Path) -> None:
     graph = random_directed()
     graph.features[3, 1] = np.nan
     _expect_refusal(write(graph, tmp_path / "d", parts=2, partitioner="block"),
-                    "field 'features' has non-finite values")
+                    "part-00000.npz: array 'features' at (3, 1) is nan, expected a finite value")
 
 
 def test_directory_in_the_wrong_format_is_refused(tmp_path: Path) -> None:
