@@ -1,0 +1,195 @@
+"""Dropout passes at memory speed on the CPU: each chunk's SFC64 words drawn and applied in one compiled pass.
+
+Why: applying a boolean mask with torch on the CPU costs several passes over the activations (the mask
+drawn into a byte array, an inverted copy, a masked fill, or a float copy of the mask in a ``mul``):
+about 4 ns an entry at one thread, where one pass over memory costs well under 1. The kernels
+(:mod:`sparse_dist.dropout_compiled`, numba) draw a chunk's words into a small buffer and read and write
+each entry once; what they do to it is one of :mod:`sparse_dist.dropout_modes`.
+
+This module is their driver. :class:`ChunkRuns` says where one chunk's lanes go (the caller works
+that out from the rule: :func:`algorithms.dropout.host_runs`); :func:`apply_chunks` spreads a call's
+chunks over the caller's thread count on a thread pool of its own (one chunk's stream cannot be
+entered midway, so a rank whose rows span fewer chunks than it has threads uses fewer threads: the 200k
+synthetic at width 128 has 7 chunks a layer). The kernels release the GIL; numba's own threading layer
+is not used, so they never meet the compiled sampler's launches.
+
+Compilation: :func:`ready` imports numba and compiles (or loads from numba's cache, ``cache=True``) the
+kernels in a background thread the first time it is asked, seconds the first time on a machine and
+about one from the cache, and says False until then, so that no run waits for the compiler: callers
+keep NumPy's draw (:func:`keep_runs_numpy`) and torch's passes meanwhile, which give the same values.
+Callers ask through :func:`worth`, which says no to passes under :data:`MIN_ENTRIES` without asking
+:func:`ready`, so that a run on a small graph (Cora, the tests' graphs) never imports numba at all.
+Where numba cannot be imported, that is said once in the log and the kernels are never ready. Pure (no
+communication).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from types import ModuleType
+from typing import Callable
+
+import numpy as np
+
+from sparse_dist.dropout_modes import FILL, KEEP, MULTIPLY, RELU_FILL
+
+__all__ = ["FILL", "KEEP", "MIN_ENTRIES", "MULTIPLY", "RELU_FILL", "ChunkRuns", "apply_chunks",
+           "apply_mask_threaded", "keep_runs_numpy", "ready", "warm_up", "worth"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChunkRuns:
+    """The runs of one chunk's stream that one call applies (:func:`sparse_dist.dropout_compiled.apply_runs`):
+    ``int64`` arrays."""
+
+    state: np.ndarray   # uint64[4]: the stream's SFC64 state before its first word
+    lane: np.ndarray    # first lane of each run in the chunk, increasing
+    pos: np.ndarray     # first flat position of each run in the output
+    length: np.ndarray  # lanes of each run
+
+    @property
+    def lanes(self) -> int:
+        return int(self.length.sum())
+
+
+def apply_chunks(chunks: list[ChunkRuns], src: np.ndarray, dst: np.ndarray, threshold: int, mode: int,
+                 threads: int) -> None:
+    """:func:`~sparse_dist.dropout_compiled.apply_runs` for every chunk, the chunks spread over ``threads``
+    threads (the caller's among them).
+
+    A chunk's stream is drawn in order, so one chunk is one thread's work; chunks go to the least loaded
+    thread, largest first. ``src`` and ``dst``: flat arrays every run's positions lie in.
+    """
+    workers = max(1, min(int(threads), len(chunks)))
+    shares: list[list[ChunkRuns]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for chunk in sorted(chunks, key=lambda item: -item.lanes):
+        least = loads.index(min(loads))
+        shares[least].append(chunk)
+        loads[least] += chunk.lanes
+
+    kernels = _compiled()
+
+    def run(share: list[ChunkRuns]) -> None:
+        for item in share:
+            kernels.apply_runs(item.state, item.lane, item.pos, item.length, src, dst, threshold, mode)
+
+    _spread([lambda share=share: run(share) for share in shares])
+
+
+def apply_mask_threaded(src: np.ndarray, mask: np.ndarray, dst: np.ndarray, mode: int, threads: int) -> None:
+    """``dst[i] = op(src[i], mask[i])`` for a boolean ``mask`` (flat arrays of one size; ``dst`` may be ``src``)
+    over ``threads`` threads (the caller's among them), each a contiguous share of at least
+    :data:`_MIN_SHARE` entries."""
+    kernels = _compiled()
+    workers = max(1, min(int(threads), dst.size // _MIN_SHARE))
+    bounds = np.linspace(0, dst.size, workers + 1).astype(np.int64).tolist()
+    _spread([lambda a=a, b=b: kernels.apply_mask(src[a:b], mask[a:b], dst[a:b], mode)
+             for a, b in zip(bounds, bounds[1:])])
+
+
+_MIN_SHARE = 1 << 16  # entries: below this a thread's hand-off costs more than its share
+
+
+@lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="dropout")
+
+
+def _spread(tasks: list[Callable[[], None]]) -> None:
+    """Runs ``tasks``: the first on the calling thread, the others on the pool meanwhile."""
+    futures = [_pool().submit(task) for task in tasks[1:]]
+    if tasks:
+        tasks[0]()
+    for future in futures:
+        future.result()
+
+
+def keep_runs_numpy(chunks: list[ChunkRuns], out: np.ndarray, threshold: int) -> None:
+    """:data:`KEEP` of every run with NumPy's own ``SFC64`` (small masks, and the path until the kernels are
+    ready): each chunk's words drawn up to its last run's; long runs compared in place, short ones (a
+    receiver's scattered rows) gathered at once. ``out``: flat boolean array."""
+    bound = threshold - (1 << 15)
+    for item in chunks:
+        if not item.lane.size:
+            continue
+        generator = np.random.SFC64()
+        generator.state = {"bit_generator": "SFC64", "state": {"state": item.state.copy()}, "has_uint32": 0,
+                           "uinteger": 0}
+        lanes = generator.random_raw(-(-int((item.lane + item.length).max()) // 4)).view(np.int16)
+        long = item.length >= _LONG_RUN
+        for lane, pos, length in zip(item.lane[long].tolist(), item.pos[long].tolist(), item.length[long].tolist()):
+            np.less(lanes[lane:lane + length], bound, out=out[pos:pos + length])
+        lengths = item.length[~long]
+        if lengths.size:
+            step = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            out[np.repeat(item.pos[~long], lengths) + step] = lanes[np.repeat(item.lane[~long], lengths) + step] < bound
+
+
+_LONG_RUN = 1 << 12  # lanes: a run this long is compared in place, shorter ones are gathered
+
+
+_warm = threading.Event()
+_warming = threading.Lock()
+_started = False
+_kernels: ModuleType | None = None
+
+
+def _compiled() -> ModuleType:
+    if _kernels is None:
+        raise RuntimeError("the compiled dropout kernels are not ready: ask ready() first, or call warm_up()")
+    return _kernels
+
+
+def warm_up() -> None:
+    """Import numba and compile (or load from its cache) every kernel for every dtype the callers use; returns
+    when done. Raises ImportError where numba is missing."""
+    global _kernels
+    from sparse_dist import dropout_compiled as kernels
+
+    state = np.zeros(4, np.uint64)
+    runs = [np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64)]
+    for dtype in (np.float32, np.float64):
+        values = np.zeros(1, dtype)
+        kernels.apply_runs(state, *runs, values, values, 1, MULTIPLY)
+        kernels.apply_mask(values, np.ones(1, np.bool_), values, MULTIPLY)
+    keep = np.zeros(1, np.uint8)
+    kernels.apply_runs(state, *runs, keep, keep, 1, KEEP)
+    _kernels = kernels
+    _warm.set()
+
+
+MIN_ENTRIES = 1 << 22  # one CPU chunk of lanes; below, torch's passes cost milliseconds: numba's load would not pay
+
+
+def worth(entries: int) -> bool:
+    """Whether a pass over ``entries`` entries should be compiled: at least :data:`MIN_ENTRIES`, and :func:`ready`.
+    Smaller passes never ask, so a run on a small graph never loads numba (about a second of one core)."""
+    return entries >= MIN_ENTRIES and ready()
+
+
+def ready() -> bool:
+    """Whether the kernels can run now. The first call starts :func:`warm_up` in a background thread and says
+    False until it is done (the module docstring)."""
+    global _started
+    if _warm.is_set():
+        return True
+    with _warming:
+        if not _started:
+            _started = True
+            threading.Thread(target=_warm_up_logged, name="dropout-compile", daemon=True).start()
+    return False
+
+
+def _warm_up_logged() -> None:
+    try:
+        warm_up()
+    except Exception:  # numba missing or failing: torch's and NumPy's passes stay, with the same values
+        _log.warning("the compiled dropout kernels are unavailable; dropout keeps torch's passes", exc_info=True)
