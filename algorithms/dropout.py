@@ -23,8 +23,14 @@ The rule (layer ``layer`` of epoch ``epoch``, a matrix of width ``width``):
 A rank owning rows ``[first, first + n)`` draws only the chunks those rows
 touch. The stream's generator depends on the device type:
 
-* CPU: NumPy's ``SFC64`` bit generator, chunks drawn in parallel threads
-  (NumPy releases the GIL), each only up to the last word the rank needs.
+* CPU: NumPy's ``SFC64`` bit generator, each chunk drawn only up to the last
+  word the rank needs. Applying dropout draws the words and applies them in
+  one compiled pass (:mod:`sparse_dist.dropout_kernel`: no mask is stored, and
+  a backward that needs the mask draws it again), chunks spread over torch's
+  threads; for matrices under one chunk, and until the kernels are ready
+  (compiled in the background: seconds the first time on a machine, then
+  loaded from numba's cache), NumPy draws the masks and torch applies them,
+  with the same values.
 * CUDA: torch's CUDA Philox generator, ``manual_seed`` with the chunk's
   seed word, one ``random_`` over the whole chunk (a rank draws whole
   chunks: at most two partly wasted, which costs microseconds on a GPU).
@@ -38,16 +44,14 @@ generators).
 from __future__ import annotations
 
 import contextlib
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
 
+from sparse_dist import dropout_kernel as kernel
 from sparse_dist.accounting import ComputeTimer
-from sparse_dist.receiver_dropout import zero_dropped_
+from sparse_dist.receiver_dropout import COMPILED_DTYPES, zero_dropped_
 
 LANES_PER_CHUNK = 1 << 22          # 16-bit lanes per chunk on the CPU (2^20 64-bit words)
 DEVICE_LANES_PER_CHUNK = 1 << 24   # on CUDA (2^22 words: 32 MiB drawn per launch)
@@ -87,11 +91,6 @@ def rows_per_chunk(width: int, lanes_per_chunk: int) -> int:
     return max(1, lanes_per_chunk // max(width, 1))
 
 
-@lru_cache(maxsize=1)
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)), thread_name_prefix="dropout-mask")
-
-
 def _chunk_spans(first_row: int, n_rows: int, width: int, rows: int) -> list[tuple[int, int, int]]:
     """``(chunk, first lane in the chunk, first lane in the output)`` of each chunk rows ``first_row...`` touch."""
     spans = []
@@ -113,24 +112,17 @@ def keep_mask(seed: int, epoch: int, layer: int, first_row: int, n_rows: int, wi
     ``generator``: ``auto`` uses the host rule on CPU and the device rule elsewhere; ``device`` forces
     torch's generator of ``device`` (how tests run the CUDA rule's chunk logic on a CPU).
     """
-    if generator not in ("auto", "device"):
-        raise ValueError(f"generator must be 'auto' or 'device', got {generator!r}")
-    rule = KeepRule.of(p)
-    device = torch.device(device)
+    rule, device, host_rule, lanes_per_chunk = _resolve(p, device, generator, lanes_per_chunk)
     if p == 0.0 or n_rows == 0 or width == 0:
         return torch.ones(n_rows, width, dtype=torch.bool, device=device)
-    host_rule = device.type == "cpu" and generator == "auto"
-    if lanes_per_chunk is None:
-        lanes_per_chunk = LANES_PER_CHUNK if host_rule else DEVICE_LANES_PER_CHUNK
+    mask = torch.empty(n_rows, width, dtype=torch.bool, device=device)
+    if host_rule:
+        _keep_on_host(mask, host_runs(seed, epoch, layer, width, first_row, n_rows, None, lanes_per_chunk), rule)
+        return mask
     rows = rows_per_chunk(width, lanes_per_chunk)
     spans = _chunk_spans(first_row, n_rows, width, rows)
-    total = n_rows * width
-    mask = torch.empty(total, dtype=torch.bool, device=device)
-    if host_rule:
-        _fill_on_host(mask.numpy(), spans, rows * width, total, seed, epoch, layer, rule)
-    else:
-        _fill_on_device(mask, spans, rows * width, total, seed, epoch, layer, rule)
-    return mask.view(n_rows, width)
+    _fill_on_device(mask.view(-1), spans, rows * width, n_rows * width, seed, epoch, layer, rule)
+    return mask
 
 
 def keep_mask_rows(seed: int, epoch: int, layer: int, global_rows: np.ndarray, width: int, p: float,
@@ -142,52 +134,20 @@ def keep_mask_rows(seed: int, epoch: int, layer: int, global_rows: np.ndarray, w
     holding it: the rule is the same, only the rows differ. Used by receivers, which mask rows owned
     by other ranks (a static input's halo rows, received boundary rows) without asking their owners.
     """
-    if generator not in ("auto", "device"):
-        raise ValueError(f"generator must be 'auto' or 'device', got {generator!r}")
-    rule = KeepRule.of(p)
-    device = torch.device(device)
+    rule, device, host_rule, lanes_per_chunk = _resolve(p, device, generator, lanes_per_chunk)
     rows = np.asarray(global_rows, dtype=np.int64).reshape(-1)
     if p == 0.0 or rows.size == 0 or width == 0:
         return torch.ones(rows.size, width, dtype=torch.bool, device=device)
     if rows.min() < 0:
         raise ValueError(f"global rows must be >= 0, got {int(rows.min())}")
-    host_rule = device.type == "cpu" and generator == "auto"
-    if lanes_per_chunk is None:
-        lanes_per_chunk = LANES_PER_CHUNK if host_rule else DEVICE_LANES_PER_CHUNK
+    mask = torch.empty(rows.size, width, dtype=torch.bool, device=device)
+    if host_rule:
+        _keep_on_host(mask, host_runs(seed, epoch, layer, width, 0, 0, rows, lanes_per_chunk), rule)
+        return mask
     per_chunk = rows_per_chunk(width, lanes_per_chunk)
     chunks = rows // per_chunk
     order = np.argsort(chunks, kind="stable")
-    bounds = np.flatnonzero(np.diff(chunks[order])) + 1
-    groups = np.split(order, bounds)
-    mask = torch.empty(rows.size, width, dtype=torch.bool, device=device)
-    if host_rule:
-        bound = np.int16(rule.signed_bound) if rule.signed_bound < _LANE_SPAN // 2 else None
-        out = mask.numpy()
-
-        def fill(positions: np.ndarray) -> None:
-            chunk = int(chunks[positions[0]])
-            local = rows[positions] - chunk * per_chunk
-            span = int(local.max()) + 1
-            raw = np.random.SFC64(chunk_seed(seed, epoch, layer, chunk)).random_raw(-(-span * width // LANES_PER_WORD))
-            lanes = raw.view(np.int16)[:span * width].reshape(span, width)
-            if bound is None:
-                out[positions] = True
-                return
-            # A leading run of consecutive rows landing in consecutive outputs (a rank's own rows before
-            # its halo) is compared in place; only the rest is gathered.
-            steps = (np.diff(local) == 1) & (np.diff(positions) == 1)
-            run = local.size if steps.all() else int(np.argmin(steps)) + 1
-            first, at = int(local[0]), int(positions[0])
-            np.less(lanes[first:first + run], bound, out=out[at:at + run])
-            if run < local.size:
-                out[positions[run:]] = lanes[local[run:]] < bound
-
-        if len(groups) == 1:
-            fill(groups[0])
-        else:
-            for future in [_pool().submit(fill, positions) for positions in groups]:
-                future.result()
-        return mask
+    groups = np.split(order, np.flatnonzero(np.diff(chunks[order])) + 1)
     chunk_words = -(-per_chunk * width // LANES_PER_WORD)
     words = torch.empty(chunk_words, dtype=torch.int64, device=device)
     lanes = words.view(torch.int16)[:per_chunk * width].view(per_chunk, width)
@@ -203,33 +163,71 @@ def keep_mask_rows(seed: int, epoch: int, layer: int, global_rows: np.ndarray, w
     return mask
 
 
+def _resolve(p: float, device: str | torch.device, generator: str,
+             lanes_per_chunk: int | None) -> tuple[KeepRule, torch.device, bool, int]:
+    """The rule of ``p``, the device, whether the host rule applies, and the lanes a chunk."""
+    if generator not in ("auto", "device"):
+        raise ValueError(f"generator must be 'auto' or 'device', got {generator!r}")
+    rule = KeepRule.of(p)
+    device = torch.device(device)
+    host_rule = device.type == "cpu" and generator == "auto"
+    if lanes_per_chunk is None:
+        lanes_per_chunk = LANES_PER_CHUNK if host_rule else DEVICE_LANES_PER_CHUNK
+    return rule, device, host_rule, lanes_per_chunk
+
+
+def host_runs(seed: int, epoch: int, layer: int, width: int, first_row: int, n_rows: int,
+              extra_rows: np.ndarray | None, lanes_per_chunk: int = LANES_PER_CHUNK) -> list[kernel.ChunkRuns]:
+    """Where the host rule's lanes go: global rows ``first_row ...`` (``n_rows``, output rows ``0 ...``), then
+    ``extra_rows`` (any global rows, any order, output rows ``n_rows ...``), as runs of each chunk's stream.
+
+    A chunk's runs are sorted by lane (one walk down its stream for own and extra rows together);
+    consecutive rows landing in consecutive output rows make one run.
+    """
+    per_chunk = rows_per_chunk(width, lanes_per_chunk)
+    runs: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    spans = _chunk_spans(first_row, n_rows, width, per_chunk)
+    for (chunk, start, out_start), length in zip(spans, _span_lengths(spans, per_chunk * width, n_rows * width)):
+        runs.setdefault(chunk, []).append((np.array([start]), np.array([out_start]), np.array([length])))
+    if extra_rows is not None and len(extra_rows):
+        rows = np.asarray(extra_rows, dtype=np.int64).reshape(-1)
+        order = np.argsort(rows, kind="stable")
+        ordered, chunks = rows[order], rows[order] // per_chunk
+        breaks = np.flatnonzero((np.diff(ordered) != 1) | (np.diff(order) != 1) | (np.diff(chunks) != 0)) + 1
+        starts = np.concatenate([[0], breaks])
+        lengths = np.diff(np.concatenate([starts, [rows.size]]))
+        lane = (ordered[starts] - chunks[starts] * per_chunk) * width
+        pos = (n_rows + order[starts]) * width
+        for chunk, group in _groups(chunks[starts]):
+            runs.setdefault(chunk, []).append((lane[group], pos[group], lengths[group] * width))
+    out = []
+    for chunk, pieces in runs.items():
+        lane, pos, length = (np.concatenate(column).astype(np.int64) for column in zip(*pieces))
+        order = np.argsort(lane, kind="stable")
+        state = np.random.SFC64(chunk_seed(seed, epoch, layer, chunk)).state["state"]["state"]
+        out.append(kernel.ChunkRuns(np.asarray(state, dtype=np.uint64), lane[order], pos[order], length[order]))
+    return out
+
+
+def _groups(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(key, positions)`` of each run of equal values in the sorted ``keys``."""
+    bounds = np.flatnonzero(np.diff(keys)) + 1
+    return [(int(keys[group[0]]), group) for group in np.split(np.arange(keys.size), bounds)]
+
+
+def _keep_on_host(mask: torch.Tensor, runs: list[kernel.ChunkRuns], rule: KeepRule) -> None:
+    """Host rule into a boolean tensor: SFC64 per chunk, compiled, chunks over torch's threads."""
+    flat = mask.view(-1).numpy()
+    if not kernel.worth(flat.size):
+        kernel.keep_runs_numpy(runs, flat, rule.threshold)
+        return
+    flat = flat.view(np.uint8)
+    kernel.apply_chunks(runs, flat, flat, rule.threshold, kernel.KEEP, torch.get_num_threads())
+
+
 def _span_lengths(spans: list[tuple[int, int, int]], chunk_lanes: int, total: int) -> list[int]:
     """Lanes each span contributes to the output."""
     return [min(chunk_lanes - start, total - out_start) for _, start, out_start in spans]
-
-
-def _fill_on_host(out: np.ndarray, spans: list[tuple[int, int, int]], chunk_lanes: int, total: int,
-                  seed: int, epoch: int, layer: int, rule: KeepRule) -> None:
-    """CPU rule: SFC64 per chunk, drawn up to the last word needed; chunks in parallel threads."""
-    bound = np.int16(rule.signed_bound) if rule.signed_bound < _LANE_SPAN // 2 else None
-
-    def fill(span: tuple[int, int, int], length: int) -> None:
-        chunk, start, out_start = span
-        words = -(-(start + length) // LANES_PER_WORD)
-        raw = np.random.SFC64(chunk_seed(seed, epoch, layer, chunk)).random_raw(words)
-        lanes = raw.view(np.int16)[start:start + length]
-        target = out[out_start:out_start + length]
-        if bound is None:  # T = 2^16: keep everything
-            target[:] = True
-        else:
-            np.less(lanes, bound, out=target)
-
-    lengths = _span_lengths(spans, chunk_lanes, total)
-    if len(spans) == 1:
-        fill(spans[0], lengths[0])
-        return
-    for future in [_pool().submit(fill, span, length) for span, length in zip(spans, lengths)]:
-        future.result()
 
 
 def _fill_on_device(out: torch.Tensor, spans: list[tuple[int, int, int]], chunk_lanes: int, total: int,
@@ -247,23 +245,61 @@ def _fill_on_device(out: torch.Tensor, spans: list[tuple[int, int, int]], chunk_
         torch.lt(lanes[start:start + length], rule.signed_bound, out=out[out_start:out_start + length])
 
 
+@dataclass(frozen=True)
+class _MaskOf:
+    """Applies a boolean mask made beforehand (CUDA, or a dtype the compiled passes do not take)."""
+
+    mask: torch.Tensor
+
+    def multiply(self, src: torch.Tensor) -> torch.Tensor:
+        return torch.mul(src, self.mask)
+
+    def relu_fill(self, src: torch.Tensor, timer: ComputeTimer | None) -> torch.Tensor:
+        out = torch.relu(src)
+        with _timed(timer, out.device):
+            zero_dropped_(out, self.mask)
+        return out
+
+
+@dataclass(frozen=True)
+class _StreamOf:
+    """Draws the host rule's words and applies them in one compiled pass (:mod:`sparse_dist.dropout_kernel`):
+    no mask is stored, and the backward draws the same words again (cheaper than keeping them)."""
+
+    runs: list[kernel.ChunkRuns]
+    threshold: int
+
+    def _apply(self, src: torch.Tensor, mode: int) -> torch.Tensor:
+        src = src.detach().contiguous()
+        out = torch.empty_like(src, memory_format=torch.contiguous_format)
+        kernel.apply_chunks(self.runs, src.view(-1).numpy(), out.view(-1).numpy(), self.threshold, mode,
+                            torch.get_num_threads())
+        return out
+
+    def multiply(self, src: torch.Tensor) -> torch.Tensor:
+        return self._apply(src, kernel.MULTIPLY)
+
+    def relu_fill(self, src: torch.Tensor, timer: ComputeTimer | None) -> torch.Tensor:
+        with _timed(timer, src.device):
+            return self._apply(src, kernel.RELU_FILL)
+
+
 class _Masked(torch.autograd.Function):
-    """``h * mask``; keeps the boolean mask (1 byte an entry) for the backward only if ``h`` needs one."""
+    """``h * mask``; keeps how to mask (the boolean mask, or the streams to draw again) only if ``h`` needs a
+    gradient."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor, mask: torch.Tensor,  # type: ignore[override]
-                timer: ComputeTimer | None) -> torch.Tensor:
-        if ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
-            ctx.save_for_backward(mask)
+    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor,  # type: ignore[override]
+                masking: _MaskOf | _StreamOf, timer: ComputeTimer | None) -> torch.Tensor:
+        ctx.masking = masking if ctx.needs_input_grad[0] else None  # type: ignore[attr-defined]
         ctx.timer = timer  # type: ignore[attr-defined]
-        return torch.mul(h, mask)
+        return masking.multiply(h)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
                  grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (mask,) = ctx.saved_tensors  # type: ignore[attr-defined]
         with _timed(ctx.timer, grad.device):  # type: ignore[attr-defined]
-            return torch.mul(grad, mask), None, None
+            return ctx.masking.multiply(grad), None, None  # type: ignore[attr-defined]
 
 
 class _ReluMasked(torch.autograd.Function):
@@ -274,11 +310,9 @@ class _ReluMasked(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, z: torch.Tensor, mask: torch.Tensor,  # type: ignore[override]
-                timer: ComputeTimer | None) -> torch.Tensor:
-        out = torch.relu(z)
-        with _timed(timer, out.device):
-            zero_dropped_(out, mask)
+    def forward(ctx: torch.autograd.function.FunctionCtx, z: torch.Tensor,  # type: ignore[override]
+                masking: _MaskOf | _StreamOf, timer: ComputeTimer | None) -> torch.Tensor:
+        out = masking.relu_fill(z, timer)
         ctx.save_for_backward(out)
         return out
 
@@ -301,7 +335,9 @@ class GlobalRowDropout:
     the masked tensors (``h * mask``) so the caller can fold it into the next linear map
     (``(h m) (scale W) = (h m scale) W``, exact for p = 0.5 where the scale is 2), which saves a
     full pass over the activations in the forward and in the backward. ``timer`` books making the
-    masks under ``masks`` and applying them (forward and backward) under ``dropout``.
+    masks under ``masks`` and applying them (forward and backward) under ``dropout``; on the CPU's
+    compiled path drawing and applying are one pass, booked under ``dropout`` (with the ReLU it
+    fuses), and ``masks`` books only the streams' seeding.
     """
 
     def __init__(self, p: float, seed: int, epoch: int, first_row: int, timer: ComputeTimer | None = None) -> None:
@@ -339,9 +375,9 @@ class GlobalRowDropout:
 
     def drop(self, h: torch.Tensor, layer: int, extra_rows: np.ndarray | None = None) -> torch.Tensor:
         """``h * mask`` (unscaled) of layer ``layer``'s input (own rows, then ``extra_rows`` if given)."""
-        mask = self.mask(layer, h, extra_rows)
+        masking = self._masking(layer, h, extra_rows)
         with _timed(self.timer, h.device):
-            return _Masked.apply(h, mask, self.timer)
+            return _Masked.apply(h, masking, self.timer)
 
     def masks(self, layer: int) -> "LayerMasks":
         """Layer ``layer``'s masks for receiver-side dropout (handed to the SpMM in the exchange context)."""
@@ -349,7 +385,18 @@ class GlobalRowDropout:
 
     def relu_drop(self, z: torch.Tensor, layer: int) -> torch.Tensor:
         """``relu(z) * mask`` (unscaled): ReLU of one layer fused with the dropout of the next's input."""
-        return _ReluMasked.apply(z, self.mask(layer, z), self.timer)
+        return _ReluMasked.apply(z, self._masking(layer, z), self.timer)
+
+    def _masking(self, layer: int, like: torch.Tensor, extra_rows: np.ndarray | None = None) -> _MaskOf | _StreamOf:
+        """How to mask layer ``layer``'s input ``like`` (own rows, then ``extra_rows``): on the CPU the compiled
+        one-pass rule (its streams' states booked as ``masks``), elsewhere (or for a small ``like``, or until
+        compiled: :func:`sparse_dist.dropout_kernel.worth`) a boolean mask."""
+        if like.device.type != "cpu" or like.dtype not in COMPILED_DTYPES or not kernel.worth(like.numel()):
+            return _MaskOf(self.mask(layer, like, extra_rows))
+        with _timed(self.timer, like.device, "masks"):
+            own = like.shape[0] - (0 if extra_rows is None else len(extra_rows))
+            runs = host_runs(self.seed, self.epoch, layer, like.shape[1], self.first_row, own, extra_rows)
+            return _StreamOf(runs, self.rule.threshold)
 
 
 class LayerMasks:
