@@ -16,6 +16,8 @@ torch, MPI) as the sum of these parts (the names it prints):
 * ``activations``: layer 0's dropped-out input and mask, and per layer the arrays of its width autograd keeps
   and their gradients (:data:`ACTIVATION_COPIES`), plus a layer's per-entry values (attention).
 * ``parameters``: the parameters, their gradients and Adam's two moments.
+* ``compiled kernels``: numba and the compiled dropout passes, where a rank's dropout passes are large enough to
+  use them (CPU, dropout on, a layer input of at least :data:`MIN_ENTRIES` entries).
 * ``buffers``: a staleness rule's caches (send and receive side, every layer).
 * ``kept by the heap``: where a rank's row arrays are small enough to be heap blocks (:data:`HEAP_BLOCK_BYTES`),
   glibc keeps them when they are freed and the next epoch's peak comes on top: a share of the halo and
@@ -52,6 +54,7 @@ from algorithms.layers import LayerOptions, layer_type
 from algorithms.model import LayerFigures, layer_figures
 from algorithms.policies.spec import AxisSpec
 from algorithms.static_input import evaluations
+from sparse_dist.dropout_kernel import MIN_ENTRIES
 
 GIB = 1 << 30
 
@@ -59,6 +62,10 @@ RUNTIME_BYTES = 32 << 20
 """What a rank's resident set grows by for any graph: library code and kernels paged in at their first use (torch
 2.13 CPU wheel, Cora: about 31 MiB beyond the graph and features. It was 90 MiB while ``torch.optim.Adam``'s
 first step imported ``torch._dynamo``; :mod:`algorithms.optim` no longer does)."""
+COMPILED_KERNEL_BYTES = 88 << 20
+"""What loading the compiled dropout passes (:mod:`sparse_dist.dropout_kernel`: numba, llvmlite and the kernels
+from numba's cache) adds to a rank's peak, once a dropout pass reaches :data:`MIN_ENTRIES` entries on the CPU: 82
+to 93 MiB on the 50k planted graph at P = 2 (two runs each with and without them, GCN 3 epochs)."""
 GRAPH_BYTES_PER_EDGE = 30
 """A rank's stored entries at the peak, per entry: the CSR as loaded, the normalised rows, the operator's blocks
 and the torch tensors of both directions (the transposes made at the first backward), less what set-up frees
@@ -158,10 +165,12 @@ def axis_policy(axis: str, spec: Any) -> Any:
 
 def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replication: int, model: str, hidden: int,
                  layers: int, dtype: str, heads: int = 1, output_heads: int = 1, input_exchange: str = "auto",
-                 stale: str = "none", epochs: int = 1, eval_every: int = 1) -> Estimate | None:
+                 stale: str = "none", epochs: int = 1, eval_every: int = 1, dropout: float = 0.0,
+                 device: str = "cpu") -> Estimate | None:
     """Peak bytes ``sparse-dist train`` adds on ``rank`` beyond the process at start; None if the dataset's parts
     cannot be split over the run's row groups. ``epochs`` and ``eval_every`` decide what ``auto`` makes of
-    layer 0's input (:func:`fetched_once`)."""
+    layer 0's input (:func:`fetched_once`); ``dropout`` and ``device`` whether the compiled dropout passes load
+    (:data:`COMPILED_KERNEL_BYTES`)."""
     if replication < 1 or world_size % replication:
         return None
     counts = group_counts(meta, world_size // replication, rank // replication)
@@ -196,6 +205,8 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
         training["kept by the heap"] = int(HEAP_KEPT_SHARE * (training["halo"] + training["activations"]))
     setup = SETUP_BYTES_PER_FEATURE * rows * features
     fixed = {"runtime": RUNTIME_BYTES, "graph": GRAPH_BYTES_PER_EDGE * edges + 3 * 8 * rows}
+    if dropout > 0 and device == "cpu" and (rows + halo) * max(features, *(f.width for f in figures)) >= MIN_ENTRIES:
+        fixed["compiled kernels"] = COMPILED_KERNEL_BYTES  # a pass this large loads the compiled dropout passes
     if setup > sum(training.values()):  # set-up's float64 copies are the peak: say so
         parts = {**fixed, "features at set-up": setup}
     else:
