@@ -83,3 +83,24 @@ def test_ogb_files_that_do_not_fit_together_are_one_sentence(tmp_path: Path, fil
     with pytest.raises(DatasetError) as info:
         load_ogb("ogbn-arxiv", tmp_path)
     assert needle in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_a_pickle_that_asks_for_a_huge_memo_is_one_sentence_without_the_allocation(tmp_path: Path) -> None:
+    """Found: seven bytes (``LONG_BINPUT 0xFFFFFFF0``) made the C unpickler size its memo for 2^32 entries, a
+    MemoryError; the Python unpickler keeps a dict. Under a 6 GiB address-space limit in a subprocess (torch maps
+    about 3 GiB on import), so that
+    an allocation attempt of that size would fail the test rather than the machine."""
+    import subprocess
+    import sys
+
+    directory = tmp_path / "planetoid"
+    shutil.copytree(BUILTIN_PLANETOID, directory)
+    (directory / "ind.cora.graph").write_bytes(b"\x80\x02N" + b"r" + (0xFFFFFFF0).to_bytes(4, "little") + b".")
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))\n"
+              "from runners.data.datasets import DatasetError, load_planetoid\n"
+              "try:\n    load_planetoid(sys.argv[1], 'cora')\nexcept DatasetError as exc:\n    print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{directory / 'ind.cora.graph'}: expected a dict of adjacency lists"), \
+        result.stdout
