@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from runners.data.part_checks import npy_header
+from runners.data.part_checks import npy_header, plain
 from runners.data.synthetic import synthetic_rows
 
 BUILTIN_PLANETOID = Path(__file__).resolve().parent / "builtin_data" / "planetoid"
@@ -314,7 +314,7 @@ def _load_array(path: Path, what: str) -> np.ndarray:
         raise DatasetError(f"{path}: cannot read {what} ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
     if problem:
         raise DatasetError(f"{path}: {what} {problem}")
-    if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
+    if not plain(dtype, "biuf"):
         raise DatasetError(f"{path}: {what} of type {dtype}, expected numbers (integers, floats or booleans)")
     return array
 

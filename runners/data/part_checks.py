@@ -79,6 +79,12 @@ def npy_header(handle: IO[bytes], available: int) -> tuple[str | None, tuple[int
     return None, tuple(shape), dtype
 
 
+def plain(dtype: np.dtype, kinds: str) -> bool:
+    """Whether ``dtype`` is a plain number of one of ``kinds`` (numpy kind letters): no objects, no fields, no
+    sub-arrays. Every reader of an ``.npy`` asks this of the dtype its header declares."""
+    return not dtype.hasobject and dtype.fields is None and dtype.subdtype is None and dtype.kind in kinds
+
+
 def member_problem(archive: zipfile.ZipFile, archive_bytes: int, meta: dict[str, Any], index: int,
                    names: Iterable[str] = PART_ARRAYS) -> str | None:
     """Why the ``.npy`` members ``names`` of part ``index`` cannot be read safely, or None, from their headers
@@ -102,7 +108,7 @@ def member_problem(archive: zipfile.ZipFile, archive_bytes: int, meta: dict[str,
         if problem:
             return f"array {name!r} {problem}"
         kinds = PART_KINDS[name]
-        if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in kinds:
+        if not plain(dtype, kinds):
             return f"array {name!r} is of type {dtype}, expected {_KIND_WORDS[kinds]} type"
         if name == "features" and dtype.name != meta.get("feature_dtype", "float32"):
             return (f"array 'features' is of type {dtype}, expected {meta.get('feature_dtype', 'float32')} "

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from algorithms.training.graph import LocalGraph
-from runners.data.part_checks import PART_ARRAYS, member_problem, npy_header, part_problem
+from runners.data.part_checks import PART_ARRAYS, member_problem, npy_header, part_problem, plain
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.layout import RowLayout
 
@@ -239,7 +239,7 @@ def _permutation_header_problem(handle: BinaryIO, n: int) -> str | None:
     problem, shape, dtype = npy_header(handle, os.fstat(handle.fileno()).st_size)
     if problem:
         return problem
-    if dtype.kind not in "iu" or dtype.fields is not None or shape != (n,):
+    if not plain(dtype, "iu") or shape != (n,):
         return f"expected a 1-D integer array of num_nodes = {n} entries, found {dtype} of shape {shape}"
     return None
 
