@@ -125,9 +125,6 @@ class PolicyBase:
     per_receiver: ClassVar[bool] = False  # needs a plan that sends each receiver its own subset (p2p)
     caches: ClassVar[bool] = False        # needs a plan whose receivers can cache whole blocks
     feeds_layer0: ClassVar[bool] = False  # gives layer 0 its input itself (its work's layer_input)
-    # its damage shows from the first epochs, as a lower plateau that exact training started late does not
-    # recover: the accuracy guard judges it from the end of its warm-up, without waiting for the loss to settle
-    harms_from_start: ClassVar[bool] = False
     # a sampler's (sparse_dist.exchange.BoundarySampler, sparse_dist.importance)
     per_edge: ClassVar[bool] = False      # samples each receiver's own edges (an ImportanceStrategy)
     keeps_rows: ClassVar[bool] = False    # the strategy keeps the latest received rows (an explainer reads them)

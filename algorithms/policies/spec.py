@@ -20,9 +20,7 @@ from sparse_dist.plans import plan_class
 
 
 PARAM_LIMITS: dict[str, dict[str, tuple[float, str]]] = {
-    "psc": {"a_inner": (100.0, "an exponent of the sampling weights"),
-            "a_boundary": (100.0, "an exponent of the sampling weights"),
-            "every": (10**7, "epochs between recomputations, as train --epochs' bound")},
+    "psc": {"every": (10**7, "epochs between recomputations, as train --epochs' bound")},
     "dgs": {"every": (10**7, "epochs between explanations, as train --epochs' bound"),
             "steps": (10**4, "optimiser steps of every explanation, each a forward and a backward")},
     "sancus-e": {"eps": (10**7, "epochs a cached block may age, as train --epochs' bound")},

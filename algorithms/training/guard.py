@@ -67,9 +67,8 @@ below its best after going exact late), the guard restores the best evaluation's
 says so in one line. Checkpoints keep the
 last step's weights (a resumed run trains on from them, its guard still keeping the best).
 
-A policy whose damage shows from the first epochs, as a lower plateau rather than a fall
-(:attr:`~algorithms.policies.base.PolicyBase.harms_from_start`: ``psc``, which samples every row's inner
-neighbours too), is judged from the end of the warm-up without waiting for the loss to settle.
+A policy whose damage shows from the first epochs, as a lower plateau rather than a fall, is the bias
+signal's (:mod:`algorithms.training.bias`): it compares the policy with exact on the same weights.
 
 The tighter policy then gets its own warm-up (``warmup`` epochs without strikes) before it can be tightened
 again. It never loosens again: a rule that fell once on this graph and these ranks may fall again, and a loosened
@@ -184,16 +183,10 @@ class Guard:
         its own, :func:`~algorithms.training.bias.reference_interval`)."""
         self.settings, self.comm, self.audit_every = settings, comm, audit_every
         self.validation_size = validation_size  # global validation nodes: the metric's sampling noise
-        self.waits_for_settled_loss = True  # False while a policy in force harms from the start (PolicyBase)
         self.on = settings.mode == "auto" and active
         self.state = GuardState()
         self.kept: dict[str, Any] | None = None  # the best evaluation's model and optimiser state
         self._value: float | None = None  # the last evaluation's validation metric
-
-    def follow(self, policies: Any) -> None:
-        """The policies in force now (at the start and after each tightening): one that harms from the start
-        (``harms_from_start``) is judged without waiting for the loss to settle."""
-        self.waits_for_settled_loss = not policies.harms_from_start
 
     def observe_loss(self, epoch: int, loss: float) -> None:
         """``epoch``'s global training loss (the same on every rank)."""
@@ -269,7 +262,7 @@ class Guard:
         self._value = value
         if value is None:
             return
-        settled = state.settled or self.settings.settle == 0.0 or not self.waits_for_settled_loss
+        settled = state.settled or self.settings.settle == 0.0
         warm = epoch > max(self.settings.warmup, state.quiet_until)
         counting = warm and settled
         # before the loss settles only a fall that loses half of what the model had learned counts (a collapse)

@@ -44,11 +44,6 @@ class ActivePolicies:
             axes.append(f"compress {self.compress}")
         return " + ".join(axes) or "exact"
 
-    @property
-    def harms_from_start(self) -> bool:
-        """Whether a policy in force shows its damage from the first epochs (the guard judges it early)."""
-        return any(axis.policy is not None and axis.policy.harms_from_start for axis in (self.sample, self.stale))
-
     def exact(self) -> "ActivePolicies":
         """No policy on any axis: what the guard finishes with when it gives up."""
         return ActivePolicies(AxisSpec(self.sample.axis), AxisSpec(self.stale.axis))
@@ -88,7 +83,6 @@ def install(run: Any, policies: ActivePolicies) -> None:
     run.codec = codec
     run.build_work(((policies.sample, sampler), (policies.stale, rule)))
     run.policies = policies
-    run.guard.follow(policies)
 
 
 def tighten(run: Any) -> dict[str, Any]:

@@ -143,7 +143,7 @@ def check_psc(comm, failures: list[str]) -> None:
     local_a = a[lo:hi]
     exact = local_a @ h
     start = 400  # the epoch of the recomputation; its probabilities stay in force for the K epochs after it
-    op = DistSpMM(matrix, "p2p", dtype=torch.float64, sampler=PscSampler(0.4, a_inner=2.0, every=start, seed=3))
+    op = DistSpMM(matrix, "p2p", dtype=torch.float64, sampler=PscSampler(0.4, every=start, seed=3))
     strategy = op.strategy
     op.forward(h_local * torch.linspace(0.1, 3.0, hi - lo, dtype=torch.float64)[:, None],
                context=ExchangeContext(0, 0, True))  # records norms: the new probabilities are not uniform

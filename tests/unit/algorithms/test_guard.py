@@ -240,19 +240,6 @@ def test_settings_out_of_range_are_refused(field: str, value: object) -> None:
         GuardSettings(**{field: value})
 
 
-def test_a_policy_that_harms_from_start_is_judged_before_the_loss_settles() -> None:
-    assert ActivePolicies(AxisSpec.parse("sample", "psc:budget=0.1"), AxisSpec("stale")).harms_from_start
-    assert not ActivePolicies(AxisSpec.parse("sample", "bns:keep=0.1"),
-                              AxisSpec.parse("stale", "pipe:tau=1")).harms_from_start
-    for waits, due in ((True, False), (False, True)):
-        guard = Guard(GuardSettings(patience=1, warmup=1, noise=0.0), OneRank(), active=True, validation_size=500)
-        guard.waits_for_settled_loss = waits
-        for epoch, (loss, value) in enumerate([(1.79, 0.5), (1.78, 0.6), (1.77, 0.45)], start=1):
-            guard.observe_loss(epoch, loss)  # never 10% below the first step's
-            guard.observe_metrics(epoch, {"val_acc": value}, kept)
-        assert guard.due == due
-
-
 def test_tightening_starts_adams_moments_afresh() -> None:
     from algorithms.optim import Adam
 

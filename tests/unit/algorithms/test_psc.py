@@ -45,19 +45,22 @@ def test_water_filling_beats_uniform_and_keeps_small_rows() -> None:
     assert variance(p[:4]) < variance(np.full(4, 0.5))  # Lemma 3: at most the uniform variance
 
 
-def test_psc_probabilities_favour_inner_neighbours_and_keep_the_diagonal() -> None:
-    sampler = PscSampler(0.5, a_inner=4.0, a_boundary=1.0)
-    indptr = np.array([0, 5])
-    values = np.ones(5)
-    inner = np.array([True, True, False, False, True])
-    diagonal = np.array([False, False, False, False, True])
-    columns = np.array([0, 1, 5, 6, 2])
+def test_psc_keeps_inner_neighbours_and_the_diagonal_and_spends_the_budget_on_boundary_ones() -> None:
+    sampler = PscSampler(0.5)
+    indptr = np.array([0, 6, 7])
+    values = np.array([1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 2.0])
+    inner = np.array([True, True, False, False, False, True, False])
+    diagonal = np.array([False, False, False, False, False, True, False])
+    columns = np.array([0, 1, 5, 6, 7, 2, 8])
     assert np.allclose(sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal, 3)),
-                       [0.5, 0.5, 0.5, 0.5, 1.0])  # before any norm is known: the budget, self-loop kept
-    p = sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal, 3, np.ones(5)))
-    assert p[4] == 1.0  # the self-loop
-    assert p[:4].sum() == pytest.approx(0.5 * 4)  # the budget counts the neighbours only
-    assert p[0] == p[1] > p[2] == p[3]
+                       [1.0, 1.0, 0.5, 0.5, 0.5, 1.0, 0.5])  # before any norm is known: the budget on boundary ones
+    p = sampler.probabilities(EdgeProblem(indptr, values, columns, inner, diagonal, 3, np.ones(7)))
+    assert np.all(p[[0, 1, 5]] == 1.0)  # inner neighbours and the self-loop: whole
+    assert p[2:5].sum() == pytest.approx(0.5 * 3)  # the budget counts the boundary neighbours only
+    assert p[2] > p[3] == p[4]  # the larger |A_ij| c_j gets the larger share
+    assert p[6] == pytest.approx(0.5)  # a row with one boundary neighbour keeps it with the budget
+    with pytest.raises(ValueError, match="a_inner"):
+        AxisSpec.parse("sample", "psc:budget=0.1,a_inner=2")
 
 
 def test_keep_entries_divides_by_p_and_renumbers_kept_columns() -> None:
@@ -71,9 +74,9 @@ def test_keep_entries_divides_by_p_and_renumbers_kept_columns() -> None:
 
 
 def test_psc_specs_are_checked() -> None:
-    spec = AxisSpec.parse("sample", "psc:budget=0.1,a_inner=2,every=5,cache=0.3")
+    spec = AxisSpec.parse("sample", "psc:budget=0.1,every=5,cache=0.3")
     sampler = spec.build(seed=7)
-    assert (sampler.budget, sampler.a_inner, sampler.every, sampler.cache, sampler.seed) == (0.1, 2.0, 5, 0.3, 7)
+    assert (sampler.budget, sampler.every, sampler.cache, sampler.seed) == (0.1, 5, 0.3, 7)
     assert sampler.recomputes(5) and not sampler.recomputes(0) and not sampler.recomputes(6)
     for bad, message in (("psc:budget=0", r"budget must lie in \(0, 1\]"), ("psc:budget=0.1,every=0", "every"),
                          ("psc:budget=0.1,cache=2", "cache must lie")):
