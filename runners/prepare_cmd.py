@@ -14,9 +14,10 @@ from runners.data.sampling_stats import DEFAULT_BATCH_SIZE, DEFAULT_FANOUT, form
 from runners.data.rmat import (EDGE_FACTOR, GRAPH500, check_abcd, expected_isolated, expected_top_degree,
                                rmat_dataset_bounded)
 from runners.data.sampling_stats import balance
+from runners.data.sbm import measured_homophily, stochastic_blocks
 from runners.data.stages import Stages
 from runners.data.stream_synthetic import write_streamed_synthetic
-from runners.argtypes import at_least
+from runners.argtypes import at_least, number
 from runners.argtypes import seed as seed_number
 from runners.data.shards import (ShardError, clear_leftovers, dataset_problem, output_problem, read_permutation,
                                  write_shards)
@@ -116,6 +117,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--symmetrize", action="store_true", help="edgelist: add every reverse edge")
     parser.add_argument("--directed", action="store_true", help="ogb: keep the graph directed (default: symmetrise)")
     parser.add_argument("--download", action="store_true", help="ogb: let ogb download the data if absent")
+    parser.add_argument("--homophily", type=number(0.0, 1.0), default=None,
+                        help="synthetic: a stochastic block model instead of planted communities: classes are the "
+                             "blocks, a node's edges stay in its class with this probability (1/classes: no "
+                             "communities; below: heterophilous; every partition of it is high-cut); features as "
+                             "the planted classes' (runners/data/sbm.py)")
     parser.add_argument("--stream", action="store_true",
                         help="synthetic: generate and shard in two streaming passes with bounded memory "
                              "(block partition), for graphs larger than memory")
@@ -154,6 +160,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if args.source == "synthetic" and args.stream and args.partitioner not in (AUTO, "block"):
         return ("prepare synthetic --stream writes contiguous blocks; use --partitioner block "
                 "(or leave --partitioner out)")
+    if args.homophily is not None and (args.source != "synthetic" or args.stream):
+        return "--homophily makes prepare synthetic's stochastic block model; it has no meaning with --stream or other sources"
     if args.source == "synthetic" and args.stream and args.hops is not None:
         return "prepare synthetic --stream prints no K-hop statistics and uses no bytegnn blocks; leave --hops out"
     if args.source == "rmat" and args.scale is None:
@@ -190,8 +198,11 @@ def main(comm: object, args: argparse.Namespace) -> int:
         if problem:
             raise ShardError(f"prepare synthetic: {problem}")
         edges = 2 * args.nodes * args.degree  # symmetrised; duplicates make it a little less
+        # the block model's generator: six int64/float64 arrays an edge draw, and the word draws
+        generator = None if args.homophily is None else 48 * args.degree + 4 * 8 * SYNTHETIC_WORDS
         check_prepare_resources(args.out, None if args.stream else prepare_memory(
-            args.nodes, edges, args.features, args.parts, words=SYNTHETIC_WORDS), shard_bytes(args.nodes, edges, args.features))
+            args.nodes, edges, args.features, args.parts, words=SYNTHETIC_WORDS, generator_per_node=generator),
+            shard_bytes(args.nodes, edges, args.features))
     if args.source == "rmat":  # its size is known from the flags: refuse before generating anything
         nodes = 1 << args.scale
         problem = dataset_problem(nodes, args.parts, None)
@@ -225,6 +236,13 @@ def main(comm: object, args: argparse.Namespace) -> int:
         data = load_edge_list(args.edges, args.node_features, args.labels, masks=args.masks,
                               split=_split(args.split), symmetrize=args.symmetrize, seed=args.seed, name=args.name,
                               num_classes=args.num_classes)
+    elif args.homophily is not None:
+        if args.nodes < args.classes:
+            raise ShardError(f"prepare synthetic --homophily: --nodes {args.nodes} is fewer than --classes "
+                             f"{args.classes}; every block needs a node")
+        data = stochastic_blocks(args.nodes, args.classes, args.degree, args.homophily, args.features, seed=args.seed)
+        print(f"stochastic block model: {args.classes} classes, homophily {args.homophily:g} asked, "
+              f"{measured_homophily(data):.3f} of the symmetrised entries join a class to itself", flush=True)
     else:
         data = planted_classes(nodes=args.nodes, classes=args.classes, degree=args.degree,
                                features=args.features, seed=args.seed)

@@ -23,14 +23,17 @@ def shard_bytes(nodes: int, edges: int, features: int) -> int:
     return 12 * edges + nodes * (4 * features + 8 + 8 + 3 + 8) + 64 * 1024
 
 
-def prepare_memory(nodes: int, edges: int, features: int, parts: int, words: int = 0) -> Estimate:
+def prepare_memory(nodes: int, edges: int, features: int, parts: int, words: int = 0,
+                   generator_per_node: int | None = None) -> Estimate:
     """Peak bytes a whole-graph ``prepare`` adds to the process (everything in one process): the adjacency (CSR,
     with the shard writer's int64 copy of one part), the features and the writer's copy of one part of them,
     the synthetic generator's word draws (``words`` per node, four int64/float64 arrays; 0 for other sources)
     and the partition's per-node arrays. Checked against measured peak RSS of ``prepare synthetic`` (200,000 nodes
-    of degree 15 and 128 features: 384 MiB estimated, 340 MiB measured; 400,000 of 256: 1015 and 955 MiB)."""
+    of degree 15 and 128 features: 384 MiB estimated, 340 MiB measured; 400,000 of 256: 1015 and 955 MiB).
+    ``generator_per_node``: another generator's bytes a node instead of the word draws'."""
+    generator = 4 * 8 * words if generator_per_node is None else generator_per_node
     return Estimate({"graph": 16 * edges, "features": int((1 + 1 / max(parts, 1)) * 4 * nodes * features),
-                     "generator": 4 * 8 * nodes * words, "partition": 6 * 8 * nodes})
+                     "generator": generator * nodes, "partition": 6 * 8 * nodes})
 
 
 def rmat_entries(scale: int, edge_factor: int, abcd: tuple[float, ...] = (0.57, 0.19, 0.19, 0.05)) -> int:

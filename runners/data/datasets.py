@@ -259,17 +259,26 @@ def planted_classes(nodes: int = 50_000, classes: int = 8, degree: int = 10, fea
     labels = ((np.arange(nodes) // community_size) % classes).astype(np.int64)
     relabelled = rng.random(nodes) < label_noise
     labels[relabelled] = rng.integers(0, classes, size=int(relabelled.sum()))
-    block = features // classes
-    own = labels[:, None] * block + rng.integers(0, block, size=(nodes, words))
-    anywhere = rng.integers(0, features, size=(nodes, words))
-    chosen = np.where(rng.random((nodes, words)) < signal, own, anywhere)
-    feature_matrix = np.zeros((nodes, features), dtype=np.float32)
-    np.add.at(feature_matrix, (np.repeat(np.arange(nodes), words), chosen.ravel()), 1.0)
+    feature_matrix = bag_of_words(labels, classes, features, words, signal, rng)
     draw = rng.random(nodes)
     masks = {"train": draw < train, "val": (draw >= train) & (draw < train + val),
              "test": (draw >= train + val) & (draw < train + val + test)}
     return GraphData(name=f"planted-{nodes}", adjacency=adjacency, features=feature_matrix, labels=labels,
                      masks=masks, num_classes=classes)
+
+
+def bag_of_words(labels: np.ndarray, classes: int, features: int, words: int, signal: float,
+                 rng: np.random.Generator) -> np.ndarray:
+    """Word counts (``nodes x features``, float32): each node draws ``words`` words, each from its class's own
+    ``features / classes`` words with probability ``signal`` and uniformly otherwise."""
+    nodes = labels.size
+    block = features // classes
+    own = labels[:, None] * block + rng.integers(0, block, size=(nodes, words))
+    anywhere = rng.integers(0, features, size=(nodes, words))
+    chosen = np.where(rng.random((nodes, words)) < signal, own, anywhere)
+    counts = np.zeros((nodes, features), dtype=np.float32)
+    np.add.at(counts, (np.repeat(np.arange(nodes), words), chosen.ravel()), 1.0)
+    return counts
 
 
 def feature_dtype(features: np.ndarray) -> type:

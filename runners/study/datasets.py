@@ -15,7 +15,9 @@ from runners.study.tables import StudyError, expect, int_list, unknown_keys
 DATASET_KEYS = {"name", "path", "synthetic", "planetoid", "rmat", "partitioner", "parts", "nodes_per_rank", "sizes", "seed",
                 "epochs"}
 PLANETOID_KEYS = {"name", "root"}
-SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes"}
+SYNTHETIC_KEYS = {"nodes", "degree", "features", "classes", "homophily"}
+"""A ``synthetic`` table's keys, ``prepare synthetic``'s flags; ``homophily`` (a share) makes it the stochastic block
+model (:mod:`runners.data.sbm`), the others are positive integers."""
 RMAT_KEYS = {"scale": "--scale", "edge_factor": "--edge-factor", "features": "--features", "classes": "--classes"}
 """An ``rmat`` table's keys and the ``prepare rmat`` flags they become (ranges: :data:`FLAG_RANGES`)."""
 
@@ -26,7 +28,7 @@ class DatasetSpec:
 
     name: str
     path: Path | None = None
-    synthetic: dict[str, int] = field(default_factory=dict)
+    synthetic: dict[str, float] = field(default_factory=dict)
     planetoid: dict[str, str] = field(default_factory=dict)  # prepare planetoid's --name and --root
     rmat: dict[str, int] = field(default_factory=dict)  # prepare rmat's --scale, --edge-factor, ... (RMAT_KEYS)
     partitioner: str = "metis"
@@ -133,7 +135,11 @@ def parse_dataset(path: Path, index: int, table: Any, scaling: str) -> DatasetSp
     synthetic = expect(f"{where}.synthetic", table["synthetic"], dict, "a table")
     unknown_keys(f"{where}.synthetic", synthetic, SYNTHETIC_KEYS)
     for key, value in synthetic.items():
-        expect(f"{where}.synthetic.{key}", value, int, "a positive integer")
+        if key == "homophily":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise StudyError(f"{where}.synthetic.homophily: expected a share in [0, 1], found {value!r}")
+        else:
+            expect(f"{where}.synthetic.{key}", value, int, "a positive integer")
     if scaling == "strong" and "nodes" not in synthetic:
         raise StudyError(f"{where}.synthetic.nodes: strong scaling needs the node count")
     parts = table.get("parts")

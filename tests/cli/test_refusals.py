@@ -139,6 +139,9 @@ def test_prepare_refuses_what_train_could_not_use_before_writing(tmp_path: Path)
                                                                           "--parts", "8"),
         "cora: --parts 3000 is more than the graph's 2708 nodes; use --parts 2708 or fewer": ("planetoid", "--parts",
                                                                                              "3000"),
+        "--homophily makes prepare synthetic's stochastic block model": ("planetoid", "--homophily", "0.2"),
+        "--nodes 3 is fewer than --classes 5": ("synthetic", "--homophily", "0.2", "--nodes", "3", "--classes", "5",
+                                                "--parts", "1"),
         "e: the training split of the 20 nodes is empty": ("edgelist", "--edges", "e.txt", "--node-features", "x.npy",
                                                            "--labels", "y.txt", "--masks", "m.npz", "--name", "e"),
     }

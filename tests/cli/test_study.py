@@ -97,6 +97,7 @@ def test_weak_scaling_of_an_rmat_graph_adds_log2_p_to_its_scale(tmp_path: Path) 
     (("hidden = 8", "epochs = 3"), "[train] sets ['epochs']"),
     (("synthetic = { nodes = 1000,", 'path = "x"\nsynthetic = { nodes = 1000,'), "exactly one of 'path'"),
     (("name = \"syn\"", "name = \"a b\""), "dataset[0].name"),
+    (("classes = 3 }", "classes = 3, homophily = 1.5 }"), "synthetic.homophily: expected a share in [0, 1]"),
 ])
 def test_bad_study_files_name_the_file_and_field(tmp_path: Path, change: tuple[str, str], field: str) -> None:
     path = _write(tmp_path, GOOD.replace(*change))
@@ -454,3 +455,9 @@ def test_the_measured_subset_of_the_emulated_policies_study_is_its_200k_1gbit_pa
     assert [(r.ranks, r.plan, r.policy, r.compress) for r in runs] == [(r.ranks, r.plan, r.policy, r.compress)
                                                                        for r in subset]
     assert overlap.train.get("overlap-evaluation") is True
+
+
+def test_a_homophily_makes_the_sweep_prepare_the_block_model(tmp_path: Path) -> None:
+    study = load_study(_write(tmp_path, GOOD.replace("classes = 3 }", "classes = 3, homophily = 0.05 }")))
+    commands = {tuple(prepare_command(study, run)) for run in study.runs()[0]}
+    assert commands and all("--homophily=0.05" in command and "synthetic" in command for command in commands)
