@@ -1,0 +1,161 @@
+"""GCN over a process grid (sparse_dist.grid_gcn) against a single-process float64 reference, under mpiexec.
+
+For each grid given (X,Y,Z with X*Y*Z = P) and two graphs (tests/support/datasets_for_tests.py's directed
+random graph, with isolated, in-only and out-only nodes and zero feature rows, and Cora), a 3-layer GCN of
+hidden width 10 (so that widths, like the rows, do not divide by most grid axes; 4 or 7 classes, so an axis
+of 8 leaves ranks with no class) trains 3 Adam steps in float64 on the grid and in plain dense torch
+(written here from the documented conventions, importing nothing of the grid code). Checked on every rank:
+
+* each step's loss equals the reference's (relative 1e-12);
+* the first step's gradients of this rank's blocks of W and b equal the reference's slices (absolute 1e-12
+  over the gradient's scale);
+* after 3 steps, the blocks equal the reference's weights;
+* the bytes of every phase this rank counted in each step equal sparse_dist.grid_gcn's prediction.
+
+Run: ``mpiexec -n P python tests/mpi/cases/grid_cases.py X,Y,Z [X,Y,Z ...]``; a grid of fewer than ``P`` ranks
+runs on the first ``X*Y*Z`` ranks (a sub-communicator), so one launch checks several rank counts.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
+from case_report import finish  # noqa: E402
+from datasets_for_tests import cora, random_directed  # noqa: E402
+from reference_adam import TextbookAdam  # noqa: E402
+from reference_gcn import normalized_adjacency  # noqa: E402
+
+from sparse_dist.comm import run_or_abort, world  # noqa: E402
+from sparse_dist.grid import GridShape, ProcessGrid  # noqa: E402
+from sparse_dist.grid_gcn import (GridCrossEntropy, GridGCNFunction, adjacency_blocks, bias_block,  # noqa: E402
+                                  input_block, output_classes, output_rows, predicted_layer_bytes,
+                                  predicted_loss_bytes, weight_block)
+
+HIDDEN, LAYERS, STEPS, LR = 10, 3, 3, 0.05
+TOLERANCE = 1e-12
+
+
+def graphs() -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]]:
+    """``(name, Â dense float64, row-normalised features, labels, train mask, classes)``."""
+    out = []
+    for data in (random_directed(), cora()):
+        a = normalized_adjacency(data.adjacency.toarray(), "gcn").numpy()
+        features = data.features.astype(np.float64)
+        sums = features.sum(axis=1, keepdims=True)
+        x = np.divide(features, sums, out=np.zeros_like(features), where=sums != 0)
+        out.append((data.name, a, x, np.asarray(data.labels), np.asarray(data.masks["train"]), int(data.num_classes)))
+    return out
+
+
+def initial_weights(dims: list[int], seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Glorot-uniform weights layer by layer from one generator, a small non-zero bias (so its gradient path is
+    checked against a value that matters)."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = []
+    for fan_in, fan_out in zip(dims[:-1], dims[1:]):
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        weight = (torch.rand(fan_in, fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+        bias = (torch.rand(fan_out, generator=generator, dtype=torch.float64) - 0.5) * 0.1
+        weights.append((weight, bias))
+    return weights
+
+
+def reference(a: np.ndarray, x: np.ndarray, labels: np.ndarray, train: np.ndarray, dims: list[int]):
+    """Losses per step, the first step's gradients and the final weights, dense float64."""
+    params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in initial_weights(dims)]
+    optimizer = TextbookAdam([{"params": [p for layer in params for p in layer]}], lr=LR)
+    at, xt, yt, mask = torch.from_numpy(a), torch.from_numpy(x), torch.from_numpy(labels), torch.from_numpy(train)
+    losses, first_grads = [], None
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        h = xt
+        for index, (w, b) in enumerate(params):
+            h = at @ h @ w + b
+            if index < len(params) - 1:
+                h = torch.relu(h)
+        loss = torch.nn.functional.cross_entropy(h[mask], yt[mask])
+        loss.backward()
+        if step == 0:
+            first_grads = [(w.grad.clone(), b.grad.clone()) for w, b in params]
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses, first_grads, [(w.detach(), b.detach()) for w, b in params]
+
+
+def check_grid(comm, shape: GridShape, graph, want, failures: list[str]) -> None:
+    name, a, x, labels, train, classes = graph
+    n = a.shape[0]
+    dims = [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes]
+    want_losses, want_grads, want_final = want
+    grid = ProcessGrid(comm, shape)
+    where = f"{name} grid {shape} rank {comm.rank} {grid.coords}"
+    comm.stats.reset()
+    blocks = adjacency_blocks(grid, sp.csr_matrix(a), LAYERS, torch.float64)
+    params = [(weight_block(grid, layer, w).requires_grad_(), bias_block(grid, layer, b).requires_grad_())
+              for layer, (w, b) in enumerate(initial_weights(dims))]
+    optimizer = TextbookAdam([{"params": [p for layer in params for p in layer]}], lr=LR)
+    x_block = torch.from_numpy(np.ascontiguousarray(input_block(grid, x)))
+    r0, r1 = output_rows(grid, LAYERS, n)
+    c0, _ = output_classes(grid, LAYERS, classes)
+    rows_labels, rows_train = torch.from_numpy(labels[r0:r1]), torch.from_numpy(train[r0:r1])
+    predicted: dict[str, int] = {"forward": predicted_loss_bytes(grid, LAYERS - 1, n, 8), "backward": 0,
+                                 "grad_allreduce": 0}
+    for layer in range(LAYERS):
+        for phase, value in predicted_layer_bytes(grid, layer, n, dims[layer], dims[layer + 1], 8,
+                                                  input_grad=layer > 0).items():
+            predicted[phase] += value
+    for step in range(STEPS):
+        comm.stats.reset()
+        optimizer.zero_grad()
+        h = x_block
+        for layer, (w, b) in enumerate(params):
+            h = GridGCNFunction.apply(h, w, b, blocks[layer % 3], grid, layer > 0)
+            if layer < LAYERS - 1:
+                h = torch.relu(h)
+        loss = GridCrossEntropy.apply(h, rows_labels, rows_train, c0, int(train.sum()), grid, LAYERS - 1)
+        loss.backward()
+        if not math.isclose(float(loss.detach()), want_losses[step], rel_tol=TOLERANCE):
+            failures.append(f"{where}: step {step} loss {float(loss.detach())!r} != {want_losses[step]!r}")
+        if step == 0:
+            for layer, ((w, b), (gw, gb)) in enumerate(zip(params, want_grads)):
+                for got, want, what in ((w.grad, weight_block(grid, layer, gw), "W"),
+                                        (b.grad, bias_block(grid, layer, gb), "b")):
+                    scale = max(float(gw.abs().max()), 1e-300)
+                    if got.shape != want.shape or (got.numel() and float((got - want).abs().max()) > TOLERANCE * scale):
+                        failures.append(f"{where}: layer {layer} d{what} differs from the reference's block")
+        counted = {phase: comm.stats.phases[phase].bytes_sent for phase in predicted}
+        if counted != predicted:
+            failures.append(f"{where}: step {step} bytes {counted} != predicted {predicted}")
+        optimizer.step()
+    for layer, ((w, b), (fw, fb)) in enumerate(zip(params, want_final)):
+        for got, want, what in ((w, weight_block(grid, layer, fw), "W"), (b, bias_block(grid, layer, fb), "b")):
+            if got.numel() and float((got.detach() - want).abs().max()) > 1e-10 * max(float(fw.abs().max()), 1.0):
+                failures.append(f"{where}: layer {layer} {what} after {STEPS} steps differs from the reference's")
+    grid.free()
+
+
+def main() -> int:
+    comm = world()
+    failures: list[str] = []
+    texts = sys.argv[1:]
+    for graph in graphs():
+        _, a, x, labels, train, classes = graph
+        want = reference(a, x, labels, train, [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes])
+        for text in texts:
+            ranks = math.prod(int(v) for v in text.split(","))
+            sub = comm.split(int(comm.rank < ranks), comm.rank)  # the first X*Y*Z ranks form the grid
+            if comm.rank < ranks:
+                check_grid(sub, GridShape.parse(text, ranks), graph, want, failures)
+            sub.free()
+    return finish(comm, failures, f"grid GCN on {comm.size} ranks, grids {' '.join(texts)}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_or_abort(main))

@@ -1,0 +1,44 @@
+"""GCN over a process grid under real mpiexec (tests/mpi/cases/grid_cases.py): every grid equals one process in
+float64 (losses, first gradients, weights after 3 Adam steps) on a directed graph with isolated, in-only and
+out-only nodes and on Cora, with counted == predicted bytes per phase. Grids of fewer ranks run on
+sub-communicators of the same launch: rows, widths and classes that do not divide, axes with empty class blocks."""
+
+import pytest
+from mpirun import run_case
+
+from sparse_dist.grid import GridShape, block_range
+
+
+def test_grids_of_up_to_four_ranks_equal_one_process_in_float64() -> None:
+    grids = ["1,1,1", "2,1,1", "1,1,3", "2,2,1", "1,2,2"]
+    result = run_case(4, "grid_cases.py", *grids, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"grid GCN on 4 ranks, grids {' '.join(grids)}: all checks pass" in result.stdout, result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks,grids", [(4, ["1,2,1", "1,1,2", "3,1,1", "1,3,1", "4,1,1", "1,1,4"]),
+                                         (8, ["2,2,2", "4,2,1", "1,1,8", "3,2,1", "1,2,3"])])
+def test_more_grids_equal_one_process_in_float64(ranks: int, grids: list[str]) -> None:
+    result = run_case(ranks, "grid_cases.py", *grids, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"grid GCN on {ranks} ranks, grids {' '.join(grids)}: all checks pass" in result.stdout, result.stderr
+
+
+def test_grid_shapes_are_parsed_and_checked_in_one_sentence() -> None:
+    assert GridShape.parse("2,2,1", 4) == GridShape(2, 2, 1) and GridShape.parse("1x1x8", 8).size == 8
+    for text, words in (("2,2", "three positive integers"), ("2,0,2", "three positive integers"),
+                        ("a,b,c", "three positive integers"), ("2,2,2", "the job has 4 ranks")):
+        with pytest.raises(ValueError, match=words) as error:
+            GridShape.parse(text, 4)
+        assert "\n" not in str(error.value)
+
+
+def test_blocks_are_array_split_s() -> None:
+    import numpy as np
+
+    for length, parts in ((10, 3), (2, 8), (0, 2), (2708, 7)):
+        spans = [block_range(length, parts, index) for index in range(parts)]
+        expected = [(int(c[0]), int(c[-1]) + 1) if c.size else None for c in np.array_split(np.arange(length), parts)]
+        assert [s if s[1] > s[0] else None for s in spans] == expected
+        assert spans[0][0] == 0 and spans[-1][1] == length and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
