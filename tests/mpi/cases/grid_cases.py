@@ -10,7 +10,10 @@ of 8 leaves ranks with no class) trains 3 Adam steps in float64 on the grid and 
 * the first step's gradients of this rank's blocks of W and b equal the reference's slices (absolute 1e-12
   over the gradient's scale);
 * after 3 steps, the blocks equal the reference's weights;
-* the bytes of every phase this rank counted in each step equal sparse_dist.grid_gcn's prediction.
+* the bytes of every phase this rank counted in each step equal sparse_dist.grid_gcn's prediction;
+* the blocks read from shards (runners/data/grid_reader.py: the directed graph in 5 random parts, so blocks
+  straddle parts) equal the blocks cut from the whole matrix normalised here, and so do the features, labels and
+  masks.
 
 Run: ``mpiexec -n P python tests/mpi/cases/grid_cases.py X,Y,Z [X,Y,Z ...]``; a grid of fewer than ``P`` ranks
 runs on the first ``X*Y*Z`` ranks (a sub-communicator), so one launch checks several rank counts.
@@ -32,6 +35,11 @@ from datasets_for_tests import cora, random_directed  # noqa: E402
 from reference_adam import TextbookAdam  # noqa: E402
 from reference_gcn import normalized_adjacency  # noqa: E402
 
+import tempfile  # noqa: E402
+
+from runners.data.grid_reader import load_grid_graph  # noqa: E402
+from runners.data.shard_reader import read_meta, read_part  # noqa: E402
+from runners.data.shards import write_shards  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.grid import GridShape, ProcessGrid  # noqa: E402
 from sparse_dist.grid_gcn import (GridCrossEntropy, GridGCNFunction, adjacency_blocks, bias_block,  # noqa: E402
@@ -141,6 +149,34 @@ def check_grid(comm, shape: GridShape, graph, want, failures: list[str]) -> None
     grid.free()
 
 
+def check_shards(comm, shape: GridShape, directory: str, failures: list[str]) -> None:
+    """The grid reader's blocks against the whole graph read part by part and normalised here."""
+    meta = read_meta(directory)
+    parts = [read_part(Path(directory), meta, index) for index in range(meta["num_parts"])]
+    n = meta["num_nodes"]
+    whole = sp.vstack([sp.csr_matrix((p["data"], p["indices"], p["indptr"]), shape=(p["indptr"].size - 1, n))
+                       for p in parts]).toarray()
+    a = normalized_adjacency(whole, "gcn").numpy()
+    features = np.concatenate([p["features"] for p in parts]).astype(np.float64)
+    sums = features.sum(axis=1, keepdims=True)
+    x = np.divide(features, sums, out=np.zeros_like(features), where=sums != 0)
+    labels = np.concatenate([p["labels"] for p in parts])
+    grid = ProcessGrid(comm, shape)
+    got = load_grid_graph(comm, grid, directory, LAYERS)
+    want = adjacency_blocks(grid, sp.csr_matrix(a), LAYERS, torch.float64)
+    where = f"shards grid {shape} rank {comm.rank}"
+    for layer, (mine, theirs) in enumerate(zip(got.adjacency, want)):
+        dense = theirs.forward.to_dense().numpy()
+        if mine.shape != dense.shape or not np.allclose(mine.toarray(), dense, rtol=1e-14, atol=0):
+            failures.append(f"{where}: rotation {layer}'s block differs from the whole matrix's")
+    if not np.allclose(got.features, input_block(grid, x), rtol=1e-14, atol=0):
+        failures.append(f"{where}: X block differs")
+    r0, r1 = output_rows(grid, LAYERS, n)
+    if got.output_rows != (r0, r1) or not np.array_equal(got.labels, labels[r0:r1]):
+        failures.append(f"{where}: output rows or labels differ")
+    grid.free()
+
+
 def main() -> int:
     comm = world()
     failures: list[str] = []
@@ -154,6 +190,18 @@ def main() -> int:
             if comm.rank < ranks:
                 check_grid(sub, GridShape.parse(text, ranks), graph, want, failures)
             sub.free()
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = comm.allgather_object(str(Path(scratch) / "random") if comm.rank == 0 else None)[0]
+        if comm.rank == 0:
+            write_shards(random_directed(), directory, 5, "random", seed=1)
+        comm.barrier()
+        for text in texts:
+            ranks = math.prod(int(v) for v in text.split(","))
+            sub = comm.split(int(comm.rank < ranks), comm.rank)
+            if comm.rank < ranks:
+                check_shards(sub, GridShape.parse(text, ranks), directory, failures)
+            sub.free()
+        comm.barrier()  # rank 0 removes the directory once every rank has read it
     return finish(comm, failures, f"grid GCN on {comm.size} ranks, grids {' '.join(texts)}")
 
 

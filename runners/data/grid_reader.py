@@ -1,0 +1,121 @@
+"""This rank's blocks of a prepared dataset for the process grid (:mod:`sparse_dist.grid`), read from the shards.
+
+A rank of the grid needs, per rotation of roles the layers use (at most three), the block ``Â[d, o]`` of the
+GCN-normalised adjacency (self-loops added where missing, ``D^-1/2 (A + I) D^-1/2`` with ``D`` the row sums),
+layer 0's ``X[o, i]`` (rows over ``x``, columns over ``y``; each row normalised by its sum before the columns
+are cut), and labels and masks of the last layer's output rows. Rows are the shards' order (parts
+concatenated), so the prepared partition is the grid's permutation: ``prepare --partitioner random`` spreads
+the nonzeros over the blocks.
+
+It reads only the parts that overlap the row ranges it needs, one part at a time, and keeps the rows it needs
+with all their columns until it has cut its block: the peak is about ``nnz / |d|`` entries for the largest
+row block, not the graph. The column scales of ``Â[d, o]`` are the inverse square roots of the degrees of the
+nodes of ``o``'s block, read the same way (their rows' sums). Collective: a problem reading any rank's files
+raises the same :class:`~runners.data.shard_reader.ShardError` on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from algorithms.normalize import add_remaining_self_loops, inverse_sqrt, scale_symmetric
+from algorithms.training.graph import row_normalize_features
+from runners.data.shard_reader import ShardError, read_meta, read_part
+from sparse_dist.comm import Communicator
+from sparse_dist.grid import ProcessGrid, roles
+
+
+@dataclass
+class GridGraph:
+    """What one rank of the grid holds of a dataset (module docstring); row ids are the shards' order."""
+
+    adjacency: list[sp.csr_matrix]   # Â[d, o] per rotation (``n_d x n_o``, local column ids)
+    features: np.ndarray             # X[o, i] of layer 0
+    labels: np.ndarray               # of the last layer's output rows
+    masks: dict[str, np.ndarray]     # train / val / test of those rows
+    output_rows: tuple[int, int]
+    num_nodes: int
+    feature_dim: int
+    num_classes: int
+    meta: dict[str, Any]
+
+
+def _parts_of(meta: dict[str, Any], lo: int, hi: int) -> list[int]:
+    offsets = meta["row_offsets"]
+    return [part for part in range(meta["num_parts"]) if offsets[part] < hi and offsets[part + 1] > lo]
+
+
+def read_rows(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, names: tuple[str, ...]) -> dict[str, Any]:
+    """Arrays ``names`` of rows ``[lo, hi)`` (``indptr``/``indices``/``data`` become one CSR, ``adjacency``),
+    reading the parts that overlap them one at a time."""
+    offsets, n = meta["row_offsets"], meta["num_nodes"]
+    wanted = tuple(sorted({*names, *(("indptr", "indices", "data") if "adjacency" in names else ())} - {"adjacency"}))
+    pieces: dict[str, list[Any]] = {name: [] for name in names}
+    for part in _parts_of(meta, lo, hi):
+        arrays = read_part(data_dir, meta, part, wanted)
+        start, stop = max(lo, offsets[part]) - offsets[part], min(hi, offsets[part + 1]) - offsets[part]
+        for name in names:
+            if name == "adjacency":
+                rows = sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]),
+                                     shape=(arrays["indptr"].size - 1, n))
+                pieces[name].append(rows[start:stop])
+            else:
+                pieces[name].append(arrays[name][start:stop])
+        del arrays
+    out: dict[str, Any] = {}
+    for name, chunks in pieces.items():
+        if name == "adjacency":
+            out[name] = sp.csr_matrix(sp.vstack(chunks)) if chunks else sp.csr_matrix((0, n))
+        else:
+            out[name] = np.concatenate(chunks) if chunks else np.zeros(0)
+    return out
+
+
+def _degree_inv_sqrt(data_dir: Path, meta: dict[str, Any], lo: int, hi: int) -> np.ndarray:
+    """``(row sum of A + I)^-1/2`` of nodes ``[lo, hi)`` (self-loops added where missing)."""
+    rows = add_remaining_self_loops(read_rows(data_dir, meta, lo, hi, ("adjacency",))["adjacency"], lo)
+    return inverse_sqrt(np.asarray(rows.sum(axis=1)).ravel())
+
+
+def load_grid_graph(comm: Communicator, grid: ProcessGrid, data_dir: str | Path, layers: int) -> GridGraph:
+    """This rank's :class:`GridGraph` for a GCN of ``layers`` layers (collective validation over ``comm``)."""
+    data_dir = Path(data_dir)
+    error: str | None = None
+    graph: GridGraph | None = None
+    try:
+        graph = _load(grid, data_dir, layers)
+    except ShardError as exc:
+        error = str(exc)
+    comm.raise_if_any(error, ShardError)
+    assert graph is not None
+    return graph
+
+
+def _load(grid: ProcessGrid, data_dir: Path, layers: int) -> GridGraph:
+    meta = read_meta(data_dir)
+    n = meta["num_nodes"]
+    scales: dict[tuple[int, int], np.ndarray] = {}
+    blocks = []
+    for layer in range(min(layers, 3)):
+        outer, _, depth = roles(layer)
+        (r0, r1), (c0, c1) = grid.block(n, depth), grid.block(n, outer)
+        rows = add_remaining_self_loops(read_rows(data_dir, meta, r0, r1, ("adjacency",))["adjacency"], r0)
+        row_scale = inverse_sqrt(np.asarray(rows.sum(axis=1)).ravel())
+        rows = sp.csr_matrix(rows[:, c0:c1])
+        if (c0, c1) not in scales:
+            scales[(c0, c1)] = _degree_inv_sqrt(data_dir, meta, c0, c1)
+        blocks.append(scale_symmetric(rows, row_scale, scales[(c0, c1)][rows.indices]))
+    outer, inner, _ = roles(0)
+    (x0, x1), (f0, f1) = grid.block(n, outer), grid.block(meta["feature_dim"], inner)
+    features = row_normalize_features(read_rows(data_dir, meta, x0, x1, ("features",))["features"])[:, f0:f1]
+    o0, o1 = grid.block(n, roles(layers - 1)[2])
+    labelled = read_rows(data_dir, meta, o0, o1, ("labels", "train", "val", "test"))
+    return GridGraph(adjacency=blocks, features=np.ascontiguousarray(features), labels=labelled["labels"],
+                     masks={split: labelled[split].astype(bool) for split in ("train", "val", "test")},
+                     output_rows=(o0, o1), num_nodes=n, feature_dim=meta["feature_dim"],
+                     num_classes=meta["num_classes"], meta=meta)
