@@ -42,3 +42,22 @@ def test_blocks_are_array_split_s() -> None:
         expected = [(int(c[0]), int(c[-1]) + 1) if c.size else None for c in np.array_split(np.arange(length), parts)]
         assert [s if s[1] > s[0] else None for s in spans] == expected
         assert spans[0][0] == 0 and spans[-1][1] == length and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_bench_grid_trains_from_shards_with_the_bytes_of_the_model(tmp_path) -> None:
+    import json
+
+    from datasets_for_tests import random_directed, write
+    from mpirun import BIN, run_mpi
+
+    data = write(random_directed(n=300, seed=3), tmp_path / "data", parts=3)
+    out = tmp_path / "grid.jsonl"
+    result = run_mpi(2, [str(BIN / "sparse-dist"), "bench", "grid", "--data", str(data), "--grid", "1,2,1",
+                         "--epochs", "3", "--hidden", "8", "--out", str(out)], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    epochs, summary = records[:-1], records[-1]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3] and epochs[-1]["loss"] < epochs[0]["loss"]
+    assert all(r["bytes_busiest_rank"] == r["bytes_predicted"] and r["bytes_predicted"]["forward"] > 0
+               for r in epochs)
+    assert summary["grid"] == "1x2x1" and 0.0 <= summary["test_acc"] <= 1.0 and len(summary["peak_rss_bytes"]) == 2
