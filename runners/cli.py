@@ -340,7 +340,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 
 
 _TOOL_ERRORS = (("runners.study.spec", "StudyError"), ("runners.study.collect", "ResultsError"),
-                ("runners.results", "ResultsWriteError"))
+                ("runners.results", "ResultsWriteError"), ("runners.data.shard_reader", "ShardError"))
 
 
 def _loaded_user_errors() -> tuple[type[BaseException], ...]:

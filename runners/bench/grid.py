@@ -75,6 +75,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     graph = load_grid_graph(comm, grid, args.data, args.layers)
     blocks = as_blocks(graph.adjacency, dtype, torch.device("cpu"))
     nonzeros = comm.allgather_array(np.array([sum(b.nnz for b in graph.adjacency)], dtype=np.int64)).ravel()
+    graph.adjacency = []  # the torch blocks hold what the steps need
     load_seconds = time.perf_counter() - began
     n, layers = graph.num_nodes, args.layers
     dims = [graph.feature_dim] + [args.hidden] * (layers - 1) + [graph.num_classes]

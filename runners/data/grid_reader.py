@@ -7,9 +7,8 @@ are cut), and labels and masks of the last layer's output rows. Rows are the sha
 concatenated), so the prepared partition is the grid's permutation: ``prepare --partitioner random`` spreads
 the nonzeros over the blocks.
 
-It reads only the parts that overlap the row ranges it needs, one part at a time, and keeps the rows it needs
-with all their columns until it has cut its block: the peak is about ``nnz / |d|`` entries for the largest
-row block, not the graph. The column scales of ``Â[d, o]`` are the inverse square roots of the degrees of the
+It reads only the parts that overlap the row ranges it needs, one part at a time, and cuts each part's rows to
+its columns before reading the next: the peak is one part's rows beside the block, not the rows' every column. The column scales of ``Â[d, o]`` are the inverse square roots of the degrees of the
 nodes of ``o``'s block, read the same way (their rows' sums). Collective: a problem reading any rank's files
 raises the same :class:`~runners.data.shard_reader.ShardError` on every rank.
 """
@@ -24,7 +23,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from algorithms.normalize import add_remaining_self_loops, inverse_sqrt, scale_symmetric
-from algorithms.training.graph import row_normalize_features
 from runners.data.shard_reader import ShardError, read_meta, read_part
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import ProcessGrid, roles
@@ -50,36 +48,59 @@ def _parts_of(meta: dict[str, Any], lo: int, hi: int) -> list[int]:
     return [part for part in range(meta["num_parts"]) if offsets[part] < hi and offsets[part + 1] > lo]
 
 
-def read_rows(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, names: tuple[str, ...]) -> dict[str, Any]:
-    """Arrays ``names`` of rows ``[lo, hi)`` (``indptr``/``indices``/``data`` become one CSR, ``adjacency``),
-    reading the parts that overlap them one at a time."""
-    offsets, n = meta["row_offsets"], meta["num_nodes"]
-    wanted = tuple(sorted({*names, *(("indptr", "indices", "data") if "adjacency" in names else ())} - {"adjacency"}))
-    pieces: dict[str, list[Any]] = {name: [] for name in names}
+def read_rows(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Per-row arrays ``names`` (labels, masks) of rows ``[lo, hi)``, from the parts that overlap them."""
+    offsets = meta["row_offsets"]
+    pieces: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for part in _parts_of(meta, lo, hi):
-        arrays = read_part(data_dir, meta, part, wanted)
+        arrays = read_part(data_dir, meta, part, names)
         start, stop = max(lo, offsets[part]) - offsets[part], min(hi, offsets[part + 1]) - offsets[part]
         for name in names:
-            if name == "adjacency":
-                rows = sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]),
-                                     shape=(arrays["indptr"].size - 1, n))
-                pieces[name].append(rows[start:stop])
-            else:
-                pieces[name].append(arrays[name][start:stop])
+            pieces[name].append(arrays[name][start:stop])
+    return {name: np.concatenate(chunks) if chunks else np.zeros(0) for name, chunks in pieces.items()}
+
+
+def _rows_with_loops(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, c0: int,
+                     c1: int) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Rows ``[lo, hi)`` of ``A + I`` (self-loops added where missing) cut to columns ``[c0, c1)`` (local ids),
+    and the rows' whole sums: read one overlapping part at a time, so the peak is one part's rows, not the
+    rows' every column."""
+    offsets, n = meta["row_offsets"], meta["num_nodes"]
+    blocks, sums = [], []
+    for part in _parts_of(meta, lo, hi):
+        arrays = read_part(data_dir, meta, part, ("indptr", "indices", "data"))
+        start, stop = max(lo, offsets[part]) - offsets[part], min(hi, offsets[part + 1]) - offsets[part]
+        first = offsets[part] + start
+        rows = add_remaining_self_loops(sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]),
+                                                      shape=(arrays["indptr"].size - 1, n))[start:stop], first)
         del arrays
-    out: dict[str, Any] = {}
-    for name, chunks in pieces.items():
-        if name == "adjacency":
-            out[name] = sp.csr_matrix(sp.vstack(chunks)) if chunks else sp.csr_matrix((0, n))
-        else:
-            out[name] = np.concatenate(chunks) if chunks else np.zeros(0)
-    return out
+        sums.append(np.asarray(rows.sum(axis=1)).ravel())
+        blocks.append(sp.csr_matrix(rows[:, c0:c1]))
+    if not blocks:
+        return sp.csr_matrix((0, c1 - c0)), np.zeros(0)
+    return sp.csr_matrix(sp.vstack(blocks)), np.concatenate(sums)
 
 
 def _degree_inv_sqrt(data_dir: Path, meta: dict[str, Any], lo: int, hi: int) -> np.ndarray:
     """``(row sum of A + I)^-1/2`` of nodes ``[lo, hi)`` (self-loops added where missing)."""
-    rows = add_remaining_self_loops(read_rows(data_dir, meta, lo, hi, ("adjacency",))["adjacency"], lo)
-    return inverse_sqrt(np.asarray(rows.sum(axis=1)).ravel())
+    return inverse_sqrt(_rows_with_loops(data_dir, meta, lo, hi, 0, 0)[1])
+
+
+def _features(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, f0: int, f1: int) -> np.ndarray:
+    """Rows ``[lo, hi)`` of ``X`` divided by their whole sums (0 where a row sums to 0), columns ``[f0, f1)``,
+    float64: one part's rows at a time."""
+    offsets = meta["row_offsets"]
+    pieces = []
+    for part in _parts_of(meta, lo, hi):
+        features = read_part(data_dir, meta, part, ("features",))["features"]
+        start, stop = max(lo, offsets[part]) - offsets[part], min(hi, offsets[part + 1]) - offsets[part]
+        rows = features[start:stop]
+        sums = rows.sum(axis=1, dtype=np.float64)
+        kept = rows[:, f0:f1].astype(np.float64)
+        np.divide(kept, sums[:, None], out=kept, where=sums[:, None] != 0)
+        kept[sums == 0] = 0.0
+        pieces.append(kept)
+    return np.concatenate(pieces) if pieces else np.zeros((0, f1 - f0))
 
 
 def load_grid_graph(comm: Communicator, grid: ProcessGrid, data_dir: str | Path, layers: int) -> GridGraph:
@@ -104,15 +125,13 @@ def _load(grid: ProcessGrid, data_dir: Path, layers: int) -> GridGraph:
     for layer in range(min(layers, 3)):
         outer, _, depth = roles(layer)
         (r0, r1), (c0, c1) = grid.block(n, depth), grid.block(n, outer)
-        rows = add_remaining_self_loops(read_rows(data_dir, meta, r0, r1, ("adjacency",))["adjacency"], r0)
-        row_scale = inverse_sqrt(np.asarray(rows.sum(axis=1)).ravel())
-        rows = sp.csr_matrix(rows[:, c0:c1])
+        rows, sums = _rows_with_loops(data_dir, meta, r0, r1, c0, c1)
         if (c0, c1) not in scales:
             scales[(c0, c1)] = _degree_inv_sqrt(data_dir, meta, c0, c1)
-        blocks.append(scale_symmetric(rows, row_scale, scales[(c0, c1)][rows.indices]))
+        blocks.append(scale_symmetric(rows, inverse_sqrt(sums), scales[(c0, c1)][rows.indices]))
     outer, inner, _ = roles(0)
     (x0, x1), (f0, f1) = grid.block(n, outer), grid.block(meta["feature_dim"], inner)
-    features = row_normalize_features(read_rows(data_dir, meta, x0, x1, ("features",))["features"])[:, f0:f1]
+    features = _features(data_dir, meta, x0, x1, f0, f1)
     o0, o1 = grid.block(n, roles(layers - 1)[2])
     labelled = read_rows(data_dir, meta, o0, o1, ("labels", "train", "val", "test"))
     return GridGraph(adjacency=blocks, features=np.ascontiguousarray(features), labels=labelled["labels"],

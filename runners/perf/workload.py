@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from runners.data.partition import BoundaryAccumulator
 from runners.data.part_checks import STRUCTURE
-from runners.data.shards import read_meta, read_part
+from runners.data.shards import ShardError, read_meta, read_part
 from sparse_dist.cover_sets import konig_cover
 from sparse_dist.csr import entry_rows
 from sparse_dist.layout import RowLayout
@@ -65,7 +65,8 @@ def _merged_groups(data_dir: Path, groups: int) -> tuple[dict, int, np.ndarray]:
     """A prepared dataset's meta, its parts per row group and the groups' first rows (``groups + 1``)."""
     meta = read_meta(data_dir)
     if meta["num_parts"] % groups:
-        raise ValueError(f"{data_dir}: {meta['num_parts']} parts cannot be merged into {groups} row groups")
+        raise ShardError(f"{data_dir}: {meta['num_parts']} parts cannot be merged into {groups} row groups (P / c "
+                         f"must divide the parts; prepare it with --parts {groups} or a multiple)")
     per_group = meta["num_parts"] // groups
     return meta, per_group, np.asarray(meta["row_offsets"][::per_group], dtype=np.int64)
 

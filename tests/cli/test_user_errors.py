@@ -214,3 +214,12 @@ def test_prepare_help_describes_the_edge_list_format() -> None:
                    "--symmetrize to add every reverse edge", "Duplicate edges collapse", "self-loops are dropped",
                    "one id per line", "must be exactly 0..C-1", '"train", "val", "test"', "--split"):
         assert needle in text, needle
+
+
+def test_cost_bytes_on_parts_that_do_not_merge_into_p_groups_is_one_sentence(tmp_path: Path) -> None:
+    data = write(random_directed(n=120, seed=2), tmp_path / "data", parts=3)
+    result = subprocess.run([SPARSE_DIST, "cost", "bytes", "--data", str(data), "--ranks", "2"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, _said(result)
+    assert result.stderr == (f"sparse-dist cost: error: {data}: 3 parts cannot be merged into 2 row groups (P / c "
+                             f"must divide the parts; prepare it with --parts 2 or a multiple)\n"), _said(result)
