@@ -34,6 +34,7 @@ takes the whole matrix, as the tests do), dropout, SAGE and GAT, the training co
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,7 @@ import torch
 
 from sparse_dist.accounting import ring_allreduce_bytes
 from sparse_dist.csr import torch_csr
-from sparse_dist.grid import ProcessGrid, block_range, roles
+from sparse_dist.grid import GridShape, ProcessGrid, block_range, roles
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,18 @@ class AdjacencyBlock:
 def adjacency_blocks(grid: ProcessGrid, matrix: sp.csr_matrix, layers: int, dtype: torch.dtype) -> list[AdjacencyBlock]:
     """This rank's block of ``matrix`` (``N x N``, global ids) for each rotation the ``layers`` use (at most 3)."""
     n = matrix.shape[0]
-    blocks = []
+    local = []
     for layer in range(min(layers, 3)):
         outer, _, depth = roles(layer)
         (r0, r1), (c0, c1) = grid.block(n, depth), grid.block(n, outer)
-        block = sp.csr_matrix(matrix[r0:r1, c0:c1], dtype=np.float64)
-        cpu = torch.device("cpu")
-        blocks.append(AdjacencyBlock(roles(layer), torch_csr(block, dtype, cpu), torch_csr(block.T.tocsr(), dtype, cpu)))
-    return blocks
+        local.append(sp.csr_matrix(matrix[r0:r1, c0:c1], dtype=np.float64))
+    return as_blocks(local, dtype, torch.device("cpu"))
+
+
+def as_blocks(local: list[sp.csr_matrix], dtype: torch.dtype, device: torch.device) -> list[AdjacencyBlock]:
+    """Rotation ``r``'s block ``local[r]`` (``A[d, o]``, local ids) with its transpose, as torch CSR."""
+    return [AdjacencyBlock(roles(layer), torch_csr(block, dtype, device), torch_csr(block.T.tocsr(), dtype, device))
+            for layer, block in enumerate(local)]
 
 
 class GridGCNFunction(torch.autograd.Function):
@@ -138,30 +143,74 @@ class GridCrossEntropy(torch.autograd.Function):
         return grad * (grad_loss / ctx.train_count), None, None, None, None, None, None
 
 
+def predicted_classes(logits: torch.Tensor, class_lo: int, grid: ProcessGrid, layer: int) -> torch.Tensor:
+    """Each output row's argmax over all classes (the lowest class id among ties), from logits split over
+    ``(d, o)``: two allreduces of ``n_d`` values over ``o`` (phase ``other``: evaluation)."""
+    outer = roles(layer)[0]
+    rows, width = logits.shape
+    best = (logits.max(dim=1).values if width else logits.new_full((rows,), -math.inf)).contiguous()
+    grid.axis_comm[outer].allreduce_(best, "other", op="max")
+    if width:
+        hits = logits == best[:, None]
+        first = torch.where(hits.any(dim=1), hits.int().argmax(dim=1).to(logits.dtype) + class_lo,
+                            logits.new_full((rows,), math.inf))
+    else:
+        first = logits.new_full((rows,), math.inf)
+    first = first.contiguous()
+    grid.axis_comm[outer].allreduce_(first, "other", op="min")
+    return first.long()
+
+
 def predicted_layer_bytes(grid: ProcessGrid, layer: int, nodes: int, width_in: int, width_out: int,
                           itemsize: int, input_grad: bool) -> dict[str, int]:
     """Bytes this rank sends (and receives) in ``layer``'s forward, backward and gradient allreduce."""
-    outer, inner, depth = roles(layer)
-    sizes, place = grid.shape, grid.coords
-    n_depth = _length(grid.block(nodes, depth))
-    n_outer = _length(grid.block(nodes, outer))
-    f_inner = _length(grid.block(width_in, inner))
-    f_out = _length(grid.block(width_out, outer))
-
-    def ring(numel: int, axis: str) -> int:
-        return ring_allreduce_bytes(numel, sizes.of(axis), place[axis], itemsize)
-
-    backward = ring(n_depth * f_inner, outer) + ring(n_outer * f_inner, depth) if input_grad else 0
-    return {"forward": ring(n_depth * f_inner, outer) + ring(n_depth * f_out, inner), "backward": backward,
-            "grad_allreduce": ring(f_inner * f_out + f_out, depth)}
+    return layer_bytes(grid.shape, grid.coords, layer, nodes, width_in, width_out, itemsize, input_grad)
 
 
 def predicted_loss_bytes(grid: ProcessGrid, layer: int, nodes: int, itemsize: int) -> int:
     """Bytes this rank sends in :class:`GridCrossEntropy` (phase ``forward``) on the output of ``layer``."""
+    return loss_bytes(grid.shape, grid.coords, layer, nodes, itemsize)
+
+
+def layer_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, width_in: int, width_out: int,
+                itemsize: int, input_grad: bool) -> dict[str, int]:
+    """:func:`predicted_layer_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator
+    (the cost model asks it of grids it cannot build)."""
+    out = {"forward": 0, "backward": 0, "grad_allreduce": 0}
+    for phase, axis, numel in layer_collectives(shape, coords, layer, nodes, width_in, width_out, input_grad):
+        out[phase] += ring_allreduce_bytes(numel, shape.of(axis), coords[axis], itemsize)
+    return out
+
+
+def loss_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, itemsize: int) -> int:
+    """:func:`predicted_loss_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator."""
+    return sum(ring_allreduce_bytes(numel, shape.of(axis), coords[axis], itemsize)
+               for _, axis, numel in loss_collectives(shape, coords, layer, nodes))
+
+
+def layer_collectives(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, width_in: int,
+                      width_out: int, input_grad: bool) -> list[tuple[str, str, int]]:
+    """The allreduces :class:`GridGCNFunction` runs for ``layer`` on the rank at ``coords``, in order: (phase,
+    axis, elements) (module docstring)."""
+    outer, inner, depth = roles(layer)
+    n_depth = _length(block_range(nodes, shape.of(depth), coords[depth]))
+    n_outer = _length(block_range(nodes, shape.of(outer), coords[outer]))
+    f_inner = _length(block_range(width_in, shape.of(inner), coords[inner]))
+    f_out = _length(block_range(width_out, shape.of(outer), coords[outer]))
+    out = [("forward", outer, n_depth * f_inner), ("forward", inner, n_depth * f_out),
+           ("grad_allreduce", depth, f_inner * f_out + f_out)]
+    if input_grad:
+        out += [("backward", outer, n_depth * f_inner), ("backward", depth, n_outer * f_inner)]
+    return out
+
+
+def loss_collectives(shape: GridShape, coords: Mapping[str, int], layer: int,
+                     nodes: int) -> list[tuple[str, str, int]]:
+    """The allreduces of :class:`GridCrossEntropy` on the output of ``layer`` (all phase ``forward``): max, sum of
+    exponentials and the label's logit of each of the rank's ``n_d`` rows over ``o``, the loss over ``d``."""
     outer, _, depth = roles(layer)
-    n_depth = _length(grid.block(nodes, depth))
-    return (3 * ring_allreduce_bytes(n_depth, grid.shape.of(outer), grid.coords[outer], itemsize)
-            + ring_allreduce_bytes(1, grid.shape.of(depth), grid.coords[depth], itemsize))
+    n_depth = _length(block_range(nodes, shape.of(depth), coords[depth]))
+    return [("forward", outer, n_depth)] * 3 + [("forward", depth, 1)]
 
 
 def _length(span: tuple[int, int]) -> int:
@@ -198,6 +247,7 @@ def output_classes(grid: ProcessGrid, layers: int, classes: int) -> tuple[int, i
     return grid.block(classes, roles(layers - 1)[0])
 
 
-__all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "adjacency_blocks", "bias_block",
-           "block_range", "input_block", "output_classes", "output_rows", "predicted_layer_bytes",
-           "predicted_loss_bytes", "weight_block"]
+__all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "adjacency_blocks", "as_blocks", "bias_block",
+           "block_range", "input_block", "layer_bytes", "layer_collectives", "loss_bytes", "loss_collectives",
+           "output_classes", "output_rows", "predicted_classes", "predicted_layer_bytes", "predicted_loss_bytes",
+           "weight_block"]
