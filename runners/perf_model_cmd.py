@@ -12,7 +12,8 @@
 * ``sparse-dist cost predict --graph ogbn-papers100M --ranks 64,256,1024``:
   the same model for a graph and P this machine cannot run, from the
   partition model of :mod:`runners.perf.cost_model` and rates calibrated on a
-  study (``--calibrate-from RESULTS_DIR``).
+  study (``--calibrate-from RESULTS_DIR``); process grids too (``--plans grid:X,Y,Z`` or ``grid:auto``,
+  :mod:`runners.perf.grid_model`), and a ranking of the exact plans per P with the one it picks.
 * ``sparse-dist cost bytes --data DIR --ranks 2,4,8``: the ``cover`` plan's exact bytes per epoch beside
   ``p2p``'s, per layer and direction, from the prepared dataset's covers (:func:`runners.perf.cost_model.pair_counts`; :func:`print_cover_table`).
 
@@ -38,12 +39,15 @@ from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
 from sparse_dist.compress import Codec
 from sparse_dist.cost import NETWORKS, Network
 from sparse_dist.layout import Grid
+from sparse_dist.accounting import ring_allreduce_bytes
 from sparse_dist.predict import SENT, predict_halo_bytes, predict_spmm_bytes
 from sparse_dist.plans import PLAN_NAMES, PointToPointPlan, plan_class
 from runners.perf.cost_model import (ModelShape, ExpectedTraffic, PairCounts, Prediction, Rates, Workload,
                                      cores_per_rank, pair_counts, predict_cycle, predict_epoch, predict_evaluation,
                                      workload_analytic, workload_from_shards)
 from runners.data.shards import read_meta
+from runners.perf.grid_model import (PHASES, GridEpoch, all_ranks_bytes, choose_grid, grid_shapes, is_grid_plan,
+                                     parse_grid_plan, split_plans)
 
 # Public figures of OGB graphs (symmetrised nonzeros = twice the undirected edges).
 GRAPHS: dict[str, dict[str, int]] = {
@@ -77,7 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     predict.add_argument("--ranks", type=_rank_list, default="64,256,1024",
                          help="comma-separated P, each >= 1 (default: %(default)s)")
     predict.add_argument("--plans", type=_plan_list, default="dense-bcast,sparse-bcast,p2p",
-                         help="comma-separated plans (default: %(default)s)")
+                         help="comma-separated plans: 1D exchange plans, and process grids (GCN, exact) as "
+                              "grid:X,Y,Z (X * Y * Z = each P) or grid:auto (every factorisation, the fastest "
+                              "kept) (default: %(default)s)")
     predict.add_argument("--policies", default=None, type=policy_list_arg,
                          help="policies separated by ',' (or ';'); a policy's own parameters may use ',' too; "
                               "a run's two axes joined by '+' (bns:keep=0.1+sancus-e:eps=1) (default: "
@@ -115,11 +121,17 @@ def _rank_list(text: str) -> str:
 
 
 def _plan_list(text: str) -> str:
-    """argparse type of ``--plans``: comma-separated plan names, kept as text."""
-    plans = [plan.strip() for plan in text.split(",")]
-    unknown = [plan for plan in plans if plan not in PLAN_NAMES]
+    """argparse type of ``--plans``: comma-separated plan names and ``grid:`` plans, kept as text."""
+    plans = split_plans(text)
+    for plan in filter(is_grid_plan, plans):
+        try:
+            parse_grid_plan(plan)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    unknown = [plan for plan in plans if plan not in PLAN_NAMES and not is_grid_plan(plan)]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown plan(s) {unknown}; expected names from {list(PLAN_NAMES)}")
+        raise argparse.ArgumentTypeError(f"unknown plan(s) {unknown}; expected names from {list(PLAN_NAMES)}, "
+                                         f"grid:X,Y,Z or grid:auto")
     return ",".join(plans)
 
 
@@ -292,6 +304,9 @@ def predict(args: argparse.Namespace) -> int:
         raise ResultsError(f"model predict: give --graph or --{' --'.join(missing)}")
     net = network_from(args)
     threads = args.threads or max(net.cores_per_node // net.ranks_per_node, 1)
+    plans = split_plans(args.plans)
+    rank_counts = [int(x) for x in args.ranks.split(",")]
+    grids = _grid_plans(plans, rank_counts, args.model)
     study = Path(args.calibrate_from)
     rows = read_csv(study / "results.csv")
     calibration = [r for r in rows if r["plan"] == PointToPointPlan.name and PolicySpec.parse(r["policy"]).is_exact
@@ -316,28 +331,92 @@ def predict(args: argparse.Namespace) -> int:
           f"(scaled linearly to {threads} core(s): optimistic)")
     measured_active = _measured_active(rows)
     traffic = _expected_traffic(args.policies, args.active, measured_active)
-    header = f"{'P':>5} {'plan':<13}{'policy':<20}{'GB recv/rank':>13}{'GB total':>10}" \
+    header = f"{'P':>5} {'plan':<18}{'policy':<20}{'GB recv/rank':>13}{'GB total':>10}" \
              f"{'compute s':>10}{'exchange s':>11}{'allreduce s':>12}{'epoch s':>9}"
     print(header)
-    for ranks in [int(x) for x in args.ranks.split(",")]:
+    ranked: dict[int, list[tuple[str, float, float]]] = {}  # per P: (plan, GB of the busiest rank, epoch s)
+    searched: dict[int, list[GridEpoch]] = {}
+    for ranks in rank_counts:
         work = workload_analytic(name, sizes["nodes"], sizes["nnz"], ranks, args.cut, args.neighbour_parts)
         if shape.input_once:
             halo = predict_halo_bytes(Grid(ranks, 1), work.boundary, shape.dims[0], shape.itemsize)
             print(f"{ranks:>5} halo of X fetched once: {halo[:, 0].sum() / 1e9:.1f} GB sent by all ranks, "
                   f"{halo[:, 1].max() / 1e9:.3f} GB kept by the largest halo")
-        for plan in args.plans.split(","):
+        ranked[ranks] = []
+        for plan in (plan for plan in plans if not is_grid_plan(plan)):
             for policy_spec, policy in traffic:
                 if policy_spec.refusal(plan):
                     continue
                 result: Prediction = predict_epoch(work, shape, plan, policy, rates, net, 1, threads)
-                print(f"{ranks:>5} {plan:<13}{policy_spec.text:<20}{result.exchange_bytes_max_recv / 1e9:>13.3f}"
+                print(f"{ranks:>5} {plan:<18}{policy_spec.text:<20}{result.exchange_bytes_max_recv / 1e9:>13.3f}"
                       f"{result.exchange_bytes_total / 1e9:>10.1f}"
                       f"{result.compute_spmm + result.compute_dense:>10.3f}{result.exchange:>11.3f}"
                       f"{result.allreduce:>12.5f}{result.epoch:>9.3f}")
-    print("per epoch: GB recv/rank: the most exchange bytes one rank receives (forward + backward); "
-          "GB total: sent by all ranks. "
-          + " ".join(work.notes))
+                if policy_spec.is_exact:
+                    gradients = ring_allreduce_bytes(shape.parameters + 1, ranks, ranks - 1, shape.itemsize)
+                    ranked[ranks].append((plan, (result.exchange_bytes_max_recv + gradients) / 1e9, result.epoch))
+        for plan in grids:
+            priced = choose_grid(ranks, grid_shapes(plan, ranks), sizes["nodes"], sizes["nnz"], shape.dims,
+                                 shape.itemsize, rates, net, threads)
+            best = priced[0]
+            label = plan if parse_grid_plan(plan) is not None else f"grid:auto={best.shape}"
+            if parse_grid_plan(plan) is None:
+                searched[ranks] = priced
+            every_rank = all_ranks_bytes(best.shape, sizes["nodes"], shape.dims, shape.itemsize)
+            print(f"{ranks:>5} {label:<18}{'exact':<20}{best.exchange_bytes / 1e9:>13.3f}"
+                  f"{(sum(every_rank.values()) - every_rank['grad_allreduce']) / 1e9:>10.1f}"
+                  f"{best.compute_spmm + best.compute_dense:>10.3f}{best.exchange:>11.3f}"
+                  f"{best.allreduce:>12.5f}{best.epoch:>9.3f}")
+            ranked[ranks].append((label, sum(best.bytes.values()) / 1e9, best.epoch))
+    print("per epoch: GB recv/rank: the most exchange bytes one rank receives (forward + backward; a grid's "
+          "allreduces and its loss's, a ring allreduce receiving what it sends); GB total: sent by all ranks; "
+          "allreduce s: the gradients'. " + " ".join(work.notes))
+    if grids:
+        _print_grid_notes(searched, args.input_exchange == "once")
+    _print_ranking(ranked)
     return 0
+
+
+def _grid_plans(plans: list[str], rank_counts: list[int], kind: str) -> list[str]:
+    """The ``grid:`` plans of ``--plans``, each checked against every P (a ResultsError in one sentence)."""
+    grids = [plan for plan in plans if is_grid_plan(plan)]
+    if grids and kind != "gcn":
+        raise ResultsError(f"plan {grids[0]}: the process grid runs GCN only; give --layer-kind gcn or drop it")
+    for plan in grids:
+        for ranks in rank_counts:
+            try:
+                grid_shapes(plan, ranks)
+            except ValueError as exc:
+                raise ResultsError(str(exc)) from None
+    return grids
+
+
+def _print_grid_notes(searched: dict[int, list[GridEpoch]], input_once: bool, shown: int = 3) -> None:
+    """What a grid row assumes, and ``grid:auto``'s fastest factorisations per P with the busiest rank's bytes."""
+    print("grid: GCN, exact, the allreduces of sparse_dist.grid_gcn; no partition: a random permutation of the "
+          "nodes is assumed to balance A's blocks, (nnz + N) / (|d| |o|) entries each; ranks placed x + X (y + Y z)"
+          + ("; X's halo kept once does not apply: a grid's layer 0 allreduces every epoch" if input_once else ""))
+    for ranks, priced in searched.items():
+        print(f"grid:auto at P = {ranks}: {len(priced)} factorisation(s) X x Y x Z, the fastest "
+              f"{min(shown, len(priced))} (GB of the busiest rank per epoch: {', '.join(PHASES)}):")
+        for index, epoch in enumerate(priced[:shown]):
+            phases = " ".join(f"{epoch.bytes[phase] / 1e9:.3f}" for phase in PHASES)
+            compute = epoch.compute_spmm + epoch.compute_dense
+            print(f"{ranks:>5} {str(epoch.shape):<12} GB {phases:<32} compute {compute:.3f} s, allreduces "
+                  f"{epoch.exchange + epoch.allreduce:.3f} s, epoch {epoch.epoch:.3f} s"
+                  + ("  <- chosen" if index == 0 else ""))
+
+
+def _print_ranking(ranked: dict[int, list[tuple[str, float, float]]]) -> None:
+    """Per P, the exact plans by predicted epoch time, and the pick."""
+    if not any(ranked.values()):
+        return
+    print("ranking of the exact plans per P (GB: received by the busiest rank per epoch, every phase with the "
+          "gradient allreduce):")
+    for ranks, rows in ranked.items():
+        for place, (plan, gigabytes, seconds) in enumerate(sorted(rows, key=lambda row: (row[2], row[1])), 1):
+            mark = "  <- picked" if place == 1 else ""
+            print(f"{ranks:>5} {place:>2}. {plan:<18}{gigabytes:>10.3f} GB{seconds:>10.3f} s{mark}")
 
 
 def _expected_traffic(given: list[PolicySpec] | None, active: float | None,

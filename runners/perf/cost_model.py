@@ -11,6 +11,9 @@ step or beside the next one (:func:`predict_evaluation`, :func:`predict_cycle`).
 **Workload** (:class:`~runners.perf.workload.Workload`, measured from shards or expected for a partition
 model): :mod:`runners.perf.workload`.
 
+**Process grids** (``cost predict --plans grid:X,Y,Z``, ``grid:auto``): :mod:`runners.perf.grid_model`, at the
+same rates and network figures.
+
 **Compute** (:class:`Rates`, per core): local SpMM costs
 ``nnz * width`` per multiply (forward, and transpose where the layer needs
 a gradient; sampled remote columns count ``p`` times); everything else
@@ -264,13 +267,21 @@ def cores_per_rank(net: Network, ranks: int, threads: int) -> float:
     return min(float(threads), share)
 
 
+def shared_memory_slowdown(net: Network, ranks: int, threads: int) -> float:
+    """How much slower a job's communication runs than the network's figures: on one node MPI copies through
+    shared memory with the ranks' own cores, so oversubscribed cores slow the copies (and the polling) as much
+    as the compute; 1 off node."""
+    if ranks > net.ranks_per_node:
+        return 1.0
+    return max(1.0, min(net.ranks_per_node, ranks) * threads / net.cores_per_node)
+
+
 def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: ExpectedTraffic, rates: Rates, net: Network,
                   replication: int = 1, threads: int = 1) -> Prediction:
     """One epoch of ``plan`` with ``policy`` on ``work.groups * replication`` ranks."""
     groups, c = work.groups, replication
     ranks = groups * c
     grid = Grid(ranks, c)
-    ranks_per_node = min(net.ranks_per_node, ranks)
     cores = cores_per_rank(net, ranks, threads)
     s = shape.itemsize
     sampled = policy.sample_p < 1.0
@@ -313,11 +324,8 @@ def predict_epoch(work: Workload, shape: ModelShape, plan: str, policy: Expected
             exchange += log2_steps(groups) * net.link(groups)[0]
     grad_bytes = (shape.parameters + 1) * s
     allreduce = allreduce_time(grad_bytes, groups, net)
-    if ranks <= net.ranks_per_node:
-        # On one node MPI copies through shared memory with the ranks' own cores: oversubscribed cores
-        # slow the copies (and the polling) as much as the compute.
-        slowdown = max(1.0, ranks_per_node * threads / net.cores_per_node)
-        exchange, allreduce = exchange * slowdown, allreduce * slowdown
+    slowdown = shared_memory_slowdown(net, ranks, threads)
+    exchange, allreduce = exchange * slowdown, allreduce * slowdown
     notes = list(work.notes)
     return Prediction(ranks, plan, spmm, dense, exchange, allreduce, total_bytes, float(max_rank.max()),
                       float(received.max()), notes, overlapped=policy.overlapped, compute_policy=policy_compute)

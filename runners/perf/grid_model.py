@@ -1,0 +1,224 @@
+"""The process grid in the performance model: one GCN epoch on an ``X x Y x Z`` grid, priced beside the 1D plans.
+
+``cost predict --plans grid:X,Y,Z`` prices one grid, ``grid:auto`` every factorisation ``X * Y * Z = P`` (and
+keeps the fastest). The algorithm is :mod:`sparse_dist.grid_gcn`'s (Plexus's): every exchange is an allreduce
+along one axis of the grid, and what a rank moves is closed-form in the grid's shape, its coordinates, ``N`` and
+the widths, whatever the graph.
+
+**Bytes**: per rank, :func:`sparse_dist.grid_gcn.layer_bytes` summed over the layers (roles rotating per layer,
+widths ``F -> hidden ... -> classes``, layer 0 without the backward allreduces its input needs no gradient for)
+plus :func:`sparse_dist.grid_gcn.loss_bytes` of the last layer: the same functions the trainer's counters are
+checked against. The busiest rank is the one with the most bytes over every phase (a ring allreduce's rank
+receives what it sends).
+
+**Seconds**: each allreduce at :func:`sparse_dist.cost.allreduce_time` of its largest block on its axis. Ranks
+are placed ``rank = x + X (y + Y z)``, ``ranks_per_node`` consecutive ranks a node, so an axis of stride ``t``
+(``x``: 1, ``y``: ``X``, ``z``: ``X Y``) has ``min(s, max(1, q // t))`` of its ``s`` ranks on one node; all ``q``
+ranks of a node run their own axis's allreduce at once and share the node's NICs (:class:`AxisNetwork`).
+Compute at the 1D plans' calibrated rates: a block of ``Â`` holds ``(nnz + N) / (|d| |o|)`` entries (the
+self-loops included), assuming a random permutation of the nodes balances the blocks (the grid reads no
+partition); the SpMM multiplies it by ``H[o, i]`` (``f_i`` columns) forward and, from layer 1, by ``dT`` in the
+backward; the dense work of a layer is ``n_d f_i f'_o`` (1D's ``rows * F_in * F_out`` on the grid's blocks).
+GCN only and exact only: the grid has no sampling, staleness or compression, and no input kept once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields
+
+from runners.perf.cost_model import Rates, cores_per_rank, shared_memory_slowdown
+from sparse_dist.cost import Network, allreduce_time
+from sparse_dist.grid import AXES, GridShape, roles
+from sparse_dist.grid_gcn import layer_bytes, layer_collectives, loss_bytes, loss_collectives
+
+GRID_PLAN = "grid:"
+AUTO = "auto"
+PHASES = ("forward", "loss", "backward", "grad_allreduce")
+"""The busiest rank's bytes by phase: the layers' forward and backward allreduces, the loss's (counted in the
+trainer's ``forward``) and the gradient allreduces."""
+
+
+def is_grid_plan(name: str) -> bool:
+    return name.startswith(GRID_PLAN)
+
+
+def split_plans(text: str) -> list[str]:
+    """``--plans``' items: comma-separated, a ``grid:`` item keeping the numbers after it (``p2p,grid:4,4,4``)."""
+    items: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if items and is_grid_plan(items[-1]) and piece.isdigit():
+            items[-1] += "," + piece
+        else:
+            items.append(piece)
+    return items
+
+
+def parse_grid_plan(text: str) -> GridShape | None:
+    """``grid:X,Y,Z`` (or ``grid:XxYxZ``): its shape; ``grid:auto``: None; else a ValueError in one sentence."""
+    body = text[len(GRID_PLAN):]
+    if body == AUTO:
+        return None
+    try:
+        values = [int(piece) for piece in body.replace("x", ",").split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 3 or min(values) < 1:
+        raise ValueError(f"plan {text}: expected grid:X,Y,Z with three positive integers (or grid:auto)")
+    return GridShape(*values)
+
+
+def grid_shapes(text: str, ranks: int) -> list[GridShape]:
+    """The grids a ``grid:`` plan asks for at ``ranks``: its one shape, or every factorisation for ``grid:auto``."""
+    shape = parse_grid_plan(text)
+    if shape is None:
+        return factorisations(ranks)
+    if shape.size != ranks:
+        raise ValueError(f"plan {text}: X * Y * Z = {shape.size}, not P = {ranks}")
+    return [shape]
+
+
+def factorisations(ranks: int) -> list[GridShape]:
+    """Every ordered ``X x Y x Z`` with ``X * Y * Z = ranks``."""
+    divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
+    return [GridShape(x, y, ranks // (x * y)) for x in divisors for y in divisors if (ranks // x) % y == 0]
+
+
+def rank_bytes(shape: GridShape, coords: dict[str, int], nodes: int, dims: tuple[int, ...],
+               itemsize: int) -> dict[str, int]:
+    """Bytes the rank at ``coords`` sends (and receives) in one epoch, by phase (:data:`PHASES`)."""
+    out = dict.fromkeys(PHASES, 0)
+    for layer in range(len(dims) - 1):
+        for phase, value in layer_bytes(shape, coords, layer, nodes, dims[layer], dims[layer + 1], itemsize,
+                                        input_grad=layer > 0).items():
+            out[phase] += value
+    out["loss"] = loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize)
+    return out
+
+
+def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int) -> dict[str, int]:
+    """:func:`rank_bytes` of the rank with the most bytes over every phase.
+
+    A rank's bytes depend on its coordinate along an axis through the blocks split over it (longer below
+    ``length % s``) and its chunk of the rings along it (smaller, so more bytes, at higher coordinates): within a
+    run of coordinates whose blocks have the same lengths every term grows with the coordinate, so the last
+    coordinate of each run, on every axis, holds the maximum."""
+    candidates = [_run_ends(shape.of(axis), (nodes, *dims)) for axis in AXES]
+    best: dict[str, int] = {}
+    for x, y, z in itertools.product(*candidates):
+        found = rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize)
+        if not best or sum(found.values()) > sum(best.values()):
+            best = found
+    return best
+
+
+def all_ranks_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int) -> dict[str, int]:
+    """:func:`rank_bytes` summed over every rank of the grid."""
+    out = dict.fromkeys(PHASES, 0)
+    for z, y, x in itertools.product(range(shape.z), range(shape.y), range(shape.x)):
+        for phase, value in rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize).items():
+            out[phase] += value
+    return out
+
+
+def _run_ends(size: int, lengths: tuple[int, ...]) -> list[int]:
+    """The last coordinate of each run of equal block lengths along an axis of ``size`` ranks, for every length
+    split over it (the first ``length % size`` blocks are one longer)."""
+    return sorted({size - 1} | {length % size - 1 for length in lengths if length % size})
+
+
+@dataclass(frozen=True)
+class AxisNetwork(Network):
+    """The network as one axis of a grid sees it: its ranks ``stride`` apart (module docstring).
+
+    ``ranks``: the job's ranks (how many share a node). An axis of ``s`` ranks with ``m`` on one node runs on
+    node at ``m >= s``; else off node for the share ``(s - m) / (s - 1)`` of its bytes, at ``beta_inter`` times
+    the node's ranks over its NICs (each of them is in an allreduce of its own along the same axis)."""
+
+    stride: int = 1
+    ranks: int = 1
+
+    def link(self, group_size: int) -> tuple[float, float]:
+        node = min(self.ranks_per_node, self.ranks)
+        together = min(group_size, max(1, node // self.stride))
+        if together >= group_size:
+            return self.alpha_intra, self.beta_intra
+        off_node = (group_size - together) / (group_size - 1)
+        return self.alpha_inter, max(self.beta_intra, self.beta_inter * node / self.nics_per_node * off_node)
+
+    @classmethod
+    def of(cls, net: Network, shape: GridShape, axis: str) -> "AxisNetwork":
+        stride = {"x": 1, "y": shape.x, "z": shape.x * shape.y}[axis]
+        return cls(**{f.name: getattr(net, f.name) for f in fields(Network)}, stride=stride, ranks=shape.size)
+
+
+@dataclass(frozen=True)
+class GridEpoch:
+    """One epoch on one grid: the busiest rank's bytes by phase, and the slowest rank's seconds."""
+
+    shape: GridShape
+    bytes: dict[str, int]
+    compute_spmm: float
+    compute_dense: float
+    exchange: float         # the layers' forward and backward allreduces and the loss's
+    allreduce: float        # the gradient allreduces
+
+    @property
+    def epoch(self) -> float:
+        return self.compute_spmm + self.compute_dense + self.exchange + self.allreduce
+
+    @property
+    def plan(self) -> str:
+        return f"{GRID_PLAN}{self.shape}"
+
+    @property
+    def exchange_bytes(self) -> int:
+        """The busiest rank's bytes outside the gradient allreduce (the 1D plans' exchange)."""
+        return self.bytes["forward"] + self.bytes["loss"] + self.bytes["backward"]
+
+
+def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, ...], itemsize: int, rates: Rates,
+                       net: Network, threads: int = 1) -> GridEpoch:
+    """One GCN epoch of widths ``dims`` on ``shape`` (module docstring): the slowest rank's, whose blocks are the
+    longest on every axis (coordinates 0)."""
+    ranks = shape.size
+    axis_net = {axis: AxisNetwork.of(net, shape, axis) for axis in AXES}
+    first = dict.fromkeys(AXES, 0)
+
+    def seconds(collectives: list[tuple[str, str, int]], phases: tuple[str, ...]) -> float:
+        return sum(allreduce_time(numel * itemsize, shape.of(axis), axis_net[axis])
+                   for phase, axis, numel in collectives if phase in phases)
+
+    spmm = dense = exchange = gradients = 0.0
+    for layer in range(len(dims) - 1):
+        outer, inner, depth = roles(layer)
+        n_depth = _longest(nodes, shape.of(depth))
+        f_inner, f_out = _longest(dims[layer], shape.of(inner)), _longest(dims[layer + 1], shape.of(outer))
+        entries = _longest(nnz + nodes, shape.of(depth) * shape.of(outer))
+        spmm += entries * f_inner * (2 if layer > 0 else 1)
+        dense += n_depth * f_inner * f_out
+        collectives = layer_collectives(shape, first, layer, nodes, dims[layer], dims[layer + 1], layer > 0)
+        exchange += seconds(collectives, ("forward", "backward"))
+        gradients += seconds(collectives, ("grad_allreduce",))
+    exchange += seconds(loss_collectives(shape, first, len(dims) - 2, nodes), ("forward",))
+    slowdown = shared_memory_slowdown(net, ranks, threads)
+    cores = cores_per_rank(net, ranks, threads)
+    return GridEpoch(shape, busiest_rank_bytes(shape, nodes, dims, itemsize), spmm / (rates.spmm * cores),
+                     dense / (rates.dense * cores), exchange * slowdown, gradients * slowdown)
+
+
+def _longest(length: int, parts: int) -> int:
+    """The longest of ``parts`` blocks of ``length`` (the first)."""
+    return -(-length // parts)
+
+
+def choose_grid(ranks: int, candidates: list[GridShape], nodes: int, nnz: int, dims: tuple[int, ...], itemsize: int,
+                rates: Rates, net: Network, threads: int = 1) -> list[GridEpoch]:
+    """Every candidate priced, fastest first (then fewest bytes of the busiest rank, then the shape)."""
+    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads) for shape in candidates]
+    return sorted(priced, key=lambda e: (e.epoch, sum(e.bytes.values()), (e.shape.x, e.shape.y, e.shape.z)))
+
+
+__all__ = ["AUTO", "AxisNetwork", "GRID_PLAN", "GridEpoch", "PHASES", "all_ranks_bytes", "busiest_rank_bytes",
+           "choose_grid", "factorisations", "grid_shapes", "is_grid_plan", "parse_grid_plan", "predict_grid_epoch",
+           "rank_bytes", "split_plans"]
