@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
+from runners.data.grid_balance import blocks_from_shards, grid_line
 from runners.data.partition import AUTO, DEFAULT_HOPS, PARTITIONERS, resolve_partitioner
 from runners.data.sampling_stats import DEFAULT_BATCH_SIZE, DEFAULT_FANOUT, format_part_table, sampling_statistics
 from runners.data.rmat import (EDGE_FACTOR, GRAPH500, check_abcd, expected_isolated, expected_top_degree,
@@ -82,7 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--stream always writes contiguous blocks). metis: small boundary, fewest exchange bytes; metis-train: DistDGL's "
                              "multi-constraint METIS (training/validation/test/other nodes and edges balanced); "
                              "bytegnn: ByteGNN's K-hop blocks around labelled nodes (--hops); block: contiguous "
-                             "ranges of the input ids; random: balanced random")
+                             "ranges of the input ids; random: balanced random (a uniformly random permutation of the "
+                             "ids, parts its equal ranges); permute: for the grid plans, a random permutation dealt "
+                             "by degree so that parts and adjacency blocks hold equal entries; prints each grid's "
+                             "nonzeros per block, max/mean")
     parser.add_argument("--hops", type=at_least(1), default=None,
                         help=f"K: bytegnn's block radius and the depth of the K-hop sampling statistics printed "
                              f"at the end, >= 1 (default: {DEFAULT_HOPS})")
@@ -253,6 +257,9 @@ def main(comm: object, args: argparse.Namespace) -> int:
     meta = write_shards(data, args.out, args.parts, partitioner, args.seed, overwrite=args.overwrite, hops=hops,
                         symmetric=args.source == "rmat", stages=stages, progress=True)
     _report(meta, args.out, time.perf_counter() - start)
+    if partitioner == "permute":
+        with stages.stage("grid balance"):
+            _report_grid(meta, args.out)
     if int(data.adjacency.nnz) > SAMPLING_VIEW_ENTRIES:
         print(f"K-hop sampling view skipped: the graph has {int(data.adjacency.nnz)} adjacency entries, more than "
               f"{SAMPLING_VIEW_ENTRIES} (it simulates every part's batches over the whole graph: about a minute at "
@@ -300,6 +307,13 @@ def _report_sampling(data: object, meta: dict, out: str, hops: int, seed: int, s
           f"with fanout {DEFAULT_FANOUT} per hop (mean of {stats['batches']}): input rows, remote ones, remote "
           f"adjacency rows sampled (`sparse-dist bench partition` compares partitioners)")
     print("\n".join(format_part_table(stats)))
+
+
+def _report_grid(meta: dict, out: str) -> None:
+    """One line: nonzeros per block of the written adjacency on each process grid, max/mean, read back from the
+    shards one part at a time (:mod:`runners.data.grid_balance`)."""
+    print(f"grid balance ({meta['partitioner']}): nonzeros per block of the adjacency on R x C process-grid blocks, "
+          f"max/mean, A [A + I]: {grid_line(blocks_from_shards(out).report())}", flush=True)
 
 
 def _report(meta: dict, out: str, seconds: float) -> None:

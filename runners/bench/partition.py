@@ -9,7 +9,9 @@ dataset's) and prints, per partitioner, the balance of nodes and of the three
 sets, the edge cut, the remote rows of the full ``--hops``-hop neighbourhood of
 each part's training nodes, and per-batch estimates for ``--batch-size`` seeds
 with ``--fanouts`` (:mod:`runners.data.sampling_stats`), then each one's per-part
-table. ``secs`` is the partitioner's own wall time (informational).
+table. ``secs`` is the partitioner's own wall time (informational). A line per partitioner gives the
+nonzeros per block of the adjacency on the process grids 2x2, 2x4, 4x4, 8x8 (max/mean, of ``A`` and of GCN's
+``A + I``; :mod:`runners.data.grid_balance`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import scipy.sparse as sp
 
 from runners.argtypes import at_least, int_list
 from runners.argtypes import seed as seed_number
+from runners.data.grid_balance import blocks_from_partition, grid_line
 from runners.data.partition import DEFAULT_HOPS, PARTITIONERS, partition
 from runners.data.sampling_stats import (DEFAULT_BATCH_SIZE, DEFAULT_BATCHES, format_comparison, format_part_table,
                                          sampling_statistics)
@@ -100,12 +103,18 @@ def main(comm: object, args: argparse.Namespace) -> int:
         start = time.perf_counter()
         part_of = partition(name, adjacency, parts, args.seed, masks["train"], masks=masks, hops=args.hops)
         seconds = time.perf_counter() - start
-        results.append((name, seconds, sampling_statistics(adjacency, part_of, masks, args.hops, args.fanouts,
-                                                           args.batch_size, args.batches, args.seed)))
+        stats = sampling_statistics(adjacency, part_of, masks, args.hops, args.fanouts, args.batch_size,
+                                    args.batches, args.seed)
+        stats["grid_balance"] = blocks_from_partition(adjacency, part_of, parts).report()
+        results.append((name, seconds, stats))
     fanouts = results[0][2]["fanouts"] if results else []
     print(f"{meta['name']}: {meta['num_nodes']} nodes, {parts} parts, hops {args.hops}; per batch: "
           f"{args.batch_size} seeds, fanouts {','.join(map(str, fanouts))}, mean of {args.batches} batches per part")
     print("\n".join(format_comparison(results)))
+    print("grid balance: nonzeros per block of the relabelled adjacency on R x C process-grid blocks, max/mean, "
+          "A [A + I]:")
+    for name, _, stats in results:
+        print(f"  {name:<13}{grid_line(stats['grid_balance'])}")
     for name, _, stats in results:
         print(f"\n{name}:")
         print("\n".join(format_part_table(stats)))

@@ -4,12 +4,15 @@ A rank of the grid needs, per rotation of roles the layers use (at most three), 
 GCN-normalised adjacency (self-loops added where missing, ``D^-1/2 (A + I) D^-1/2`` with ``D`` the row sums),
 layer 0's ``X[o, i]`` (rows over ``x``, columns over ``y``; each row normalised by its sum before the columns
 are cut), and labels and masks of the last layer's output rows. Rows are the shards' order (parts
-concatenated), so the prepared partition is the grid's permutation: ``prepare --partitioner random`` spreads
-the nonzeros over the blocks.
+concatenated), so the prepared partition is the grid's permutation: ``prepare --partitioner permute`` (a
+degree-balanced random permutation, :mod:`runners.data.partition`) spreads the nonzeros evenly over the blocks
+(R-MAT SCALE 20: max/mean 1.005-1.019 on 2x2 to 8x8 blocks of ``A``; the self-loops added here land in the
+diagonal blocks, 1.037-1.245 with them, docs/guide/partitioning.md).
 
 It reads only the parts that overlap the row ranges it needs, one part at a time, and cuts each part's rows to
-its columns before reading the next: the peak is one part's rows beside the block, not the rows' every column. The column scales of ``Â[d, o]`` are the inverse square roots of the degrees of the
-nodes of ``o``'s block, read the same way (their rows' sums). Collective: a problem reading any rank's files
+its columns before reading the next: the peak is one part's rows beside the block, not the rows' every column.
+The column scales of ``Â[d, o]`` are the inverse square roots of the degrees of the nodes of ``o``'s block,
+read the same way (their rows' sums). Collective: a problem reading any rank's files
 raises the same :class:`~runners.data.shard_reader.ShardError` on every rank.
 """
 

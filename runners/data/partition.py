@@ -8,7 +8,34 @@ deterministic for a seed.
 * ``auto`` (what ``prepare`` uses unless told): ``metis`` when pymetis
   imports, else ``block`` (:func:`resolve_partitioner` says which, and why).
 * ``block``: contiguous balanced ranges of the original ids.
-* ``random``: a balanced random assignment.
+* ``random``: a balanced random assignment: a uniformly random permutation of the node ids (seeded), parts
+  its equal contiguous ranges.
+* ``permute`` (:func:`permute_partition`), for the grid plans (:mod:`runners.data.grid_balance`): a seeded
+  random permutation of the node ids stratified by degree, parts its equal contiguous ranges. What is
+  permuted: the node ids, once, for rows and columns alike (the written adjacency is ``P A P^T``); one
+  permutation serves both because a layer's output rows are the next layer's input rows and a shard's column
+  ids are new ids in the same order. A grid's block ``(i, j)`` (near-equal node ranges) then holds about
+  ``e_i e_j / nnz`` entries, ``e_i`` the entries of row block ``i``, so its max/mean is about the square of the
+  parts' edge imbalance. How it differs from ``random``: a uniform permutation leaves that edge imbalance to
+  the hubs (R-MAT SCALE 20, 8 parts: 1.058, and 1.04-1.12 on the 8 x 8 grid over seeds); ``permute`` deals
+  the nodes, by degree from the largest (ties in random order), in rounds of ``parts``, each round to the
+  parts in a fresh random order, so every part gets one node of each round and the parts' degree sums differ
+  by at most the largest degree (SCALE 20, 8 x 8 grid: 1.02 for seeds 0-2). Within a part, nodes keep their
+  input order (:func:`relabel`; the features' one streamed pass, which never holds them all, relies on it):
+  blocks whose ranges are whole parts (``R`` and ``C`` dividing ``--parts``) do not depend on it; a grid that
+  cuts inside a part inherits the input's order there, which for R-MAT is Graph500's uniformly random one.
+  Decision on Plexus's "double permutation" (``plexus/utils/dataset.py``, ``double_perm``): it permutes rows
+  and columns by two independent permutations, ``A1 = P1 A P2^T``, keeps a second copy ``A2 = P2 A P1^T`` for
+  alternate layers (a layer's output comes out in the other order), features in ``P2``'s order and labels in
+  both. For an adjacency stored without self-loops one permutation balances as well: ``P A P^T``'s diagonal
+  blocks expect ``(n/R - 1) / (n/R)`` of an off-diagonal block's entries, and the max/mean stays the product
+  of the heaviest row and column blocks' shares either way. What two buy is GCN's ``I`` (Plexus normalises
+  before permuting): with one order the ``n`` self-loops all land in the ``R`` diagonal blocks (``n / R`` more
+  each), with two they spread as a random permutation matrix. Not done here: it needs the adjacency twice,
+  layers alternating between two orders and shards that are no longer row ranges of one order. The grid reader
+  (:mod:`runners.data.grid_reader`) adds ``I`` into the blocks today; a grid that applied GCN's self term as a
+  row-local scaling (``D^-1 H``) beside the block SpMM would not carry it, and
+  :class:`runners.data.grid_balance.GridBlocks` reports both ``A`` and ``A + I``.
 * ``metis-train``: DistDGL's partitioner, METIS k-way with several balance
   constraints at once (:mod:`runners.data.metis_train`).
 * ``bytegnn``: ByteGNN's K-hop blocks around the labelled nodes
@@ -45,7 +72,7 @@ from sparse_dist.layout import Grid, RowLayout
 from sparse_dist.plans import PLANS
 from sparse_dist.predict import predict_spmm_bytes
 
-PARTITIONERS = ("block", "random", "metis", "metis-train", "bytegnn")
+PARTITIONERS = ("block", "random", "permute", "metis", "metis-train", "bytegnn")
 DEFAULT_HOPS = 2
 """K of ``bytegnn``'s K-hop blocks and of the sampling statistics, unless told."""
 AUTO = "auto"
@@ -180,7 +207,38 @@ def partition(kind: str, adjacency: sp.csr_matrix, parts: int, seed: int = 0,
         return balanced
     if kind == "random":
         return np.random.default_rng(seed).permutation(balanced)
+    if kind == "permute":
+        return permute_partition(adjacency, parts, seed, symmetric=symmetric)
     raise ValueError(f"unknown partitioner {kind!r}; expected one of {PARTITIONERS}")
+
+
+def node_degrees(adjacency: sp.csr_matrix, symmetric: bool = False, block: int = 1 << 22) -> np.ndarray:
+    """Entries in each node's row plus its column (``symmetric``: twice the row's, no pass over the columns);
+    the column counts are summed ``block`` entries at a time (no int64 copy of the column ids)."""
+    adjacency = sp.csr_matrix(adjacency)
+    n = adjacency.shape[0]
+    degree = np.diff(adjacency.indptr).astype(np.int64)
+    if symmetric:
+        return 2 * degree
+    for lo in range(0, adjacency.indices.size, block):
+        degree += np.bincount(adjacency.indices[lo:lo + block], minlength=n)
+    return degree
+
+
+def permute_partition(adjacency: sp.csr_matrix, parts: int, seed: int = 0, symmetric: bool = False) -> np.ndarray:
+    """``part_of`` of ``permute``: a seeded random permutation stratified by degree, parts its equal ranges
+    (module docstring). Nodes by degree (row plus column entries, :func:`node_degrees`) from the largest, ties in
+    random order, are dealt in rounds of ``parts``, each round to every part once in a fresh random order; the
+    ``n % parts`` lowest go one each to the first ``n % parts`` parts, which are one node larger (as ``block``'s
+    and ``random``'s sizes). O(n) memory: the degrees, one draw and the order."""
+    rng = np.random.default_rng(seed)
+    n = adjacency.shape[0]
+    ranked = np.lexsort((rng.permutation(n), -node_degrees(adjacency, symmetric)))
+    rounds = n // parts
+    part_of = np.empty(n, dtype=np.int64)
+    part_of[ranked[:rounds * parts]] = rng.permuted(np.tile(np.arange(parts), (rounds, 1)), axis=1).ravel()
+    part_of[ranked[rounds * parts:]] = rng.permutation(n - rounds * parts)
+    return part_of
 
 
 def relabel(part_of: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray]:

@@ -187,7 +187,7 @@ def test_metis_train_refuses_when_the_multi_constraint_entry_point_is_missing(mo
      "prepare synthetic --stream prints no K-hop statistics and uses no bytegnn blocks; leave --hops out"),
     (["prepare", "planetoid", "--out", "/tmp/never-written-x", "--partitioner", "kahip"], "argument --partitioner: invalid choice"),
     (["bench", "partition", "--data", "/no/such", "--partitioners", "metis,kahip"],
-     "--partitioners metis,kahip: unknown 'kahip'; choose from block, random, metis, metis-train, bytegnn"),
+     "--partitioners metis,kahip: unknown 'kahip'; choose from block, random, permute, metis, metis-train, bytegnn"),
     (["bench", "partition", "--data", "/no/such", "--fanouts", "10", "--hops", "2"],
      "--fanouts 10 gives 1 hop(s) but --hops is 2; give one fanout per hop"),
     (["bench", "partition", "--data", "/no/such", "--hops", "-1"], "argument --hops: must be an integer >= 1 and <= 16, got -1"),
