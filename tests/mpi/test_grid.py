@@ -44,6 +44,7 @@ def test_blocks_are_array_split_s() -> None:
         assert spans[0][0] == 0 and spans[-1][1] == length and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
 
 
+@pytest.mark.slow
 def test_bench_grid_trains_from_shards_with_the_bytes_of_the_model(tmp_path) -> None:
     import json
 
