@@ -279,6 +279,7 @@ FLAG_RANGES: dict[str, dict[str, Range]] = {
     "demo": {"--features": _WIDTH, "--replication": _REPLICATION},
     "prepare": {"--parts": _PARTS, "--hops": _HOPS, "--seed": _SEED, "--nodes": _NODES, "--classes": _CLASSES,
                 "--degree": _DEGREE, "--features": _WIDTH,
+                "--homophily": Range(0.0, 1.0, "the share of a node's edges inside its class"),
                 "--num-classes": Range(1, 10**5, "class ids 0..C-1; a multi-label graph keeps C columns a node"),
                 "--scale": Range(1, 32, "2^SCALE vertices, held in one process: 2^32 is 4 Gi vertices and 64 Gi "
                                         "edge draws at edge factor 16 (Graph500's toy class is SCALE 26)"),
@@ -334,6 +335,7 @@ FLAG_RANGES: dict[str, dict[str, Range]] = {
                     "--hidden": _WIDTH, "--dropout": _DROPOUT, "--heads": _HEADS, "--output-heads": _HEADS,
                     "--attention-dropout": _DROPOUT, "--epochs": _BENCH_EPOCHS, "--warmup": _WARMUP,
                     "--threads": _THREADS, "--seed": _SEED},
+    "bench grid": {"--epochs": _BENCH_EPOCHS, "--hidden": _WIDTH, "--layers": _LAYERS, "--lr": _LR, "--seed": _SEED},
     "bench policies": {"--epochs": _EPOCHS, "--hidden": _WIDTH, "--layers": _LAYERS, "--dropout": _DROPOUT,
                        "--seed": _SEED, "--sancus-h-eps": Range(0.0, 10.0**6, "a variation-gap threshold"),
                        "--psc-budget": Range(0.0, 1.0, "a share of each row's neighbours", low_open=True),

@@ -35,6 +35,7 @@ _AROUND: dict[str, tuple[list[str], list[str]]] = {
     "emulate": (["emulate"], ["--", "true"]),
     **{f"bench {kind}": (["bench", kind], ["--data", "/no/such/dataset"])
        for kind in ("train", "policies", "minibatch", "partition")},
+    "bench grid": (["bench", "grid"], ["--data", "/no/such/dataset", "--grid", "1,1,1"]),
 }
 
 
