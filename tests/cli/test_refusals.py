@@ -139,7 +139,6 @@ def test_prepare_refuses_what_train_could_not_use_before_writing(tmp_path: Path)
                                                                           "--parts", "8"),
         "cora: --parts 3000 is more than the graph's 2708 nodes; use --parts 2708 or fewer": ("planetoid", "--parts",
                                                                                              "3000"),
-        "--homophily makes prepare synthetic's stochastic block model": ("planetoid", "--homophily", "0.2"),
         "--nodes 3 is fewer than --classes 5": ("synthetic", "--homophily", "0.2", "--nodes", "3", "--classes", "5",
                                                 "--parts", "1"),
         "e: the training split of the 20 nodes is empty": ("edgelist", "--edges", "e.txt", "--node-features", "x.npy",
@@ -154,6 +153,15 @@ def test_prepare_refuses_what_train_could_not_use_before_writing(tmp_path: Path)
 
 
 # ---------------------------------------------------------------- what the machine causes
+def test_homophily_outside_prepare_synthetic_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    for argv in (("planetoid", "--homophily", "0.2"), ("synthetic", "--stream", "--homophily", "0.2")):
+        result = _prepare(*argv, "--out", "out", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("sparse-dist prepare: error: --homophily makes prepare synthetic's "
+                                        "stochastic block model; it has no meaning with --stream or other sources\n")
+        assert not (tmp_path / "out").exists()
+
+
 def test_the_machine_s_errors_are_one_sentence_each() -> None:
     describe = describe_environment_error("train")
     oom = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
