@@ -143,6 +143,19 @@ class GridCrossEntropy(torch.autograd.Function):
         return grad * (grad_loss / ctx.train_count), None, None, None, None, None, None
 
 
+def grid_logits(x: torch.Tensor, params: list[tuple[torch.Tensor, torch.Tensor]], blocks: list[AdjacencyBlock],
+                grid: ProcessGrid) -> torch.Tensor:
+    """The GCN's output block ``[d, o]`` of its last layer from layer 0's ``X[o, i]``: each layer's
+    :class:`GridGCNFunction` (``params[l]`` its ``(W[i, o], b[o])``, ``blocks[l % 3]`` its rotation), ReLU between
+    layers. Collective over the grid."""
+    h = x
+    for layer, (weight, bias) in enumerate(params):
+        h = GridGCNFunction.apply(h, weight, bias, blocks[layer % 3], grid, layer > 0)
+        if layer < len(params) - 1:
+            h = torch.relu(h)
+    return h
+
+
 def predicted_classes(logits: torch.Tensor, class_lo: int, grid: ProcessGrid, layer: int) -> torch.Tensor:
     """Each output row's argmax over all classes (the lowest class id among ties), from logits split over
     ``(d, o)``: two allreduces of ``n_d`` values over ``o`` (phase ``other``: evaluation)."""
@@ -248,6 +261,6 @@ def output_classes(grid: ProcessGrid, layers: int, classes: int) -> tuple[int, i
 
 
 __all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "adjacency_blocks", "as_blocks", "bias_block",
-           "block_range", "input_block", "layer_bytes", "layer_collectives", "loss_bytes", "loss_collectives",
+           "block_range", "grid_logits", "input_block", "layer_bytes", "layer_collectives", "loss_bytes", "loss_collectives",
            "output_classes", "output_rows", "predicted_classes", "predicted_layer_bytes", "predicted_loss_bytes",
            "weight_block"]

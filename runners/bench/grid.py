@@ -25,7 +25,7 @@ from runners.argtypes import at_least, number
 from runners.data.grid_reader import load_grid_graph
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, roles
-from sparse_dist.grid_gcn import (GridCrossEntropy, GridGCNFunction, as_blocks, predicted_classes,
+from sparse_dist.grid_gcn import (GridCrossEntropy, as_blocks, grid_logits, predicted_classes,
                                   predicted_layer_bytes, predicted_loss_bytes)
 
 PHASES = ("forward", "backward", "grad_allreduce")
@@ -100,11 +100,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         comm.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
-        h = x
-        for layer, (weight, bias) in enumerate(params):
-            h = GridGCNFunction.apply(h, weight, bias, blocks[layer % 3], grid, layer > 0)
-            if layer < layers - 1:
-                h = torch.relu(h)
+        h = grid_logits(x, params, blocks, grid)
         loss = GridCrossEntropy.apply(h, labels, train, class_lo, train_count, grid, layers - 1)
         loss.backward()
         optimizer.step()

@@ -129,9 +129,10 @@ def _load(grid: ProcessGrid, data_dir: Path, layers: int) -> GridGraph:
         outer, _, depth = roles(layer)
         (r0, r1), (c0, c1) = grid.block(n, depth), grid.block(n, outer)
         rows, sums = _rows_with_loops(data_dir, meta, r0, r1, c0, c1)
+        scales.setdefault((r0, r1), inverse_sqrt(sums))  # a row range's degrees serve it as columns too
         if (c0, c1) not in scales:
             scales[(c0, c1)] = _degree_inv_sqrt(data_dir, meta, c0, c1)
-        blocks.append(scale_symmetric(rows, inverse_sqrt(sums), scales[(c0, c1)][rows.indices]))
+        blocks.append(scale_symmetric(rows, scales[(r0, r1)], scales[(c0, c1)][rows.indices]))
     outer, inner, _ = roles(0)
     (x0, x1), (f0, f1) = grid.block(n, outer), grid.block(meta["feature_dim"], inner)
     features = _features(data_dir, meta, x0, x1, f0, f1)

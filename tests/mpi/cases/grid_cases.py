@@ -42,7 +42,7 @@ from runners.data.shard_reader import read_meta, read_part  # noqa: E402
 from runners.data.shards import write_shards  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.grid import GridShape, ProcessGrid  # noqa: E402
-from sparse_dist.grid_gcn import (GridCrossEntropy, GridGCNFunction, adjacency_blocks, bias_block,  # noqa: E402
+from sparse_dist.grid_gcn import (GridCrossEntropy, adjacency_blocks, bias_block, grid_logits,  # noqa: E402
                                   input_block, output_classes, output_rows, predicted_layer_bytes,
                                   predicted_loss_bytes, weight_block)
 
@@ -122,11 +122,7 @@ def check_grid(comm, shape: GridShape, graph, want, failures: list[str]) -> None
     for step in range(STEPS):
         comm.stats.reset()
         optimizer.zero_grad()
-        h = x_block
-        for layer, (w, b) in enumerate(params):
-            h = GridGCNFunction.apply(h, w, b, blocks[layer % 3], grid, layer > 0)
-            if layer < LAYERS - 1:
-                h = torch.relu(h)
+        h = grid_logits(x_block, params, blocks, grid)
         loss = GridCrossEntropy.apply(h, rows_labels, rows_train, c0, int(train.sum()), grid, LAYERS - 1)
         loss.backward()
         if not math.isclose(float(loss.detach()), want_losses[step], rel_tol=TOLERANCE):
