@@ -27,32 +27,86 @@ The loss (:class:`GridCrossEntropy`) is the mean cross-entropy over the training
 ``o``: max, sum of exponentials, the label's logit), the sum over rows one scalar over ``d``. Every rank ends
 with the global loss; the replicas over ``i`` compute the same values.
 
-Not yet here (the process-grid issue's later parts): reading the blocks from shards (:func:`adjacency_blocks`
-takes the whole matrix, as the tests do), dropout, SAGE and GAT, the training command's ``--grid``.
+Layer 0's aggregation ``A X`` does not change during training: a run computes it once
+(:func:`aggregate_input`, phase ``halo``) and each step starts from it, so a step's layer 0 sends only its
+``ring(n_d f'_o, |i|)`` forward and its gradients (``aggregated_once`` in the byte functions).
+
+Memory: a rank holds each rotation's block once (its transpose is stored on CUDA only,
+:class:`AdjacencyBlock`), and the ReLU between layers keeps a boolean mask (:class:`GridReLU`), so a layer
+keeps its aggregation ``T[d, i]`` and a mask of its output for the backward.
+
+Not yet here (the process-grid issue's later parts): dropout, SAGE and GAT, the training command's ``--grid``
+(``sparse-dist bench grid`` trains over the grid from shards, :mod:`runners.data.grid_reader`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from sparse_dist.accounting import ring_allreduce_bytes
-from sparse_dist.csr import torch_csr
+from sparse_dist.csr import csr_bytes, torch_csr
+from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, block_range, roles
+
+ALLREDUCE_PIECE_BYTES = 16 << 20
+"""The grid's allreduces run in pieces of at most this many bytes: MPICH's allreduce of a large buffer allocates a
+temporary as large as the buffer, so in pieces the temporary is one piece (R-MAT SCALE 20, 2x2x2, GCN 3 x 128:
+the largest rank's peak 1.33 against 1.39 GiB and 1.29 against 1.42 GiB, two pairs of runs under load)."""
+
+
+def allreduce_pieces(comm: Communicator, tensor: torch.Tensor, phase: str, op: str = "sum") -> None:
+    """In-place allreduce of a contiguous ``tensor`` over ``comm``, in pieces of :data:`ALLREDUCE_PIECE_BYTES`
+    (collective; every rank of ``comm`` holds a tensor of the same size, so the pieces agree)."""
+    flat = tensor.view(-1)
+    step = max(1, ALLREDUCE_PIECE_BYTES // tensor.element_size())
+    if flat.numel() <= step:
+        comm.allreduce_(tensor, phase, op=op)
+        return
+    for lo in range(0, flat.numel(), step):
+        comm.allreduce_(flat[lo:lo + step], phase, op=op)
+
+
+def pieces_bytes(numel: int, group_size: int, index: int, itemsize: int) -> int:
+    """Bytes one rank sends in :func:`allreduce_pieces` of ``numel`` elements: each piece's ring allreduce
+    (:func:`sparse_dist.accounting.ring_allreduce_bytes`)."""
+    step = max(1, ALLREDUCE_PIECE_BYTES // itemsize)
+    return sum(ring_allreduce_bytes(min(step, numel - lo), group_size, index, itemsize)
+               for lo in range(0, max(numel, 1), step))
 
 
 @dataclass(frozen=True)
 class AdjacencyBlock:
-    """``A[d, o]`` of one rotation (``n_d x n_o``, torch CSR) and its transpose, on this rank."""
+    """``A[d, o]`` of one rotation (``n_d x n_o``, torch CSR) on this rank, and how it multiplies by its transpose.
+
+    On CUDA the transpose is stored (``transpose``, cuSPARSE's CSR product). On the CPU it is not: the
+    backward's ``A[d, o]^T dT`` runs scipy's CSC kernel on the same three arrays (``scipy_view``, no copy), so
+    the rank holds each block once. scipy's kernel is single-threaded; at one thread a rank it was as fast as
+    torch's product with a stored transpose on a 200k x 200k block of 3.2M entries at 64 columns (one reading
+    each under load, not a speed claim). Torch's own product by ``forward.t()`` converts the block on every
+    call."""
 
     roles: tuple[str, str, str]
     forward: torch.Tensor
-    transpose: torch.Tensor
+    transpose: torch.Tensor | None = None
+    scipy_view: sp.csr_matrix | None = field(default=None, repr=False)
+
+    def transposed_product(self, dense: torch.Tensor) -> torch.Tensor:
+        """``A[d, o]^T dense`` (``n_o x f``) for ``dense`` of ``n_d`` rows."""
+        if self.transpose is not None:
+            return torch.sparse.mm(self.transpose, dense)
+        assert self.scipy_view is not None
+        return torch.from_numpy(np.ascontiguousarray(self.scipy_view.T @ dense.detach().numpy()))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the block's arrays (and its transpose's, where stored)."""
+        return csr_bytes(self.forward) + (csr_bytes(self.transpose) if self.transpose is not None else 0)
 
 
 def adjacency_blocks(grid: ProcessGrid, matrix: sp.csr_matrix, layers: int, dtype: torch.dtype) -> list[AdjacencyBlock]:
@@ -67,23 +121,51 @@ def adjacency_blocks(grid: ProcessGrid, matrix: sp.csr_matrix, layers: int, dtyp
 
 
 def as_blocks(local: list[sp.csr_matrix], dtype: torch.dtype, device: torch.device) -> list[AdjacencyBlock]:
-    """Rotation ``r``'s block ``local[r]`` (``A[d, o]``, local ids) with its transpose, as torch CSR."""
-    return [AdjacencyBlock(roles(layer), torch_csr(block, dtype, device), torch_csr(block.T.tocsr(), dtype, device))
-            for layer, block in enumerate(local)]
+    """Rotation ``r``'s block ``local[r]`` (``A[d, o]``, local ids) as torch CSR; its transpose stored on CUDA
+    only (:class:`AdjacencyBlock`). On the CPU the tensors share ``local``'s arrays where their types already
+    match (int32 indices, ``dtype`` values)."""
+    out = []
+    for layer, block in enumerate(local):
+        forward = torch_csr(block, dtype, device)
+        if device.type == "cpu":
+            view = sp.csr_matrix((forward.values().numpy(), forward.col_indices().numpy(),
+                                  forward.crow_indices().numpy()), shape=tuple(forward.shape), copy=False)
+            out.append(AdjacencyBlock(roles(layer), forward, scipy_view=view))
+        else:
+            out.append(AdjacencyBlock(roles(layer), forward, transpose=torch_csr(block.T.tocsr(), dtype, device)))
+    return out
+
+
+def aggregate_input(x: torch.Tensor, block: AdjacencyBlock, grid: ProcessGrid) -> torch.Tensor:
+    """Layer 0's aggregation ``T[d, i] = sum_o A[d, o] X[o, i]`` from this rank's ``X[o, i]``: one SpMM and one
+    allreduce over ``o`` (phase ``halo``). ``X`` does not change during training (no input dropout on the grid),
+    so a run computes it once, before the first step, and layer 0 multiplies it by its weights every step
+    (the 1D plans' ``--input-exchange once`` likewise fetch ``X``'s halo once)."""
+    outer = block.roles[0]
+    aggregated = (torch.sparse.mm(block.forward, x) if x.shape[0]
+                  else x.new_zeros(block.forward.shape[0], x.shape[1])).contiguous()
+    allreduce_pieces(grid.axis_comm[outer], aggregated, "halo")
+    return aggregated
 
 
 class GridGCNFunction(torch.autograd.Function):
-    """One GCN layer over the grid (module docstring); collective over the grid's axis communicators."""
+    """One GCN layer over the grid (module docstring); collective over the grid's axis communicators.
+
+    ``aggregated``: layer 0's ``T[d, i]`` computed once (:func:`aggregate_input`), in which case ``h`` is not
+    read and no input gradient is asked for."""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, block: AdjacencyBlock,  # type: ignore[override]
-                grid: ProcessGrid, input_grad: bool) -> torch.Tensor:
+    def forward(ctx, h: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,  # type: ignore[override]
+                block: AdjacencyBlock, grid: ProcessGrid, input_grad: bool,
+                aggregated: torch.Tensor | None = None) -> torch.Tensor:
         outer, inner, depth = block.roles
-        aggregated = torch.sparse.mm(block.forward, h) if h.shape[0] else h.new_zeros(block.forward.shape[0], h.shape[1])
-        aggregated = aggregated.contiguous()
-        grid.axis_comm[outer].allreduce_(aggregated, "forward")
+        if aggregated is None:
+            assert h is not None
+            aggregated = (torch.sparse.mm(block.forward, h) if h.shape[0]
+                          else h.new_zeros(block.forward.shape[0], h.shape[1])).contiguous()
+            allreduce_pieces(grid.axis_comm[outer], aggregated, "forward")
         out = (aggregated @ weight).contiguous()
-        grid.axis_comm[inner].allreduce_(out, "forward")
+        allreduce_pieces(grid.axis_comm[inner], out, "forward")
         out.add_(bias)
         ctx.save_for_backward(aggregated, weight)
         ctx.block, ctx.grid, ctx.input_grad = block, grid, input_grad
@@ -96,16 +178,34 @@ class GridGCNFunction(torch.autograd.Function):
         outer, _, depth = block.roles
         grad_out = grad_out.contiguous()
         packed = torch.cat([(aggregated.T @ grad_out).reshape(-1), grad_out.sum(dim=0)])
-        grid.axis_comm[depth].allreduce_(packed, "grad_allreduce")
+        allreduce_pieces(grid.axis_comm[depth], packed, "grad_allreduce")
         grad_weight = packed[:weight.numel()].view_as(weight)
         grad_bias = packed[weight.numel():]
         grad_h = None
         if ctx.input_grad:
             grad_aggregated = (grad_out @ weight.T).contiguous()
-            grid.axis_comm[outer].allreduce_(grad_aggregated, "backward")
-            grad_h = torch.sparse.mm(block.transpose, grad_aggregated).contiguous()
-            grid.axis_comm[depth].allreduce_(grad_h, "backward")
-        return grad_h, grad_weight, grad_bias, None, None, None
+            allreduce_pieces(grid.axis_comm[outer], grad_aggregated, "backward")
+            grad_h = block.transposed_product(grad_aggregated).contiguous()
+            allreduce_pieces(grid.axis_comm[depth], grad_h, "backward")
+        return grad_h, grad_weight, grad_bias, None, None, None, None
+
+
+class GridReLU(torch.autograd.Function):
+    """ReLU in place on a layer's output, keeping a boolean mask for the backward (a quarter of the float32
+    output ``torch.relu`` would keep): the next layer keeps its own aggregation, not its input."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        positive = h > 0
+        h.masked_fill_(~positive, 0.0)
+        ctx.mark_dirty(h)
+        ctx.save_for_backward(positive)
+        return h
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        (positive,) = ctx.saved_tensors
+        return grad_out * positive
 
 
 class GridCrossEntropy(torch.autograd.Function):
@@ -117,17 +217,17 @@ class GridCrossEntropy(torch.autograd.Function):
         outer, _, depth = roles(layer)
         rows, width = logits.shape
         row_max = (logits.max(dim=1).values if width else logits.new_full((rows,), -math.inf)).contiguous()
-        grid.axis_comm[outer].allreduce_(row_max, "forward", op="max")
+        allreduce_pieces(grid.axis_comm[outer], row_max, "forward", op="max")
         shifted = logits - row_max[:, None]
         sums = shifted.exp().sum(dim=1).contiguous()
-        grid.axis_comm[outer].allreduce_(sums, "forward")
+        allreduce_pieces(grid.axis_comm[outer], sums, "forward")
         log_sum = sums.log()
         here = (labels >= class_lo) & (labels < class_lo + width)
         picked = logits.new_zeros(rows)
         picked[here] = shifted[here, labels[here] - class_lo]
-        grid.axis_comm[outer].allreduce_(picked, "forward")
+        allreduce_pieces(grid.axis_comm[outer], picked, "forward")
         total = ((log_sum - picked)[train].sum() / train_count).reshape(1).contiguous()
-        grid.axis_comm[depth].allreduce_(total, "forward")
+        allreduce_pieces(grid.axis_comm[depth], total, "forward")
         probabilities = (shifted - log_sum[:, None]).exp()
         ctx.save_for_backward(probabilities, labels, train, here)
         ctx.class_lo, ctx.train_count = class_lo, train_count
@@ -143,16 +243,19 @@ class GridCrossEntropy(torch.autograd.Function):
         return grad * (grad_loss / ctx.train_count), None, None, None, None, None, None
 
 
-def grid_logits(x: torch.Tensor, params: list[tuple[torch.Tensor, torch.Tensor]], blocks: list[AdjacencyBlock],
-                grid: ProcessGrid) -> torch.Tensor:
-    """The GCN's output block ``[d, o]`` of its last layer from layer 0's ``X[o, i]``: each layer's
-    :class:`GridGCNFunction` (``params[l]`` its ``(W[i, o], b[o])``, ``blocks[l % 3]`` its rotation), ReLU between
-    layers. Collective over the grid."""
+def grid_logits(x: torch.Tensor | None, params: list[tuple[torch.Tensor, torch.Tensor]],
+                blocks: list[AdjacencyBlock], grid: ProcessGrid,
+                first_aggregation: torch.Tensor | None = None) -> torch.Tensor:
+    """The GCN's output block ``[d, o]`` of its last layer from layer 0's ``X[o, i]``, or from its aggregation
+    ``first_aggregation`` computed once (:func:`aggregate_input`; ``x`` is then not read): each layer's
+    :class:`GridGCNFunction` (``params[l]`` its ``(W[i, o], b[o])``, ``blocks[l % 3]`` its rotation),
+    :class:`GridReLU` between layers. Collective over the grid."""
     h = x
     for layer, (weight, bias) in enumerate(params):
-        h = GridGCNFunction.apply(h, weight, bias, blocks[layer % 3], grid, layer > 0)
+        cached = first_aggregation if layer == 0 else None
+        h = GridGCNFunction.apply(h, weight, bias, blocks[layer % 3], grid, layer > 0, cached)
         if layer < len(params) - 1:
-            h = torch.relu(h)
+            h = GridReLU.apply(h)
     return h
 
 
@@ -162,7 +265,7 @@ def predicted_classes(logits: torch.Tensor, class_lo: int, grid: ProcessGrid, la
     outer = roles(layer)[0]
     rows, width = logits.shape
     best = (logits.max(dim=1).values if width else logits.new_full((rows,), -math.inf)).contiguous()
-    grid.axis_comm[outer].allreduce_(best, "other", op="max")
+    allreduce_pieces(grid.axis_comm[outer], best, "other", op="max")
     if width:
         hits = logits == best[:, None]
         first = torch.where(hits.any(dim=1), hits.int().argmax(dim=1).to(logits.dtype) + class_lo,
@@ -170,14 +273,29 @@ def predicted_classes(logits: torch.Tensor, class_lo: int, grid: ProcessGrid, la
     else:
         first = logits.new_full((rows,), math.inf)
     first = first.contiguous()
-    grid.axis_comm[outer].allreduce_(first, "other", op="min")
+    allreduce_pieces(grid.axis_comm[outer], first, "other", op="min")
     return first.long()
 
 
 def predicted_layer_bytes(grid: ProcessGrid, layer: int, nodes: int, width_in: int, width_out: int,
-                          itemsize: int, input_grad: bool) -> dict[str, int]:
-    """Bytes this rank sends (and receives) in ``layer``'s forward, backward and gradient allreduce."""
-    return layer_bytes(grid.shape, grid.coords, layer, nodes, width_in, width_out, itemsize, input_grad)
+                          itemsize: int, input_grad: bool, aggregated_once: bool = False) -> dict[str, int]:
+    """Bytes this rank sends (and receives) in ``layer``'s forward, backward and gradient allreduce (a step's;
+    with ``aggregated_once`` the aggregation is :func:`predicted_input_bytes`, once a run)."""
+    return layer_bytes(grid.shape, grid.coords, layer, nodes, width_in, width_out, itemsize, input_grad,
+                       aggregated_once)
+
+
+def predicted_input_bytes(grid: ProcessGrid, nodes: int, width_in: int, itemsize: int) -> int:
+    """Bytes this rank sends in :func:`aggregate_input` (phase ``halo``, once a run)."""
+    return input_bytes(grid.shape, grid.coords, nodes, width_in, itemsize)
+
+
+def input_bytes(shape: GridShape, coords: Mapping[str, int], nodes: int, width_in: int, itemsize: int) -> int:
+    """:func:`predicted_input_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator."""
+    outer, inner, depth = roles(0)
+    n_depth = _length(block_range(nodes, shape.of(depth), coords[depth]))
+    f_inner = _length(block_range(width_in, shape.of(inner), coords[inner]))
+    return pieces_bytes(n_depth * f_inner, shape.of(outer), coords[outer], itemsize)
 
 
 def predicted_loss_bytes(grid: ProcessGrid, layer: int, nodes: int, itemsize: int) -> int:
@@ -186,32 +304,36 @@ def predicted_loss_bytes(grid: ProcessGrid, layer: int, nodes: int, itemsize: in
 
 
 def layer_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, width_in: int, width_out: int,
-                itemsize: int, input_grad: bool) -> dict[str, int]:
+                itemsize: int, input_grad: bool, aggregated_once: bool = False) -> dict[str, int]:
     """:func:`predicted_layer_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator
     (the cost model asks it of grids it cannot build)."""
     out = {"forward": 0, "backward": 0, "grad_allreduce": 0}
-    for phase, axis, numel in layer_collectives(shape, coords, layer, nodes, width_in, width_out, input_grad):
-        out[phase] += ring_allreduce_bytes(numel, shape.of(axis), coords[axis], itemsize)
+    for phase, axis, numel in layer_collectives(shape, coords, layer, nodes, width_in, width_out, input_grad,
+                                                aggregated_once):
+        out[phase] += pieces_bytes(numel, shape.of(axis), coords[axis], itemsize)
     return out
 
 
 def loss_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, itemsize: int) -> int:
     """:func:`predicted_loss_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator."""
-    return sum(ring_allreduce_bytes(numel, shape.of(axis), coords[axis], itemsize)
+    return sum(pieces_bytes(numel, shape.of(axis), coords[axis], itemsize)
                for _, axis, numel in loss_collectives(shape, coords, layer, nodes))
 
 
 def layer_collectives(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, width_in: int,
-                      width_out: int, input_grad: bool) -> list[tuple[str, str, int]]:
-    """The allreduces :class:`GridGCNFunction` runs for ``layer`` on the rank at ``coords``, in order: (phase,
-    axis, elements) (module docstring)."""
+                      width_out: int, input_grad: bool, aggregated_once: bool = False) -> list[tuple[str, str, int]]:
+    """The allreduces :class:`GridGCNFunction` runs for ``layer`` on the rank at ``coords`` in a step, in order:
+    (phase, axis, elements) (module docstring); ``aggregated_once``: without the aggregation's, computed once
+    (:func:`aggregate_input`)."""
+    if aggregated_once and layer:
+        raise ValueError(f"only layer 0's aggregation is computed once (its input does not change), not layer {layer}'s")
     outer, inner, depth = roles(layer)
     n_depth = _length(block_range(nodes, shape.of(depth), coords[depth]))
     n_outer = _length(block_range(nodes, shape.of(outer), coords[outer]))
     f_inner = _length(block_range(width_in, shape.of(inner), coords[inner]))
     f_out = _length(block_range(width_out, shape.of(outer), coords[outer]))
-    out = [("forward", outer, n_depth * f_inner), ("forward", inner, n_depth * f_out),
-           ("grad_allreduce", depth, f_inner * f_out + f_out)]
+    out = [] if aggregated_once else [("forward", outer, n_depth * f_inner)]
+    out += [("forward", inner, n_depth * f_out), ("grad_allreduce", depth, f_inner * f_out + f_out)]
     if input_grad:
         out += [("backward", outer, n_depth * f_inner), ("backward", depth, n_outer * f_inner)]
     return out
@@ -260,7 +382,7 @@ def output_classes(grid: ProcessGrid, layers: int, classes: int) -> tuple[int, i
     return grid.block(classes, roles(layers - 1)[0])
 
 
-__all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "adjacency_blocks", "as_blocks", "bias_block",
-           "block_range", "grid_logits", "input_block", "layer_bytes", "layer_collectives", "loss_bytes", "loss_collectives",
-           "output_classes", "output_rows", "predicted_classes", "predicted_layer_bytes", "predicted_loss_bytes",
-           "weight_block"]
+__all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "GridReLU", "adjacency_blocks", "aggregate_input",
+           "as_blocks", "bias_block", "block_range", "grid_logits", "input_block", "input_bytes", "layer_bytes",
+           "layer_collectives", "loss_bytes", "loss_collectives", "output_classes", "output_rows", "predicted_classes",
+           "predicted_input_bytes", "predicted_layer_bytes", "predicted_loss_bytes", "weight_block"]

@@ -1,10 +1,12 @@
 """``sparse-dist bench grid``: GCN epochs over a process grid from shards: time, bytes against the model, memory.
 
 Measures what the 3D plan (:mod:`sparse_dist.grid_gcn`) costs on a prepared dataset before it is the training
-command's plan: each rank reads its blocks (:mod:`runners.data.grid_reader`), trains ``--epochs`` full-batch
-Adam steps of a GCN (no dropout), and the command prints per epoch the loss, the slowest rank's step time, the
-busiest rank's bytes per phase beside the byte model's prediction, and at the end every rank's peak resident
-memory and the test accuracy of the last weights. ``--out FILE`` writes the same as JSON lines (rank 0).
+command's plan: every rank's memory is estimated first (:mod:`runners.grid_memory`; a run its node cannot hold is
+refused in one sentence), each rank reads its blocks (:mod:`runners.data.grid_reader`), computes layer 0's
+aggregation once, trains ``--epochs`` full-batch Adam steps of a GCN (no dropout), and the command prints per
+epoch the loss, the slowest rank's step time, the busiest rank's bytes per phase beside the byte model's
+prediction, and at the end every rank's peak resident memory beside its estimate and the test accuracy of the
+last weights. ``--out FILE`` writes the same as JSON lines (rank 0).
 Collective: run it under mpiexec with ``X * Y * Z`` ranks.
 """
 
@@ -23,10 +25,12 @@ import torch
 
 from runners.argtypes import at_least, number
 from runners.data.grid_reader import load_grid_graph
+from runners.data.shard_reader import ShardError, read_meta
+from runners.grid_memory import check_grid_memory
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, roles
-from sparse_dist.grid_gcn import (GridCrossEntropy, as_blocks, grid_logits, predicted_classes,
-                                  predicted_layer_bytes, predicted_loss_bytes)
+from sparse_dist.grid_gcn import (GridCrossEntropy, aggregate_input, as_blocks, grid_logits, predicted_classes,
+                                  predicted_input_bytes, predicted_layer_bytes, predicted_loss_bytes)
 
 PHASES = ("forward", "backward", "grad_allreduce")
 
@@ -71,17 +75,30 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     dtype = torch.float32 if args.dtype == "float32" else torch.float64
     itemsize = torch.tensor([], dtype=dtype).element_size()
     grid = ProcessGrid(comm, shape)
+    meta, error = None, None
+    try:
+        meta = read_meta(args.data)
+    except ShardError as exc:
+        error = str(exc)
+    comm.raise_if_any(error, ShardError)
+    assert meta is not None
+    memory = check_grid_memory(comm, meta, shape, grid.coords, args.layers, args.hidden, itemsize)
     began = time.perf_counter()
-    graph = load_grid_graph(comm, grid, args.data, args.layers)
-    blocks = as_blocks(graph.adjacency, dtype, torch.device("cpu"))
+    graph = load_grid_graph(comm, grid, args.data, args.layers, np.float32 if dtype == torch.float32 else np.float64)
+    blocks = as_blocks(graph.adjacency, dtype, torch.device("cpu"))  # shares the blocks' arrays
     nonzeros = comm.allgather_array(np.array([sum(b.nnz for b in graph.adjacency)], dtype=np.int64)).ravel()
-    graph.adjacency = []  # the torch blocks hold what the steps need
-    load_seconds = time.perf_counter() - began
+    graph.adjacency = []
     n, layers = graph.num_nodes, args.layers
     dims = [graph.feature_dim] + [args.hidden] * (layers - 1) + [graph.num_classes]
     params = [_block(grid, layer, w, b) for layer, (w, b) in enumerate(_weights(dims, args.seed, dtype))]
     optimizer = torch.optim.Adam([p for pair in params for p in pair], lr=args.lr)
-    x = torch.from_numpy(graph.features).to(dtype)
+    comm.stats.reset()
+    first = aggregate_input(torch.from_numpy(graph.features), blocks[0], grid)
+    input_sent = comm.allgather_array(np.array([comm.stats.phases["halo"].bytes_sent,
+                                                predicted_input_bytes(grid, n, dims[0], itemsize)],
+                                               dtype=np.int64)).max(axis=0)
+    graph.features = np.zeros((0, 0))  # X[o, i] is not read again
+    load_seconds = time.perf_counter() - began
     labels = torch.from_numpy(graph.labels.astype(np.int64))
     train = torch.from_numpy(graph.masks["train"])
     class_lo = grid.block(graph.num_classes, roles(layers - 1)[0])[0]
@@ -91,16 +108,16 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     predicted["forward"] += predicted_loss_bytes(grid, layers - 1, n, itemsize)
     for layer in range(layers):
         for phase, value in predicted_layer_bytes(grid, layer, n, dims[layer], dims[layer + 1], itemsize,
-                                                  layer > 0).items():
+                                                  layer > 0, aggregated_once=layer == 0).items():
             predicted[phase] += value
     records: list[dict[str, Any]] = []
-    logits = x
+    logits = first
     for epoch in range(1, args.epochs + 1):
         comm.stats.reset()
         comm.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
-        h = grid_logits(x, params, blocks, grid)
+        h = grid_logits(None, params, blocks, grid, first_aggregation=first)
         loss = GridCrossEntropy.apply(h, labels, train, class_lo, train_count, grid, layers - 1)
         loss.backward()
         optimizer.step()
@@ -123,8 +140,13 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     counts = comm.allgather_array(np.array([int((classes[test] == labels[test]).sum()), int(test.sum())],
                                            dtype=np.int64))  # replicas count the same rows alike: the ratio holds
     peaks = comm.allgather_array(np.array([_peak_rss_bytes()], dtype=np.int64))[:, 0]
+    beyond = peaks - np.array(memory["rss_at_start_per_rank"], dtype=np.int64)
+    ratios = np.array(memory["estimate_per_rank"], dtype=np.float64) / np.maximum(beyond, 1)
     summary = {"type": "summary", "grid": str(shape), "ranks": comm.size, "nodes": n, "layers": layers,
                "hidden": args.hidden, "dtype": args.dtype, "load_seconds": load_seconds,
+               "input_bytes_busiest_rank": int(input_sent[0]), "input_bytes_predicted": int(input_sent[1]),
+               "memory": {**memory, "peak_beyond_start_per_rank": beyond.tolist(),
+                          "estimate_over_peak": [float(r) for r in ratios]},
                "test_acc": float(counts[:, 0].sum() / max(counts[:, 1].sum(), 1)),
                "block_nonzeros": {"max": int(nonzeros.max()), "mean": float(nonzeros.mean()),
                                   "max_over_mean": float(nonzeros.max() / max(nonzeros.mean(), 1e-300))},
@@ -132,8 +154,10 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     if comm.rank == 0:
         print(f"grid {shape}: test accuracy {summary['test_acc']:.4f}; nonzeros a rank (3 rotations) max/mean "
               f"{summary['block_nonzeros']['max_over_mean']:.3f}; peak memory a rank "
-              f"{peaks.min() / 2**30:.2f}-{peaks.max() / 2**30:.2f} GiB (sum {peaks.sum() / 2**30:.2f} GiB); "
-              f"blocks read in {load_seconds:.1f} s", flush=True)
+              f"{peaks.min() / 2**30:.2f}-{peaks.max() / 2**30:.2f} GiB (sum {peaks.sum() / 2**30:.2f} GiB), "
+              f"estimate / peak beyond start {ratios.min():.2f}-{ratios.max():.2f}; blocks read and layer 0 "
+              f"aggregated in {load_seconds:.1f} s ({input_sent[0] / 1e6:.2f} MB on the busiest rank, model "
+              f"{input_sent[1] / 1e6:.2f})", flush=True)
         if args.out:
             path = Path(args.out)
             temporary = path.with_name(path.name + ".tmp")

@@ -11,6 +11,8 @@ diagonal blocks, 1.037-1.245 with them, docs/guide/partitioning.md).
 
 It reads only the parts that overlap the row ranges it needs, one part at a time, and cuts each part's rows to
 its columns before reading the next: the peak is one part's rows beside the block, not the rows' every column.
+Each block and each part's features are cast to the run's dtype as soon as they are normalised (in float64),
+with int32 indices where they fit, so that :func:`sparse_dist.grid_gcn.as_blocks` shares their arrays.
 The column scales of ``Â[d, o]`` are the inverse square roots of the degrees of the nodes of ``o``'s block,
 read the same way (their rows' sums). Collective: a problem reading any rank's files
 raises the same :class:`~runners.data.shard_reader.ShardError` on every rank.
@@ -35,8 +37,8 @@ from sparse_dist.grid import ProcessGrid, roles
 class GridGraph:
     """What one rank of the grid holds of a dataset (module docstring); row ids are the shards' order."""
 
-    adjacency: list[sp.csr_matrix]   # Â[d, o] per rotation (``n_d x n_o``, local column ids)
-    features: np.ndarray             # X[o, i] of layer 0
+    adjacency: list[sp.csr_matrix]   # Â[d, o] per rotation (``n_d x n_o``, local column ids), the run's dtype
+    features: np.ndarray             # X[o, i] of layer 0, the run's dtype
     labels: np.ndarray               # of the last layer's output rows
     masks: dict[str, np.ndarray]     # train / val / test of those rows
     output_rows: tuple[int, int]
@@ -89,9 +91,10 @@ def _degree_inv_sqrt(data_dir: Path, meta: dict[str, Any], lo: int, hi: int) -> 
     return inverse_sqrt(_rows_with_loops(data_dir, meta, lo, hi, 0, 0)[1])
 
 
-def _features(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, f0: int, f1: int) -> np.ndarray:
-    """Rows ``[lo, hi)`` of ``X`` divided by their whole sums (0 where a row sums to 0), columns ``[f0, f1)``,
-    float64: one part's rows at a time."""
+def _features(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, f0: int, f1: int,
+              dtype: np.dtype) -> np.ndarray:
+    """Rows ``[lo, hi)`` of ``X`` divided by their whole sums (0 where a row sums to 0, in float64), columns
+    ``[f0, f1)``, as ``dtype``: one part's rows at a time."""
     offsets = meta["row_offsets"]
     pieces = []
     for part in _parts_of(meta, lo, hi):
@@ -102,17 +105,26 @@ def _features(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, f0: int, f
         kept = rows[:, f0:f1].astype(np.float64)
         np.divide(kept, sums[:, None], out=kept, where=sums[:, None] != 0)
         kept[sums == 0] = 0.0
-        pieces.append(kept)
-    return np.concatenate(pieces) if pieces else np.zeros((0, f1 - f0))
+        pieces.append(kept.astype(dtype, copy=False))
+    return np.concatenate(pieces) if pieces else np.zeros((0, f1 - f0), dtype=dtype)
 
 
-def load_grid_graph(comm: Communicator, grid: ProcessGrid, data_dir: str | Path, layers: int) -> GridGraph:
-    """This rank's :class:`GridGraph` for a GCN of ``layers`` layers (collective validation over ``comm``)."""
+def _compact(block: sp.csr_matrix, dtype: np.dtype) -> sp.csr_matrix:
+    """``block`` with ``dtype`` values and int32 indices where they fit (what torch's CSR takes without a copy)."""
+    index = np.int32 if max(block.nnz, *block.shape) < 2**31 - 1 else np.int64
+    return sp.csr_matrix((block.data.astype(dtype, copy=False), block.indices.astype(index, copy=False),
+                          block.indptr.astype(index, copy=False)), shape=block.shape, copy=False)
+
+
+def load_grid_graph(comm: Communicator, grid: ProcessGrid, data_dir: str | Path, layers: int,
+                    dtype: np.dtype | type = np.float64) -> GridGraph:
+    """This rank's :class:`GridGraph` for a GCN of ``layers`` layers, blocks and features as ``dtype``
+    (collective validation over ``comm``)."""
     data_dir = Path(data_dir)
     error: str | None = None
     graph: GridGraph | None = None
     try:
-        graph = _load(grid, data_dir, layers)
+        graph = _load(grid, data_dir, layers, np.dtype(dtype))
     except ShardError as exc:
         error = str(exc)
     comm.raise_if_any(error, ShardError)
@@ -120,7 +132,7 @@ def load_grid_graph(comm: Communicator, grid: ProcessGrid, data_dir: str | Path,
     return graph
 
 
-def _load(grid: ProcessGrid, data_dir: Path, layers: int) -> GridGraph:
+def _load(grid: ProcessGrid, data_dir: Path, layers: int, dtype: np.dtype) -> GridGraph:
     meta = read_meta(data_dir)
     n = meta["num_nodes"]
     scales: dict[tuple[int, int], np.ndarray] = {}
@@ -132,10 +144,11 @@ def _load(grid: ProcessGrid, data_dir: Path, layers: int) -> GridGraph:
         scales.setdefault((r0, r1), inverse_sqrt(sums))  # a row range's degrees serve it as columns too
         if (c0, c1) not in scales:
             scales[(c0, c1)] = _degree_inv_sqrt(data_dir, meta, c0, c1)
-        blocks.append(scale_symmetric(rows, scales[(r0, r1)], scales[(c0, c1)][rows.indices]))
+        blocks.append(_compact(scale_symmetric(rows, scales[(r0, r1)], scales[(c0, c1)][rows.indices]), dtype))
+        del rows
     outer, inner, _ = roles(0)
     (x0, x1), (f0, f1) = grid.block(n, outer), grid.block(meta["feature_dim"], inner)
-    features = _features(data_dir, meta, x0, x1, f0, f1)
+    features = _features(data_dir, meta, x0, x1, f0, f1, dtype)
     o0, o1 = grid.block(n, roles(layers - 1)[2])
     labelled = read_rows(data_dir, meta, o0, o1, ("labels", "train", "val", "test"))
     return GridGraph(adjacency=blocks, features=np.ascontiguousarray(features), labels=labelled["labels"],

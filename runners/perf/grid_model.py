@@ -6,7 +6,8 @@ along one axis of the grid, and what a rank moves is closed-form in the grid's s
 the widths, whatever the graph.
 
 **Bytes**: per rank, :func:`sparse_dist.grid_gcn.layer_bytes` summed over the layers (roles rotating per layer,
-widths ``F -> hidden ... -> classes``, layer 0 without the backward allreduces its input needs no gradient for)
+widths ``F -> hidden ... -> classes``, layer 0 without the backward allreduces its input needs no gradient for,
+and without its aggregation, computed once before the first step like 1D's ``--input-exchange once``)
 plus :func:`sparse_dist.grid_gcn.loss_bytes` of the last layer: the same functions the trainer's counters are
 checked against. The busiest rank is the one with the most bytes over every phase (a ring allreduce's rank
 receives what it sends).
@@ -19,7 +20,7 @@ Compute at the 1D plans' calibrated rates: a block of ``Â`` holds ``(nnz + N) /
 self-loops included), assuming a random permutation of the nodes balances the blocks (the grid reads no
 partition); the SpMM multiplies it by ``H[o, i]`` (``f_i`` columns) forward and, from layer 1, by ``dT`` in the
 backward; the dense work of a layer is ``n_d f_i f'_o`` (1D's ``rows * F_in * F_out`` on the grid's blocks).
-GCN only and exact only: the grid has no sampling, staleness or compression, and no input kept once.
+GCN only and exact only: the grid has no sampling, staleness or compression.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def rank_bytes(shape: GridShape, coords: dict[str, int], nodes: int, dims: tuple
     out = dict.fromkeys(PHASES, 0)
     for layer in range(len(dims) - 1):
         for phase, value in layer_bytes(shape, coords, layer, nodes, dims[layer], dims[layer + 1], itemsize,
-                                        input_grad=layer > 0).items():
+                                        input_grad=layer > 0, aggregated_once=layer == 0).items():
             out[phase] += value
     out["loss"] = loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize)
     return out
@@ -195,9 +196,10 @@ def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, 
         n_depth = _longest(nodes, shape.of(depth))
         f_inner, f_out = _longest(dims[layer], shape.of(inner)), _longest(dims[layer + 1], shape.of(outer))
         entries = _longest(nnz + nodes, shape.of(depth) * shape.of(outer))
-        spmm += entries * f_inner * (2 if layer > 0 else 1)
+        spmm += (entries * f_inner * 2) if layer > 0 else 0  # layer 0's aggregation is computed once
         dense += n_depth * f_inner * f_out
-        collectives = layer_collectives(shape, first, layer, nodes, dims[layer], dims[layer + 1], layer > 0)
+        collectives = layer_collectives(shape, first, layer, nodes, dims[layer], dims[layer + 1], layer > 0,
+                                        aggregated_once=layer == 0)
         exchange += seconds(collectives, ("forward", "backward"))
         gradients += seconds(collectives, ("grad_allreduce",))
     exchange += seconds(loss_collectives(shape, first, len(dims) - 2, nodes), ("forward",))

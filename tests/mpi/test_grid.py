@@ -53,7 +53,7 @@ def test_bench_grid_trains_from_shards_with_the_bytes_of_the_model(tmp_path) -> 
 
     data = write(random_directed(n=300, seed=3), tmp_path / "data", parts=3)
     out = tmp_path / "grid.jsonl"
-    result = run_mpi(2, [str(BIN / "sparse-dist"), "bench", "grid", "--data", str(data), "--grid", "1,2,1",
+    result = run_mpi(2, [str(BIN / "sparse-dist"), "bench", "grid", "--data", str(data), "--grid", "2,1,1",
                          "--epochs", "3", "--hidden", "8", "--out", str(out)], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -61,4 +61,21 @@ def test_bench_grid_trains_from_shards_with_the_bytes_of_the_model(tmp_path) -> 
     assert [r["epoch"] for r in epochs] == [1, 2, 3] and epochs[-1]["loss"] < epochs[0]["loss"]
     assert all(r["bytes_busiest_rank"] == r["bytes_predicted"] and r["bytes_predicted"]["forward"] > 0
                for r in epochs)
-    assert summary["grid"] == "1x2x1" and 0.0 <= summary["test_acc"] <= 1.0 and len(summary["peak_rss_bytes"]) == 2
+    assert summary["grid"] == "2x1x1" and 0.0 <= summary["test_acc"] <= 1.0 and len(summary["peak_rss_bytes"]) == 2
+    assert summary["input_bytes_busiest_rank"] == summary["input_bytes_predicted"] > 0  # layer 0 aggregated once
+    assert len(summary["memory"]["estimate_over_peak"]) == 2 and all(r > 0 for r in summary["memory"]["estimate_over_peak"])
+    assert result.stdout.startswith("memory: about "), result.stdout
+
+
+def test_bench_grid_refuses_what_the_node_cannot_hold_before_reading_blocks(tmp_path) -> None:
+    """--hidden 65536 on 3 layers: Adam's copies of a 65536 x 65536 weight block are tens of GiB a rank."""
+    from datasets_for_tests import random_directed, write
+    from mpirun import BIN, run_mpi
+
+    data = write(random_directed(n=60, seed=3), tmp_path / "data", parts=2)
+    result = run_mpi(2, [str(BIN / "sparse-dist"), "bench", "grid", "--data", str(data), "--grid", "2,1,1",
+                         "--epochs", "1", "--hidden", "65536"], timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "not enough memory: the 2 rank(s) on " in lines[0], lines
+    assert lines[0].endswith("use more nodes or a smaller --hidden") and "parameters" in lines[0]

@@ -11,6 +11,10 @@ of 8 leaves ranks with no class) trains 3 Adam steps in float64 on the grid and 
   over the gradient's scale);
 * after 3 steps, the blocks equal the reference's weights;
 * the bytes of every phase this rank counted in each step equal sparse_dist.grid_gcn's prediction;
+* layer 0's aggregation both ways: computed once before the steps (its bytes in phase ``halo``, predicted too)
+  on the directed graph, and in every step on Cora, so that both paths run on every grid;
+* on the directed graph the allreduces run in pieces of 101 float64 values (``ALLREDUCE_PIECE_BYTES`` lowered
+  from 16 MiB, which these graphs never reach), so that the pieces and their bytes are checked too;
 * the blocks read from shards (runners/data/grid_reader.py: the directed graph in 5 random parts, so blocks
   straddle parts) equal the blocks cut from the whole matrix normalised here, and so do the features, labels and
   masks.
@@ -41,10 +45,11 @@ from runners.data.grid_reader import load_grid_graph  # noqa: E402
 from runners.data.shard_reader import read_meta, read_part  # noqa: E402
 from runners.data.shards import write_shards  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
+from sparse_dist import grid_gcn  # noqa: E402
 from sparse_dist.grid import GridShape, ProcessGrid  # noqa: E402
-from sparse_dist.grid_gcn import (GridCrossEntropy, adjacency_blocks, bias_block, grid_logits,  # noqa: E402
-                                  input_block, output_classes, output_rows, predicted_layer_bytes,
-                                  predicted_loss_bytes, weight_block)
+from sparse_dist.grid_gcn import (GridCrossEntropy, adjacency_blocks, aggregate_input, bias_block,  # noqa: E402
+                                  grid_logits, input_block, output_classes, output_rows, predicted_input_bytes,
+                                  predicted_layer_bytes, predicted_loss_bytes, weight_block)
 
 HIDDEN, LAYERS, STEPS, LR = 10, 3, 3, 0.05
 TOLERANCE = 1e-12
@@ -97,7 +102,8 @@ def reference(a: np.ndarray, x: np.ndarray, labels: np.ndarray, train: np.ndarra
     return losses, first_grads, [(w.detach(), b.detach()) for w, b in params]
 
 
-def check_grid(comm, shape: GridShape, graph, want, failures: list[str]) -> None:
+def check_grid(comm, shape: GridShape, graph, want, failures: list[str], once: bool) -> None:
+    """One grid against the reference; ``once``: layer 0's aggregation computed before the steps."""
     name, a, x, labels, train, classes = graph
     n = a.shape[0]
     dims = [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes]
@@ -114,15 +120,20 @@ def check_grid(comm, shape: GridShape, graph, want, failures: list[str]) -> None
     c0, _ = output_classes(grid, LAYERS, classes)
     rows_labels, rows_train = torch.from_numpy(labels[r0:r1]), torch.from_numpy(train[r0:r1])
     predicted: dict[str, int] = {"forward": predicted_loss_bytes(grid, LAYERS - 1, n, 8), "backward": 0,
-                                 "grad_allreduce": 0}
+                                 "grad_allreduce": 0, "halo": 0}
     for layer in range(LAYERS):
         for phase, value in predicted_layer_bytes(grid, layer, n, dims[layer], dims[layer + 1], 8,
-                                                  input_grad=layer > 0).items():
+                                                  input_grad=layer > 0, aggregated_once=once and layer == 0).items():
             predicted[phase] += value
+    comm.stats.reset()
+    first = aggregate_input(x_block, blocks[0], grid) if once else None
+    if comm.stats.phases["halo"].bytes_sent != (predicted_input_bytes(grid, n, x.shape[1], 8) if once else 0):
+        failures.append(f"{where}: layer 0's aggregation sent {comm.stats.phases['halo'].bytes_sent} bytes, "
+                        f"not the predicted {predicted_input_bytes(grid, n, x.shape[1], 8)}")
     for step in range(STEPS):
         comm.stats.reset()
         optimizer.zero_grad()
-        h = grid_logits(x_block, params, blocks, grid)
+        h = grid_logits(None if once else x_block, params, blocks, grid, first_aggregation=first)
         loss = GridCrossEntropy.apply(h, rows_labels, rows_train, c0, int(train.sum()), grid, LAYERS - 1)
         loss.backward()
         if not math.isclose(float(loss.detach()), want_losses[step], rel_tol=TOLERANCE):
@@ -177,14 +188,15 @@ def main() -> int:
     comm = world()
     failures: list[str] = []
     texts = sys.argv[1:]
-    for graph in graphs():
+    for index, graph in enumerate(graphs()):
         _, a, x, labels, train, classes = graph
+        grid_gcn.ALLREDUCE_PIECE_BYTES = 101 * 8 if index == 0 else 16 << 20
         want = reference(a, x, labels, train, [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes])
         for text in texts:
             ranks = math.prod(int(v) for v in text.split(","))
             sub = comm.split(int(comm.rank < ranks), comm.rank)  # the first X*Y*Z ranks form the grid
             if comm.rank < ranks:
-                check_grid(sub, GridShape.parse(text, ranks), graph, want, failures)
+                check_grid(sub, GridShape.parse(text, ranks), graph, want, failures, once=index == 0)
             sub.free()
     with tempfile.TemporaryDirectory() as scratch:
         directory = comm.allgather_object(str(Path(scratch) / "random") if comm.rank == 0 else None)[0]

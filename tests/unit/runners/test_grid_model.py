@@ -30,7 +30,7 @@ def _trainer_counts(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsiz
         total = predicted_loss_bytes(grid, len(dims) - 2, nodes, itemsize)  # type: ignore[arg-type]
         for layer in range(len(dims) - 1):
             counted = predicted_layer_bytes(grid, layer, nodes, dims[layer], dims[layer + 1],  # type: ignore[arg-type]
-                                            itemsize, layer > 0)
+                                            itemsize, layer > 0, aggregated_once=layer == 0)
             total += sum(counted.values())
         totals.append(total)
     return totals

@@ -1,0 +1,126 @@
+"""The memory a rank of the process grid needs for a GCN (``bench grid``), estimated from ``meta.json`` before a
+shard is read, and the refusal of a run its nodes cannot hold.
+
+:func:`grid_memory` counts, beyond what the process holds at start, the parts of the rank at ``coords`` of a
+``shape`` grid (:mod:`sparse_dist.grid_gcn`; ``n_a``: the rank's block of the ``N`` rows over axis ``a``, ``f_a``
+of a width; roles ``(o, i, d)`` rotating per layer):
+
+* ``runtime``: library code paged in at first use (:data:`runners.memory_estimate.RUNTIME_BYTES`).
+* ``graph``: each rotation's block ``Â[d, o]`` (at most three), ``(E + N) n_d n_o / N^2`` entries (``E`` stored
+  entries, ``N`` self-loops; a permuted partition spreads them evenly), a value and an int32 index each, and
+  ``n_d + 1`` row pointers. No transpose on the CPU.
+* ``input``: layer 0's aggregation ``T[d, i]``, kept for the run (``X[o, i]`` is freed once it is computed).
+* ``activations``: what the backward keeps of each later layer (its aggregation ``n_d f_i``) and each ReLU's
+  boolean mask (``n_d f'_o`` bytes).
+* ``transient``: :data:`TRANSIENT_COPIES` arrays of the widest layer's ``n_d x max(f_i, f'_o)`` alive at the
+  peak (a layer's product, its allreduce piece's temporary, the backward's gradients) and the heap's slack.
+* ``parameters``: each ``W[i, o]`` and ``b[o]``, its gradient and Adam's two moments.
+
+While reading, the peak is the blocks read so far, ``X[o, i]`` and one rotation's block being assembled
+(:data:`READ_BYTES_PER_ENTRY` an entry: the part's stored rows with their self-loops, the cut pieces and their
+stacked copy in float64 and int64); the estimate is the larger of that and the training peak.
+
+How it was checked: peak RSS (``ru_maxrss``) minus the RSS at start on every rank of ``bench grid`` (GCN 3 x 128,
+float32, R-MAT with 128 features in permuted parts): :data:`TRANSIENT_COPIES` and :data:`READ_BYTES_PER_ENTRY`
+were fitted on SCALE 20 at 2x2x2 and the estimate checked at SCALE 21 (docs/results.md, "The process grid's
+memory").
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from runners.memory_estimate import RUNTIME_BYTES, Estimate, size
+from runners.resources import ResourceError, current_rss, mem_available
+from sparse_dist.comm import Communicator, said_once
+from sparse_dist.grid import GridShape, block_range, roles
+
+TRANSIENT_COPIES = 3.5
+"""Arrays of the widest layer's ``n_d x max(f_i, f'_o)`` alive at the peak beyond what the backward keeps, with
+the heap's slack: fitted on R-MAT SCALE 20 at 2x2x2 (GCN 3 x 128, float32; the largest rank's peak 1.09 GiB
+beyond the start, the counted parts 0.65 GiB)."""
+READ_BYTES_PER_ENTRY = 40
+"""Bytes per entry of the rotation block being assembled while reading: the cut rows (float64 values, int64
+indices), their stacked copy and the normalised one (fitted on SCALE 20 at 2x2x2: peak while reading 0.73 GiB
+beyond the start)."""
+INDEX_BYTES = 4
+OPTIMIZER_COPIES = 4
+
+
+def _length(span: tuple[int, int]) -> int:
+    return span[1] - span[0]
+
+
+def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], layers: int, hidden: int,
+                itemsize: int) -> Estimate:
+    """The bytes the rank at ``coords`` adds to its start at its peak, by part (module docstring)."""
+    n, entries = int(meta["num_nodes"]), int(meta["num_edges"]) + int(meta["num_nodes"])
+    dims = [int(meta["feature_dim"])] + [hidden] * (layers - 1) + [int(meta["num_classes"])]
+
+    def spans(layer: int) -> tuple[int, int, int, int]:
+        outer, inner, depth = roles(layer)
+        return (_length(block_range(n, shape.of(depth), coords[depth])),
+                _length(block_range(n, shape.of(outer), coords[outer])),
+                _length(block_range(dims[layer], shape.of(inner), coords[inner])),
+                _length(block_range(dims[layer + 1], shape.of(outer), coords[outer])))
+
+    block_entries = []
+    graph = 0
+    for rotation in range(min(layers, 3)):
+        n_depth, n_outer, _, _ = spans(rotation)
+        count = int(entries * (n_depth / max(n, 1)) * (n_outer / max(n, 1)))
+        block_entries.append(count)
+        graph += count * (itemsize + INDEX_BYTES) + (n_depth + 1) * INDEX_BYTES
+    n_depth, n_outer, f_inner, _ = spans(0)
+    aggregation = n_depth * f_inner * itemsize
+    kept = masks = widest = parameters = 0
+    for layer in range(layers):
+        rows, _, f_in, f_out = spans(layer)
+        if layer > 0:
+            kept += rows * f_in * itemsize
+        if layer < layers - 1:
+            masks += rows * f_out
+        widest = max(widest, rows * max(f_in, f_out) * itemsize)
+        parameters += (f_in * f_out + f_out) * itemsize * OPTIMIZER_COPIES
+    training = {"runtime": RUNTIME_BYTES, "graph": graph, "input": aggregation, "activations": kept + masks,
+                "transient": int(TRANSIENT_COPIES * widest), "parameters": parameters}
+    x_block = n_outer * f_inner * itemsize
+    reading = graph + x_block + READ_BYTES_PER_ENTRY * max(block_entries, default=0) + RUNTIME_BYTES
+    if reading > sum(training.values()):
+        return Estimate({"runtime": RUNTIME_BYTES, "graph": graph, "input": x_block,
+                         "reading": READ_BYTES_PER_ENTRY * max(block_entries, default=0)})
+    return Estimate(training)
+
+
+def check_grid_memory(comm: Communicator, meta: dict[str, Any], shape: GridShape, coords: dict[str, int],
+                      layers: int, hidden: int, itemsize: int) -> dict[str, Any]:
+    """Every rank's :func:`grid_memory`, printed (rank 0, one line), and a :class:`ResourceError` raised on every
+    rank (said once) where the ranks of a node together need more than its ``MemAvailable`` (collective).
+    Returns the figures: ``estimate_per_rank``, ``rss_at_start_per_rank``."""
+    estimate = grid_memory(meta, shape, coords, layers, hidden, itemsize)
+    mine = {"host": socket.gethostname(), "rss_at_start": current_rss(), "available": mem_available(),
+            "estimate": estimate.parts}
+    everyone = comm.allgather_object(mine)
+    totals = [sum(entry["estimate"].values()) for entry in everyone]
+    largest = max(range(len(everyone)), key=lambda r: totals[r])
+    biggest = Estimate(everyone[largest]["estimate"])
+    nodes: dict[str, list[int]] = {}
+    for rank, entry in enumerate(everyone):
+        nodes.setdefault(entry["host"], []).append(rank)
+    if comm.rank == 0:
+        available = everyone[0]["available"]
+        print(f"memory: about {biggest.describe()} on the largest rank, beyond the "
+              f"{size(everyone[largest]['rss_at_start'])} it holds at start; "
+              f"{size(available) if available else 'unknown memory'} available on this node for "
+              f"{max(len(r) for r in nodes.values())} rank(s)", flush=True)
+    for host, ranks in nodes.items():
+        known = [everyone[r]["available"] for r in ranks if everyone[r]["available"] is not None]
+        need = sum(totals[r] for r in ranks)  # MemAvailable already leaves out what they hold at start
+        if known and need > min(known):
+            raise said_once(ResourceError(
+                f"not enough memory: the {len(ranks)} rank(s) on {host} need about {size(need)} but "
+                f"{size(min(known))} is available (largest rank {biggest.describe()}); use more nodes or a smaller "
+                f"--hidden"))
+    return {"estimate_per_rank": totals, "estimate_parts_per_rank": [entry["estimate"] for entry in everyone],
+            "rss_at_start_per_rank": [entry["rss_at_start"] for entry in everyone]}
