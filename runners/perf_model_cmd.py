@@ -394,8 +394,10 @@ def _grid_plans(plans: list[str], rank_counts: list[int], kind: str) -> list[str
 def _print_grid_notes(searched: dict[int, list[GridEpoch]], input_once: bool, shown: int = 3) -> None:
     """What a grid row assumes, and ``grid:auto``'s fastest factorisations per P with the busiest rank's bytes."""
     print("grid: GCN, exact, the allreduces of sparse_dist.grid_gcn; no partition: a random permutation of the "
-          "nodes is assumed to balance A's blocks, (nnz + N) / (|d| |o|) entries each; ranks placed x + X (y + Y z)"
-          + ("; X's halo kept once does not apply: a grid's layer 0 allreduces every epoch" if input_once else ""))
+          "nodes is assumed to balance A's blocks, (nnz + N) / (|d| |o|) entries each; ranks placed x + X (y + Y z); "
+          "layer 0's aggregation A X is computed once before the first epoch (the grid has no input dropout), so "
+          "the epoch figures leave it out" + ("" if input_once else " (1D's rows above exchange layer 0 every "
+                                                                       "epoch: --input-exchange once compares alike)"))
     for ranks, priced in searched.items():
         print(f"grid:auto at P = {ranks}: {len(priced)} factorisation(s) X x Y x Z, the fastest "
               f"{min(shown, len(priced))} (GB of the busiest rank per epoch: {', '.join(PHASES)}):")
