@@ -21,7 +21,16 @@ from runners.study.collect import SPREAD_COLUMNS, ResultsError, read_csv  # noqa
 from runners.time_to_accuracy import curve  # noqa: E402
 
 PARTS = (("t_local_spmm", "local SpMM"), ("t_dense", "dense"), ("t_exchange", "exchange"),
-         ("t_allreduce", "allreduce"))
+         ("t_exchange_wait", "exchange wait"), ("t_allreduce", "allreduce"), ("t_allreduce_wait", "allreduce wait"))
+WAITS = ("t_exchange_wait", "t_allreduce_wait")
+"""Waits for late partners (``sparse_dist.comm``'s "Waits"): drawn hatched; 0 where a table predates them (its
+``t_exchange`` and ``t_allreduce`` hold them)."""
+
+
+def _part(row: dict[str, Any], key: str) -> float:
+    """A breakdown column of ``row`` (a wait missing from an older table: 0)."""
+    value = row.get(key)
+    return 0.0 if value is None and key in WAITS else float(value)
 
 
 def label(row: dict[str, Any]) -> str:
@@ -44,8 +53,10 @@ def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for (dataset, name, _), runs in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         merged = dict(runs[0])
-        for key in ("epoch_time", "exchange_bytes", *(k for k, _ in PARTS)):
+        for key in ("epoch_time", "exchange_bytes"):
             merged[key] = float(np.mean([float(r[key]) for r in runs]))
+        for key, _ in PARTS:
+            merged[key] = float(np.mean([_part(r, key) for r in runs]))
         merged.update(_pooled_spread(runs))
         series[f"{dataset}: {name}" if several else name].append(merged)
     return series
@@ -155,7 +166,7 @@ def plot_breakdown(rows: list[dict[str, Any]], path: Path, dpi: int) -> None:
     bottom = np.zeros(len(bars))
     for key, name in PARTS:
         values = np.array([run[key] for _, run in bars])
-        ax.bar(positions, values, bottom=bottom, label=name)
+        ax.bar(positions, values, bottom=bottom, label=name, hatch="//" if key in WAITS else None)
         bottom += values
     ax.set_xticks(positions, [f"{name}  P={run['world_size']}" for name, run in bars], rotation=75,
                   ha="right", fontsize=7)
@@ -326,8 +337,11 @@ AGAINST_BANDWIDTH = (
      "time-to-accuracy against bandwidth"),
     ("epoch_time", "epoch-time-bandwidth.png", "epoch time (s, slowest rank, warm-up excluded)",
      "epoch time against bandwidth"),
-    ("t_exchange", "exchange-wait-bandwidth.png", "exchange wait (s per epoch, mean over ranks)",
-     "exchange wait (time inside the SpMM exchanges) against bandwidth"),
+    ("t_exchange", "exchange-bandwidth.png", "own exchange time (s per epoch, mean over ranks)",
+     "own time in the SpMM exchanges (posting, copies, transfer) against bandwidth"),
+    ("t_exchange_wait", "exchange-wait-bandwidth.png",
+     "exchange wait for late partners (s per epoch, mean over ranks)",
+     "time in the SpMM exchanges waiting for partners not yet posted (imbalance) against bandwidth"),
 )
 """The ``[network]`` figures: (results.csv column, file, y label, title), one line per plan and policy."""
 

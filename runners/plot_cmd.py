@@ -7,8 +7,8 @@ from ``sparse-dist sweep``). Figures, written to ``--out`` (default
 * ``scaling-strong.png`` / ``scaling-weak.png``: epoch time (slowest
   rank, warm-up excluded) and parallel efficiency against P, one line per
   plan and policy (strong: ``T1 / (P TP)``; weak: ``T1 / TP``);
-* ``breakdown.png``: stacked epoch time (local SpMM / dense / exchange /
-  allreduce, means over ranks) per configuration and P;
+* ``breakdown.png``: stacked epoch time (local SpMM / dense / exchange / exchange wait /
+  allreduce / allreduce wait, means over ranks; the waits for late partners hatched) per configuration and P;
 * ``bytes.png``: exchange bytes per epoch (all ranks) per plan and policy;
 * ``accuracy.png``: test accuracy against epoch per plan and policy, at the
   largest P;
@@ -28,9 +28,11 @@ from ``sparse-dist sweep``). Figures, written to ``--out`` (default
   time to that target against the emulated bandwidth, one line per plan and
   policy, one panel per dataset and P (a run that never reached the target
   has no point; ``unlimited`` is drawn right of the fastest cap);
-* ``epoch-time-bandwidth.png`` and ``exchange-wait-bandwidth.png`` (``[network]`` studies): the epoch
-  time (slowest rank) and the time spent in the SpMM exchanges (``t_exchange``, mean over ranks: for
-  ``pipe`` the wait, not the transfer) against the emulated bandwidth, drawn as ``tta-bandwidth.png``.
+* ``epoch-time-bandwidth.png``, ``exchange-bandwidth.png`` and ``exchange-wait-bandwidth.png`` (``[network]``
+  studies): the epoch time (slowest rank), a rank's own time in the SpMM exchanges (``t_exchange``: posting,
+  copies, the transfer; for ``pipe`` only what the compute did not hide) and its time in them waiting for
+  partners that had not posted yet (``t_exchange_wait``: imbalance), means over ranks, against the emulated
+  bandwidth, drawn as ``tta-bandwidth.png`` (a table older than ``t_exchange_wait`` draws no wait figure).
 
 Lines are per plan, policy and compression (``p2p fp16``: exact p2p with ``--compress fp16``).
 """

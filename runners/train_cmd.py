@@ -15,8 +15,10 @@ caches (GAT; 0 otherwise), the final metrics and ``bytes_total``:
 every byte of the run per phase, set-up and evaluation included).
 
 Time breakdown per epoch: ``local_spmm`` (local sparse multiplies),
-``exchange`` (seconds inside MPI for the SpMM exchanges), ``allreduce``
-(gradient allreduce), ``dropout`` (masks and their application, forward
+``exchange`` (the rank's own seconds inside MPI for the SpMM exchanges: posting, copies, the transfer),
+``exchange_wait`` (its seconds in them waiting for partners that had not posted yet: load imbalance),
+``allreduce`` and ``allreduce_wait`` (the same for the gradient allreduce; "Waits" in
+:mod:`sparse_dist.comm`), ``dropout`` (masks and their application, forward
 and backward), ``optimizer`` (the Adam step), ``dense`` (everything else:
 dense matmuls, activations, loss).
 

@@ -4,6 +4,12 @@ These counters are the ground truth for every communication claim: each
 exchange in :mod:`sparse_dist.comm` adds the bytes this rank sent and
 received and the seconds it spent blocked in MPI, under one phase name.
 
+Of those seconds, ``wait_seconds`` are the part spent before every partner this rank's part of a non-blocking
+exchange depends on had posted it (the partner's lateness, as this rank felt it: load imbalance), measured with
+the exchange's herald (see "Waits" in :mod:`sparse_dist.comm`); the rest, ``seconds - wait_seconds``, is the
+rank's own exchange time (posting, its device copies, the transfer itself). Blocking metadata gathers
+(``allgather_array``, ``allgather_object``) do not split: their wait counts as their own.
+
 Phases: ``forward`` (forward exchange of the SpMM), ``backward`` (its
 transpose), ``grad_allreduce`` (weight gradients), ``halo`` (the one-time
 exchange of a static input's boundary rows, :mod:`sparse_dist.halo`),
@@ -37,12 +43,14 @@ def ring_allreduce_bytes(numel: int, group_size: int, index: int, itemsize: int)
 
 @dataclass
 class PhaseCounter:
-    """What one rank moved and how long it waited in one phase."""
+    """What one rank moved and how long it spent in MPI in one phase (``seconds``), and of that how long it
+    waited for late partners (``wait_seconds``)."""
 
     bytes_sent: int = 0
     bytes_recv: int = 0
     seconds: float = 0.0
     calls: int = 0
+    wait_seconds: float = 0.0
 
 
 class CommStats:
@@ -64,8 +72,18 @@ class CommStats:
         counter.bytes_recv += int(recv)
         counter.calls += 1
 
-    def add_seconds(self, phase: str, seconds: float) -> None:
-        self.counter(phase).seconds += seconds
+    def add_seconds(self, phase: str, seconds: float, waited: float = 0.0) -> None:
+        """Book ``seconds`` in MPI under ``phase``, ``waited`` of them (at most ``seconds``) for late partners."""
+        counter = self.counter(phase)
+        counter.seconds += seconds
+        counter.wait_seconds += min(waited, seconds)
+
+    def absorb(self, other: "CommStats") -> None:
+        """Add every counter of ``other`` to this one's (a worker communicator's, when it ends)."""
+        for name, theirs in other.phases.items():
+            mine = self.counter(name)
+            for key, value in asdict(theirs).items():
+                setattr(mine, key, getattr(mine, key) + value)
 
     def reset(self) -> None:
         for name in PHASES:

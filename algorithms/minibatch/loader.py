@@ -165,12 +165,7 @@ class BatchLoader:
             self.prefetcher = None
         if self.worker_comm is None:
             return
-        for name, counter in self.worker_comm.stats.phases.items():
-            total = self.comm.stats.counter(name)
-            total.bytes_sent += counter.bytes_sent
-            total.bytes_recv += counter.bytes_recv
-            total.seconds += counter.seconds
-            total.calls += counter.calls
+        self.comm.stats.absorb(self.worker_comm.stats)
         self.worker_comm.stats = CommStats()
         self.worker_comm.free()
         self.worker_comm = None

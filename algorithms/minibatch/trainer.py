@@ -24,7 +24,9 @@ Decisions (docs/guide/minibatch.md says the same for users):
   numba is missing; compiled when the trainer is built (or loaded from numba's cache), on torch's thread
   count of that moment (the train command's ``--threads``). Both kernels draw the same blocks, bitwise.
 * Step breakdown (seconds, summed over the epoch's steps): ``sample``, ``fetch``, ``compute`` (forward,
-  backward, optimiser), ``allreduce`` (gradient allreduce), ``wait`` (0 without prefetch).
+  backward, optimiser), ``allreduce`` (the rank's own seconds in the gradient allreduce), ``allreduce_wait``
+  (its seconds in it waiting for late ranks; "Waits" in :mod:`sparse_dist.comm`), ``wait`` (on the prefetch
+  queue; 0 without prefetch). ``sample`` and ``fetch`` are wall seconds, their exchanges' waits included.
 * Prefetch (``prefetch = N > 0``; ByteGNN's overlap of sampling with training): a worker thread
   (:class:`~algorithms.minibatch.loader.Prefetcher`) samples and fetches batches in order on its own duplicate of the communicator
   (``MPI_THREAD_MULTIPLE``), into a queue of at most ``N`` finished batches, while the main thread trains;
@@ -195,7 +197,7 @@ class MinibatchTrainer:
             raise ValueError("an evaluation beside the step is for full-graph training")
         before = self.comm.stats.snapshot()
         start = time.perf_counter()
-        parts = {"sample": 0.0, "fetch": 0.0, "compute": 0.0, "allreduce": 0.0, "wait": 0.0}
+        parts = {"sample": 0.0, "fetch": 0.0, "compute": 0.0, "allreduce": 0.0, "allreduce_wait": 0.0, "wait": 0.0}
         weighted_loss, needed, hits = 0.0, 0, 0
         waited = [0.0]
         worker_counters: list[dict[str, dict[str, float]]] = []
@@ -206,12 +208,15 @@ class MinibatchTrainer:
             for key, seconds in batch.seconds.items():
                 parts[key] += seconds
             needed, hits = needed + batch.cache[0], hits + batch.cache[1]
-            reduce_before = self.comm.stats.phases["grad_allreduce"].seconds
+            reduce_before = self.comm.stats.counter("grad_allreduce")
+            seconds_before, waited_before = reduce_before.seconds, reduce_before.wait_seconds
             compute_start = time.perf_counter()
             loss = self.step_gradients(batch, self.epoch * self.steps_per_epoch + step)
             self.optimizer.step()
-            reduce_seconds = self.comm.stats.phases["grad_allreduce"].seconds - reduce_before
-            parts["allreduce"] += reduce_seconds
+            reduce = self.comm.stats.counter("grad_allreduce")
+            reduce_seconds, reduce_waited = reduce.seconds - seconds_before, reduce.wait_seconds - waited_before
+            parts["allreduce"] += reduce_seconds - reduce_waited  # own; the wait for late ranks apart
+            parts["allreduce_wait"] += reduce_waited
             parts["compute"] += time.perf_counter() - compute_start - reduce_seconds
             weighted_loss += loss * batch.global_count
         if self.device.type == "cuda":

@@ -35,14 +35,24 @@ def moved_since(comm: Communicator, before: dict[str, dict[str, float]]) -> dict
     return bytes_by_phase(counters_since(comm, before))
 
 
+def own_and_wait(counters: dict[str, dict[str, float]], phases: tuple[str, ...]) -> tuple[float, float]:
+    """Seconds in MPI over ``phases`` split into the rank's own (posting, copies, the transfer) and its wait for
+    late partners (``wait_seconds``, see "Waits" in :mod:`sparse_dist.comm`); the two add up to the total."""
+    waited = sum(counters[phase]["wait_seconds"] for phase in phases)
+    return sum(counters[phase]["seconds"] for phase in phases) - waited, waited
+
+
 def step_breakdown(comm: Communicator, before: dict[str, dict[str, float]], wall: float,
                    computed: dict[str, float], booked: tuple[str, ...]) -> dict[str, Any]:
-    """A step's ``time`` (``total``, the ``booked`` compute parts, exchange and allreduce seconds from the
-    counters, ``dense`` the rest) and ``bytes`` per phase."""
+    """A step's ``time`` and ``bytes`` per phase. ``time``: ``total`` (wall), the ``booked`` compute parts,
+    ``exchange`` (this rank's own seconds in the SpMM exchanges, forward and backward: posting, copies and the
+    transfer once its partners had posted), ``exchange_wait`` (its seconds in them waiting for partners that had
+    not posted yet: imbalance), ``allreduce`` and ``allreduce_wait`` the same for the gradient allreduce, and
+    ``dense`` the rest; the parts add up to ``total``."""
     delta = counters_since(comm, before)
     parts = {key: computed.get(key, 0.0) for key in booked}
-    parts["exchange"] = delta["forward"]["seconds"] + delta["backward"]["seconds"]
-    parts["allreduce"] = delta["grad_allreduce"]["seconds"]
+    parts["exchange"], parts["exchange_wait"] = own_and_wait(delta, ("forward", "backward"))
+    parts["allreduce"], parts["allreduce_wait"] = own_and_wait(delta, ("grad_allreduce",))
     return {"time": {"total": wall, **parts, "dense": max(wall - sum(parts.values()), 0.0)},
             "bytes": bytes_by_phase(delta)}
 

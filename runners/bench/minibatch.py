@@ -6,7 +6,7 @@ One command, one run, ratios from that run. Under ``mpiexec -n P``:
    per rank, so a global batch of ``P * B`` seeds a step; ``--sampler`` picks the sampling kernel, numba by
    default): ``--warmup`` untimed epochs, then ``--epochs`` timed ones. An epoch's time is the slowest
    rank's; throughput is training seeds per second over the median timed epoch; the step breakdown (sample,
-   fetch, compute, allreduce, wait) is the slowest rank's median per part. Test accuracy: the exact
+   fetch, compute, allreduce, allreduce_wait, wait) is the slowest rank's median per part. Test accuracy: the exact
    full-graph evaluation after the last epoch.
 2. Rank 0 trains the peer on the whole graph with ``threads * P`` threads while the other ranks sleep in a
    non-spinning barrier; the same number of epochs, timed the same way; then its test accuracy from a
@@ -46,7 +46,7 @@ from runners.data.shards import load_local_graph
 from runners.minibatch_flags import add_sampler_argument, sampler_problem
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details
 
-STEP_PARTS = ("sample", "fetch", "compute", "allreduce", "wait")
+STEP_PARTS = ("sample", "fetch", "compute", "allreduce", "allreduce_wait", "wait")
 PEERS = ("pyg", "dgl", "none")
 MINIBATCH_KINDS: tuple[str, ...] = tuple(kind for kind in MODEL_KINDS if not layer_type(kind).takes_operator)
 """The layer kinds mini-batch training runs: those that see the exchange only as a product (attention, which

@@ -3,7 +3,9 @@
 On one prepared dataset, trains the same model under each configuration
 and reports exchange bytes (forward + backward, all ranks, all epochs),
 the epoch-time breakdown (median over epochs after the first, slowest
-rank), the CPU seconds of an epoch (``cpu_usr``, ``cpu_sys``: median, slowest rank, all threads; MPICH
+rank; ``exch`` and ``allred`` a rank's own seconds in the exchanges and the gradient allreduce, ``e_wait`` and
+``a_wait`` its seconds there waiting for partners that had not posted yet: "Waits" in :mod:`sparse_dist.comm`),
+the CPU seconds of an epoch (``cpu_usr``, ``cpu_sys``: median, slowest rank, all threads; MPICH
 polls while it waits, so a rank's CPU seconds include its waits: over TCP mostly as system time, in the
 poll and socket calls, beside the kernel's own TCP work), and the final test accuracy:
 
@@ -17,7 +19,7 @@ poll and socket calls, beside the kernel's own TCP work), and the final test acc
   exchanging ``dropout(X) W`` every epoch and owner-side dropout (``X/epoch``,
   the path before the halo), against the default (``--input-exchange auto``);
 * PipeGCN / PSC-GCN: ``pipe`` with tau 1 (and gamma 0.95) and tau 2 on ``p2p``
-  (``exch`` is then the time spent inside MPI, the wait, not the transfer),
+  (``exch`` is then the time spent inside MPI, what the compute did not hide, not the transfer),
   and ``psc`` at budget ``--psc-budget`` (set it so psc moves about the bytes
   of ``bns p=0.1`` to compare them at equal bytes);
 * DGS: ``dgs`` keeping half the remote rows (all feature columns), and a
@@ -71,7 +73,8 @@ psc_budget = number(0.0, 1.0, low_open=True)
 from sparse_dist.comm import Communicator, default_threads_per_rank
 from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, first_reaching, validation_value
 
-TIME_KEYS = ("total", "local_spmm", "exchange", "allreduce", "dense")
+TIME_KEYS = ("total", "local_spmm", "exchange", "exchange_wait", "allreduce", "allreduce_wait", "dense")
+IN_MPI = ("exchange", "exchange_wait", "allreduce", "allreduce_wait")  # a step's seconds inside MPI, all parts
 EXCHANGE_PHASES = ("forward", "backward", "sample")  # a training epoch's exchanges (the halo is set-up)
 
 
@@ -209,7 +212,8 @@ def add_time_to_target(results: dict[str, dict[str, Any]], target_acc: float | N
 
 
 def add_ideal(results: dict[str, dict[str, Any]], beta_gbs: float) -> None:
-    """Each row's ``ideal_s``: exact p2p's compute (its epoch less its exchange and allreduce waits) plus the
+    """Each row's ``ideal_s``: exact p2p's compute (its epoch less its seconds in the exchanges and the
+    allreduce, own and waiting for late partners alike) plus the
     row's own exchange time on a link of ``beta_gbs`` GB/s; a pipe row overlaps them (the larger of the two).
 
     A row's link time is its slowest rank's bytes per epoch over the link, each phase counted once in the
@@ -217,7 +221,7 @@ def add_ideal(results: dict[str, dict[str, Any]], beta_gbs: float) -> None:
     sampling) and the CPU the network stack takes from compute: the ratio shows both.
     """
     exact = results["exact p2p"]["time"]
-    compute = exact["total"] - exact["exchange"] - exact["allreduce"]
+    compute = exact["total"] - sum(exact[key] for key in IN_MPI)
     for row in results.values():
         link = row["link_bytes"] / (beta_gbs * 1e9)
         rule = AxisSpec.parse("stale", str(row.get("stale", "none"))).build()
@@ -240,13 +244,15 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
               f"configuration's start to val_acc >= {target:.4f}"
               + ("" if args.target_acc is not None else f" ({DEFAULT_TARGET_FRACTION:g} x exact p2p's best)"))
         print(f"{'config':<15}{'exchange MB':>12}{'halo MB':>9}{'/p2p':>7}{'/dense':>8}{'epoch_s':>9}{'local':>8}"
-              f"{'exch':>8}{'allred':>8}{'dense':>8}{'cpu_usr':>8}{'cpu_sys':>8}{'t/p2p':>7}{'t/dense':>8}"
+              f"{'exch':>8}{'e_wait':>8}{'allred':>8}{'a_wait':>8}{'dense':>8}{'cpu_usr':>8}{'cpu_sys':>8}"
+              f"{'t/p2p':>7}{'t/dense':>8}"
               f"{'test_acc':>9}{'tta_s':>8}" + (f"{'ideal_s':>8}{'/ideal':>7}" if args.beta_gbs is not None else ""))
         for name, r in results.items():
             t = r["time"]
             print(f"{name:<15}{r['bytes'] / 1e6:>12.2f}{r['halo_bytes'] / 1e6:>9.2f}{r['bytes'] / max(exact['bytes'], 1):>7.3f}"
                   f"{r['bytes'] / max(dense['bytes'], 1):>8.3f}{t['total']:>9.4f}{t['local_spmm']:>8.4f}"
-                  f"{t['exchange']:>8.4f}{t['allreduce']:>8.4f}{t['dense']:>8.4f}"
+                  f"{t['exchange']:>8.4f}{t['exchange_wait']:>8.4f}{t['allreduce']:>8.4f}"
+                  f"{t['allreduce_wait']:>8.4f}{t['dense']:>8.4f}"
                   f"{r['cpu']['user']:>8.3f}{r['cpu']['system']:>8.3f}"
                   f"{t['total'] / exact['time']['total']:>7.2f}{t['total'] / dense['time']['total']:>8.2f}"
                   f"{r['test_acc']:>9.4f}"

@@ -3,7 +3,8 @@
 Every rank generates only its own rows of a synthetic graph
 (:mod:`runners.data.synthetic`), builds the distributed CSR, and times forward
 (``A H``) and transpose (``A^T dT``) for each requested plan: local multiply
-seconds, exchange seconds (inside MPI), wall seconds, and bytes counted next
+seconds, exchange seconds (inside MPI: ``exch_s`` the rank's own, ``wait_s`` its wait for partners that had
+not posted yet, "Waits" in :mod:`sparse_dist.comm`), wall seconds, and bytes counted next
 to the analytic prediction. Then rank 0 alone regenerates the whole matrix
 and times ``torch.sparse.mm`` with as many threads as all ranks used together
 (the other ranks sleep in a non-spinning barrier so the cores are free).
@@ -104,8 +105,8 @@ def _copy_bandwidth(n_bytes: int, repeats: int, device: torch.device) -> float:
 def _time_distributed(comm: Communicator, op: DistSpMM, h: torch.Tensor, repeats: int) -> dict[str, Any]:
     """Medians of the slowest rank's local, exchange and wall seconds per phase (collective)."""
     records: dict[str, list[float]] = {key: [] for key in
-                                       ("forward_wall", "forward_local", "forward_exchange",
-                                        "backward_wall", "backward_local", "backward_exchange")}
+                                       (f"{phase}_{part}" for phase in ("forward", "backward")
+                                        for part in ("wall", "local", "exchange", "exchange_wait"))}
     counted: dict[str, Any] = {}
     op.transpose(op.forward(h))  # warm-up: first touch of buffers, lazy transposes
     for _ in range(repeats):
@@ -119,7 +120,9 @@ def _time_distributed(comm: Communicator, op: DistSpMM, h: torch.Tensor, repeats
             synchronize(op.device)
             records[f"{phase}_wall"].append(time.perf_counter() - start)
             records[f"{phase}_local"].append(op.timer.seconds.get("local_spmm", 0.0))
-            records[f"{phase}_exchange"].append(comm.stats.counter(phase).seconds)
+            counter = comm.stats.counter(phase)
+            records[f"{phase}_exchange"].append(counter.seconds - counter.wait_seconds)
+            records[f"{phase}_exchange_wait"].append(counter.wait_seconds)
             counted[phase] = (comm.stats.counter(phase).bytes_sent, comm.stats.counter(phase).bytes_recv)
     gathered = comm.allgather_object({"records": records, "counted": counted})
     summary: dict[str, Any] = {}
@@ -233,7 +236,7 @@ def report(result: dict[str, Any]) -> str:
                      f"forward {ref['forward']:.4f} s, transpose {ref['backward']:.4f} s, "
                      f"effective bandwidth {ref['traffic_bytes'] / ref['forward'] / 1e9:.2f} GB/s "
                      f"vs copy {ref['copy_bandwidth'] / 1e9:.2f} GB/s")
-    header = (f"{'plan':<13}{'phase':<10}{'local_s':>9}{'exch_s':>9}{'wall_s':>9}{'ratio':>7}"
+    header = (f"{'plan':<13}{'phase':<10}{'local_s':>9}{'exch_s':>9}{'wait_s':>9}{'wall_s':>9}{'ratio':>7}"
               f"{'max_sent_MB':>13}{'max_recv_MB':>13}{'total_MB':>10}  bytes=pred  eff_GB/s copy_GB/s")
     lines.append(header)
     for plan, summary in result["plans"].items():
@@ -243,7 +246,8 @@ def report(result: dict[str, Any]) -> str:
             ratio = f"{wall / ref[phase]:.2f}" if ref else "-"
             local = summary[f"{phase}_local"]
             bandwidth = slowest_traffic / local / 1e9 if local > 0 else float("nan")
-            lines.append(f"{plan:<13}{phase:<10}{local:>9.4f}{summary[f'{phase}_exchange']:>9.4f}{wall:>9.4f}"
+            lines.append(f"{plan:<13}{phase:<10}{local:>9.4f}{summary[f'{phase}_exchange']:>9.4f}"
+                         f"{summary[f'{phase}_exchange_wait']:>9.4f}{wall:>9.4f}"
                          f"{ratio:>7}{counted[:, 0].max() / 1e6:>13.2f}{counted[:, 1].max() / 1e6:>13.2f}"
                          f"{counted[:, 1].sum() / 1e6:>10.2f}  {str(summary['bytes_match']):<10} "
                          f"{bandwidth:>8.2f} {copy_bw / 1e9:>9.2f}")

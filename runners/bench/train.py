@@ -18,7 +18,8 @@ An epoch's time is measured around the trainer's step after a device
 synchronisation and a barrier (so on CUDA the queued tail of the step is
 counted); ``epoch_s`` is the median over timed epochs of the slowest rank.
 The breakdown columns are, for each epoch, the slowest rank's trainer
-figures (``local_spmm``, ``exchange``, ``allreduce`` and, where the trainer
+figures (``local_spmm``, ``exchange``, ``exchange_wait``, ``allreduce``, ``allreduce_wait``: own seconds and
+the wait for late partners, as in the results file, and, where the trainer
 reports them, ``dropout`` and ``optimizer``), ``dense`` the rest of that
 rank's epoch; each column is its median over epochs, so the columns need
 not add up to ``epoch_s`` exactly (the JSON keeps every epoch's split).
@@ -63,7 +64,8 @@ from sparse_dist.devices import rank_device, shared_gpu_note, synchronize
 from sparse_dist.hostmem import freed_memory_state, huge_page_state
 from sparse_dist.plans import PLAN_NAMES
 
-TIME_PARTS = ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer")  # "dense" is the rest
+TIME_PARTS = ("local_spmm", "exchange", "exchange_wait", "allreduce", "allreduce_wait", "masks", "dropout",
+              "optimizer")  # "dense" is the rest
 OPTIONAL_PARTS = ("masks", "dropout", "optimizer")  # shown only when the trainer reports them
 
 
@@ -410,28 +412,30 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"pyg peer: one process on {peer['device']} with {peer['threads']} threads, same model, "
                      f"graph, features and initial weights; its dropout RNG differs, so losses differ")
         lines += [f"pyg note: {note}" for note in peer["notes"]]
-    parts = ["local_spmm", "exchange", "allreduce", *ours["reported_parts"], "dense"]
+    parts = ["local_spmm", "exchange", "exchange_wait", "allreduce", "allreduce_wait", *ours["reported_parts"],
+             "dense"]
+    width = {p: max(11, len(p) + 1) for p in parts}
     memory_kind = "peak CUDA allocated" if result["device"] == "cuda" else "peak RSS"
-    lines.append(f"{'run':<17}{'epoch_s':>9}" + "".join(f"{p:>11}" for p in parts)
+    lines.append(f"{'run':<17}{'epoch_s':>9}" + "".join(f"{p:>{width[p]}}" for p in parts)
                  + f"{'before_MB':>11}{'peak_MB/rank':>14}{'t/pyg':>7}{'mem/pyg':>8}{'final_loss':>11}")
     rows = []
     if peer is not None:
         memory = peer["memory_per_rank"][0]
-        rows.append(f"{'pyg':<17}{peer['epoch_s']:>9.4f}" + "".join(f"{'-':>11}" for _ in parts)
+        rows.append(f"{'pyg':<17}{peer['epoch_s']:>9.4f}" + "".join(f"{'-':>{width[p]}}" for p in parts)
                     + f"{_mb(memory['before']):>11}{_mb(memory['peak']):>14}{'1.00':>7}{'1.00':>8}"
                     f"{peer['final_loss']:>11.4f}")
     memory = ours["memory_per_rank"]
     before = max((m["before"] for m in memory if m["before"] is not None), default=None)
     ratio = result.get("ratio")
     rows.append(f"{f'sparse-dist P={size}':<17}{ours['epoch_s']:>9.4f}"
-                + "".join(f"{ours['breakdown'][p]:>11.4f}" for p in parts)
+                + "".join(f"{ours['breakdown'][p]:>{width[p]}.4f}" for p in parts)
                 + f"{_mb(before):>11}{_mb(max(m['peak'] for m in memory)):>14}"
                 + (f"{ratio['epoch_time']:>7.2f}{ratio['peak_memory']:>8.2f}" if ratio else f"{'-':>7}{'-':>8}")
                 + f"{ours['final_loss']:>11.4f}")
     base = result.get("sparse_dist_dropout0")
     if base is not None:
         rows.append(f"{'  same, dropout 0':<17}{base['epoch_s']:>9.4f}"
-                    + "".join(f"{base['breakdown'][p]:>11.4f}" for p in parts)
+                    + "".join(f"{base['breakdown'][p]:>{width[p]}.4f}" for p in parts)
                     + f"{_mb(max((m['before'] or 0) for m in base['memory_per_rank'])):>11}"
                     + f"{_mb(max(m['peak'] for m in base['memory_per_rank'])):>14}"
                     + (f"{base['epoch_s'] / peer['epoch_s']:>7.2f}{'':>8}" if peer is not None else f"{'-':>7}{'':>8}")

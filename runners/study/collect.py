@@ -3,8 +3,12 @@
 Time figures leave out the study's warm-up epochs. Per epoch, ``epoch_time``
 is the slowest rank's wall time (what a user waits for), its mean over the timed epochs (``epoch_time_std``,
 ``epoch_time_median``, ``epoch_time_min`` and ``epoch_time_max`` give their spread); the breakdown
-columns (``t_local_spmm``, ``t_dense``, ``t_exchange``, ``t_allreduce``)
-are means over ranks, so they add up to ``epoch_time_mean_rank``. ``t_dense``
+columns (``t_local_spmm``, ``t_dense``, ``t_exchange``, ``t_exchange_wait``, ``t_allreduce``,
+``t_allreduce_wait``) are means over ranks, so they add up to ``epoch_time_mean_rank``. ``t_exchange`` is a
+rank's own seconds in the SpMM exchanges (posting, copies, the transfer), ``t_exchange_wait`` its seconds in
+them waiting for partners that had not posted yet (load imbalance), and the same pair for the gradient
+allreduce ("Waits" in :mod:`sparse_dist.comm`); in results files older than the split the waits are 0 and
+``t_exchange`` / ``t_allreduce`` hold them. ``t_dense``
 is all compute besides the local SpMM (weight multiplies, dropout, loss,
 optimiser), what the performance model calls dense; ``t_masks`` (making
 dropout masks), ``t_dropout`` (applying them) and ``t_optimizer`` show three
@@ -50,14 +54,16 @@ from runners.time_to_accuracy import DEFAULT_TARGET_FRACTION, curve, first_reach
 from sparse_dist.plans import PointToPointPlan
 
 DENSE_PARTS = ("dense", "masks", "dropout", "optimizer")  # an epoch record's parts that make up t_dense
-OWN_PARTS = ("total", "local_spmm", "exchange", "allreduce") + DENSE_PARTS  # every other time part is a policy's
+WAIT_PARTS = ("exchange_wait", "allreduce_wait")  # a rank's waits for late partners in the exchanges and allreduce
+OWN_PARTS = ("total", "local_spmm", "exchange", "allreduce", *WAIT_PARTS) + DENSE_PARTS  # the rest is a policy's
 EXCHANGE_PHASES = ("forward", "backward", "sample", "fetch")  # a training epoch's exchanges (mini-batch: the last two)
 SPREAD_COLUMNS = ("epoch_time_median", "epoch_time_min", "epoch_time_max")  # of a run's timed epochs
 CSV_COLUMNS = (
     "study", "run", "dataset", "nodes", "edges", "scaling", "world_size", "replication", "plan", "policy", "sample",
     "stale", "compress", "variant", "mode", "seed", "model", "hidden", "layers", "dtype", "input_exchange", "receiver_dropout", "epochs", "warmup", "epoch_time", "epoch_time_std",
     *SPREAD_COLUMNS,
-    "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_allreduce", "t_masks",
+    "epoch_time_mean_rank", "t_local_spmm", "t_dense", "t_exchange", "t_exchange_wait", "t_allreduce",
+    "t_allreduce_wait", "t_masks",
     "t_dropout", "t_optimizer", "t_policy", "exchange_bytes", "sample_bytes", "fetch_bytes",
     "exchange_bytes_max_rank", "allreduce_bytes", "broadcast_fraction", "eval_every", "overlap_evaluation",
     "cycle_time", "t_evaluation_turns", "eval_bytes", "final_test", "final_val", "best_val", "target_acc",
@@ -142,7 +148,7 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
     row["best_val"] = max((value for _, _, value in points), default=final.get("best_val"))
     row["wall_total"] = final.get("wall_total", points[-1][1] if points else None)
     row[CURVE] = points  # not a CSV column: add_time_to_target reads it
-    for part in ("local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer"):
+    for part in ("local_spmm", "exchange", "allreduce", *WAIT_PARTS, "masks", "dropout", "optimizer"):
         row[f"t_{part}"] = _mean([e["time"].get(part, {"mean": 0.0})["mean"] for e in timed])
     row["t_dense"] = _mean([sum(e["time"].get(part, {"mean": 0.0})["mean"] for part in DENSE_PARTS) for e in timed])
     full = row["mode"] == "full"  # a mini-batch epoch's parts (sampling, fetching) are its own, not a policy's

@@ -22,6 +22,22 @@ library picks, so that counts can be predicted exactly from the layout):
 Time: the seconds a rank spends inside MPI calls (posting, starting and
 waiting), i.e. the exchange time not hidden behind local work.
 
+Waits: of those seconds, the part a rank spends waiting for partners that have not posted the exchange yet
+is booked apart (``wait_seconds`` in :mod:`sparse_dist.accounting`), so that load imbalance and the transfer
+itself are told apart. Every non-blocking exchange (and the blocking ones built on them: ``bcast_``,
+``alltoallv``, ``allreduce_``) is preceded, on the same communicator, by a one-element herald with the
+exchange's own pattern (:mod:`~sparse_dist.comm.heralds`), started right before the exchange (after its device
+copies). ``wait`` waits for the herald first: those seconds are the wait, the rest (posting, copies, the
+transfer after the last partner arrived) the rank's own. A ``test`` that finds the herald complete books no
+wait: the partners posted while the rank computed. No extra blocking call: the herald is waited for only where
+the exchange is, and, posted just before the exchange's own messages, it arrives no later than they do. Limits:
+the wait includes one small message's latency (its floor on a balanced run; over a slow link with high latency
+that latency shows as wait); it follows the exchange's logical pattern, so where the MPI library's algorithm
+makes a rank also depend on others (MPICH's large-message broadcast at 8 ranks or more is a scatter then an
+allgather among all ranks, its large reduce a reduce-scatter then a gather), a late non-root shows in the
+others' own time; in a tree (small broadcasts, reduces) a late inner rank's lateness is its subtree's wait.
+Blocking metadata gathers (``allgather_array``, ``allgather_object``, ``barrier``) are not split.
+
 Initialisation: importing this package does not start MPI; the first
 :func:`world` (or anything else that needs the world) does, with
 ``MPI_THREAD_MULTIPLE`` as mpi4py would, and mpi4py finalises it at exit.
@@ -78,9 +94,9 @@ from ``sparse_dist.comm``): :mod:`~sparse_dist.comm.startup` (starting MPI,
 the library's identity), :mod:`~sparse_dist.comm.cuda_aware` (CUDA-aware
 detection and the ``gpu_aware`` decision), :mod:`~sparse_dist.comm.staging`
 (the host staging pool), :mod:`~sparse_dist.comm.requests` (:class:`Pending`
-and the deferred starts), :mod:`~sparse_dist.comm.buffers` (tensors as MPI
-buffers: datatypes, host staging, copy streams), :mod:`~sparse_dist.comm.layouts`
-(collective argument checks, alltoallv counts, reduce segments),
+and the deferred starts), :mod:`~sparse_dist.comm.heralds` (the heralds of "Waits"),
+:mod:`~sparse_dist.comm.buffers` (tensors as MPI buffers: datatypes, host staging, copy streams),
+:mod:`~sparse_dist.comm.layouts` (collective argument checks, alltoallv counts, reduce segments),
 :mod:`~sparse_dist.comm.communicator`
 (:class:`Communicator`, :func:`world`), :mod:`~sparse_dist.comm.progress`
 (:class:`ProgressThread`), :mod:`~sparse_dist.comm.node` (ranks per node,

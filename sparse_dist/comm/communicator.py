@@ -15,6 +15,8 @@ from sparse_dist.accounting import CommStats, ring_allreduce_bytes
 from sparse_dist.comm.abort import CollectiveError, ranked_messages, said_once
 from sparse_dist.comm.buffers import TensorBuffers, mpi_datatype
 from sparse_dist.comm.cuda_aware import gpu_path_report
+from sparse_dist.comm.heralds import (Herald, allreduce_herald, alltoallv_herald, bcast_herald, gather_herald,
+                                      reduce_herald)
 from sparse_dist.comm.layouts import _segments, alltoallv_layout, reduce_probe
 from sparse_dist.comm.requests import Pending, _deferred, _deferred_lock, _start_deferred
 from sparse_dist.comm.staging import FORCE_HOST_STAGING_ENV, StagingPool
@@ -111,10 +113,12 @@ class Communicator:
             self._comm.Free()
 
     def _post(self, phase: str, build: Callable[[Pending], list[Callable[[], Any]]], sent: int,
-              recv: int) -> Pending:
-        """Stage buffers (``build`` returns the MPI starts) and start now, or defer if staged."""
+              recv: int, herald: Herald | None) -> Pending:
+        """Stage buffers (``build`` returns the MPI starts) and start now, or defer if staged; ``herald`` starts
+        right before them (:mod:`sparse_dist.comm.heralds`)."""
         pending = Pending(self.stats, phase)
         begin = time.perf_counter()
+        pending._herald_start = herald
         pending._starts = build(pending)
         self.stats.add_bytes(phase, sent, recv)
         pending._seconds += time.perf_counter() - begin
@@ -138,7 +142,7 @@ class Communicator:
             buf, mpi_type = self._buffers.buffer(pending, tensor, reads=is_root, writes_back=not is_root)
             return [lambda: self._comm.Ibcast([buf, mpi_type], root=root)]
 
-        return self._post(phase, build, sent, recv)
+        return self._post(phase, build, sent, recv, bcast_herald(self._comm, root))
 
     def bcast_(self, tensor: torch.Tensor, root: int, phase: str) -> None:
         """Blocking :meth:`ibcast_`."""
@@ -183,7 +187,7 @@ class Communicator:
 
             return [segment(lo, hi) for lo, hi in segments]
 
-        return self._post(phase, build, sent, recv)
+        return self._post(phase, build, sent, recv, reduce_herald(self._comm, root))
 
     def igather_(self, piece: torch.Tensor | None, gathered: torch.Tensor | None, root: int, phase: str) -> Pending:
         """Post a gather of equal pieces to ``root``: every other rank passes its ``piece``; the root passes
@@ -210,7 +214,7 @@ class Communicator:
             buf, mpi_type = self._buffers.buffer(pending, piece, reads=True, writes_back=False)
             return [lambda: self._comm.Igather([buf, mpi_type], None, root=root)]
 
-        return self._post(phase, build, sent, recv)
+        return self._post(phase, build, sent, recv, gather_herald(self._comm, root))
 
     def ialltoallv(self, send: torch.Tensor, send_rows: Sequence[int], recv: torch.Tensor,
                    recv_rows: Sequence[int], phase: str) -> Pending:
@@ -234,7 +238,7 @@ class Communicator:
             return [lambda: self._comm.Ialltoallv([send_buf, (send_counts, send_displs), send_type],
                                                   [recv_buf, (recv_counts, recv_displs), recv_type])]
 
-        return self._post(phase, build, sent, received)
+        return self._post(phase, build, sent, received, alltoallv_herald(self._comm, send_counts, recv_counts))
 
     def alltoallv(self, send: torch.Tensor, send_rows: Sequence[int], recv: torch.Tensor,
                   recv_rows: Sequence[int], phase: str) -> None:
@@ -250,7 +254,7 @@ class Communicator:
             buf, mpi_type = self._buffers.buffer(pending, tensor, reads=True, writes_back=True)
             return [lambda: self._comm.Iallreduce(MPI.IN_PLACE, [buf, mpi_type], op=_MPI_OPS[op])]
 
-        self._post(phase, build, moved, moved).wait()
+        self._post(phase, build, moved, moved, allreduce_herald(self._comm)).wait()
 
     def allgather_array(self, values: np.ndarray, phase: str = "other") -> np.ndarray:
         """Gather an equally shaped int64/float64 array from every rank: shape ``(size, *values.shape)``."""

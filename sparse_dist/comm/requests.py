@@ -28,7 +28,8 @@ class Pending:
 
     A staged exchange may not be started in MPI yet (see "Deferred starts"
     in :mod:`sparse_dist.comm`); ``wait`` and ``test`` first start it and every
-    exchange posted before it.
+    exchange posted before it. Its herald (:mod:`sparse_dist.comm.heralds`), where it has one, starts right
+    before it; :meth:`wait` waits for the herald first and books that part as waiting for late partners.
     """
 
     def __init__(self, stats: CommStats, phase: str) -> None:
@@ -40,10 +41,13 @@ class Pending:
         self._finishers: list[Callable[[], None]] = []
         self._keep_alive: list[Any] = []
         self._loans: list[tuple[StagingPool, _Loan]] = []
+        self._herald_start: Callable[[], Any] | None = None  # kept (it holds the herald's buffers) until complete
+        self._herald: Any = None                             # the herald's request while it is outstanding
         self._staged = False
         self._started = False
         self._done = False
         self._seconds = 0.0
+        self._waited = 0.0
 
     def _start(self) -> None:
         if self._started:
@@ -53,6 +57,8 @@ class Pending:
         for event in self._ready:
             event.synchronize()
         self._ready.clear()
+        if self._herald_start is not None:  # after the device copies: posted means ready to send
+            self._herald = self._herald_start()
         self._requests = [start() for start in self._starts]
         self._starts.clear()
         self._seconds += time.perf_counter() - begin
@@ -63,7 +69,9 @@ class Pending:
             return True
         _start_deferred()
         begin = time.perf_counter()
-        finished = bool(MPI.Request.Testall(self._requests))
+        if self._herald is not None and self._herald.Test():
+            self._herald = None  # the partners posted while this rank was busy: no wait
+        finished = self._herald is None and bool(MPI.Request.Testall(self._requests))
         self._seconds += time.perf_counter() - begin
         if finished:
             self._complete()
@@ -75,6 +83,10 @@ class Pending:
             return
         _start_deferred()
         begin = time.perf_counter()
+        if self._herald is not None:
+            self._herald.Wait()  # MPI moves the exchange on meanwhile, from the partners that have posted
+            self._herald = None
+            self._waited += time.perf_counter() - begin
         MPI.Request.Waitall(self._requests)
         self._seconds += time.perf_counter() - begin
         self._complete()
@@ -85,8 +97,9 @@ class Pending:
             finish()
         for pool, loan in self._loans:
             pool.release(loan)
-        self._stats.add_seconds(self._phase, self._seconds + time.perf_counter() - begin)
+        self._stats.add_seconds(self._phase, self._seconds + time.perf_counter() - begin, self._waited)
         self._done = True
+        self._herald_start = None
         self._finishers.clear()
         self._loans.clear()
         self._keep_alive.clear()

@@ -31,7 +31,7 @@ def test_bench_minibatch_reports_both_systems_and_their_ratio(tmp_path: Path) ->
     assert report["ratio"]["throughput"] == pytest.approx(ours["seeds_per_s"] / peer["seeds_per_s"])
     assert ours["seeds_per_s"] == pytest.approx(train / ours["epoch_s"])
     assert 0.0 <= ours["test_acc"] <= 1.0 and 0.0 <= peer["test_acc"] <= 1.0
-    assert set(ours["breakdown"]) == {"sample", "fetch", "compute", "allreduce", "wait"}
+    assert set(ours["breakdown"]) == {"sample", "fetch", "compute", "allreduce", "allreduce_wait", "wait"}
     assert 0.0 <= ours["cache_hit_rate"] <= 1.0
     assert report["peer"] == "pyg" and 0.0 < peer["sample_s"] < peer["epoch_s"]
     assert "throughput ratio sparse-dist / pyg" in result.stdout and "PyG (" in result.stdout

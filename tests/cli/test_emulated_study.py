@@ -60,4 +60,5 @@ def test_smoke_study_crosses_policies_compression_and_bandwidths(tmp_path: Path)
                           text=True, timeout=300)
     assert plot.returncode == 0, plot.stderr
     drawn = {Path(line).name for line in plot.stdout.split()}
-    assert {"tta-bandwidth.png", "epoch-time-bandwidth.png", "exchange-wait-bandwidth.png"} <= drawn
+    assert {"tta-bandwidth.png", "epoch-time-bandwidth.png", "exchange-bandwidth.png",
+            "exchange-wait-bandwidth.png"} <= drawn

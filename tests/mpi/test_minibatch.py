@@ -34,7 +34,7 @@ def test_train_command_writes_minibatch_records(tmp_path: Path) -> None:
     epochs = [r for r in records if r["type"] == "epoch"]
     assert [r["epoch"] for r in epochs] == [1, 2]
     for record in epochs:
-        assert set(record["time"]) == {"total", "sample", "fetch", "compute", "allreduce", "wait"}
+        assert set(record["time"]) == {"total", "sample", "fetch", "compute", "allreduce", "allreduce_wait", "wait"}
         assert record["bytes"]["sample"]["sent"]["max"] > 0 and record["bytes"]["fetch"]["recv"]["max"] > 0
         assert record["bytes"]["forward"]["sent"]["max"] == 0  # training moves no full-graph exchange
         cache = record["feature_cache"]

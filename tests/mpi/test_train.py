@@ -66,8 +66,8 @@ def test_results_file_has_breakdown_bytes_and_memory(shards, tmp_path: Path) -> 
     assert evaluated > 0
     assert final["bytes_total"]["forward"]["sent"]["mean"] + final["bytes_total"]["backward"]["sent"]["mean"] == \
         pytest.approx(trained + evaluated)  # the run's total holds training and evaluation exchanges
-    assert set(epoch["time"]) == {"total", "local_spmm", "exchange", "allreduce", "masks", "dropout", "optimizer",
-                                  "dense"}
+    assert set(epoch["time"]) == {"total", "local_spmm", "exchange", "exchange_wait", "allreduce", "allreduce_wait",
+                                  "masks", "dropout", "optimizer", "dense"}
     assert min(epoch["time"][key]["max"] for key in ("masks", "dropout", "optimizer")) > 0  # dropout 0.5 by default
     parts = sum(epoch["time"][key]["mean"] for key in epoch["time"] if key != "total")
     assert abs(parts - epoch["time"]["total"]["mean"]) < 1e-6  # per rank, the parts add up to its epoch

@@ -76,6 +76,28 @@ def test_a_policys_own_time_parts_are_t_policy_and_stay_out_of_t_dense() -> None
     assert minibatch["t_policy"] == 0.0
 
 
+def test_the_waits_are_their_own_columns_not_a_policys_and_zero_in_older_files(tmp_path: Path) -> None:
+    """``exchange_wait`` and ``allreduce_wait`` become ``t_exchange_wait`` and ``t_allreduce_wait`` beside
+    ``t_exchange`` and ``t_allreduce`` (not ``t_policy``); a file older than the split reads as 0 waits."""
+    traffic = {"forward": 1, "backward": 1, "grad_allreduce": 1}
+    parts = {"local_spmm": 0.1, "exchange": 0.2, "exchange_wait": 0.3, "allreduce": 0.05, "allreduce_wait": 0.15,
+             "dense": 0.2}
+    timed = {part: {"min": v, "mean": v, "max": v} for part, v in {"total": 1.0, **parts}.items()}
+    row = _row([{**_epoch(1, traffic), "time": timed}])
+    assert row["t_exchange"] == pytest.approx(0.2) and row["t_exchange_wait"] == pytest.approx(0.3)
+    assert row["t_allreduce"] == pytest.approx(0.05) and row["t_allreduce_wait"] == pytest.approx(0.15)
+    assert row["t_policy"] == 0.0
+    breakdown = ("t_local_spmm", "t_dense", "t_exchange", "t_exchange_wait", "t_allreduce", "t_allreduce_wait")
+    assert sum(row[key] for key in breakdown) == pytest.approx(row["epoch_time_mean_rank"])
+    write_csv(tmp_path / "results.csv", [row])
+    with open(tmp_path / "results.csv", newline="") as handle:
+        written = next(csv.DictReader(handle))
+    assert float(written["t_exchange_wait"]) == pytest.approx(0.3)
+    older = {part: value for part, value in timed.items() if not part.endswith("_wait")}
+    row = _row([{**_epoch(1, traffic), "time": older}])
+    assert row["t_exchange_wait"] == row["t_allreduce_wait"] == 0.0 and row["t_policy"] == 0.0
+
+
 @pytest.mark.parametrize("alongside", [False, True])
 def test_the_cycle_is_the_wall_between_rows_and_an_evaluation_beside_a_step_books_its_turns(alongside: bool) -> None:
     """``cycle_time``: the mean gap between consecutive rows' ``wall`` (the last gap left out where the last

@@ -157,3 +157,32 @@ def test_split_child_shares_pool_and_settings() -> None:
     finally:
         child.free()
         parent.free()
+
+
+def test_waits_are_booked_apart_never_above_the_seconds_and_absorbed_with_the_rest() -> None:
+    stats = CommStats()
+    stats.add_seconds("forward", 1.0, 0.25)
+    stats.add_seconds("forward", 0.1, 0.5)  # a wait cannot exceed the seconds it is part of
+    stats.add_bytes("forward", 8, 4)
+    counter = stats.counter("forward")
+    assert counter.seconds == pytest.approx(1.1) and counter.wait_seconds == pytest.approx(0.35)
+    assert stats.snapshot()["forward"]["wait_seconds"] == pytest.approx(0.35)
+    total = CommStats()
+    total.add_seconds("forward", 2.0, 1.0)
+    total.absorb(stats)
+    merged = total.counter("forward")
+    assert (merged.seconds, merged.wait_seconds, merged.bytes_sent, merged.calls) == pytest.approx((3.1, 1.35, 8, 1))
+
+
+def test_one_rank_has_no_partner_to_wait_for(comm) -> None:
+    from sparse_dist.comm.heralds import (allreduce_herald, alltoallv_herald, bcast_herald, gather_herald,
+                                          reduce_herald)
+    mpi = comm._comm
+    assert bcast_herald(mpi, 0) is reduce_herald(mpi, 0) is gather_herald(mpi, 0) is allreduce_herald(mpi) is None
+    assert alltoallv_herald(mpi, np.array([3]), np.array([3])) is None
+    comm.stats.reset()
+    t = torch.ones(4)
+    comm.allreduce_(t, "grad_allreduce")
+    comm.ibcast_(t, 0, "forward").wait()
+    snap = comm.stats.snapshot()
+    assert snap["grad_allreduce"]["wait_seconds"] == snap["forward"]["wait_seconds"] == 0.0
