@@ -50,7 +50,7 @@ import scipy.sparse as sp
 import torch
 
 from sparse_dist.accounting import ring_allreduce_bytes
-from sparse_dist.csr import csr_bytes, torch_csr
+from sparse_dist.csr import torch_csr
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, block_range, roles
 
@@ -103,11 +103,6 @@ class AdjacencyBlock:
         assert self.scipy_view is not None
         return torch.from_numpy(np.ascontiguousarray(self.scipy_view.T @ dense.detach().numpy()))
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the block's arrays (and its transpose's, where stored)."""
-        return csr_bytes(self.forward) + (csr_bytes(self.transpose) if self.transpose is not None else 0)
-
 
 def adjacency_blocks(grid: ProcessGrid, matrix: sp.csr_matrix, layers: int, dtype: torch.dtype) -> list[AdjacencyBlock]:
     """This rank's block of ``matrix`` (``N x N``, global ids) for each rotation the ``layers`` use (at most 3)."""
@@ -141,10 +136,14 @@ def aggregate_input(x: torch.Tensor, block: AdjacencyBlock, grid: ProcessGrid) -
     allreduce over ``o`` (phase ``halo``). ``X`` does not change during training (no input dropout on the grid),
     so a run computes it once, before the first step, and layer 0 multiplies it by its weights every step
     (the 1D plans' ``--input-exchange once`` likewise fetch ``X``'s halo once)."""
-    outer = block.roles[0]
-    aggregated = (torch.sparse.mm(block.forward, x) if x.shape[0]
-                  else x.new_zeros(block.forward.shape[0], x.shape[1])).contiguous()
-    allreduce_pieces(grid.axis_comm[outer], aggregated, "halo")
+    return _aggregate(x, block, grid, "halo")
+
+
+def _aggregate(h: torch.Tensor, block: AdjacencyBlock, grid: ProcessGrid, phase: str) -> torch.Tensor:
+    """``T[d, i] = sum_o A[d, o] H[o, i]``: this rank's product, allreduced over ``o`` (collective)."""
+    aggregated = (torch.sparse.mm(block.forward, h) if h.shape[0]
+                  else h.new_zeros(block.forward.shape[0], h.shape[1])).contiguous()
+    allreduce_pieces(grid.axis_comm[block.roles[0]], aggregated, phase)
     return aggregated
 
 
@@ -158,12 +157,10 @@ class GridGCNFunction(torch.autograd.Function):
     def forward(ctx, h: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,  # type: ignore[override]
                 block: AdjacencyBlock, grid: ProcessGrid, input_grad: bool,
                 aggregated: torch.Tensor | None = None) -> torch.Tensor:
-        outer, inner, depth = block.roles
+        inner = block.roles[1]
         if aggregated is None:
             assert h is not None
-            aggregated = (torch.sparse.mm(block.forward, h) if h.shape[0]
-                          else h.new_zeros(block.forward.shape[0], h.shape[1])).contiguous()
-            allreduce_pieces(grid.axis_comm[outer], aggregated, "forward")
+            aggregated = _aggregate(h, block, grid, "forward")
         out = (aggregated @ weight).contiguous()
         allreduce_pieces(grid.axis_comm[inner], out, "forward")
         out.add_(bias)

@@ -29,8 +29,9 @@ from runners.data.shard_reader import ShardError, read_meta
 from runners.grid_memory import check_grid_memory
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, roles
-from sparse_dist.grid_gcn import (GridCrossEntropy, aggregate_input, as_blocks, grid_logits, predicted_classes,
-                                  predicted_input_bytes, predicted_layer_bytes, predicted_loss_bytes)
+from sparse_dist.grid_gcn import (GridCrossEntropy, aggregate_input, as_blocks, bias_block, grid_logits,
+                                  predicted_classes, predicted_input_bytes, predicted_layer_bytes,
+                                  predicted_loss_bytes, weight_block)
 
 PHASES = ("forward", "backward", "grad_allreduce")
 
@@ -60,12 +61,6 @@ def _weights(dims: list[int], seed: int, dtype: torch.dtype) -> list[tuple[torch
     return out
 
 
-def _block(grid: ProcessGrid, layer: int, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    outer, inner, _ = roles(layer)
-    (r0, r1), (c0, c1) = grid.block(weight.shape[0], inner), grid.block(weight.shape[1], outer)
-    return (weight[r0:r1, c0:c1].clone().requires_grad_(), bias[c0:c1].clone().requires_grad_())
-
-
 def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
@@ -90,7 +85,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     graph.adjacency = []
     n, layers = graph.num_nodes, args.layers
     dims = [graph.feature_dim] + [args.hidden] * (layers - 1) + [graph.num_classes]
-    params = [_block(grid, layer, w, b) for layer, (w, b) in enumerate(_weights(dims, args.seed, dtype))]
+    params = [(weight_block(grid, layer, w).requires_grad_(), bias_block(grid, layer, b).requires_grad_())
+              for layer, (w, b) in enumerate(_weights(dims, args.seed, dtype))]
     optimizer = torch.optim.Adam([p for pair in params for p in pair], lr=args.lr)
     comm.stats.reset()
     first = aggregate_input(torch.from_numpy(graph.features), blocks[0], grid)
