@@ -28,11 +28,10 @@ memory").
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from runners.memory_estimate import RUNTIME_BYTES, Estimate, size
-from runners.resources import ResourceError, current_rss, mem_available
+from runners.resources import ResourceError, memory_verdict, node_memory
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.grid import GridShape, block_range, roles
 
@@ -99,28 +98,13 @@ def check_grid_memory(comm: Communicator, meta: dict[str, Any], shape: GridShape
     rank (said once) where the ranks of a node together need more than its ``MemAvailable`` (collective).
     Returns the figures: ``estimate_per_rank``, ``rss_at_start_per_rank``."""
     estimate = grid_memory(meta, shape, coords, layers, hidden, itemsize)
-    mine = {"host": socket.gethostname(), "rss_at_start": current_rss(), "available": mem_available(),
-            "estimate": estimate.parts}
-    everyone = comm.allgather_object(mine)
+    everyone = comm.allgather_object({**node_memory(), "estimate": estimate.parts})
     totals = [sum(entry["estimate"].values()) for entry in everyone]
-    largest = max(range(len(everyone)), key=lambda r: totals[r])
-    biggest = Estimate(everyone[largest]["estimate"])
-    nodes: dict[str, list[int]] = {}
-    for rank, entry in enumerate(everyone):
-        nodes.setdefault(entry["host"], []).append(rank)
-    if comm.rank == 0:
-        available = everyone[0]["available"]
-        print(f"memory: about {biggest.describe()} on the largest rank, beyond the "
-              f"{size(everyone[largest]['rss_at_start'])} it holds at start; "
-              f"{size(available) if available else 'unknown memory'} available on this node for "
-              f"{max(len(r) for r in nodes.values())} rank(s)", flush=True)
-    for host, ranks in nodes.items():
-        known = [everyone[r]["available"] for r in ranks if everyone[r]["available"] is not None]
-        need = sum(totals[r] for r in ranks)  # MemAvailable already leaves out what they hold at start
-        if known and need > min(known):
-            raise said_once(ResourceError(
-                f"not enough memory: the {len(ranks)} rank(s) on {host} need about {size(need)} but "
-                f"{size(min(known))} is available (largest rank {biggest.describe()}); use more nodes or a smaller "
-                f"--hidden"))
+    biggest, worst = memory_verdict(comm, everyone, totals)
+    if worst is not None:
+        host, ranks, need, available = worst
+        raise said_once(ResourceError(
+            f"not enough memory: the {len(ranks)} rank(s) on {host} need about {size(need)} but {size(available)} "
+            f"is available (largest rank {biggest.describe()}); use more nodes or a smaller --hidden"))
     return {"estimate_per_rank": totals, "estimate_parts_per_rank": [entry["estimate"] for entry in everyone],
             "rss_at_start_per_rank": [entry["rss_at_start"] for entry in everyone]}

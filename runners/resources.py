@@ -257,6 +257,36 @@ def readable_meta(data_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def node_memory() -> dict[str, Any]:
+    """This rank's host, its RSS at start and its node's available memory (what every estimate is checked against)."""
+    return {"host": socket.gethostname(), "rss_at_start": current_rss(), "available": mem_available()}
+
+
+def memory_verdict(comm: Communicator, everyone: list[dict[str, Any]],
+                   totals: list[int]) -> tuple[Estimate, tuple[str, list[int], int, int] | None]:
+    """From every rank's :func:`node_memory` and ``estimate`` parts (gathered) and their ``totals``: rank 0 prints
+    the largest rank's estimate in one line; returns it and the node short of memory by the most, ``(host, ranks,
+    need, available)``, or None. The same on every rank (decided from gathered figures)."""
+    largest = max(range(len(everyone)), key=lambda r: totals[r])
+    nodes: dict[str, list[int]] = {}
+    for rank, entry in enumerate(everyone):
+        nodes.setdefault(entry["host"], []).append(rank)
+    worst, short_by = None, 0
+    for host, ranks in nodes.items():
+        available = [everyone[r]["available"] for r in ranks if everyone[r]["available"] is not None]
+        need = sum(totals[r] for r in ranks)  # MemAvailable already leaves out what the ranks hold at start
+        if available and need > min(available) and need - min(available) > short_by:
+            worst, short_by = (host, ranks, need, min(available)), need - min(available)
+    biggest = Estimate(everyone[largest]["estimate"])
+    if comm.rank == 0:
+        available = everyone[0]["available"]
+        print(f"memory: about {biggest.describe()} on the largest rank, beyond the {size(everyone[largest]['rss_at_start'])} "
+              f"it holds at start; {size(available) if available else 'unknown memory'} available on "
+              f"{'each node' if len(nodes) > 1 else 'this node'} for {max(len(r) for r in nodes.values())} rank(s)",
+              flush=True)
+    return biggest, worst
+
+
 def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | None) -> dict[str, Any] | None:
     """Estimate every rank's memory, print it (rank 0, one line) and refuse a run its nodes cannot hold (collective).
 
@@ -275,41 +305,24 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
     if comm.rank == 0 and meta is not None and (args.checkpoint or args.out):
         disk = train_disk(meta, args, comm.size)
         disk_error = disk_problem(args, disk)
-    mine = {"host": socket.gethostname(), "rss_at_start": current_rss(), "available": mem_available(),
-            "estimate": estimate.parts if estimate is not None else None, "disk_error": disk_error}
-    everyone = comm.allgather_object(mine)
+    everyone = comm.allgather_object({**node_memory(), "estimate": estimate.parts if estimate is not None else None,
+                                      "disk_error": disk_error})
     if any(entry["estimate"] is None for entry in everyone):
         return None  # the dataset does not fit the run: the shard reader says why, collectively
     totals = [sum(entry["estimate"].values()) for entry in everyone]
-    largest = max(range(len(everyone)), key=lambda r: totals[r])
     record = {"estimate_per_rank": totals, "estimate_parts_per_rank": [entry["estimate"] for entry in everyone],
               "rss_at_start_per_rank": [entry["rss_at_start"] for entry in everyone],
               "available_per_node": {entry["host"]: entry["available"] for entry in everyone}}
-    nodes: dict[str, list[int]] = {}
-    for r, entry in enumerate(everyone):
-        nodes.setdefault(entry["host"], []).append(r)
-    worst = None
-    for host, ranks in nodes.items():
-        available = [everyone[r]["available"] for r in ranks if everyone[r]["available"] is not None]
-        need = sum(totals[r] for r in ranks)
-        if available and need > min(available) and (worst is None or need - min(available) > worst[0]):
-            worst = (need - min(available), host, ranks, need, min(available))
-    biggest = Estimate(everyone[largest]["estimate"])
-    if comm.rank == 0:
-        node_ranks = max(len(ranks) for ranks in nodes.values())
-        available = everyone[0]["available"]
-        print(f"memory: about {biggest.describe()} on the largest rank, beyond the {size(everyone[largest]['rss_at_start'])} "
-              f"it holds at start; {size(available) if available else 'unknown memory'} available on "
-              f"{'each node' if len(nodes) > 1 else 'this node'} for {node_ranks} rank(s)", flush=True)
-        if disk is not None:
-            sets = (f"1 set of {size(disk['set'])} beside the current one" if args.resume
-                    else f"2 sets of {size(disk['set'])}")
-            shown = [f"{size(disk['checkpoint'])} for checkpoints ({sets})"] if disk["set"] else []
-            shown += [f"{size(disk['results'])} for the results file"] if disk["results"] else []
-            print(f"disk: about {' and '.join(shown)}", flush=True)
-            record["disk_estimate"] = disk
+    biggest, worst = memory_verdict(comm, everyone, totals)
+    if comm.rank == 0 and disk is not None:
+        sets = (f"1 set of {size(disk['set'])} beside the current one" if args.resume
+                else f"2 sets of {size(disk['set'])}")
+        shown = [f"{size(disk['checkpoint'])} for checkpoints ({sets})"] if disk["set"] else []
+        shown += [f"{size(disk['results'])} for the results file"] if disk["results"] else []
+        print(f"disk: about {' and '.join(shown)}", flush=True)
+        record["disk_estimate"] = disk
     if worst is not None:
-        _, host, ranks, need, available = worst
+        host, ranks, need, available = worst
         shown = ", ".join(f"{name} {size(value)}" for name, value in biggest.parts.items() if value)
         error = ResourceError(
             f"not enough memory: the {len(ranks)} rank(s) on {host} need about {size(need)} but {size(available)} is "
