@@ -144,3 +144,38 @@ def rank_state_mismatch(run: TrainingRun, state: dict[str, Any]) -> str | None:
 def state_mismatch(run: TrainingRun, state: dict[str, Any]) -> str | None:
     """Why a checkpoint does not belong to this run (the differing fields, both values), or None."""
     return checkpoint_mismatch(state, run.config.fingerprint(), graph_identity(run))
+
+
+class CheckpointState:
+    """The checkpoint face of a :class:`TrainingRun` (the trainer mixes it in): each method is this module's
+    function of the run."""
+
+    def state(self) -> dict[str, Any]:
+        """The replicated state, the same on every rank and at any ``P``."""
+        return replicated_state(self)
+
+    def written_at(self) -> dict[str, Any]:
+        return written_at(self)
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        load_replicated_state(self, state)
+
+    @property
+    def has_policy_state(self) -> bool:
+        """Whether this run keeps per-rank exchange state that a checkpoint must save (same on every rank)."""
+        return keeps_rank_state(self)
+
+    def policy_state(self) -> dict[str, Any]:
+        """This rank's policy state (caches and versions); per rank, unlike :meth:`state` (collective: kept
+        flights complete first)."""
+        return rank_state(self)
+
+    def load_policy_state(self, state: dict[str, Any]) -> None:
+        load_rank_state(self, state)
+
+    def policy_mismatch(self, state: dict[str, Any]) -> str | None:
+        return rank_state_mismatch(self, state)
+
+    def mismatch(self, state: dict[str, Any]) -> str | None:
+        """Why a checkpoint does not belong to this run (the differing fields, both values), or None."""
+        return state_mismatch(self, state)

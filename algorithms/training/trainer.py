@@ -39,9 +39,10 @@ from sparse_dist.comm import Communicator
 from sparse_dist.hostmem import keep_freed_memory
 
 
-class Trainer(TrainingRun):
+class Trainer(checkpoint_state.CheckpointState, TrainingRun):
     """Owns the distributed operator, the model and the optimiser of one run (built by :class:`TrainingRun`)
-    and runs its epochs, evaluations and checkpoint state."""
+    and runs its epochs and evaluations; its checkpoint state comes with
+    :class:`~algorithms.training.state.CheckpointState`."""
 
     def __init__(self, comm: Communicator, graph: LocalGraph, config: TrainConfig,
                  device: str | torch.device = "cpu") -> None:
@@ -261,34 +262,3 @@ class Trainer(TrainingRun):
         if self.progress_thread is not None:
             self.progress_thread.stop()
             self.progress_thread = None
-
-    # ------------------------------------------------------------ checkpoint (algorithms.training.state)
-    def state(self) -> dict[str, Any]:
-        """The replicated state, the same on every rank and at any ``P``."""
-        return checkpoint_state.replicated_state(self)
-
-    def written_at(self) -> dict[str, Any]:
-        return checkpoint_state.written_at(self)
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        checkpoint_state.load_replicated_state(self, state)
-
-    @property
-    def has_policy_state(self) -> bool:
-        """Whether this run keeps per-rank exchange state that a checkpoint must save (same on every rank)."""
-        return checkpoint_state.keeps_rank_state(self)
-
-    def policy_state(self) -> dict[str, Any]:
-        """This rank's policy state (caches and versions); per rank, unlike :meth:`state` (collective: kept
-        flights complete first)."""
-        return checkpoint_state.rank_state(self)
-
-    def load_policy_state(self, state: dict[str, Any]) -> None:
-        checkpoint_state.load_rank_state(self, state)
-
-    def policy_mismatch(self, state: dict[str, Any]) -> str | None:
-        return checkpoint_state.rank_state_mismatch(self, state)
-
-    def mismatch(self, state: dict[str, Any]) -> str | None:
-        """Why a checkpoint does not belong to this run (the differing fields, both values), or None."""
-        return checkpoint_state.state_mismatch(self, state)
