@@ -11,6 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,mpich,pyg,emulate]'
+	$(BIN)/python -c 'from sparse_dist import dropout_kernel; dropout_kernel.warm_up()'  # numba's cache, once
 	touch $(STAMP)
 
 venv: $(STAMP)

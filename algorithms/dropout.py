@@ -209,6 +209,16 @@ def host_runs(seed: int, epoch: int, layer: int, width: int, first_row: int, n_r
     return out
 
 
+def load_compiled_passes(largest_pass: int, device: torch.device, dtype: torch.dtype) -> float | None:
+    """Load the compiled passes now (set-up, one rank's own: not collective) where a pass over ``largest_pass``
+    entries of ``dtype`` on ``device`` would use them; the seconds it took, or None where none was loaded here
+    (small passes, CUDA, numba unavailable). Loaded lazily instead, the load would run in the background
+    beside the first epochs and slow them (:mod:`sparse_dist.dropout_kernel`)."""
+    if device.type != "cpu" or dtype not in COMPILED_DTYPES or largest_pass < kernel.MIN_ENTRIES:
+        return None
+    return kernel.load_now()
+
+
 def _groups(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """``(key, positions)`` of each run of equal values in the sorted ``keys``."""
     bounds = np.flatnonzero(np.diff(keys)) + 1

@@ -17,6 +17,12 @@ Compilation: :func:`ready` imports numba and compiles (or loads from numba's cac
 kernels in a background thread the first time it is asked, seconds the first time on a machine and
 about one from the cache, and says False until then, so that no run waits for the compiler: callers
 keep NumPy's draw (:func:`keep_runs_numpy`) and torch's passes meanwhile, which give the same values.
+A full-graph run that knows at set-up that its passes will be compiled loads them there instead
+(:func:`load_now`): in the background the load competes with the ranks for the cores (CiteSeer at P = 2
+on the 2-core machine, one thread a rank: steps of 0.15 s instead of 0.024 s for the first 44 epochs of a
+cold compile, and for two epochs loading from the cache), which slows the first epochs and everything
+timed beside them (the guard's bias reference chose its interval from them). ``make venv`` fills numba's
+cache once at install.
 Callers ask through :func:`worth`, which says no to passes under :data:`MIN_ENTRIES` without asking
 :func:`ready`, so that a run on a small graph (Cora, the tests' graphs) never imports numba at all.
 Where numba cannot be imported, that is said once in the log and the kernels are never ready. Pure (no
@@ -28,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,7 +46,7 @@ import numpy as np
 from sparse_dist.dropout_modes import FILL, KEEP, MULTIPLY, RELU_FILL
 
 __all__ = ["FILL", "KEEP", "MIN_ENTRIES", "MULTIPLY", "RELU_FILL", "ChunkRuns", "apply_chunks",
-           "apply_mask_threaded", "keep_runs_numpy", "ready", "warm_up", "worth"]
+           "apply_mask_threaded", "keep_runs_numpy", "load_now", "ready", "warm_up", "worth"]
 
 _log = logging.getLogger(__name__)
 
@@ -175,6 +182,19 @@ def worth(entries: int) -> bool:
     return entries >= MIN_ENTRIES and ready()
 
 
+def load_now() -> float | None:
+    """Load (or compile) the kernels in the calling thread; the seconds it took, 0 where they were loaded
+    already, None where they are not loaded now (numba unavailable, said once in the log, or a background load
+    already under way: torch's and NumPy's passes meanwhile, with the same values). Not collective."""
+    global _started
+    with _warming:
+        if _warm.is_set() or _started:
+            return 0.0 if _warm.is_set() else None
+        _started = True
+    start = time.perf_counter()
+    return time.perf_counter() - start if _warm_up_logged() else None
+
+
 def ready() -> bool:
     """Whether the kernels can run now. The first call starts :func:`warm_up` in a background thread and says
     False until it is done (the module docstring)."""
@@ -188,8 +208,10 @@ def ready() -> bool:
     return False
 
 
-def _warm_up_logged() -> None:
+def _warm_up_logged() -> bool:
     try:
         warm_up()
     except Exception:  # numba missing or failing: torch's and NumPy's passes stay, with the same values
         _log.warning("the compiled dropout kernels are unavailable; dropout keeps torch's passes", exc_info=True)
+        return False
+    return True

@@ -13,11 +13,13 @@ halo or the policy's cache), every rank in the same order.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from algorithms.dropout import load_compiled_passes
 from algorithms.layers import layer_type
 from algorithms.model import GraphModel
 from algorithms.optim import Adam
@@ -35,6 +37,8 @@ from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.halo import StaticHalo
 from sparse_dist.layout import Grid
 from sparse_dist.spmm import DistSpMM
+
+_log = logging.getLogger(__name__)
 
 
 class TrainingRun:
@@ -149,6 +153,11 @@ class TrainingRun:
                      if self.input_exchange.mode == "once" else None)  # collective over the replica column
         self.features = self.halo.own_values if self.halo is not None else features_tensor
         self.layer_input = self.halo.values if self.halo is not None else features_tensor
+        if config.dropout > 0.0:  # the largest pass: layer 0's input, or a hidden layer's over the same rows
+            largest = self.layer_input.shape[0] * max(dims[:-1])
+            seconds = load_compiled_passes(largest, self.device, self.dtype)
+            if seconds:
+                _log.info("loaded the compiled dropout passes in %.2f s", seconds)
 
     def _optimizer(self) -> Adam:
         """Adam; weight decay on the first layer only (Kipf & Welling) or on every weight."""

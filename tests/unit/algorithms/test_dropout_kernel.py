@@ -154,6 +154,24 @@ def test_small_passes_never_load_numba(monkeypatch: pytest.MonkeyPatch) -> None:
                       dropout_module._StreamOf) and asked
 
 
+def test_set_up_loads_the_kernels_only_where_a_pass_will_use_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose largest pass reaches one chunk loads the kernels at set-up, in the caller's thread (not beside
+    its first epochs); small passes, CUDA and dtypes the kernels do not take load nothing."""
+    loads: list[bool] = []
+    monkeypatch.setattr(kernel, "load_now", lambda: loads.append(True) or 0.5)
+    cpu = torch.device("cpu")
+    assert dropout_module.load_compiled_passes(kernel.MIN_ENTRIES - 1, cpu, torch.float32) is None and not loads
+    assert dropout_module.load_compiled_passes(kernel.MIN_ENTRIES, torch.device("cuda"), torch.float32) is None
+    assert dropout_module.load_compiled_passes(kernel.MIN_ENTRIES, cpu, torch.float16) is None and not loads
+    assert dropout_module.load_compiled_passes(kernel.MIN_ENTRIES, cpu, torch.float64) == 0.5 and loads == [True]
+
+
+def test_load_now_leaves_the_kernels_ready() -> None:
+    """After :func:`load_now` the passes are compiled at once (a second call costs nothing)."""
+    assert kernel.load_now() is not None
+    assert kernel.ready() and kernel.load_now() == 0.0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_mask_passes_equal_torch_bitwise(dtype: torch.dtype, path: str) -> None:
     values = specials(300, 300, dtype)  # above one thread's share: two threads split it
