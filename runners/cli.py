@@ -66,7 +66,7 @@ _BENCH_KINDS: dict[str, tuple[str, str, bool]] = {
     "minibatch": ("runners.bench.minibatch",
                   "distributed mini-batch training vs DGL's NeighborSampler or PyG's NeighborLoader (numpy "
                   "kernel) + SAGE, one run", True),
-    "grid": ("runners.bench.grid", "GCN epochs over an X x Y x Z process grid: time, bytes against the model, "
+    "grid": ("runners.bench.grid", "GCN or SAGE epochs over an X x Y x Z process grid: time, bytes against the model, "
              "memory", True),
     "partition": ("runners.bench.partition",
                   "partitioners side by side: balance, cut, remote rows of K-hop sampling", True),

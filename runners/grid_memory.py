@@ -1,4 +1,4 @@
-"""The memory a rank of the process grid needs for a GCN (``bench grid``), estimated from ``meta.json`` before a
+"""The memory a rank of the process grid needs for a GCN or SAGE (``bench grid``), estimated from ``meta.json`` before a
 shard is read, and the refusal of a run its nodes cannot hold.
 
 :func:`grid_memory` counts, beyond what the process holds at start, the parts of the rank at ``coords`` of a
@@ -52,8 +52,10 @@ def _length(span: tuple[int, int]) -> int:
 
 
 def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], layers: int, hidden: int,
-                itemsize: int) -> Estimate:
-    """The bytes the rank at ``coords`` adds to its start at its peak, by part (module docstring)."""
+                itemsize: int, terms: int = 1) -> Estimate:
+    """The bytes the rank at ``coords`` adds to its start at its peak, by part (module docstring); ``terms``: the
+    aggregated terms side by side a layer keeps (GCN 1, SAGE 2: its aggregation ``n_d x terms f_i`` and ``terms``
+    weight blocks, :mod:`sparse_dist.grid_sage`)."""
     n, entries = int(meta["num_nodes"]), int(meta["num_edges"]) + int(meta["num_nodes"])
     dims = [int(meta["feature_dim"])] + [hidden] * (layers - 1) + [int(meta["num_classes"])]
 
@@ -72,16 +74,16 @@ def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], 
         block_entries.append(count)
         graph += count * (itemsize + INDEX_BYTES) + (n_depth + 1) * INDEX_BYTES
     n_depth, n_outer, f_inner, _ = spans(0)
-    aggregation = n_depth * f_inner * itemsize
+    aggregation = n_depth * terms * f_inner * itemsize
     kept = masks = widest = parameters = 0
     for layer in range(layers):
         rows, _, f_in, f_out = spans(layer)
         if layer > 0:
-            kept += rows * f_in * itemsize
+            kept += rows * terms * f_in * itemsize
         if layer < layers - 1:
             masks += rows * f_out
-        widest = max(widest, rows * max(f_in, f_out) * itemsize)
-        parameters += (f_in * f_out + f_out) * itemsize * OPTIMIZER_COPIES
+        widest = max(widest, rows * max(terms * f_in, f_out) * itemsize)
+        parameters += (terms * f_in * f_out + f_out) * itemsize * OPTIMIZER_COPIES
     training = {"runtime": RUNTIME_BYTES, "graph": graph, "input": aggregation, "activations": kept + masks,
                 "transient": int(TRANSIENT_COPIES * widest), "parameters": parameters}
     x_block = n_outer * f_inner * itemsize
@@ -93,11 +95,11 @@ def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], 
 
 
 def check_grid_memory(comm: Communicator, meta: dict[str, Any], shape: GridShape, coords: dict[str, int],
-                      layers: int, hidden: int, itemsize: int) -> dict[str, Any]:
+                      layers: int, hidden: int, itemsize: int, terms: int = 1) -> dict[str, Any]:
     """Every rank's :func:`grid_memory`, printed (rank 0, one line), and a :class:`ResourceError` raised on every
     rank (said once) where the ranks of a node together need more than its ``MemAvailable`` (collective).
     Returns the figures: ``estimate_per_rank``, ``rss_at_start_per_rank``."""
-    estimate = grid_memory(meta, shape, coords, layers, hidden, itemsize)
+    estimate = grid_memory(meta, shape, coords, layers, hidden, itemsize, terms)
     everyone = comm.allgather_object({**node_memory(), "estimate": estimate.parts})
     totals = [sum(entry["estimate"].values()) for entry in everyone]
     biggest, worst = memory_verdict(comm, everyone, totals)

@@ -46,8 +46,8 @@ from runners.perf.cost_model import (ModelShape, ExpectedTraffic, PairCounts, Pr
                                      cores_per_rank, pair_counts, predict_cycle, predict_epoch, predict_evaluation,
                                      workload_analytic, workload_from_shards)
 from runners.data.shards import read_meta
-from runners.perf.grid_model import (PHASES, GridEpoch, all_ranks_bytes, choose_grid, grid_shapes, is_grid_plan,
-                                     parse_grid_plan, split_plans)
+from runners.perf.grid_model import (PHASES, GridEpoch, all_ranks_bytes, choose_grid, grid_shapes, grid_terms,
+                                     is_grid_plan, parse_grid_plan, split_plans)
 
 # Public figures of OGB graphs (symmetrised nonzeros = twice the undirected edges).
 GRAPHS: dict[str, dict[str, int]] = {
@@ -357,12 +357,13 @@ def predict(args: argparse.Namespace) -> int:
                     ranked[ranks].append((plan, (result.exchange_bytes_max_recv + gradients) / 1e9, result.epoch))
         for plan in grids:
             priced = choose_grid(ranks, grid_shapes(plan, ranks), sizes["nodes"], sizes["nnz"], shape.dims,
-                                 shape.itemsize, rates, net, threads)
+                                 shape.itemsize, rates, net, threads, grid_terms(args.model))
             best = priced[0]
             label = plan if parse_grid_plan(plan) is not None else f"grid:auto={best.shape}"
             if parse_grid_plan(plan) is None:
                 searched[ranks] = priced
-            every_rank = all_ranks_bytes(best.shape, sizes["nodes"], shape.dims, shape.itemsize)
+            every_rank = all_ranks_bytes(best.shape, sizes["nodes"], shape.dims, shape.itemsize,
+                                         grid_terms(args.model))
             print(f"{ranks:>5} {label:<18}{'exact':<20}{best.exchange_bytes / 1e9:>13.3f}"
                   f"{(sum(every_rank.values()) - every_rank['grad_allreduce']) / 1e9:>10.1f}"
                   f"{best.compute_spmm + best.compute_dense:>10.3f}{best.exchange:>11.3f}"
@@ -372,7 +373,7 @@ def predict(args: argparse.Namespace) -> int:
           "allreduces and its loss's, a ring allreduce receiving what it sends); GB total: sent by all ranks; "
           "allreduce s: the gradients'. " + " ".join(work.notes))
     if grids:
-        _print_grid_notes(searched, args.input_exchange == "once")
+        _print_grid_notes(searched, args.input_exchange == "once", args.model)
     _print_ranking(ranked)
     return 0
 
@@ -380,8 +381,11 @@ def predict(args: argparse.Namespace) -> int:
 def _grid_plans(plans: list[str], rank_counts: list[int], kind: str) -> list[str]:
     """The ``grid:`` plans of ``--plans``, each checked against every P (a ResultsError in one sentence)."""
     grids = [plan for plan in plans if is_grid_plan(plan)]
-    if grids and kind != "gcn":
-        raise ResultsError(f"plan {grids[0]}: the process grid runs GCN only; give --layer-kind gcn or drop it")
+    if grids:
+        try:
+            grid_terms(kind)
+        except ValueError as exc:
+            raise ResultsError(f"plan {grids[0]}: {exc}") from None
     for plan in grids:
         for ranks in rank_counts:
             try:
@@ -391,9 +395,9 @@ def _grid_plans(plans: list[str], rank_counts: list[int], kind: str) -> list[str
     return grids
 
 
-def _print_grid_notes(searched: dict[int, list[GridEpoch]], input_once: bool, shown: int = 3) -> None:
+def _print_grid_notes(searched: dict[int, list[GridEpoch]], input_once: bool, kind: str, shown: int = 3) -> None:
     """What a grid row assumes, and ``grid:auto``'s fastest factorisations per P with the busiest rank's bytes."""
-    print("grid: GCN, exact, the allreduces of sparse_dist.grid_gcn; no partition: a random permutation of the "
+    print(f"grid: {kind.upper()}, exact, the allreduces of sparse_dist.grid_gcn (grid_sage); no partition: a random permutation of the "
           "nodes is assumed to balance A's blocks, (nnz + N) / (|d| |o|) entries each; ranks placed x + X (y + Y z); "
           "layer 0's aggregation A X is computed once before the first epoch (the grid has no input dropout), so "
           "the epoch figures leave it out" + ("" if input_once else " (1D's rows above exchange layer 0 every "

@@ -35,14 +35,15 @@ Memory: a rank holds each rotation's block once (its transpose is stored on CUDA
 :class:`AdjacencyBlock`), and the ReLU between layers keeps a boolean mask (:class:`GridReLU`), so a layer
 keeps its aggregation ``T[d, i]`` and a mask of its output for the backward.
 
-Not yet here (the process-grid issue's later parts): dropout, SAGE and GAT, the training command's ``--grid``
+GraphSAGE is :mod:`sparse_dist.grid_sage` (the same collectives, twice the aggregated columns). Not yet here (the
+process-grid issue's later parts): dropout, GAT, the training command's ``--grid``
 (``sparse-dist bench grid`` trains over the grid from shards, :mod:`runners.data.grid_reader`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,6 +148,29 @@ def _aggregate(h: torch.Tensor, block: AdjacencyBlock, grid: ProcessGrid, phase:
     return aggregated
 
 
+def combine(aggregated: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, grid: ProcessGrid,
+            inner: str) -> torch.Tensor:
+    """``H'[d, o] = sum_i T[d, i] W[i, o] + b[o]``: this rank's product, allreduced over ``inner`` (collective)."""
+    out = (aggregated @ weight).contiguous()
+    allreduce_pieces(grid.axis_comm[inner], out, "forward")
+    return out.add_(bias)
+
+
+def parameter_gradients(aggregated: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor, grid: ProcessGrid,
+                        depth: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dW[i, o] = T[d, i]^T G`` and ``db[o]``, allreduced over ``depth`` in one buffer (collective)."""
+    packed = torch.cat([(aggregated.T @ grad_out).reshape(-1), grad_out.sum(dim=0)])
+    allreduce_pieces(grid.axis_comm[depth], packed, "grad_allreduce")
+    return packed[:weight.numel()].view_as(weight), packed[weight.numel():]
+
+
+def aggregation_gradient(grad_out: torch.Tensor, weight: torch.Tensor, grid: ProcessGrid, outer: str) -> torch.Tensor:
+    """``dT[d, i] = sum_o G W[i, o]^T``: this rank's product, allreduced over ``outer`` (collective)."""
+    grad_aggregated = (grad_out @ weight.T).contiguous()
+    allreduce_pieces(grid.axis_comm[outer], grad_aggregated, "backward")
+    return grad_aggregated
+
+
 class GridGCNFunction(torch.autograd.Function):
     """One GCN layer over the grid (module docstring); collective over the grid's axis communicators.
 
@@ -161,9 +185,7 @@ class GridGCNFunction(torch.autograd.Function):
         if aggregated is None:
             assert h is not None
             aggregated = _aggregate(h, block, grid, "forward")
-        out = (aggregated @ weight).contiguous()
-        allreduce_pieces(grid.axis_comm[inner], out, "forward")
-        out.add_(bias)
+        out = combine(aggregated, weight, bias, grid, inner)
         ctx.save_for_backward(aggregated, weight)
         ctx.block, ctx.grid, ctx.input_grad = block, grid, input_grad
         return out
@@ -174,14 +196,10 @@ class GridGCNFunction(torch.autograd.Function):
         block, grid = ctx.block, ctx.grid
         outer, _, depth = block.roles
         grad_out = grad_out.contiguous()
-        packed = torch.cat([(aggregated.T @ grad_out).reshape(-1), grad_out.sum(dim=0)])
-        allreduce_pieces(grid.axis_comm[depth], packed, "grad_allreduce")
-        grad_weight = packed[:weight.numel()].view_as(weight)
-        grad_bias = packed[weight.numel():]
+        grad_weight, grad_bias = parameter_gradients(aggregated, grad_out, weight, grid, depth)
         grad_h = None
         if ctx.input_grad:
-            grad_aggregated = (grad_out @ weight.T).contiguous()
-            allreduce_pieces(grid.axis_comm[outer], grad_aggregated, "backward")
+            grad_aggregated = aggregation_gradient(grad_out, weight, grid, outer)
             grad_h = block.transposed_product(grad_aggregated).contiguous()
             allreduce_pieces(grid.axis_comm[depth], grad_h, "backward")
         return grad_h, grad_weight, grad_bias, None, None, None, None
@@ -240,17 +258,26 @@ class GridCrossEntropy(torch.autograd.Function):
         return grad * (grad_loss / ctx.train_count), None, None, None, None, None, None
 
 
-def grid_logits(x: torch.Tensor | None, params: list[tuple[torch.Tensor, torch.Tensor]],
+def gcn_layer(h: torch.Tensor | None, params: tuple[torch.Tensor, ...], block: AdjacencyBlock, grid: ProcessGrid,
+              input_grad: bool, aggregated: torch.Tensor | None) -> torch.Tensor:
+    """One GCN layer over the grid, ``params = (W[i, o], b[o])`` (:class:`GridGCNFunction`)."""
+    weight, bias = params
+    return GridGCNFunction.apply(h, weight, bias, block, grid, input_grad, aggregated)
+
+
+def grid_logits(x: torch.Tensor | None, params: list[tuple[torch.Tensor, ...]],
                 blocks: list[AdjacencyBlock], grid: ProcessGrid,
-                first_aggregation: torch.Tensor | None = None) -> torch.Tensor:
-    """The GCN's output block ``[d, o]`` of its last layer from layer 0's ``X[o, i]``, or from its aggregation
+                first_aggregation: torch.Tensor | None = None, layer_fn: Callable[..., torch.Tensor] = gcn_layer,
+                ) -> torch.Tensor:
+    """The model's output block ``[d, o]`` of its last layer from layer 0's ``X[o, i]``, or from its aggregation
     ``first_aggregation`` computed once (:func:`aggregate_input`; ``x`` is then not read): each layer's
-    :class:`GridGCNFunction` (``params[l]`` its ``(W[i, o], b[o])``, ``blocks[l % 3]`` its rotation),
-    :class:`GridReLU` between layers. Collective over the grid."""
+    ``layer_fn`` (:func:`gcn_layer`, or :func:`sparse_dist.grid_sage.sage_layer`; ``params[l]`` its weight
+    blocks and ``b[o]``, ``blocks[l % 3]`` its rotation), :class:`GridReLU` between layers. Collective over the
+    grid."""
     h = x
-    for layer, (weight, bias) in enumerate(params):
+    for layer, layer_params in enumerate(params):
         cached = first_aggregation if layer == 0 else None
-        h = GridGCNFunction.apply(h, weight, bias, blocks[layer % 3], grid, layer > 0, cached)
+        h = layer_fn(h, layer_params, blocks[layer % 3], grid, layer > 0, cached)
         if layer < len(params) - 1:
             h = GridReLU.apply(h)
     return h
@@ -275,24 +302,27 @@ def predicted_classes(logits: torch.Tensor, class_lo: int, grid: ProcessGrid, la
 
 
 def predicted_layer_bytes(grid: ProcessGrid, layer: int, nodes: int, width_in: int, width_out: int,
-                          itemsize: int, input_grad: bool, aggregated_once: bool = False) -> dict[str, int]:
+                          itemsize: int, input_grad: bool, aggregated_once: bool = False,
+                          terms: int = 1) -> dict[str, int]:
     """Bytes this rank sends (and receives) in ``layer``'s forward, backward and gradient allreduce (a step's;
-    with ``aggregated_once`` the aggregation is :func:`predicted_input_bytes`, once a run)."""
+    with ``aggregated_once`` the aggregation is :func:`predicted_input_bytes`, once a run; ``terms``: see
+    :func:`layer_collectives`)."""
     return layer_bytes(grid.shape, grid.coords, layer, nodes, width_in, width_out, itemsize, input_grad,
-                       aggregated_once)
+                       aggregated_once, terms)
 
 
-def predicted_input_bytes(grid: ProcessGrid, nodes: int, width_in: int, itemsize: int) -> int:
+def predicted_input_bytes(grid: ProcessGrid, nodes: int, width_in: int, itemsize: int, terms: int = 1) -> int:
     """Bytes this rank sends in :func:`aggregate_input` (phase ``halo``, once a run)."""
-    return input_bytes(grid.shape, grid.coords, nodes, width_in, itemsize)
+    return input_bytes(grid.shape, grid.coords, nodes, width_in, itemsize, terms)
 
 
-def input_bytes(shape: GridShape, coords: Mapping[str, int], nodes: int, width_in: int, itemsize: int) -> int:
+def input_bytes(shape: GridShape, coords: Mapping[str, int], nodes: int, width_in: int, itemsize: int,
+                terms: int = 1) -> int:
     """:func:`predicted_input_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator."""
     outer, inner, depth = roles(0)
     n_depth = _length(block_range(nodes, shape.of(depth), coords[depth]))
     f_inner = _length(block_range(width_in, shape.of(inner), coords[inner]))
-    return pieces_bytes(n_depth * f_inner, shape.of(outer), coords[outer], itemsize)
+    return pieces_bytes(n_depth * terms * f_inner, shape.of(outer), coords[outer], itemsize)
 
 
 def predicted_loss_bytes(grid: ProcessGrid, layer: int, nodes: int, itemsize: int) -> int:
@@ -301,12 +331,12 @@ def predicted_loss_bytes(grid: ProcessGrid, layer: int, nodes: int, itemsize: in
 
 
 def layer_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, width_in: int, width_out: int,
-                itemsize: int, input_grad: bool, aggregated_once: bool = False) -> dict[str, int]:
+                itemsize: int, input_grad: bool, aggregated_once: bool = False, terms: int = 1) -> dict[str, int]:
     """:func:`predicted_layer_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator
     (the cost model asks it of grids it cannot build)."""
     out = {"forward": 0, "backward": 0, "grad_allreduce": 0}
     for phase, axis, numel in layer_collectives(shape, coords, layer, nodes, width_in, width_out, input_grad,
-                                                aggregated_once):
+                                                aggregated_once, terms):
         out[phase] += pieces_bytes(numel, shape.of(axis), coords[axis], itemsize)
     return out
 
@@ -318,10 +348,13 @@ def loss_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: i
 
 
 def layer_collectives(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, width_in: int,
-                      width_out: int, input_grad: bool, aggregated_once: bool = False) -> list[tuple[str, str, int]]:
+                      width_out: int, input_grad: bool, aggregated_once: bool = False,
+                      terms: int = 1) -> list[tuple[str, str, int]]:
     """The allreduces :class:`GridGCNFunction` runs for ``layer`` on the rank at ``coords`` in a step, in order:
     (phase, axis, elements) (module docstring); ``aggregated_once``: without the aggregation's, computed once
-    (:func:`aggregate_input`)."""
+    (:func:`aggregate_input`). ``terms``: the aggregated terms side by side, each ``f_i`` wide, that the layer
+    multiplies by its stacked weights (GCN 1; SAGE 2, :mod:`sparse_dist.grid_sage`): the aggregation, its
+    gradient and the weights' gradient carry ``terms`` times the columns."""
     if aggregated_once and layer:
         raise ValueError(f"only layer 0's aggregation is computed once (its input does not change), not layer {layer}'s")
     outer, inner, depth = roles(layer)
@@ -329,10 +362,10 @@ def layer_collectives(shape: GridShape, coords: Mapping[str, int], layer: int, n
     n_outer = _length(block_range(nodes, shape.of(outer), coords[outer]))
     f_inner = _length(block_range(width_in, shape.of(inner), coords[inner]))
     f_out = _length(block_range(width_out, shape.of(outer), coords[outer]))
-    out = [] if aggregated_once else [("forward", outer, n_depth * f_inner)]
-    out += [("forward", inner, n_depth * f_out), ("grad_allreduce", depth, f_inner * f_out + f_out)]
+    out = [] if aggregated_once else [("forward", outer, n_depth * terms * f_inner)]
+    out += [("forward", inner, n_depth * f_out), ("grad_allreduce", depth, terms * f_inner * f_out + f_out)]
     if input_grad:
-        out += [("backward", outer, n_depth * f_inner), ("backward", depth, n_outer * f_inner)]
+        out += [("backward", outer, n_depth * terms * f_inner), ("backward", depth, n_outer * f_inner)]
     return out
 
 
@@ -379,7 +412,9 @@ def output_classes(grid: ProcessGrid, layers: int, classes: int) -> tuple[int, i
     return grid.block(classes, roles(layers - 1)[0])
 
 
-__all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "GridReLU", "adjacency_blocks", "aggregate_input",
-           "as_blocks", "bias_block", "block_range", "grid_logits", "input_block", "input_bytes", "layer_bytes",
-           "layer_collectives", "loss_bytes", "loss_collectives", "output_classes", "output_rows", "predicted_classes",
-           "predicted_input_bytes", "predicted_layer_bytes", "predicted_loss_bytes", "weight_block"]
+__all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "GridReLU", "adjacency_blocks",
+           "aggregate_input", "aggregation_gradient", "as_blocks", "bias_block", "block_range", "combine",
+           "gcn_layer", "grid_logits", "input_block", "input_bytes", "layer_bytes", "layer_collectives",
+           "loss_bytes", "loss_collectives", "output_classes", "output_rows", "parameter_gradients",
+           "predicted_classes", "predicted_input_bytes", "predicted_layer_bytes", "predicted_loss_bytes",
+           "weight_block"]

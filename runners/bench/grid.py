@@ -1,10 +1,11 @@
-"""``sparse-dist bench grid``: GCN epochs over a process grid from shards: time, bytes against the model, memory.
+"""``sparse-dist bench grid``: GCN or SAGE epochs over a process grid from shards: time, bytes against the model,
+memory.
 
 Measures what the 3D plan (:mod:`sparse_dist.grid_gcn`) costs on a prepared dataset before it is the training
 command's plan: every rank's memory is estimated first (:mod:`runners.grid_memory`; a run its node cannot hold is
 refused in one sentence), each rank reads its blocks (:mod:`runners.data.grid_reader`), computes layer 0's
-aggregation once, trains ``--epochs`` full-batch Adam steps of a GCN (no dropout), and the command prints per
-epoch the loss, the slowest rank's step time, the busiest rank's bytes per phase beside the byte model's
+aggregation once, trains ``--epochs`` full-batch Adam steps of a GCN or SAGE (``--model``; no dropout), and the
+command prints per epoch the loss, the slowest rank's step time, the busiest rank's bytes per phase beside the byte model's
 prediction, and at the end every rank's peak resident memory beside its estimate and the test accuracy of the
 last weights. ``--out FILE`` writes the same as JSON lines (rank 0).
 Collective: run it under mpiexec with ``X * Y * Z`` ranks.
@@ -29,9 +30,10 @@ from runners.data.shard_reader import ShardError, read_meta
 from runners.grid_memory import check_grid_memory
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, roles
-from sparse_dist.grid_gcn import (GridCrossEntropy, aggregate_input, as_blocks, bias_block, grid_logits,
+from sparse_dist.grid_gcn import (GridCrossEntropy, aggregate_input, as_blocks, bias_block, gcn_layer, grid_logits,
                                   predicted_classes, predicted_input_bytes, predicted_layer_bytes,
                                   predicted_loss_bytes, weight_block)
+from sparse_dist.grid_sage import TERMS, aggregate_sage_input, sage_layers
 
 PHASES = ("forward", "backward", "grad_allreduce")
 
@@ -39,7 +41,9 @@ PHASES = ("forward", "backward", "grad_allreduce")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="a dataset directory made by `sparse-dist prepare`")
     parser.add_argument("--grid", required=True, help="X,Y,Z ranks with X * Y * Z = P (e.g. 2,2,2)")
-    parser.add_argument("--layers", type=at_least(1), default=3, help="GCN layers, >= 1 (default: %(default)s)")
+    parser.add_argument("--model", choices=("gcn", "sage"), default="gcn",
+                        help="the layers: gcn or sage (GraphSAGE-mean) (default: %(default)s)")
+    parser.add_argument("--layers", type=at_least(1), default=3, help="layers, >= 1 (default: %(default)s)")
     parser.add_argument("--hidden", type=at_least(1), default=128, help="hidden width, >= 1 (default: %(default)s)")
     parser.add_argument("--epochs", type=at_least(1), default=5, help="Adam steps, >= 1 (default: %(default)s)")
     parser.add_argument("--lr", type=number(0.0, 10.0, low_open=True), default=0.01,
@@ -49,15 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="JSON lines of every epoch and the summary (rank 0 writes)")
 
 
-def _weights(dims: list[int], seed: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Glorot-uniform ``F x F'`` weights and zero biases, every layer's whole matrix from one seeded generator
-    (every rank draws the same and keeps its block)."""
+def _weights(dims: list[int], seed: int, dtype: torch.dtype, matrices: int) -> list[tuple[torch.Tensor, ...]]:
+    """``matrices`` Glorot-uniform ``F x F'`` weights (GCN 1; SAGE 2: neighbours', own rows') and a zero bias per
+    layer, every layer's whole matrices from one seeded generator (every rank draws the same and keeps its
+    blocks)."""
     generator = torch.Generator().manual_seed(seed)
     out = []
     for fan_in, fan_out in zip(dims[:-1], dims[1:]):
         bound = math.sqrt(6.0 / (fan_in + fan_out))
-        out.append((((torch.rand(fan_in, fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound).to(dtype),
-                    torch.zeros(fan_out, dtype=dtype)))
+        weights = tuple(((torch.rand(fan_in, fan_out, generator=generator, dtype=torch.float64) * 2 - 1)
+                         * bound).to(dtype) for _ in range(matrices))
+        out.append((*weights, torch.zeros(fan_out, dtype=dtype)))
     return out
 
 
@@ -77,21 +83,29 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         error = str(exc)
     comm.raise_if_any(error, ShardError)
     assert meta is not None
-    memory = check_grid_memory(comm, meta, shape, grid.coords, args.layers, args.hidden, itemsize)
+    sage = args.model == "sage"
+    terms = TERMS if sage else 1
+    memory = check_grid_memory(comm, meta, shape, grid.coords, args.layers, args.hidden, itemsize, terms)
     began = time.perf_counter()
-    graph = load_grid_graph(comm, grid, args.data, args.layers, np.float32 if dtype == torch.float32 else np.float64)
+    graph = load_grid_graph(comm, grid, args.data, args.layers, np.float32 if dtype == torch.float32 else np.float64,
+                            normalization="mean" if sage else "symmetric")
     blocks = as_blocks(graph.adjacency, dtype, torch.device("cpu"))  # shares the blocks' arrays
     nonzeros = comm.allgather_array(np.array([sum(b.nnz for b in graph.adjacency)], dtype=np.int64)).ravel()
     graph.adjacency = []
     n, layers = graph.num_nodes, args.layers
     dims = [graph.feature_dim] + [args.hidden] * (layers - 1) + [graph.num_classes]
-    params = [(weight_block(grid, layer, w).requires_grad_(), bias_block(grid, layer, b).requires_grad_())
-              for layer, (w, b) in enumerate(_weights(dims, args.seed, dtype))]
+    params = [tuple(weight_block(grid, layer, t).requires_grad_() for t in full[:-1])
+              + (bias_block(grid, layer, full[-1]).requires_grad_(),)
+              for layer, full in enumerate(_weights(dims, args.seed, dtype, terms))]
     optimizer = torch.optim.Adam([p for pair in params for p in pair], lr=args.lr)
+    layer_fn = sage_layers(grid, n) if sage else gcn_layer
     comm.stats.reset()
-    first = aggregate_input(torch.from_numpy(graph.features), blocks[0], grid)
+    features = torch.from_numpy(graph.features)
+    first = (aggregate_sage_input(features, blocks[0], grid, n) if sage
+             else aggregate_input(features, blocks[0], grid))
+    del features
     input_sent = comm.allgather_array(np.array([comm.stats.phases["halo"].bytes_sent,
-                                                predicted_input_bytes(grid, n, dims[0], itemsize)],
+                                                predicted_input_bytes(grid, n, dims[0], itemsize, terms)],
                                                dtype=np.int64)).max(axis=0)
     graph.features = np.zeros((0, 0))  # X[o, i] is not read again
     load_seconds = time.perf_counter() - began
@@ -104,7 +118,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     predicted["forward"] += predicted_loss_bytes(grid, layers - 1, n, itemsize)
     for layer in range(layers):
         for phase, value in predicted_layer_bytes(grid, layer, n, dims[layer], dims[layer + 1], itemsize,
-                                                  layer > 0, aggregated_once=layer == 0).items():
+                                                  layer > 0, aggregated_once=layer == 0, terms=terms).items():
             predicted[phase] += value
     records: list[dict[str, Any]] = []
     logits = first
@@ -113,7 +127,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         comm.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
-        h = grid_logits(None, params, blocks, grid, first_aggregation=first)
+        h = grid_logits(None, params, blocks, grid, first_aggregation=first, layer_fn=layer_fn)
         loss = GridCrossEntropy.apply(h, labels, train, class_lo, train_count, grid, layers - 1)
         loss.backward()
         optimizer.step()
@@ -138,7 +152,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     peaks = comm.allgather_array(np.array([_peak_rss_bytes()], dtype=np.int64))[:, 0]
     beyond = peaks - np.array(memory["rss_at_start_per_rank"], dtype=np.int64)
     ratios = np.array(memory["estimate_per_rank"], dtype=np.float64) / np.maximum(beyond, 1)
-    summary = {"type": "summary", "grid": str(shape), "ranks": comm.size, "nodes": n, "layers": layers,
+    summary = {"type": "summary", "model": args.model, "grid": str(shape), "ranks": comm.size, "nodes": n,
+               "layers": layers,
                "hidden": args.hidden, "dtype": args.dtype, "load_seconds": load_seconds,
                "input_bytes_busiest_rank": int(input_sent[0]), "input_bytes_predicted": int(input_sent[1]),
                "memory": {**memory, "peak_beyond_start_per_rank": beyond.tolist(),

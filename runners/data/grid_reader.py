@@ -1,7 +1,8 @@
 """This rank's blocks of a prepared dataset for the process grid (:mod:`sparse_dist.grid`), read from the shards.
 
 A rank of the grid needs, per rotation of roles the layers use (at most three), the block ``Â[d, o]`` of the
-GCN-normalised adjacency (self-loops added where missing, ``D^-1/2 (A + I) D^-1/2`` with ``D`` the row sums),
+GCN-normalised adjacency (self-loops added where missing, ``D^-1/2 (A + I) D^-1/2`` with ``D`` the row sums;
+for SAGE ``D^-1 A``, each row divided by its whole sum, ``normalization="mean"``),
 layer 0's ``X[o, i]`` (rows over ``x``, columns over ``y``; each row normalised by its sum before the columns
 are cut), and labels and masks of the last layer's output rows. Rows are the shards' order (parts
 concatenated), so the prepared partition is the grid's permutation: ``prepare --partitioner permute`` (a
@@ -66,18 +67,19 @@ def read_rows(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, names: tup
 
 
 def _rows_with_loops(data_dir: Path, meta: dict[str, Any], lo: int, hi: int, c0: int,
-                     c1: int) -> tuple[sp.csr_matrix, np.ndarray]:
-    """Rows ``[lo, hi)`` of ``A + I`` (self-loops added where missing) cut to columns ``[c0, c1)`` (local ids),
-    and the rows' whole sums: read one overlapping part at a time, so the peak is one part's rows, not the
-    rows' every column."""
+                     c1: int, loops: bool = True) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Rows ``[lo, hi)`` of ``A + I`` (self-loops added where missing; ``loops`` False: of ``A``) cut to columns
+    ``[c0, c1)`` (local ids), and the rows' whole sums: read one overlapping part at a time, so the peak is one
+    part's rows, not the rows' every column."""
     offsets, n = meta["row_offsets"], meta["num_nodes"]
     blocks, sums = [], []
     for part in _parts_of(meta, lo, hi):
         arrays = read_part(data_dir, meta, part, ("indptr", "indices", "data"))
         start, stop = max(lo, offsets[part]) - offsets[part], min(hi, offsets[part + 1]) - offsets[part]
         first = offsets[part] + start
-        rows = add_remaining_self_loops(sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]),
-                                                      shape=(arrays["indptr"].size - 1, n))[start:stop], first)
+        rows = sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]),
+                             shape=(arrays["indptr"].size - 1, n))[start:stop]
+        rows = add_remaining_self_loops(rows, first) if loops else sp.csr_matrix(rows, dtype=np.float64)
         del arrays
         sums.append(np.asarray(rows.sum(axis=1)).ravel())
         blocks.append(sp.csr_matrix(rows[:, c0:c1]))
@@ -116,15 +118,23 @@ def _compact(block: sp.csr_matrix, dtype: np.dtype) -> sp.csr_matrix:
                           block.indptr.astype(index, copy=False)), shape=block.shape, copy=False)
 
 
+NORMALIZATIONS = ("symmetric", "mean")
+"""How a layer kind normalises ``A``: GCN's ``D^-1/2 (A + I) D^-1/2`` (``symmetric``), SAGE's ``D^-1 A``
+(``mean``: no self-loops, rows without neighbours stay 0)."""
+
+
 def load_grid_graph(comm: Communicator, grid: ProcessGrid, data_dir: str | Path, layers: int,
-                    dtype: np.dtype | type = np.float64) -> GridGraph:
-    """This rank's :class:`GridGraph` for a GCN of ``layers`` layers, blocks and features as ``dtype``
-    (collective validation over ``comm``)."""
+                    dtype: np.dtype | type = np.float64, normalization: str = "symmetric") -> GridGraph:
+    """This rank's :class:`GridGraph` for a model of ``layers`` layers whose adjacency is normalised as
+    ``normalization`` says (:data:`NORMALIZATIONS`), blocks and features as ``dtype`` (collective validation over
+    ``comm``)."""
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     data_dir = Path(data_dir)
     error: str | None = None
     graph: GridGraph | None = None
     try:
-        graph = _load(grid, data_dir, layers, np.dtype(dtype))
+        graph = _load(grid, data_dir, layers, np.dtype(dtype), normalization)
     except ShardError as exc:
         error = str(exc)
     comm.raise_if_any(error, ShardError)
@@ -132,7 +142,7 @@ def load_grid_graph(comm: Communicator, grid: ProcessGrid, data_dir: str | Path,
     return graph
 
 
-def _load(grid: ProcessGrid, data_dir: Path, layers: int, dtype: np.dtype) -> GridGraph:
+def _load(grid: ProcessGrid, data_dir: Path, layers: int, dtype: np.dtype, normalization: str) -> GridGraph:
     meta = read_meta(data_dir)
     n = meta["num_nodes"]
     scales: dict[tuple[int, int], np.ndarray] = {}
@@ -140,6 +150,11 @@ def _load(grid: ProcessGrid, data_dir: Path, layers: int, dtype: np.dtype) -> Gr
     for layer in range(min(layers, 3)):
         outer, _, depth = roles(layer)
         (r0, r1), (c0, c1) = grid.block(n, depth), grid.block(n, outer)
+        if normalization == "mean":
+            rows, sums = _rows_with_loops(data_dir, meta, r0, r1, c0, c1, loops=False)
+            inverse = np.divide(1.0, sums, out=np.zeros_like(sums), where=sums > 0)
+            blocks.append(_compact(sp.csr_matrix(sp.diags(inverse) @ rows), dtype))
+            continue
         rows, sums = _rows_with_loops(data_dir, meta, r0, r1, c0, c1)
         scales.setdefault((r0, r1), inverse_sqrt(sums))  # a row range's degrees serve it as columns too
         if (c0, c1) not in scales:

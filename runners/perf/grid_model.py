@@ -20,7 +20,8 @@ Compute at the 1D plans' calibrated rates: a block of ``Â`` holds ``(nnz + N) /
 self-loops included), assuming a random permutation of the nodes balances the blocks (the grid reads no
 partition); the SpMM multiplies it by ``H[o, i]`` (``f_i`` columns) forward and, from layer 1, by ``dT`` in the
 backward; the dense work of a layer is ``n_d f_i f'_o`` (1D's ``rows * F_in * F_out`` on the grid's blocks).
-GCN only and exact only: the grid has no sampling, staleness or compression.
+GCN and SAGE (``terms``: SAGE's aggregation, its gradient, its weights and its dense work are twice GCN's
+columns, :mod:`sparse_dist.grid_sage`), exact only: the grid has no sampling, staleness or compression.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from runners.perf.cost_model import Rates, cores_per_rank, shared_memory_slowdow
 from sparse_dist.cost import Network, allreduce_time
 from sparse_dist.grid import AXES, GridShape, roles
 from sparse_dist.grid_gcn import layer_bytes, layer_collectives, loss_bytes, loss_collectives
+from sparse_dist.grid_sage import TERMS as SAGE_TERMS
 
 GRID_PLAN = "grid:"
 AUTO = "auto"
@@ -85,19 +87,33 @@ def factorisations(ranks: int) -> list[GridShape]:
     return [GridShape(x, y, ranks // (x * y)) for x in divisors for y in divisors if (ranks // x) % y == 0]
 
 
+GRID_TERMS = {"gcn": 1, "sage": SAGE_TERMS}
+"""The layer kinds the grid runs, and the aggregated terms each multiplies (:mod:`sparse_dist.grid_sage`)."""
+
+
+def grid_terms(kind: str) -> int:
+    """:data:`GRID_TERMS` of ``kind``; a ValueError in one sentence for a kind the grid does not run."""
+    if kind not in GRID_TERMS:
+        raise ValueError(f"the process grid runs {' and '.join(GRID_TERMS)} layers, not {kind}; use a 1D plan "
+                         f"(p2p) for {kind}")
+    return GRID_TERMS[kind]
+
+
 def rank_bytes(shape: GridShape, coords: dict[str, int], nodes: int, dims: tuple[int, ...],
-               itemsize: int) -> dict[str, int]:
-    """Bytes the rank at ``coords`` sends (and receives) in one epoch, by phase (:data:`PHASES`)."""
+               itemsize: int, terms: int = 1) -> dict[str, int]:
+    """Bytes the rank at ``coords`` sends (and receives) in one epoch, by phase (:data:`PHASES`); ``terms``: see
+    :func:`sparse_dist.grid_gcn.layer_collectives`."""
     out = dict.fromkeys(PHASES, 0)
     for layer in range(len(dims) - 1):
         for phase, value in layer_bytes(shape, coords, layer, nodes, dims[layer], dims[layer + 1], itemsize,
-                                        input_grad=layer > 0, aggregated_once=layer == 0).items():
+                                        input_grad=layer > 0, aggregated_once=layer == 0, terms=terms).items():
             out[phase] += value
     out["loss"] = loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize)
     return out
 
 
-def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int) -> dict[str, int]:
+def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int,
+                       terms: int = 1) -> dict[str, int]:
     """:func:`rank_bytes` of the rank with the most bytes over every phase.
 
     A rank's bytes depend on its coordinate along an axis through the blocks split over it (longer below
@@ -107,17 +123,18 @@ def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], item
     candidates = [_run_ends(shape.of(axis), (nodes, *dims)) for axis in AXES]
     best: dict[str, int] = {}
     for x, y, z in itertools.product(*candidates):
-        found = rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize)
+        found = rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize, terms)
         if not best or sum(found.values()) > sum(best.values()):
             best = found
     return best
 
 
-def all_ranks_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int) -> dict[str, int]:
+def all_ranks_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int,
+                    terms: int = 1) -> dict[str, int]:
     """:func:`rank_bytes` summed over every rank of the grid."""
     out = dict.fromkeys(PHASES, 0)
     for z, y, x in itertools.product(range(shape.z), range(shape.y), range(shape.x)):
-        for phase, value in rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize).items():
+        for phase, value in rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize, terms).items():
             out[phase] += value
     return out
 
@@ -179,9 +196,9 @@ class GridEpoch:
 
 
 def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, ...], itemsize: int, rates: Rates,
-                       net: Network, threads: int = 1) -> GridEpoch:
-    """One GCN epoch of widths ``dims`` on ``shape`` (module docstring): the slowest rank's, whose blocks are the
-    longest on every axis (coordinates 0)."""
+                       net: Network, threads: int = 1, terms: int = 1) -> GridEpoch:
+    """One epoch of widths ``dims`` on ``shape`` (module docstring; ``terms``: GCN 1, SAGE 2): the slowest
+    rank's, whose blocks are the longest on every axis (coordinates 0)."""
     ranks = shape.size
     axis_net = {axis: AxisNetwork.of(net, shape, axis) for axis in AXES}
     first = dict.fromkeys(AXES, 0)
@@ -197,15 +214,15 @@ def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, 
         f_inner, f_out = _longest(dims[layer], shape.of(inner)), _longest(dims[layer + 1], shape.of(outer))
         entries = _longest(nnz + nodes, shape.of(depth) * shape.of(outer))
         spmm += (entries * f_inner * 2) if layer > 0 else 0  # layer 0's aggregation is computed once
-        dense += n_depth * f_inner * f_out
+        dense += n_depth * terms * f_inner * f_out
         collectives = layer_collectives(shape, first, layer, nodes, dims[layer], dims[layer + 1], layer > 0,
-                                        aggregated_once=layer == 0)
+                                        aggregated_once=layer == 0, terms=terms)
         exchange += seconds(collectives, ("forward", "backward"))
         gradients += seconds(collectives, ("grad_allreduce",))
     exchange += seconds(loss_collectives(shape, first, len(dims) - 2, nodes), ("forward",))
     slowdown = shared_memory_slowdown(net, ranks, threads)
     cores = cores_per_rank(net, ranks, threads)
-    return GridEpoch(shape, busiest_rank_bytes(shape, nodes, dims, itemsize), spmm / (rates.spmm * cores),
+    return GridEpoch(shape, busiest_rank_bytes(shape, nodes, dims, itemsize, terms), spmm / (rates.spmm * cores),
                      dense / (rates.dense * cores), exchange * slowdown, gradients * slowdown)
 
 
@@ -215,12 +232,13 @@ def _longest(length: int, parts: int) -> int:
 
 
 def choose_grid(ranks: int, candidates: list[GridShape], nodes: int, nnz: int, dims: tuple[int, ...], itemsize: int,
-                rates: Rates, net: Network, threads: int = 1) -> list[GridEpoch]:
+                rates: Rates, net: Network, threads: int = 1, terms: int = 1) -> list[GridEpoch]:
     """Every candidate priced, fastest first (then fewest bytes of the busiest rank, then the shape)."""
-    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads) for shape in candidates]
+    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads, terms)
+              for shape in candidates]
     return sorted(priced, key=lambda e: (e.epoch, sum(e.bytes.values()), (e.shape.x, e.shape.y, e.shape.z)))
 
 
-__all__ = ["AUTO", "AxisNetwork", "GRID_PLAN", "GridEpoch", "PHASES", "all_ranks_bytes", "busiest_rank_bytes",
-           "choose_grid", "factorisations", "grid_shapes", "is_grid_plan", "parse_grid_plan", "predict_grid_epoch",
-           "rank_bytes", "split_plans"]
+__all__ = ["AUTO", "AxisNetwork", "GRID_PLAN", "GRID_TERMS", "GridEpoch", "PHASES", "all_ranks_bytes",
+           "busiest_rank_bytes", "choose_grid", "factorisations", "grid_shapes", "grid_terms", "is_grid_plan",
+           "parse_grid_plan", "predict_grid_epoch", "rank_bytes", "split_plans"]

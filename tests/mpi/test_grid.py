@@ -1,4 +1,4 @@
-"""GCN over a process grid under real mpiexec (tests/mpi/cases/grid_cases.py): every grid equals one process in
+"""GCN and SAGE over a process grid under real mpiexec (tests/mpi/cases/grid_cases.py): every grid equals one process in
 float64 (losses, first gradients, weights after 3 Adam steps) on a directed graph with isolated, in-only and
 out-only nodes and on Cora, with counted == predicted bytes per phase. Grids of fewer ranks run on
 sub-communicators of the same launch: rows, widths and classes that do not divide, axes with empty class blocks."""
@@ -13,7 +13,7 @@ def test_grids_of_up_to_four_ranks_equal_one_process_in_float64() -> None:
     grids = ["1,1,1", "2,1,1", "1,1,3", "2,2,1", "1,2,2"]
     result = run_case(4, "grid_cases.py", *grids, timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"grid GCN on 4 ranks, grids {' '.join(grids)}: all checks pass" in result.stdout, result.stderr
+    assert f"grid GCN and SAGE on 4 ranks, grids {' '.join(grids)}: all checks pass" in result.stdout, result.stderr
 
 
 @pytest.mark.slow
@@ -22,7 +22,7 @@ def test_grids_of_up_to_four_ranks_equal_one_process_in_float64() -> None:
 def test_more_grids_equal_one_process_in_float64(ranks: int, grids: list[str]) -> None:
     result = run_case(ranks, "grid_cases.py", *grids, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"grid GCN on {ranks} ranks, grids {' '.join(grids)}: all checks pass" in result.stdout, result.stderr
+    assert f"grid GCN and SAGE on {ranks} ranks, grids {' '.join(grids)}: all checks pass" in result.stdout, result.stderr
 
 
 def test_grid_shapes_are_parsed_and_checked_in_one_sentence() -> None:
@@ -45,7 +45,8 @@ def test_blocks_are_array_split_s() -> None:
 
 
 @pytest.mark.slow
-def test_bench_grid_trains_from_shards_with_the_bytes_of_the_model(tmp_path) -> None:
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_bench_grid_trains_from_shards_with_the_bytes_of_the_model(tmp_path, model: str) -> None:
     import json
 
     from datasets_for_tests import random_directed, write
@@ -54,14 +55,14 @@ def test_bench_grid_trains_from_shards_with_the_bytes_of_the_model(tmp_path) -> 
     data = write(random_directed(n=300, seed=3), tmp_path / "data", parts=3)
     out = tmp_path / "grid.jsonl"
     result = run_mpi(2, [str(BIN / "sparse-dist"), "bench", "grid", "--data", str(data), "--grid", "2,1,1",
-                         "--epochs", "3", "--hidden", "8", "--out", str(out)], timeout=120)
+                         "--epochs", "3", "--hidden", "8", "--model", model, "--out", str(out)], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     epochs, summary = records[:-1], records[-1]
     assert [r["epoch"] for r in epochs] == [1, 2, 3] and epochs[-1]["loss"] < epochs[0]["loss"]
     assert all(r["bytes_busiest_rank"] == r["bytes_predicted"] and r["bytes_predicted"]["forward"] > 0
                for r in epochs)
-    assert summary["grid"] == "2x1x1" and 0.0 <= summary["test_acc"] <= 1.0 and len(summary["peak_rss_bytes"]) == 2
+    assert summary["grid"] == "2x1x1" and summary["model"] == model and 0.0 <= summary["test_acc"] <= 1.0 and len(summary["peak_rss_bytes"]) == 2
     assert summary["input_bytes_busiest_rank"] == summary["input_bytes_predicted"] > 0  # layer 0 aggregated once
     assert len(summary["memory"]["estimate_over_peak"]) == 2 and all(r > 0 for r in summary["memory"]["estimate_over_peak"])
     assert result.stdout.startswith("memory: about "), result.stdout

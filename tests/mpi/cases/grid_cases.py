@@ -48,18 +48,19 @@ from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist import grid_gcn  # noqa: E402
 from sparse_dist.grid import GridShape, ProcessGrid  # noqa: E402
 from sparse_dist.grid_gcn import (GridCrossEntropy, adjacency_blocks, aggregate_input, bias_block,  # noqa: E402
-                                  grid_logits, input_block, output_classes, output_rows, predicted_input_bytes,
-                                  predicted_layer_bytes, predicted_loss_bytes, weight_block)
+                                  gcn_layer, grid_logits, input_block, output_classes, output_rows,
+                                  predicted_input_bytes, predicted_layer_bytes, predicted_loss_bytes, weight_block)
+from sparse_dist.grid_sage import TERMS, aggregate_sage_input, sage_layers  # noqa: E402
 
 HIDDEN, LAYERS, STEPS, LR = 10, 3, 3, 0.05
 TOLERANCE = 1e-12
 
 
-def graphs() -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]]:
-    """``(name, Â dense float64, row-normalised features, labels, train mask, classes)``."""
+def graphs(kind: str) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]]:
+    """``(name, Â dense float64 normalised for ``kind``, row-normalised features, labels, train mask, classes)``."""
     out = []
     for data in (random_directed(), cora()):
-        a = normalized_adjacency(data.adjacency.toarray(), "gcn").numpy()
+        a = normalized_adjacency(data.adjacency.toarray(), kind).numpy()
         features = data.features.astype(np.float64)
         sums = features.sum(axis=1, keepdims=True)
         x = np.divide(features, sums, out=np.zeros_like(features), where=sums != 0)
@@ -67,53 +68,67 @@ def graphs() -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, 
     return out
 
 
-def initial_weights(dims: list[int], seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Glorot-uniform weights layer by layer from one generator, a small non-zero bias (so its gradient path is
-    checked against a value that matters)."""
+def initial_weights(dims: list[int], kind: str, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
+    """Glorot-uniform weights layer by layer from one generator (GCN: ``(W, b)``; SAGE: ``(W_neigh, W_self,
+    b)``), a small non-zero bias (so its gradient path is checked against a value that matters)."""
     generator = torch.Generator().manual_seed(seed)
     weights = []
     for fan_in, fan_out in zip(dims[:-1], dims[1:]):
         bound = math.sqrt(6.0 / (fan_in + fan_out))
-        weight = (torch.rand(fan_in, fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+        matrices = tuple((torch.rand(fan_in, fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+                         for _ in range(2 if kind == "sage" else 1))
         bias = (torch.rand(fan_out, generator=generator, dtype=torch.float64) - 0.5) * 0.1
-        weights.append((weight, bias))
+        weights.append((*matrices, bias))
     return weights
 
 
-def reference(a: np.ndarray, x: np.ndarray, labels: np.ndarray, train: np.ndarray, dims: list[int]):
-    """Losses per step, the first step's gradients and the final weights, dense float64."""
-    params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in initial_weights(dims)]
+def reference(a: np.ndarray, x: np.ndarray, labels: np.ndarray, train: np.ndarray, dims: list[int], kind: str):
+    """Losses per step, the first step's gradients and the final weights, dense float64 (GCN: ``Â H W + b``;
+    SAGE: ``(Ā H) W_neigh + H W_self + b``)."""
+    params = [tuple(t.clone().requires_grad_() for t in layer) for layer in initial_weights(dims, kind)]
     optimizer = TextbookAdam([{"params": [p for layer in params for p in layer]}], lr=LR)
     at, xt, yt, mask = torch.from_numpy(a), torch.from_numpy(x), torch.from_numpy(labels), torch.from_numpy(train)
     losses, first_grads = [], None
     for step in range(STEPS):
         optimizer.zero_grad()
         h = xt
-        for index, (w, b) in enumerate(params):
-            h = at @ h @ w + b
+        for index, layer in enumerate(params):
+            if kind == "sage":
+                neighbour, own, b = layer
+                h = at @ h @ neighbour + h @ own + b
+            else:
+                w, b = layer
+                h = at @ h @ w + b
             if index < len(params) - 1:
                 h = torch.relu(h)
         loss = torch.nn.functional.cross_entropy(h[mask], yt[mask])
         loss.backward()
         if step == 0:
-            first_grads = [(w.grad.clone(), b.grad.clone()) for w, b in params]
+            first_grads = [tuple(t.grad.clone() for t in layer) for layer in params]
         optimizer.step()
         losses.append(float(loss.detach()))
-    return losses, first_grads, [(w.detach(), b.detach()) for w, b in params]
+    return losses, first_grads, [tuple(t.detach() for t in layer) for layer in params]
 
 
-def check_grid(comm, shape: GridShape, graph, want, failures: list[str], once: bool) -> None:
+def block_of(grid: ProcessGrid, layer: int, full: torch.Tensor) -> torch.Tensor:
+    """This rank's block of a layer's weight matrix or bias."""
+    return weight_block(grid, layer, full) if full.dim() == 2 else bias_block(grid, layer, full)
+
+
+def check_grid(comm, shape: GridShape, graph, want, failures: list[str], once: bool, kind: str) -> None:
     """One grid against the reference; ``once``: layer 0's aggregation computed before the steps."""
     name, a, x, labels, train, classes = graph
     n = a.shape[0]
     dims = [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes]
     want_losses, want_grads, want_final = want
     grid = ProcessGrid(comm, shape)
-    where = f"{name} grid {shape} rank {comm.rank} {grid.coords}"
+    where = f"{kind} on {name} grid {shape} rank {comm.rank} {grid.coords}"
+    terms = TERMS if kind == "sage" else 1
+    layer_fn = sage_layers(grid, n) if kind == "sage" else gcn_layer
     comm.stats.reset()
     blocks = adjacency_blocks(grid, sp.csr_matrix(a), LAYERS, torch.float64)
-    params = [(weight_block(grid, layer, w).requires_grad_(), bias_block(grid, layer, b).requires_grad_())
-              for layer, (w, b) in enumerate(initial_weights(dims))]
+    params = [tuple(block_of(grid, layer, t).requires_grad_() for t in full)
+              for layer, full in enumerate(initial_weights(dims, kind))]
     optimizer = TextbookAdam([{"params": [p for layer in params for p in layer]}], lr=LR)
     x_block = torch.from_numpy(np.ascontiguousarray(input_block(grid, x)))
     r0, r1 = output_rows(grid, LAYERS, n)
@@ -123,55 +138,65 @@ def check_grid(comm, shape: GridShape, graph, want, failures: list[str], once: b
                                  "grad_allreduce": 0, "halo": 0}
     for layer in range(LAYERS):
         for phase, value in predicted_layer_bytes(grid, layer, n, dims[layer], dims[layer + 1], 8,
-                                                  input_grad=layer > 0, aggregated_once=once and layer == 0).items():
+                                                  input_grad=layer > 0, aggregated_once=once and layer == 0,
+                                                  terms=terms).items():
             predicted[phase] += value
     comm.stats.reset()
-    first = aggregate_input(x_block, blocks[0], grid) if once else None
-    if comm.stats.phases["halo"].bytes_sent != (predicted_input_bytes(grid, n, x.shape[1], 8) if once else 0):
+    first = None
+    if once:
+        first = (aggregate_sage_input(x_block, blocks[0], grid, n) if kind == "sage"
+                 else aggregate_input(x_block, blocks[0], grid))
+    input_bytes = predicted_input_bytes(grid, n, x.shape[1], 8, terms)
+    if comm.stats.phases["halo"].bytes_sent != (input_bytes if once else 0):
         failures.append(f"{where}: layer 0's aggregation sent {comm.stats.phases['halo'].bytes_sent} bytes, "
-                        f"not the predicted {predicted_input_bytes(grid, n, x.shape[1], 8)}")
+                        f"not the predicted {input_bytes}")
     for step in range(STEPS):
         comm.stats.reset()
         optimizer.zero_grad()
-        h = grid_logits(None if once else x_block, params, blocks, grid, first_aggregation=first)
+        h = grid_logits(None if once else x_block, params, blocks, grid, first_aggregation=first, layer_fn=layer_fn)
         loss = GridCrossEntropy.apply(h, rows_labels, rows_train, c0, int(train.sum()), grid, LAYERS - 1)
         loss.backward()
         if not math.isclose(float(loss.detach()), want_losses[step], rel_tol=TOLERANCE):
             failures.append(f"{where}: step {step} loss {float(loss.detach())!r} != {want_losses[step]!r}")
         if step == 0:
-            for layer, ((w, b), (gw, gb)) in enumerate(zip(params, want_grads)):
-                for got, want, what in ((w.grad, weight_block(grid, layer, gw), "W"),
-                                        (b.grad, bias_block(grid, layer, gb), "b")):
-                    scale = max(float(gw.abs().max()), 1e-300)
+            for layer, (mine, theirs) in enumerate(zip(params, want_grads)):
+                scale = max(float(theirs[0].abs().max()), 1e-300)
+                for index, (tensor, full) in enumerate(zip(mine, theirs)):
+                    got, want = tensor.grad, block_of(grid, layer, full)
                     if got.shape != want.shape or (got.numel() and float((got - want).abs().max()) > TOLERANCE * scale):
-                        failures.append(f"{where}: layer {layer} d{what} differs from the reference's block")
+                        failures.append(f"{where}: layer {layer} gradient of parameter {index} differs from the "
+                                        f"reference's block")
         counted = {phase: comm.stats.phases[phase].bytes_sent for phase in predicted}
         if counted != predicted:
             failures.append(f"{where}: step {step} bytes {counted} != predicted {predicted}")
         optimizer.step()
-    for layer, ((w, b), (fw, fb)) in enumerate(zip(params, want_final)):
-        for got, want, what in ((w, weight_block(grid, layer, fw), "W"), (b, bias_block(grid, layer, fb), "b")):
-            if got.numel() and float((got.detach() - want).abs().max()) > 1e-10 * max(float(fw.abs().max()), 1.0):
-                failures.append(f"{where}: layer {layer} {what} after {STEPS} steps differs from the reference's")
+    for layer, (mine, theirs) in enumerate(zip(params, want_final)):
+        scale = max(float(theirs[0].abs().max()), 1.0)
+        for index, (got, full) in enumerate(zip(mine, theirs)):
+            want = block_of(grid, layer, full)
+            if got.numel() and float((got.detach() - want).abs().max()) > 1e-10 * scale:
+                failures.append(f"{where}: layer {layer} parameter {index} after {STEPS} steps differs from the "
+                                f"reference's")
     grid.free()
 
 
-def check_shards(comm, shape: GridShape, directory: str, failures: list[str]) -> None:
-    """The grid reader's blocks against the whole graph read part by part and normalised here."""
+def check_shards(comm, shape: GridShape, directory: str, failures: list[str], kind: str) -> None:
+    """The grid reader's blocks against the whole graph read part by part and normalised here for ``kind``."""
     meta = read_meta(directory)
     parts = [read_part(Path(directory), meta, index) for index in range(meta["num_parts"])]
     n = meta["num_nodes"]
     whole = sp.vstack([sp.csr_matrix((p["data"], p["indices"], p["indptr"]), shape=(p["indptr"].size - 1, n))
                        for p in parts]).toarray()
-    a = normalized_adjacency(whole, "gcn").numpy()
+    a = normalized_adjacency(whole, kind).numpy()
     features = np.concatenate([p["features"] for p in parts]).astype(np.float64)
     sums = features.sum(axis=1, keepdims=True)
     x = np.divide(features, sums, out=np.zeros_like(features), where=sums != 0)
     labels = np.concatenate([p["labels"] for p in parts])
     grid = ProcessGrid(comm, shape)
-    got = load_grid_graph(comm, grid, directory, LAYERS)
+    got = load_grid_graph(comm, grid, directory, LAYERS,
+                          normalization="mean" if kind == "sage" else "symmetric")
     want = adjacency_blocks(grid, sp.csr_matrix(a), LAYERS, torch.float64)
-    where = f"shards grid {shape} rank {comm.rank}"
+    where = f"{kind} shards grid {shape} rank {comm.rank}"
     for layer, (mine, theirs) in enumerate(zip(got.adjacency, want)):
         dense = theirs.forward.to_dense().numpy()
         if mine.shape != dense.shape or not np.allclose(mine.toarray(), dense, rtol=1e-14, atol=0):
@@ -188,16 +213,17 @@ def main() -> int:
     comm = world()
     failures: list[str] = []
     texts = sys.argv[1:]
-    for index, graph in enumerate(graphs()):
-        _, a, x, labels, train, classes = graph
-        grid_gcn.ALLREDUCE_PIECE_BYTES = 101 * 8 if index == 0 else 16 << 20
-        want = reference(a, x, labels, train, [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes])
-        for text in texts:
-            ranks = math.prod(int(v) for v in text.split(","))
-            sub = comm.split(int(comm.rank < ranks), comm.rank)  # the first X*Y*Z ranks form the grid
-            if comm.rank < ranks:
-                check_grid(sub, GridShape.parse(text, ranks), graph, want, failures, once=index == 0)
-            sub.free()
+    for kind in ("gcn", "sage"):
+        for index, graph in enumerate(graphs(kind)):
+            _, a, x, labels, train, classes = graph
+            grid_gcn.ALLREDUCE_PIECE_BYTES = 101 * 8 if index == 0 else 16 << 20
+            want = reference(a, x, labels, train, [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes], kind)
+            for text in texts:
+                ranks = math.prod(int(v) for v in text.split(","))
+                sub = comm.split(int(comm.rank < ranks), comm.rank)  # the first X*Y*Z ranks form the grid
+                if comm.rank < ranks:
+                    check_grid(sub, GridShape.parse(text, ranks), graph, want, failures, once=index == 0, kind=kind)
+                sub.free()
     with tempfile.TemporaryDirectory() as scratch:
         directory = comm.allgather_object(str(Path(scratch) / "random") if comm.rank == 0 else None)[0]
         if comm.rank == 0:
@@ -207,10 +233,11 @@ def main() -> int:
             ranks = math.prod(int(v) for v in text.split(","))
             sub = comm.split(int(comm.rank < ranks), comm.rank)
             if comm.rank < ranks:
-                check_shards(sub, GridShape.parse(text, ranks), directory, failures)
+                for kind in ("gcn", "sage"):
+                    check_shards(sub, GridShape.parse(text, ranks), directory, failures, kind)
             sub.free()
         comm.barrier()  # rank 0 removes the directory once every rank has read it
-    return finish(comm, failures, f"grid GCN on {comm.size} ranks, grids {' '.join(texts)}")
+    return finish(comm, failures, f"grid GCN and SAGE on {comm.size} ranks, grids {' '.join(texts)}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from runners.perf_model_cmd import _grid_plans, _plan_list
 from runners.study.collect import ResultsError
 from sparse_dist.cost import NETWORKS, Network
 from sparse_dist.grid import GridShape
-from sparse_dist.grid_gcn import predicted_layer_bytes, predicted_loss_bytes
+from sparse_dist.grid_gcn import layer_collectives, predicted_layer_bytes, predicted_loss_bytes
 
 FLAT = Network("flat", 2e-6, 1e-9, 2e-6, 1e-9, ranks_per_node=1_000, cores_per_node=1_000)
 RATES = Rates(spmm=1e8, dense=1e9)
@@ -78,6 +78,24 @@ def test_grid_plans_are_parsed_and_bad_ones_refused_in_one_sentence() -> None:
         _plan_list("p2p,grid:3,3")
     with pytest.raises(ResultsError, match=r"^plan grid:2,2,2: X \* Y \* Z = 8, not P = 4$"):
         _grid_plans(["p2p", "grid:2,2,2"], [8, 4], "gcn")
-    with pytest.raises(ResultsError, match="GCN only"):
-        _grid_plans(["grid:auto"], [4], "sage")
+    with pytest.raises(ResultsError, match=r"^plan grid:auto: the process grid runs gcn and sage layers, not gat; "
+                                           r"use a 1D plan \(p2p\) for gat$"):
+        _grid_plans(["grid:auto"], [4], "gat")
+    assert _grid_plans(["grid:auto"], [4], "sage") == ["grid:auto"]
     assert [str(s) for s in grid_shapes("grid:2,1,2", 4)] == ["2x1x2"]
+
+
+def test_sage_moves_twice_gcns_aggregation_columns_and_the_rest_alike() -> None:
+    """SAGE's aggregation, its gradient and its weights' gradient carry twice GCN's columns (its own rows beside its
+    neighbours' mean); the output's and the input gradient's allreduces are GCN's (sparse_dist.grid_sage)."""
+    shape, coords = GridShape(2, 2, 2), {"x": 1, "y": 0, "z": 1}
+    gcn = layer_collectives(shape, coords, 1, 1000, 64, 32, True)
+    sage = layer_collectives(shape, coords, 1, 1000, 64, 32, True, terms=2)
+    assert [(phase, axis) for phase, axis, _ in gcn] == [(phase, axis) for phase, axis, _ in sage]
+    n_d, f_i, f_o, n_o = 500, 32, 16, 500
+    assert [numel for *_, numel in gcn] == [n_d * f_i, n_d * f_o, f_i * f_o + f_o, n_d * f_i, n_o * f_i]
+    assert [numel for *_, numel in sage] == [n_d * 2 * f_i, n_d * f_o, 2 * f_i * f_o + f_o, n_d * 2 * f_i, n_o * f_i]
+    gcn_epoch = predict_grid_epoch(shape, 1000, 20_000, (64, 32, 7), 4, RATES, NETWORKS["ib-hdr"], 1)
+    sage_epoch = predict_grid_epoch(shape, 1000, 20_000, (64, 32, 7), 4, RATES, NETWORKS["ib-hdr"], 1, terms=2)
+    assert sage_epoch.compute_spmm == gcn_epoch.compute_spmm and sage_epoch.compute_dense > gcn_epoch.compute_dense
+    assert sage_epoch.bytes["forward"] > gcn_epoch.bytes["forward"] and sage_epoch.exchange > gcn_epoch.exchange
