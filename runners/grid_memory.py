@@ -52,10 +52,14 @@ def _length(span: tuple[int, int]) -> int:
 
 
 def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], layers: int, hidden: int,
-                itemsize: int, terms: int = 1) -> Estimate:
+                itemsize: int, terms: int = 1, dropout: bool = False) -> Estimate:
     """The bytes the rank at ``coords`` adds to its start at its peak, by part (module docstring); ``terms``: the
     aggregated terms side by side a layer keeps (GCN 1, SAGE 2: its aggregation ``n_d x terms f_i`` and ``terms``
-    weight blocks, :mod:`sparse_dist.grid_sage`)."""
+    weight blocks, :mod:`sparse_dist.grid_sage`). ``dropout``: every layer's input masked
+    (:mod:`algorithms.grid_dropout`): ``X[o, i]`` is kept instead of layer 0's aggregation (aggregated every step),
+    each layer keeps its input's boolean mask (``n_o f_i`` bytes) and its masked input, and a mask drawn at a
+    layer's whole width (``n_o F`` bytes) is alive while it is cut (counted from the code, not yet checked against
+    a measured peak)."""
     n, entries = int(meta["num_nodes"]), int(meta["num_edges"]) + int(meta["num_nodes"])
     dims = [int(meta["feature_dim"])] + [hidden] * (layers - 1) + [int(meta["num_classes"])]
 
@@ -75,17 +79,23 @@ def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], 
         graph += count * (itemsize + INDEX_BYTES) + (n_depth + 1) * INDEX_BYTES
     n_depth, n_outer, f_inner, _ = spans(0)
     aggregation = n_depth * terms * f_inner * itemsize
-    kept = masks = widest = parameters = 0
+    if dropout:
+        aggregation = n_outer * f_inner * itemsize  # X[o, i], aggregated anew every step
+    kept = masks = widest = parameters = drawn = 0
     for layer in range(layers):
         rows, _, f_in, f_out = spans(layer)
-        if layer > 0:
+        if dropout:
+            inputs = _length(block_range(n, shape.of(roles(layer)[0]), coords[roles(layer)[0]]))
+            kept += inputs * f_in * (1 + itemsize)  # the input's mask and its masked copy
+            drawn = max(drawn, inputs * dims[layer])
+        if layer > 0 or dropout:
             kept += rows * terms * f_in * itemsize
         if layer < layers - 1:
             masks += rows * f_out
         widest = max(widest, rows * max(terms * f_in, f_out) * itemsize)
         parameters += (terms * f_in * f_out + f_out) * itemsize * OPTIMIZER_COPIES
     training = {"runtime": RUNTIME_BYTES, "graph": graph, "input": aggregation, "activations": kept + masks,
-                "transient": int(TRANSIENT_COPIES * widest), "parameters": parameters}
+                "transient": int(TRANSIENT_COPIES * widest) + drawn, "parameters": parameters}
     x_block = n_outer * f_inner * itemsize
     reading = graph + x_block + READ_BYTES_PER_ENTRY * max(block_entries, default=0) + RUNTIME_BYTES
     if reading > sum(training.values()):
@@ -95,11 +105,12 @@ def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], 
 
 
 def check_grid_memory(comm: Communicator, meta: dict[str, Any], shape: GridShape, coords: dict[str, int],
-                      layers: int, hidden: int, itemsize: int, terms: int = 1) -> dict[str, Any]:
+                      layers: int, hidden: int, itemsize: int, terms: int = 1,
+                      dropout: bool = False) -> dict[str, Any]:
     """Every rank's :func:`grid_memory`, printed (rank 0, one line), and a :class:`ResourceError` raised on every
     rank (said once) where the ranks of a node together need more than its ``MemAvailable`` (collective).
     Returns the figures: ``estimate_per_rank``, ``rss_at_start_per_rank``."""
-    estimate = grid_memory(meta, shape, coords, layers, hidden, itemsize, terms)
+    estimate = grid_memory(meta, shape, coords, layers, hidden, itemsize, terms, dropout)
     everyone = comm.allgather_object({**node_memory(), "estimate": estimate.parts})
     totals = [sum(entry["estimate"].values()) for entry in everyone]
     biggest, worst = memory_verdict(comm, everyone, totals)

@@ -36,7 +36,8 @@ Memory: a rank holds each rotation's block once (its transpose is stored on CUDA
 keeps its aggregation ``T[d, i]`` and a mask of its output for the backward.
 
 GraphSAGE is :mod:`sparse_dist.grid_sage` (the same collectives, twice the aggregated columns). Not yet here (the
-process-grid issue's later parts): dropout, GAT, the training command's ``--grid``
+process-grid issue's later parts): GAT, the training command's ``--grid``; dropout is
+:mod:`algorithms.grid_dropout` (``grid_logits(..., dropout=)``)
 (``sparse-dist bench grid`` trains over the grid from shards, :mod:`runners.data.grid_reader`).
 """
 
@@ -45,6 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -268,15 +270,24 @@ def gcn_layer(h: torch.Tensor | None, params: tuple[torch.Tensor, ...], block: A
 def grid_logits(x: torch.Tensor | None, params: list[tuple[torch.Tensor, ...]],
                 blocks: list[AdjacencyBlock], grid: ProcessGrid,
                 first_aggregation: torch.Tensor | None = None, layer_fn: Callable[..., torch.Tensor] = gcn_layer,
-                ) -> torch.Tensor:
+                dropout: Any = None) -> torch.Tensor:
     """The model's output block ``[d, o]`` of its last layer from layer 0's ``X[o, i]``, or from its aggregation
     ``first_aggregation`` computed once (:func:`aggregate_input`; ``x`` is then not read): each layer's
-    ``layer_fn`` (:func:`gcn_layer`, or :func:`sparse_dist.grid_sage.sage_layer`; ``params[l]`` its weight
-    blocks and ``b[o]``, ``blocks[l % 3]`` its rotation), :class:`GridReLU` between layers. Collective over the
-    grid."""
+    ``layer_fn`` (:func:`gcn_layer`, or :func:`sparse_dist.grid_sage.sage_layers`; ``params[l]`` its weight
+    blocks and ``b[o]``, ``blocks[l % 3]`` its rotation), :class:`GridReLU` between layers. ``dropout`` (training
+    only, e.g. :class:`algorithms.grid_dropout.GridDropout`): ``drop(layer, h)`` masks each layer's input block and
+    ``scale`` multiplies the weight blocks; layer 0's input then changes every step, so it cannot come aggregated
+    once. Collective over the grid."""
+    if dropout is not None and first_aggregation is not None:
+        raise ValueError("layer 0's aggregation cannot be computed once under dropout: its input is masked anew "
+                         "every step")
     h = x
     for layer, layer_params in enumerate(params):
         cached = first_aggregation if layer == 0 else None
+        if dropout is not None:
+            assert h is not None
+            h = dropout.drop(layer, h)
+            layer_params = tuple(w * dropout.scale for w in layer_params[:-1]) + (layer_params[-1],)
         h = layer_fn(h, layer_params, blocks[layer % 3], grid, layer > 0, cached)
         if layer < len(params) - 1:
             h = GridReLU.apply(h)

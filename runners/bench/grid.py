@@ -4,7 +4,8 @@ memory.
 Measures what the 3D plan (:mod:`sparse_dist.grid_gcn`) costs on a prepared dataset before it is the training
 command's plan: every rank's memory is estimated first (:mod:`runners.grid_memory`; a run its node cannot hold is
 refused in one sentence), each rank reads its blocks (:mod:`runners.data.grid_reader`), computes layer 0's
-aggregation once, trains ``--epochs`` full-batch Adam steps of a GCN or SAGE (``--model``; no dropout), and the
+aggregation once (without ``--dropout``), trains ``--epochs`` full-batch Adam steps of a GCN or SAGE
+(``--model``; ``--dropout P`` masks every layer's input, :mod:`algorithms.grid_dropout`), and the
 command prints per epoch the loss, the slowest rank's step time, the busiest rank's bytes per phase beside the byte model's
 prediction, and at the end every rank's peak resident memory beside its estimate and the test accuracy of the
 last weights. ``--out FILE`` writes the same as JSON lines (rank 0).
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from algorithms.grid_dropout import GridDropout
 from runners.argtypes import at_least, number
 from runners.data.grid_reader import load_grid_graph
 from runners.data.shard_reader import ShardError, read_meta
@@ -48,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=at_least(1), default=5, help="Adam steps, >= 1 (default: %(default)s)")
     parser.add_argument("--lr", type=number(0.0, 10.0, low_open=True), default=0.01,
                         help="Adam's learning rate (default: %(default)s)")
+    parser.add_argument("--dropout", type=number(0.0, 1.0, high_open=True), default=0.0,
+                        help="dropout of every layer's input, in [0, 1); above 0 layer 0 is aggregated every step "
+                             "(default: %(default)s)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the weights (default: 0)")
     parser.add_argument("--out", default=None, help="JSON lines of every epoch and the summary (rank 0 writes)")
@@ -85,7 +90,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     assert meta is not None
     sage = args.model == "sage"
     terms = TERMS if sage else 1
-    memory = check_grid_memory(comm, meta, shape, grid.coords, args.layers, args.hidden, itemsize, terms)
+    dropping = args.dropout > 0.0
+    memory = check_grid_memory(comm, meta, shape, grid.coords, args.layers, args.hidden, itemsize, terms, dropping)
     began = time.perf_counter()
     graph = load_grid_graph(comm, grid, args.data, args.layers, np.float32 if dtype == torch.float32 else np.float64,
                             normalization="mean" if sage else "symmetric")
@@ -101,13 +107,16 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     layer_fn = sage_layers(grid, n) if sage else gcn_layer
     comm.stats.reset()
     features = torch.from_numpy(graph.features)
-    first = (aggregate_sage_input(features, blocks[0], grid, n) if sage
-             else aggregate_input(features, blocks[0], grid))
-    del features
+    first = None
+    if not dropping:  # X[o, i] does not change: its aggregation once, and X is not read again
+        first = (aggregate_sage_input(features, blocks[0], grid, n) if sage
+                 else aggregate_input(features, blocks[0], grid))
+        del features
+        graph.features = np.zeros((0, 0))
     input_sent = comm.allgather_array(np.array([comm.stats.phases["halo"].bytes_sent,
-                                                predicted_input_bytes(grid, n, dims[0], itemsize, terms)],
+                                                0 if dropping else predicted_input_bytes(grid, n, dims[0], itemsize,
+                                                                                         terms)],
                                                dtype=np.int64)).max(axis=0)
-    graph.features = np.zeros((0, 0))  # X[o, i] is not read again
     load_seconds = time.perf_counter() - began
     labels = torch.from_numpy(graph.labels.astype(np.int64))
     train = torch.from_numpy(graph.masks["train"])
@@ -118,7 +127,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     predicted["forward"] += predicted_loss_bytes(grid, layers - 1, n, itemsize)
     for layer in range(layers):
         for phase, value in predicted_layer_bytes(grid, layer, n, dims[layer], dims[layer + 1], itemsize,
-                                                  layer > 0, aggregated_once=layer == 0, terms=terms).items():
+                                                  layer > 0, aggregated_once=layer == 0 and not dropping,
+                                                  terms=terms).items():
             predicted[phase] += value
     records: list[dict[str, Any]] = []
     logits = first
@@ -127,7 +137,9 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         comm.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
-        h = grid_logits(None, params, blocks, grid, first_aggregation=first, layer_fn=layer_fn)
+        masks = GridDropout(args.dropout, args.seed, epoch - 1, grid, n, dims) if dropping else None
+        h = grid_logits(features if dropping else None, params, blocks, grid, first_aggregation=first,
+                        layer_fn=layer_fn, dropout=masks)
         loss = GridCrossEntropy.apply(h, labels, train, class_lo, train_count, grid, layers - 1)
         loss.backward()
         optimizer.step()
@@ -145,6 +157,9 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
             print(f"epoch {epoch:>4} loss {record['loss']:.4f} step {slowest:.3f} s  bytes (busiest rank) "
                   + ", ".join(f"{p} {b / 1e6:.2f} MB (model {e / 1e6:.2f})" for p, b, e in zip(PHASES, busiest, expected)),
                   flush=True)
+    if dropping:  # the last step's logits were dropped: the test accuracy is of a forward without dropout
+        with torch.no_grad():
+            logits = grid_logits(features, params, blocks, grid, layer_fn=layer_fn)
     classes = predicted_classes(logits, class_lo, grid, layers - 1)
     test = torch.from_numpy(graph.masks["test"])
     counts = comm.allgather_array(np.array([int((classes[test] == labels[test]).sum()), int(test.sum())],
@@ -152,8 +167,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     peaks = comm.allgather_array(np.array([_peak_rss_bytes()], dtype=np.int64))[:, 0]
     beyond = peaks - np.array(memory["rss_at_start_per_rank"], dtype=np.int64)
     ratios = np.array(memory["estimate_per_rank"], dtype=np.float64) / np.maximum(beyond, 1)
-    summary = {"type": "summary", "model": args.model, "grid": str(shape), "ranks": comm.size, "nodes": n,
-               "layers": layers,
+    summary = {"type": "summary", "model": args.model, "dropout": args.dropout, "grid": str(shape),
+               "ranks": comm.size, "nodes": n, "layers": layers,
                "hidden": args.hidden, "dtype": args.dtype, "load_seconds": load_seconds,
                "input_bytes_busiest_rank": int(input_sent[0]), "input_bytes_predicted": int(input_sent[1]),
                "memory": {**memory, "peak_beyond_start_per_rank": beyond.tolist(),

@@ -1,8 +1,8 @@
 """GCN over a process grid (sparse_dist.grid_gcn) against a single-process float64 reference, under mpiexec.
 
 For each grid given (X,Y,Z with X*Y*Z = P) and two graphs (tests/support/datasets_for_tests.py's directed
-random graph, with isolated, in-only and out-only nodes and zero feature rows, and Cora), a 3-layer GCN of
-hidden width 10 (so that widths, like the rows, do not divide by most grid axes; 4 or 7 classes, so an axis
+random graph, with isolated, in-only and out-only nodes and zero feature rows, and Cora), a 3-layer GCN and a
+3-layer GraphSAGE-mean of hidden width 10 (so that widths, like the rows, do not divide by most grid axes; 4 or 7 classes, so an axis
 of 8 leaves ranks with no class) trains 3 Adam steps in float64 on the grid and in plain dense torch
 (written here from the documented conventions, importing nothing of the grid code). Checked on every rank:
 
@@ -13,6 +13,8 @@ of 8 leaves ranks with no class) trains 3 Adam steps in float64 on the grid and 
 * the bytes of every phase this rank counted in each step equal sparse_dist.grid_gcn's prediction;
 * layer 0's aggregation both ways: computed once before the steps (its bytes in phase ``halo``, predicted too)
   on the directed graph, and in every step on Cora, so that both paths run on every grid;
+* on Cora every layer's input is dropped (p = 0.5, algorithms.grid_dropout) and the reference draws its masks
+  from the written rule (tests/support/reference_gcn.py's ``dropout_keep``), so a grid masks as one process;
 * on the directed graph the allreduces run in pieces of 101 float64 values (``ALLREDUCE_PIECE_BYTES`` lowered
   from 16 MiB, which these graphs never reach), so that the pieces and their bytes are checked too;
 * the blocks read from shards (runners/data/grid_reader.py: the directed graph in 5 random parts, so blocks
@@ -37,10 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from case_report import finish  # noqa: E402
 from datasets_for_tests import cora, random_directed  # noqa: E402
 from reference_adam import TextbookAdam  # noqa: E402
-from reference_gcn import normalized_adjacency  # noqa: E402
+from reference_gcn import dropout_keep, normalized_adjacency  # noqa: E402
 
 import tempfile  # noqa: E402
 
+from algorithms.grid_dropout import GridDropout  # noqa: E402
 from runners.data.grid_reader import load_grid_graph  # noqa: E402
 from runners.data.shard_reader import read_meta, read_part  # noqa: E402
 from runners.data.shards import write_shards  # noqa: E402
@@ -53,6 +56,7 @@ from sparse_dist.grid_gcn import (GridCrossEntropy, adjacency_blocks, aggregate_
 from sparse_dist.grid_sage import TERMS, aggregate_sage_input, sage_layers  # noqa: E402
 
 HIDDEN, LAYERS, STEPS, LR = 10, 3, 3, 0.05
+DROPOUT, DROPOUT_SEED = 0.5, 7
 TOLERANCE = 1e-12
 
 
@@ -82,9 +86,11 @@ def initial_weights(dims: list[int], kind: str, seed: int = 0) -> list[tuple[tor
     return weights
 
 
-def reference(a: np.ndarray, x: np.ndarray, labels: np.ndarray, train: np.ndarray, dims: list[int], kind: str):
+def reference(a: np.ndarray, x: np.ndarray, labels: np.ndarray, train: np.ndarray, dims: list[int], kind: str,
+              dropout: float):
     """Losses per step, the first step's gradients and the final weights, dense float64 (GCN: ``Â H W + b``;
-    SAGE: ``(Ā H) W_neigh + H W_self + b``)."""
+    SAGE: ``(Ā H) W_neigh + H W_self + b``), every layer's input dropped by the written rule (step ``s``: epoch
+    ``s``) and its kept entries scaled."""
     params = [tuple(t.clone().requires_grad_() for t in layer) for layer in initial_weights(dims, kind)]
     optimizer = TextbookAdam([{"params": [p for layer in params for p in layer]}], lr=LR)
     at, xt, yt, mask = torch.from_numpy(a), torch.from_numpy(x), torch.from_numpy(labels), torch.from_numpy(train)
@@ -93,6 +99,9 @@ def reference(a: np.ndarray, x: np.ndarray, labels: np.ndarray, train: np.ndarra
         optimizer.zero_grad()
         h = xt
         for index, layer in enumerate(params):
+            if dropout:
+                keep, scale = dropout_keep(DROPOUT_SEED, step, index, h.shape[0], h.shape[1], dropout)
+                h = h * keep * scale
             if kind == "sage":
                 neighbour, own, b = layer
                 h = at @ h @ neighbour + h @ own + b
@@ -115,8 +124,10 @@ def block_of(grid: ProcessGrid, layer: int, full: torch.Tensor) -> torch.Tensor:
     return weight_block(grid, layer, full) if full.dim() == 2 else bias_block(grid, layer, full)
 
 
-def check_grid(comm, shape: GridShape, graph, want, failures: list[str], once: bool, kind: str) -> None:
-    """One grid against the reference; ``once``: layer 0's aggregation computed before the steps."""
+def check_grid(comm, shape: GridShape, graph, want, failures: list[str], once: bool, kind: str,
+               dropout: float) -> None:
+    """One grid against the reference; ``once``: layer 0's aggregation computed before the steps (no dropout);
+    ``dropout``: every layer's input dropped (:class:`GridDropout`)."""
     name, a, x, labels, train, classes = graph
     n = a.shape[0]
     dims = [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes]
@@ -153,7 +164,9 @@ def check_grid(comm, shape: GridShape, graph, want, failures: list[str], once: b
     for step in range(STEPS):
         comm.stats.reset()
         optimizer.zero_grad()
-        h = grid_logits(None if once else x_block, params, blocks, grid, first_aggregation=first, layer_fn=layer_fn)
+        masks = GridDropout(dropout, DROPOUT_SEED, step, grid, n, dims) if dropout else None
+        h = grid_logits(None if once else x_block, params, blocks, grid, first_aggregation=first, layer_fn=layer_fn,
+                        dropout=masks)
         loss = GridCrossEntropy.apply(h, rows_labels, rows_train, c0, int(train.sum()), grid, LAYERS - 1)
         loss.backward()
         if not math.isclose(float(loss.detach()), want_losses[step], rel_tol=TOLERANCE):
@@ -217,12 +230,14 @@ def main() -> int:
         for index, graph in enumerate(graphs(kind)):
             _, a, x, labels, train, classes = graph
             grid_gcn.ALLREDUCE_PIECE_BYTES = 101 * 8 if index == 0 else 16 << 20
-            want = reference(a, x, labels, train, [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes], kind)
+            dropout = 0.0 if index == 0 else DROPOUT  # the directed graph aggregates layer 0 once: no dropout
+            want = reference(a, x, labels, train, [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes], kind, dropout)
             for text in texts:
                 ranks = math.prod(int(v) for v in text.split(","))
                 sub = comm.split(int(comm.rank < ranks), comm.rank)  # the first X*Y*Z ranks form the grid
                 if comm.rank < ranks:
-                    check_grid(sub, GridShape.parse(text, ranks), graph, want, failures, once=index == 0, kind=kind)
+                    check_grid(sub, GridShape.parse(text, ranks), graph, want, failures, once=index == 0, kind=kind,
+                               dropout=dropout)
                 sub.free()
     with tempfile.TemporaryDirectory() as scratch:
         directory = comm.allgather_object(str(Path(scratch) / "random") if comm.rank == 0 else None)[0]

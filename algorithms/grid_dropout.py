@@ -1,0 +1,65 @@
+"""Dropout on the process grid (:mod:`sparse_dist.grid_gcn`): the 1D rule's masks, cut to a rank's block.
+
+A layer's input on the grid is the block ``H[o, i]``: the rows of ``o`` and the columns of ``i`` (replicated over
+``d``). Its mask is the 1D rule's (:func:`algorithms.dropout.keep_mask`: per global row, from the seed, the epoch,
+the layer and the layer's whole width) for the rows of ``o``, cut to the columns of ``i``. So every replica over
+``d`` masks alike, and a grid run draws, entry for entry, the masks one process draws: grids equal one process
+with dropout as without. The inverted-dropout scale multiplies the layer's weight blocks (as 1D's
+``(H m)(s W)``); the biases are not scaled.
+
+Layer 0's input is masked too, so with dropout its aggregation ``Â (X ∘ M)`` changes every step: a run with
+dropout aggregates layer 0 in every step (``aggregated_once`` False in the byte functions). The mask of a hidden
+layer is drawn at its whole width and cut: ``|i|`` times the draws a rank needs (a cost, not a difference in
+values). Pure: no communication.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from algorithms.dropout import KeepRule, keep_mask
+from sparse_dist.grid import ProcessGrid, roles
+
+
+class _Masked(torch.autograd.Function):
+    """``h * mask`` (boolean mask, unscaled), its backward ``grad * mask``."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(mask)
+        return h * mask
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
+class GridDropout:
+    """The dropout of one training forward on the grid: every layer's input masked (module docstring).
+
+    ``dims``: the layers' widths ``F -> hidden ... -> classes`` (a layer's mask is drawn at its input's whole
+    width); ``nodes``: the graph's rows."""
+
+    def __init__(self, p: float, seed: int, epoch: int, grid: ProcessGrid, nodes: int, dims: list[int]) -> None:
+        self.rule = KeepRule.of(p)
+        self.seed, self.epoch, self.grid, self.nodes, self.dims = seed, epoch, grid, nodes, list(dims)
+
+    @property
+    def scale(self) -> float:
+        """What a kept entry is multiplied by (folded into the layer's weights)."""
+        return self.rule.scale
+
+    def mask(self, layer: int, device: torch.device) -> torch.Tensor:
+        """This rank's block of ``layer``'s input mask (``n_o x f_i``, boolean)."""
+        outer, inner, _ = roles(layer)
+        (r0, r1), (c0, c1) = self.grid.block(self.nodes, outer), self.grid.block(self.dims[layer], inner)
+        whole = keep_mask(self.seed, self.epoch, layer, r0, r1 - r0, self.dims[layer], self.rule.p, device)
+        return whole[:, c0:c1].contiguous()
+
+    def drop(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """``h * mask`` of ``layer``'s input block (unscaled: :attr:`scale` goes to the weights)."""
+        return _Masked.apply(h, self.mask(layer, h.device))
+
+
+__all__ = ["GridDropout"]
