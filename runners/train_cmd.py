@@ -442,8 +442,7 @@ def _finish(comm: Communicator, trainer: Trainer, config: TrainConfig, writer: R
                                 "ended_with": trainer.policies.text,
                                 "restored_at_end": trainer.guard.state.restored_at_end,
                                 "reference_every": trainer.guard.state.reference_every or config.audit_every,
-                                "reference_checks": trainer.guard.state.reference_checks,
-                                "stalls_excused": trainer.guard.state.stalls_excused}})
+                                "reference_checks": trainer.guard.state.reference_checks}})
         writer.close()
         if restored is not None:
             print(restored[1], flush=True)

@@ -51,13 +51,7 @@ from its tightening: the training loss never fell ``settle`` below the first ste
 did so by epoch 17 to 24 on the 200k synthetic, Cora and CiteSeer, SAGE's by epoch 10; ``psc:budget=0.1``,
 tightened once or twice, by epoch 32 to 57) has no level to hold and no fall to see: on the 200k synthetic
 cut into 4 random parts, ``pipe:tau=1`` wandered between 2% and 26% validation accuracy for 40 epochs with
-its loss 5% below the first step's. A slowly learning graph looks the same: on a heterophilous block model
-(20 000 nodes, 5% of the entries inside a class, 8 parts) exact training's own loss fell 0.7% in 30 epochs, and
-the rule gave every policy up at epoch 15 to 32. So a stall is the policy's only where the bias signal does not
-clear it: the step that would stall runs beside an exact reference (:mod:`algorithms.training.bias`, on the same
-weights), and where it shows the policy's training loss within ``settle / 2`` of exact's and no bias strike, the
-policy's forward is as good as exact's and the slow loss is the graph's: the stall clock starts again
-(``stalls_excused`` counts it; no decision). With the bias signal off the rule is as before. The guard then gives up at once rather than a step at a time (each step
+its loss 5% below the first step's. The guard then gives up at once rather than a step at a time (each step
 would wait a warm-up of its own): the run finishes exact from the next step, and rank 0 says so. It gives up
 the same way, restoring the best evaluation's weights, on a collapse that comes before the loss settled (the
 fall to less than half the best above): a policy that breaks training before the model has learned is not
@@ -173,9 +167,6 @@ class GuardState:
     bias_seen: str | None = None        # the last such reading, in one clause
     reference_every: int = 0            # epochs between exact references (0: not chosen yet; bias module)
     reference_checks: int = 0           # exact references read so far
-    last_reference: dict[str, float] | None = None  # the latest reading (epoch, both losses, both metrics)
-    stall_waits: bool = False           # a stall seen at this step, decided beside its exact reference
-    stalls_excused: int = 0             # stalls that reference put down to the graph (the module docstring)
 
     def record(self) -> dict[str, Any]:
         return {key: value for key, value in self.__dict__.items()}
@@ -207,11 +198,10 @@ class Guard:
             state.first_loss = loss
         if not state.settled and math.isfinite(loss) and loss <= state.first_loss * (1.0 - self.settings.settle):
             state.settled = True
-        if self._stall_check(epoch):
-            if self.reference_due(epoch):  # this step runs beside an exact reference: it decides
-                state.stall_waits = True
-            else:
-                state.stalled = True
+        stall = self.settings.stall
+        if (not state.settled and self.settings.settle > 0.0 and stall
+                and epoch > state.took_over + max(stall, self.settings.warmup)):
+            state.stalled = True
         if not math.isfinite(loss):
             state.loss_strikes = self.settings.patience
             return
@@ -224,18 +214,6 @@ class Guard:
         if len(state.recent_losses) == window:  # a level is what the loss held for ``patience`` steps
             state.lowest_loss = min(state.lowest_loss, max(state.recent_losses))
 
-    def _stall_check(self, epoch: int) -> bool:
-        """Whether ``epoch`` is past the policy in force's ``stall`` epochs with the loss not settled."""
-        state, settings = self.state, self.settings
-        return (not state.settled and settings.settle > 0.0 and bool(settings.stall)
-                and epoch > state.took_over + max(settings.stall, settings.warmup))
-
-    def _slow_graph(self, seen: bias.SameWeights) -> bool:
-        """Whether ``seen`` shows the policy's forward as good as exact's on the same weights (training loss within
-        ``settle / 2``, no bias strike): a stall is then the graph's (the module docstring)."""
-        close = seen.policy_loss <= seen.exact_loss * (1.0 + self.settings.settle / 2.0)
-        return close and bias.strikes(seen, self.validation_size, self.settings.noise) is None
-
     def reference_due(self, epoch: int) -> bool:
         """Whether the step that makes ``epoch`` (1-based) runs beside the exact reference of the bias signal:
         every ``--audit-every`` or chosen interval; before one is chosen, the step that measures its cost (step
@@ -244,7 +222,7 @@ class Guard:
         if not self.on or state.exact or self.settings.bias == "off":
             return False
         every = self.audit_every or state.reference_every
-        return (epoch % every == 0 if every else epoch >= bias.MEASURED_AT) or self._stall_check(epoch)
+        return epoch % every == 0 if every else epoch >= bias.MEASURED_AT
 
     def observe_reference(self, epoch: int, seen: bias.SameWeights, seconds: float,
                           step_seconds: float) -> dict[str, Any]:
@@ -254,13 +232,6 @@ class Guard:
         interval every rank would choose, the largest kept). Returns the reading for the epoch's record."""
         state, settings = self.state, self.settings
         state.reference_checks += 1
-        state.last_reference = {"epoch": epoch, **seen.record()}
-        if state.stall_waits:
-            state.stall_waits = False
-            if self._slow_graph(seen):
-                state.took_over, state.stalls_excused = epoch, state.stalls_excused + 1
-            else:
-                state.stalled = True
         if not self.audit_every and not state.reference_every:
             mine = np.array([bias.reference_interval(seconds, step_seconds)], dtype=np.int64)
             state.reference_every = int(self.comm.allgather_array(mine).max())

@@ -11,7 +11,6 @@ import pytest
 
 from algorithms.policies.base import RunShape
 from algorithms.policies.spec import AxisSpec
-from algorithms.training.bias import SameWeights
 from algorithms.training.guard import Guard, GuardSettings
 from algorithms.training.tighten import ActivePolicies
 from guard_runs import OneRank
@@ -263,8 +262,7 @@ def test_tightening_starts_adams_moments_afresh() -> None:
 
 def test_a_model_that_has_not_begun_to_learn_by_the_stall_epoch_finishes_exact() -> None:
     # a loss 4% below the first step's after 30 epochs, validation near chance: no fall the value or loss rules see
-    # (the bias signal off: no exact reference to tell a slow graph from a stalling policy)
-    guard = Guard(GuardSettings(warmup=10, stall=30, bias="off"), OneRank(), active=True, validation_size=20000)
+    guard = Guard(GuardSettings(warmup=10, stall=30), OneRank(), active=True, validation_size=20000)
     for epoch in range(1, 31):
         guard.observe_loss(epoch, 3.85 - 0.005 * epoch)
         guard.observe_metrics(epoch, {"val_acc": 0.08 if epoch == 11 else 0.05}, kept)
@@ -335,7 +333,7 @@ def test_the_best_is_still_kept_once_the_run_is_exact() -> None:
 
 def test_a_tightened_policy_gets_its_own_stall_epochs() -> None:
     # psc:budget=0.1 on Cora: tightened at epoch 25, its loss settled at epoch 32; the give-up waits for 25 + 30
-    guard = Guard(GuardSettings(warmup=10, stall=30, bias="off"), OneRank(), active=True, validation_size=500)
+    guard = Guard(GuardSettings(warmup=10, stall=30), OneRank(), active=True, validation_size=500)
     guard.observe_loss(1, 2.0)
     guard.tightened(26, "psc:budget=0.1", "psc:budget=0.2", False, {"sample": "psc:budget=0.2"})
     for epoch in range(26, 56):
@@ -385,37 +383,3 @@ def test_a_collapse_before_the_loss_settles_gives_up_and_restores_the_best() -> 
         settled.observe_loss(epoch, 3.85 * (0.8 if epoch > 5 else 1.0))
         settled.observe_metrics(epoch, {"val_acc": value}, kept)
     assert settled.due and settled.state.restore and not settled.state.give_up
-
-
-def test_a_stall_the_exact_reference_clears_is_the_graphs_and_the_clock_starts_again() -> None:
-    """The heterophilous block model: exact's own loss falls 0.7% in 30 epochs. The step that would stall runs
-    beside an exact reference; a policy whose forward is as good as exact's there is not given up (its stall clock
-    starts again), one whose loss lies more than settle / 2 above exact's on the same weights is."""
-    settings = GuardSettings(warmup=10, stall=30)
-    for policy_loss, excused in ((1.600, True), (1.700, False)):
-        guard = Guard(settings, OneRank(), active=True, validation_size=2000, audit_every=16)
-        for epoch in range(1, 31):
-            guard.observe_loss(epoch, 1.611 - 0.0004 * epoch)
-            assert not guard.reference_due(epoch) or epoch % 16 == 0
-        assert guard.reference_due(31)  # the stall's step runs beside a reference whatever the interval
-        guard.observe_loss(31, 1.599)
-        assert guard.state.stall_waits and not guard.state.stalled
-        guard.observe_reference(31, SameWeights(policy_loss, 1.598, 0.40, 0.41), 0.01, 0.1)
-        guard.observe_metrics(31, {"val_acc": 0.41}, kept)
-        assert guard.state.stalled != excused and guard.due != excused and not guard.state.stall_waits
-        assert guard.state.stalls_excused == int(excused)
-        if excused:
-            assert guard.state.took_over == 31 and not guard.reference_due(33)
-            for epoch in range(32, 62):
-                guard.observe_loss(epoch, 1.598)
-            assert not guard.state.stall_waits and guard.reference_due(62)
-            guard.observe_loss(62, 1.597)  # thirty epochs on: asked again, and this time the policy is behind
-            guard.observe_reference(62, SameWeights(1.75, 1.597, 0.40, 0.41), 0.01, 0.1)
-            guard.observe_metrics(62, {"val_acc": 0.41}, kept)
-            assert guard.state.stalled and guard.due and guard.state.give_up
-    # a policy biased beyond the noise on the same weights is no slow graph either, whatever its loss
-    guard = Guard(GuardSettings(warmup=10, stall=30), OneRank(), active=True, validation_size=500, audit_every=16)
-    for epoch in range(1, 32):
-        guard.observe_loss(epoch, 1.611)
-    guard.observe_reference(31, SameWeights(1.61, 1.60, 0.30, 0.41), 0.01, 0.1)  # 11 points: a bias strike
-    assert guard.state.stalled
