@@ -61,7 +61,8 @@ class TrainingRun:
         self.optimizer = self._optimizer()
         self.policies = ActivePolicies(config.sample, config.stale, config.compress)  # the guard may tighten them
         self.guard = Guard(config.guard_settings(), comm, active=not self.policies.is_exact,
-                           validation_size=self.global_counts["val"], audit_every=config.audit_every)
+                           validation_size=self.global_counts["val"], audit_every=config.audit_every,
+                           epochs=config.epochs)
         self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}
 

@@ -25,8 +25,9 @@ on the same weights by its variance, more as training goes on (``bns:keep=0.1`` 
 
 **Its cost.** With ``--audit-every K`` the guard reads the audit's forward every ``K`` epochs. Otherwise it
 chooses its own interval: the reference runs beside step 2 (step 1 pays one-off costs), and from its cost ``K``
-is the smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... at least ``t_ref / (0.05 * t_step)``: the reference forward
-then costs at most 5% of the steps' time (on Cora at P = 2 on a shared 2-core machine, one reference forward took
+is the smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... at least ``t_ref / (0.05 * t_step)``, and large enough that
+the measuring reading and the later ones together fit 5% of the run's epochs (:func:`reference_interval`): the
+reference forward then costs at most 5% of the steps' time (on Cora at P = 2 on a shared 2-core machine, one reference forward took
 0.37 to 0.8 of a step: K = 16 or 32).
 ``K`` is agreed (the largest over ranks: one allgather, once) and kept in the guard's state, so a resumed run
 checks at the same epochs; two fresh runs on differently loaded machines may choose different ``K``
@@ -111,14 +112,26 @@ def strikes(seen: SameWeights, validation_size: int, noise: float) -> str | None
     return None
 
 
-def reference_interval(reference_seconds: float, step_seconds: float, share: float = REFERENCE_SHARE) -> int:
+def reference_interval(reference_seconds: float, step_seconds: float, share: float = REFERENCE_SHARE,
+                       epochs: int | None = None) -> int:
     """Epochs between reference forwards so that they cost at most ``share`` of the steps' time: the smallest of
     1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and one and a half times them) at least
     ``reference_seconds / (share * step_seconds)``. A coarse ladder, so that two runs whose timings differ by a
     little mostly check at the same epochs; a fine one, so that from 3 on the checks cost more than two thirds
-    of the share, and the rule acts no later than it must."""
+    of the share, and the rule acts no later than it must.
+
+    ``epochs``: the run's, where known. The reading that measured the cost (beside step 2) is then counted in the
+    share too: the ``E // K`` readings at multiples of ``K`` plus that one must fit ``share * E`` steps, which
+    matters on short runs (40 epochs of the 200k synthetic at P = 4: K = 24 gave two readings, 6.3-7.9% of the
+    steps). Where the first reading alone spends the share, the interval is at least ``E + 1``: no more readings."""
     if step_seconds <= 0.0 or not math.isfinite(reference_seconds / step_seconds):
         return 1
     needed = max(reference_seconds / (share * step_seconds), 1.0)
+    none_after = False
+    if epochs:
+        affordable = share * epochs * step_seconds / max(reference_seconds, 1e-300) - 1.0  # readings after the first
+        none_after = affordable < 1.0
+        needed = needed if none_after else max(needed, epochs / affordable)
     power = 1 << max(math.ceil(math.log2(needed) - 1e-9) - 1, 0)  # half the first power of two >= needed
-    return next(step for step in (power, 3 * power // 2, 2 * power) if step >= needed - 1e-9)
+    rung = next(step for step in (power, 3 * power // 2, 2 * power) if step >= needed - 1e-9)
+    return max(rung, epochs + 1) if none_after and epochs else rung

@@ -178,10 +178,11 @@ class Guard:
     tightening waits for the start of the next step."""
 
     def __init__(self, settings: GuardSettings, comm: Communicator, active: bool, validation_size: int,
-                 audit_every: int = 0) -> None:
+                 audit_every: int = 0, epochs: int | None = None) -> None:
         """``audit_every``: the run's audit interval, whose exact forward the bias signal reads (0: it chooses
-        its own, :func:`~algorithms.training.bias.reference_interval`)."""
-        self.settings, self.comm, self.audit_every = settings, comm, audit_every
+        its own, :func:`~algorithms.training.bias.reference_interval`); ``epochs``: the run's, so that the
+        chosen interval counts the measuring reading in the share."""
+        self.settings, self.comm, self.audit_every, self.epochs = settings, comm, audit_every, epochs
         self.validation_size = validation_size  # global validation nodes: the metric's sampling noise
         self.on = settings.mode == "auto" and active
         self.state = GuardState()
@@ -233,7 +234,7 @@ class Guard:
         state, settings = self.state, self.settings
         state.reference_checks += 1
         if not self.audit_every and not state.reference_every:
-            mine = np.array([bias.reference_interval(seconds, step_seconds)], dtype=np.int64)
+            mine = np.array([bias.reference_interval(seconds, step_seconds, epochs=self.epochs)], dtype=np.int64)
             state.reference_every = int(self.comm.allgather_array(mine).max())
         why = bias.strikes(seen, self.validation_size, settings.noise)
         if why is not None and epoch > max(settings.warmup, state.quiet_until):

@@ -91,7 +91,8 @@ def check_resume(comm, data: str, expected: list[dict], final: list[torch.Tensor
 
 
 def check_chosen_interval(comm, data: str, failures: list[str]) -> None:
-    """Without --audit-every: a reference beside step 2, which measures K, then every K epochs, K on the ladder."""
+    """Without --audit-every: a reference beside step 2, which measures K, then every K epochs, K on the ladder (or
+    beyond the run's 40 epochs, where that first reading spent the 5% by itself)."""
     run = trainer(comm, data, **{**BIASED, "audit_every": 0, "epochs": 40})
     read = []
     while run.epoch < 40:
@@ -109,7 +110,7 @@ def check_chosen_interval(comm, data: str, failures: list[str]) -> None:
               flush=True)
     expected = [2] + [epoch for epoch in range(3, exact_from) if every and epoch % every == 0]
     rungs = {rung for power in (1 << k for k in range(20)) for rung in (power, 3 * power // 2)}
-    if every not in rungs or read != expected:
+    if (every not in rungs and every <= 40) or read != expected:  # above 40: the first reading spent the share
         failures.append(f"chosen interval {every}: references after {read}, expected {expected}")
 
 

@@ -35,6 +35,19 @@ def test_the_interval_is_the_first_rung_that_keeps_the_reference_within_five_per
         assert 2 / 3 * bias.REFERENCE_SHARE * step * every <= reference
 
 
+@pytest.mark.parametrize("ratio, epochs, expected", [(1.58, 40, 41), (0.2, 40, 6), (0.4, 200, 12), (1.0, 10, 24),
+                                                     (0.05, 1000, 2)])
+def test_the_measuring_reading_counts_in_the_share_of_a_run_of_known_length(ratio: float, epochs: int,
+                                                                           expected: int) -> None:
+    """On 40 epochs of the 200k synthetic a reading cost 1.58 steps: the one beside step 2 spends 4% of the run, so
+    none follows (K > E); where more fit, the first plus ``E // K`` stay within 5% of ``E`` steps."""
+    every = bias.reference_interval(ratio, 1.0, epochs=epochs)
+    assert every == expected
+    assert every >= bias.reference_interval(ratio, 1.0)  # never more often than without the run's length
+    readings = 1 + (epochs // every if every <= epochs else 0)
+    assert readings * ratio <= bias.REFERENCE_SHARE * epochs or readings == 1
+
+
 def test_a_reading_strikes_when_both_forwards_say_the_policy_is_worse_beyond_the_noise() -> None:
     floor = bias.gap_threshold(0.70, 500, 2.0)
     assert floor == pytest.approx(2.0 * (0.7 * 0.3 / 500) ** 0.5)  # 4.1 points
