@@ -45,7 +45,7 @@ class _BroadcastPlan(ExchangePlan):
 
     carries_history = True
     carries_per_receiver = False
-    no_per_receiver_reason = ("per-receiver sampling (psc: each receiver's own edge probabilities) needs the p2p "
+    no_per_receiver_reason = ("per-receiver sampling (psc, dgs: each receiver's own edges or rows) needs the p2p "
                               "plan: a broadcast sends every receiver the same rows")
 
     def __init__(self, matrix: DistCSR, dtype: torch.dtype, device: torch.device, timer: ComputeTimer,

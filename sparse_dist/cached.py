@@ -55,6 +55,9 @@ class HistoryCache:
     def __init__(self, log_limit: int = 64) -> None:
         self.versions: dict[int, np.ndarray] = {}
         self.message_counts: dict[tuple[int, int], int] = {}
+        # a sampled message's rows as rows of the exact message, per (layer, owner) (absent: all rows): a STALE
+        # message's gradients go back as those rows, and error feedback indexes its residual by them
+        self.message_positions: dict[tuple[int, int], np.ndarray] = {}
         self.blocks: dict[tuple[int, int], CachedBlock] = {}
         self.sent_rows: dict[int, torch.Tensor | None] = {}
         self.sent_reference: dict[int, torch.Tensor] = {}
@@ -84,11 +87,15 @@ class HistoryCache:
         return Message(self.message_counts[(layer, owner)], False,
                        entry.block if entry else None, entry.block_torch if entry else None,
                        self.sent_rows.get(layer) if is_owner else None, entry.values if entry else None,
-                       entry.global_rows if entry else None)
+                       entry.global_rows if entry else None, self.message_positions.get((layer, owner)))
 
-    def sent(self, layer: int, owner: int, epoch: int, count: int) -> None:
+    def sent(self, layer: int, owner: int, epoch: int, count: int, positions: np.ndarray | None = None) -> None:
         self.versions[layer][owner] = epoch
         self.message_counts[(layer, owner)] = count
+        if positions is None:
+            self.message_positions.pop((layer, owner), None)
+        else:
+            self.message_positions[(layer, owner)] = positions
 
     def store(self, layer: int, owner: int, message: Message, values: torch.Tensor, epoch: int) -> None:
         """Keep a fresh block (``values`` is a fresh receive buffer, so it never aliases a later one)."""
@@ -115,6 +122,7 @@ class HistoryCache:
         return {
             "versions": {layer: tensor(v) for layer, v in self.versions.items()},
             "message_counts": dict(self.message_counts),
+            "message_positions": {key: tensor(p) for key, p in self.message_positions.items()},
             "cache": {key: {"indptr": tensor(e.block.indptr), "indices": tensor(e.block.indices),
                             "data": tensor(e.block.data), "shape": list(e.block.shape), "values": e.values.cpu(),
                             "version": e.version, "global_rows": _rows_state(e.global_rows)}
@@ -127,6 +135,7 @@ class HistoryCache:
         device = plan.device
         self.versions = {int(k): v.numpy().copy() for k, v in state["versions"].items()}
         self.message_counts = {tuple(k): int(v) for k, v in state["message_counts"].items()}
+        self.message_positions = {tuple(k): v.numpy().copy() for k, v in state.get("message_positions", {}).items()}
         self.blocks = {}
         for key, e in state["cache"].items():
             block = sp.csr_matrix((e["data"].numpy(), e["indices"].numpy(), e["indptr"].numpy()),
@@ -195,7 +204,7 @@ class CachedStrategy(ExchangeStrategy):
         for j in plan.owners:
             if active[j]:
                 messages[j] = self.inner.fresh_message(plan, epoch, j)
-                history.sent(layer, j, epoch, messages[j].count)
+                history.sent(layer, j, epoch, messages[j].count, messages[j].positions)
             else:
                 messages[j] = history.stale_message(layer, j, is_owner=j == plan.group)
         own = messages.get(plan.group)

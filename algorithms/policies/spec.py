@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from algorithms.policies.base import RunShape
 from algorithms.policies.registry import AXIS_WORD, KINDS, PolicyKind
-from sparse_dist.plans import plan_class
+from sparse_dist.plans import PLAN_NAMES, plan_class
 
 
 PARAM_LIMITS: dict[str, dict[str, tuple[float, str]]] = {
@@ -177,7 +177,25 @@ class PolicySpec:
             per_receiver = sampler is not None and sampler.per_receiver
             problem = plan_class(shape.plan).refusal(samples=self.samples, caches=self.caches,
                                                      per_receiver=per_receiver)
+            if problem and self.samples and self.caches:
+                problem = self._sampled_and_cached(problem, per_receiver)
         return f"--plan {shape.plan} --sample {self.sample} --stale {self.stale}: {problem}" if problem else None
+
+    def _sampled_and_cached(self, problem: str, per_receiver: bool) -> str:
+        """A plan's refusal of a run that both samples and caches blocks, completed: the plan's own sentence
+        names the plans for the one capability it lacks, which may refuse the other, so say which plans carry
+        both, or, where none does, why and what composes instead."""
+        carriers = [name for name in PLAN_NAMES
+                    if plan_class(name).refusal(samples=True, caches=True, per_receiver=per_receiver) is None]
+        if carriers:
+            return f"{problem}; to sample and cache blocks together use --plan {' or '.join(carriers)}"
+        sampling = [name for name in PLAN_NAMES
+                    if plan_class(name).refusal(samples=True, caches=False, per_receiver=per_receiver) is None]
+        caching = [name for name in PLAN_NAMES if plan_class(name).refusal(samples=False, caches=True) is None]
+        return (f"per-receiver sampling ({self.sample.name}) needs --plan {' or '.join(sampling)} and cached "
+                f"historical blocks ({self.stale.name}) need --plan {' or '.join(caching)}, so no plan carries both: "
+                f"keep --sample {self.sample} with --stale pipe:tau=T (it caches no blocks), or --stale "
+                f"{self.stale} with --sample bns:keep=K,side=owner (one sample every receiver shares)")
 
     @property
     def text(self) -> str:
