@@ -104,6 +104,7 @@ ALLOWED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", ALLOWED)
 def test_an_allowed_triple_trains_guarded(cora_shards: Path, tmp_path: Path, flags: list[str]) -> None:
     out = tmp_path / "run.jsonl"
