@@ -59,6 +59,7 @@ from algorithms.layers import layer_type
 from algorithms.policies import PolicySpec, RunShape
 from algorithms.train import TrainConfig, Trainer, bytes_by_phase
 from algorithms.training.state import replicated_state_problem
+from algorithms.training.steering import DEFAULT_CEILING
 from algorithms.training.tighten import restore_best_at_end
 from runners.shm_leftovers import leftover_note
 from runners.guard_flags import guard_flag_problem
@@ -97,6 +98,11 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return problem
     if args.overlap_evaluation and args.minibatch is not None:  # kept by minibatch_flag_problem
         return "--overlap-evaluation is for full-graph training (a mini-batch step has no exchanges to hide it behind)"
+    if args.steer_evaluation and args.minibatch is not None:
+        return ("--steer-evaluation is for full-graph training (a mini-batch step computes no logits for the "
+                "validation nodes to steer by)")
+    if args.eval_every is None:
+        args.eval_every = DEFAULT_CEILING if args.steer_evaluation else 1
     if args.stop_at_target and args.target_acc is None:
         return "--stop-at-target needs --target-acc A (the validation accuracy to stop at)"
     if args.resume and not args.checkpoint:

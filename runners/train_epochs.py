@@ -61,6 +61,7 @@ class EpochRows:
     earlier: EarlierLegs | None = None  # rank 0 of a resumed run: its earlier legs' records
     clock: AccuracyClock = field(init=False)
     metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's
+    metrics_epoch: int | None = None  # the epoch whose weights ``metrics`` are
 
     def __post_init__(self) -> None:
         self.clock = AccuracyClock(self.args.target_acc)  # rank 0's: wall times are its clock after each allgather
@@ -80,7 +81,7 @@ class EpochRows:
         args, trainer, writer, record = self.args, self.trainer, self.writer, step.record
         evaluated = metrics is not None
         if metrics is not None:
-            self.metrics = metrics
+            self.metrics, self.metrics_epoch = metrics, step.epoch
         gathered = self.comm.allgather_object({"time": record["time"], "cpu": step.cpu, "bytes": record["bytes"],
                                                "cache_bytes": record["cache_bytes"],
                                                "feature_cache": record.get("feature_cache"),
@@ -113,6 +114,8 @@ class EpochRows:
             costs = [g["reference"] for g in gathered]
             evaluation["guard_reference"] = {**reading, "seconds": spread([c["seconds"] for c in costs]),
                                              "bytes": traffic_spread([c["bytes"] for c in costs])}
+        if record.get("steering") is not None:  # the same on every rank: from the allreduced signal
+            evaluation["steering"] = {**record["steering"], "metrics_epoch": self.metrics_epoch}
         if record.get("guard") is not None:  # the same on every rank: agreed at the last evaluation
             evaluation["guard"] = {key: value for key, value in record["guard"].items() if key != "line"}
             print(record["guard"]["line"], flush=True)
@@ -125,7 +128,8 @@ class EpochRows:
                       **_summarise(gathered), **evaluation, "broadcasts": record["broadcasts"],
                       "cache_bytes": spread([g["cache_bytes"] for g in gathered])})
         if epoch % args.print_every == 0 or last or epoch == 1 or stopped:
-            shown = " ".join(f"{key} {value:.4f}" for key, value in self.metrics.items())
+            whose = "" if evaluated or self.metrics_epoch is None else f" (epoch {self.metrics_epoch}'s)"
+            shown = " ".join(f"{key} {value:.4f}" for key, value in self.metrics.items()) + whose
             wall = max(g["time"]["total"] for g in gathered)
             print(f"epoch {epoch:4d} loss {record['loss']:.4f} {shown} time {wall:.4f}s", flush=True)
         return stopped
@@ -147,12 +151,14 @@ def run_epochs(comm: Communicator, args: argparse.Namespace, trainer: Trainer, c
             checkpoints.commit(epoch, trainer.state() if comm.rank == 0 else None,
                                trainer.policy_state() if trainer.has_policy_state else None)
 
+    steered = config.steer_evaluation  # the step's own signal decides (algorithms.training.steering)
     while trainer.epoch < config.epochs and not stopped:
         epoch = trainer.epoch + 1
-        evaluated = epoch % config.eval_every == 0 or epoch == config.epochs
+        scheduled = not steered and (epoch % config.eval_every == 0 or epoch == config.epochs)
         cpu_before = cpu_seconds()
-        record = trainer.train_epoch(evaluation_follows=evaluated and not overlap,
-                                     evaluate_alongside=waiting is not None)
+        record = trainer.train_epoch(evaluation_follows=scheduled and not overlap,
+                                     evaluate_alongside=waiting is not None, steered=steered and not overlap)
+        evaluated = scheduled or (steered and record["steering"]["due"] is not None)
         step = _Step(epoch, record, cpu_since(cpu_before))  # CPU: the step's and its evaluation's (after, or turned)
         if waiting is not None:  # the previous epoch's row, its evaluation done beside this step
             if rows.write(waiting, record["evaluation"], record["evaluation_seconds"]):

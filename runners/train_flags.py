@@ -12,6 +12,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES
+from algorithms.training.steering import DEFAULT_CEILING
 from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
 from runners.argtypes import seed as seed_number
 from runners.guard_flags import add_guard_arguments
@@ -128,8 +129,15 @@ def _schedule_arguments(parser: argparse._ActionsContainer) -> None:
     """``train``'s flags of one concern: epochs, evaluations and when to stop."""
     parser.add_argument("--epochs", type=at_least(1), default=200,
                         help="training epochs, >= 1 (default: %(default)s)")
-    parser.add_argument("--eval-every", type=at_least(1), default=1,
-                        help="evaluate every k epochs and after the last, k >= 1 (default: %(default)s)")
+    parser.add_argument("--eval-every", type=at_least(1), default=None,
+                        help="evaluate every k epochs and after the last, k >= 1; with --steer-evaluation at "
+                             f"least every k (default: 1; {DEFAULT_CEILING} with --steer-evaluation)")
+    parser.add_argument("--steer-evaluation", action="store_true",
+                        help="the step's own forward (its validation accuracy under the policy and dropout, "
+                             "summed in the gradient allreduce) decides when an exact evaluation is due: the "
+                             "first step, a possible --target-acc, a possible fall, at least every --eval-every "
+                             "epochs and the last; every reported accuracy stays an exact evaluation's "
+                             "(full-graph mode; default: evaluate on the --eval-every schedule)")
     parser.add_argument("--overlap-evaluation", action="store_true",
                         help="evaluate each epoch's weights beside the next step, in turns, so the evaluation's "
                              "exchanges travel while that step computes (the same metrics, bitwise; an epoch's row "

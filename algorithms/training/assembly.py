@@ -29,6 +29,7 @@ from algorithms.static_input import (HaloBudgetError, choose_input_exchange, eva
 from algorithms.training.config import PROGRESS_MODES, TrainConfig
 from algorithms.training.graph import LocalGraph, scaled_features
 from algorithms.training.guard import Guard
+from algorithms.training.steering import EvaluationSteering
 from algorithms.training.tighten import ActivePolicies
 from algorithms.training.metrics import SPLITS, moved_since
 from sparse_dist.comm import Communicator, ProgressThread, said_once, spans_nodes, threads_may_call_mpi
@@ -63,6 +64,9 @@ class TrainingRun:
         self.guard = Guard(config.guard_settings(), comm, active=not self.policies.is_exact,
                            validation_size=self.global_counts["val"], audit_every=config.audit_every,
                            epochs=config.epochs)
+        self.steering = (EvaluationSteering(config.eval_every, config.epochs, config.target_acc,
+                                            self.global_counts["val"], config.guard_drop)
+                         if config.steer_evaluation else None)
         self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}
 

@@ -27,6 +27,9 @@ class TrainConfig:
     weight_decay_scope: str = "first"  # "first": first layer only (Kipf & Welling), "all"
     epochs: int = 200
     eval_every: int = 1
+    steer_evaluation: bool = False  # the step's own forward decides when an exact evaluation is due
+                                    # (algorithms.training.steering); eval_every is then the ceiling
+    target_acc: float | None = None  # the validation accuracy a run races to (steering's target rule)
     seed: int = 0
     plan: str = "p2p"
     replication: int = 1

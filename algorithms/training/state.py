@@ -14,6 +14,7 @@ import torch
 
 from algorithms.checkpoint import checkpoint_mismatch
 from algorithms.training.assembly import TrainingRun
+from algorithms.training.steering import state_problem as steering_state_problem
 from algorithms.training.tighten import ActivePolicies, install
 
 
@@ -35,6 +36,8 @@ def replicated_state(run: TrainingRun) -> dict[str, Any]:
     for work in run.work:
         state.update(work.state())
     state.update(run.guard.state_dict())
+    if run.steering is not None:  # when exact evaluations are due: a resumed run decides as the uninterrupted one
+        state["steering"] = run.steering.state_dict()
     return state
 
 
@@ -63,7 +66,8 @@ def _shown_names(names: Any) -> str:
 def replicated_state_problem(run: TrainingRun, state: dict[str, Any]) -> str | None:
     """Why a checkpoint's replicated state (checksum passed, fingerprint matched) cannot be loaded into this run,
     or None: weights and Adam's moments of other names, shapes or dtypes than this model's, an epoch that is
-    not a count, a random-number state of another size, kept guard weights that are not this model's.
+    not a count, a random-number state of another size, kept guard weights that are not this model's, a
+    steering state that is not numbers.
     A checksum stops damage, not an author who rewrites it; this stops what would otherwise reach
     ``load_state_dict`` as a traceback."""
     template = run.model.state_dict()
@@ -76,6 +80,10 @@ def replicated_state_problem(run: TrainingRun, state: dict[str, Any]) -> str | N
     rng, mine = state.get("torch_rng"), torch.get_rng_state()
     if not isinstance(rng, torch.Tensor) or rng.dtype != mine.dtype or rng.shape != mine.shape:
         return "random-number state of another shape or type than torch's"
+    if state.get("steering") is not None:
+        problem = steering_state_problem(state["steering"])
+        if problem:
+            return problem
     kept = state.get("guard_kept")
     if isinstance(kept, dict) and "model" in kept:
         problem = _tensors_problem(kept["model"], template, "kept guard weight")
@@ -103,6 +111,8 @@ def load_replicated_state(run: TrainingRun, state: dict[str, Any]) -> None:
     run.epoch = int(state["epoch"])
     torch.set_rng_state(state["torch_rng"])
     run.guard.load_state_dict(state)
+    if run.steering is not None and state.get("steering") is not None:  # none: the next step evaluates first
+        run.steering.load_state_dict(state["steering"])
     if run.guard.state.policies is not None:  # the guard had tightened: train on with what it chose
         install(run, ActivePolicies.from_record(run.guard.state.policies))
     for work in run.work:

@@ -34,6 +34,7 @@ from algorithms.training.config import TrainConfig
 from algorithms.training.graph import LocalGraph
 from algorithms.training.metrics import (TIMED_PARTS, counters_since, local_loss_sum, moved_since, split_metrics,
                                          step_breakdown)
+from algorithms.training.steering import steered_value, steering_counts
 from algorithms.training.tighten import tighten
 from sparse_dist.comm import Communicator
 from sparse_dist.hostmem import keep_freed_memory
@@ -66,7 +67,8 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.model.parameters())
 
-    def train_epoch(self, evaluation_follows: bool = False, evaluate_alongside: bool = False) -> dict[str, Any]:
+    def train_epoch(self, evaluation_follows: bool = False, evaluate_alongside: bool = False,
+                    steered: bool = False) -> dict[str, Any]:
         """One full-graph step; returns the global loss and this rank's time breakdown (collective).
 
         ``evaluation_follows``: the caller evaluates the weights after this step next (:meth:`evaluate`). The
@@ -89,6 +91,12 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         guard's bias signal reads that forward (:meth:`Guard.reference_due`; the audit's epochs, or its own), the
         record holds ``guard_reference``: the two forwards' training losses and validation metrics, its strikes,
         and the forward's seconds and bytes; the guard counts it before it agrees at this step's evaluation.
+
+        Where the run steers its evaluations (``steer_evaluation``), the record holds ``steering``: the step's own
+        validation signal and why an exact evaluation follows it (None: none does;
+        :mod:`algorithms.training.steering`), the same on every rank. ``steered``: the caller evaluates after
+        this step when ``steering`` says so (not beside the next step), so the step then ends with that
+        evaluation as with ``evaluation_follows``.
         """
         self._evaluated = None  # an evaluation computed with an earlier step that nobody asked for
         guarded = tighten(self) if self.guard.due else None  # agreed at the last evaluation: collective
@@ -116,8 +124,14 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
             extra["evaluation"] = alongside.finish()  # before the optimiser changes the weights
             self.eval_bytes = alongside.share.bytes()
             self.guard.note_metrics(self.epoch, extra["evaluation"], self._kept_state)  # the weights it saw
-        flat = self.allreduce_gradients(loss)
+            self._observe_exact(self.epoch, extra["evaluation"])
+        signal = self._steering_counts(logits)
+        flat = self.allreduce_gradients(loss, signal)
         self.guard.observe_loss(self.epoch + 1, float(flat[-1]))
+        if signal is not None:
+            steering = self._steer(self.epoch + 1, flat[-1 - signal.numel():-1])
+            extra["steering"] = steering
+            evaluation_follows = evaluation_follows or (steered and steering["due"] is not None)
         self.spmm.lifecycle.after_step(evaluation_follows)  # pipe: its gradient flights, behind the allreduce
         with self.spmm.timer.measure("optimizer", self.device):
             self.optimizer.step()
@@ -173,16 +187,34 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         self.spmm.lifecycle.after_evaluation()
         return share.excluded_from(stats_before, 0.0)[0]
 
-    def allreduce_gradients(self, loss: torch.Tensor) -> torch.Tensor:
-        """Clip (where on), then sum the weight gradients and the loss in one flat allreduce over the replica
-        column; returns the flat buffer (its last entry the global loss). Collective; the mini-batch trainer
-        steps through it too."""
+    def _steering_counts(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """This rank's validation counts from the step's own logits where the run steers its evaluations."""
+        if self.steering is None:
+            return None
+        return steering_counts(logits, self.labels, self.masks["val"], self.graph.multilabel)
+
+    def _steer(self, epoch: int, counts: torch.Tensor) -> dict[str, Any]:
+        """The steering's decision after step ``epoch`` from the summed counts (the same on every rank)."""
+        assert self.steering is not None
+        value = steered_value(counts.tolist(), self.global_counts["val"], self.graph.multilabel)
+        return {"signal": value, "due": self.steering.due(epoch, value)}
+
+    def _observe_exact(self, epoch: int, metrics: dict[str, float]) -> None:
+        """Hand the exact validation metric of the weights after step ``epoch`` to the steering (if any)."""
+        if self.steering is not None:
+            self.steering.observe_exact(epoch, metrics.get("val_f1" if self.graph.multilabel else "val_acc"))
+
+    def allreduce_gradients(self, loss: torch.Tensor, signal: torch.Tensor | None = None) -> torch.Tensor:
+        """Clip (where on), then sum the weight gradients, ``signal`` (the steering's counts, where given) and the
+        loss in one flat allreduce over the replica column; returns the flat buffer (its last entry the global
+        loss, the summed counts just before it). Collective; the mini-batch trainer steps through it too."""
         params = self.parameters()
         if self.config.clip > 0:
             # Each of the G row groups clips its local gradient to clip / sqrt(G) (SANCUS' scaling), so the
             # summed gradient stays near the global bound.
             torch.nn.utils.clip_grad_norm_(params, self.config.clip / math.sqrt(self.col_comm.size))
-        flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
+        counts = [signal.to(loss.dtype)] if signal is not None else []
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + counts + [loss.detach().reshape(1)])
         self.col_comm.allreduce_(flat, "grad_allreduce")
         offset = 0
         for p in params:
@@ -202,6 +234,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         if metrics is None:
             metrics = self.measured_evaluation()
         self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
+        self._observe_exact(self.epoch, metrics)
         return metrics
 
     @torch.no_grad()
