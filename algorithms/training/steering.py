@@ -20,8 +20,9 @@ An exact evaluation follows step ``e`` when (the reason is recorded in the row's
   ``exact - s`` of the last :data:`GAP_PAIRS` evaluated epochs (0 where exact was lower) and ``se`` the standard
   error of an accuracy ``A`` measured on the validation nodes: the exact evaluation comes at the first step that
   may have reached the target, so time to target is exact's own as long as the gap holds;
-* ``fall``: ``s`` lies more than ``max(drop, 2 se)`` below its best so far (``drop``: the guard's), so the guard
-  sees a fall at the next step instead of at the ceiling.
+* ``fall``: after the guard's warm-up, ``s`` lies more than ``max(drop, 2 se)`` below its best so far
+  (``drop``, warm-up: the guard's), so the guard sees a fall at the next step instead of at the ceiling (during
+  its warm-up it counts no fall, so none is steered to it).
 
 Measured decision: exchanging only what the evaluated nodes' receptive field needs saves little on the graphs
 here (docs/guide/emulate.md, "Steered evaluation"), so the evaluation stays the exact full forward and is run
@@ -78,9 +79,10 @@ class EvaluationSteering:
     collective of its own. Its state travels in checkpoints (:meth:`state_dict`) so a resumed run decides as
     the uninterrupted one."""
 
-    def __init__(self, every: int, epochs: int, target: float | None, validation_size: int, drop: float) -> None:
+    def __init__(self, every: int, epochs: int, target: float | None, validation_size: int, drop: float,
+                 warmup: int = 0) -> None:
         self.every, self.epochs, self.target = every, epochs, target
-        self.validation_size, self.drop = validation_size, drop
+        self.validation_size, self.drop, self.warmup = validation_size, drop, warmup
         self.last_exact: int | None = None  # the latest epoch an exact evaluation was decided for
         self.gaps: list[float] = []  # exact - steered of the latest evaluated epochs (at most GAP_PAIRS)
         self.best: float | None = None  # the highest signal so far
@@ -111,7 +113,8 @@ class EvaluationSteering:
             gap = max([0.0, *self.gaps])
             if signal + gap + 2.0 * self.standard_error(self.target) >= self.target:
                 return "target"
-        if self.best is not None and signal < self.best - max(self.drop, 2.0 * self.standard_error(self.best)):
+        fallen = self.best is not None and signal < self.best - max(self.drop, 2.0 * self.standard_error(self.best))
+        if fallen and epoch > self.warmup:
             return "fall"
         return None
 

@@ -49,12 +49,13 @@ def test_gap_is_the_largest_of_the_latest_two_and_never_negative() -> None:
     assert steering.due(6, 0.8 - se2 + 1e-6) == "target"
 
 
-def test_a_fall_of_the_signal_beyond_drop_and_noise_is_evaluated() -> None:
-    steering = _steering(target=None, every=100, validation=1_000_000)  # noise below the 0.02 drop
+def test_a_fall_of_the_signal_beyond_drop_and_noise_is_evaluated_after_the_warm_up() -> None:
+    steering = EvaluationSteering(100, 50, None, 1_000_000, 0.02, warmup=3)  # noise below the 0.02 drop
     steering.due(1, 0.5)
     assert steering.due(2, 0.70) is None
-    assert steering.due(3, 0.69) is None  # within drop
-    assert steering.due(4, 0.67) == "fall"
+    assert steering.due(3, 0.60) is None  # a fall within the guard's warm-up: it would not count it
+    assert steering.due(4, 0.69) is None  # within drop
+    assert steering.due(5, 0.67) == "fall"
 
 
 def test_no_target_no_fall_only_first_ceiling_and_last() -> None:
