@@ -77,6 +77,7 @@ from runners.train_paths import PathError, check_paths, overlap_problems
 from runners.resources import check_train_resources, readable_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node, said_once
 from sparse_dist.compress import Codec
+from sparse_dist.state_checks import StateError
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import freed_memory_state, huge_page_state
 from sparse_dist.layout import Grid
@@ -305,6 +306,9 @@ def _resume(comm: Communicator, trainer: Trainer, resumption: Resumption) -> Non
         error = None
         try:
             trainer.load_policy_state(resumption.policy)
+        except StateError as exc:  # checked field by field: its clause says which
+            error = _unfit(resumption.current.pointer, f"its policy state for rank {comm.rank} does not fit this "
+                                                       f"run: {str(exc)[:200]}")
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
             error = _unfit(resumption.current.pointer, f"its policy state for rank {comm.rank} does not fit this "
                                                        f"run ({type(exc).__name__}: {str(exc)[:120]})")

@@ -17,6 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from sparse_dist import state_checks as checks
 from sparse_dist.exchange import (BroadcastView, ExchangeContext, ExchangeStrategy, Message, Transfer, StalenessRule,
                                   StalenessView)
 
@@ -36,12 +37,6 @@ def _rows_state(rows: np.ndarray | range | None) -> Any:
     if rows is None or isinstance(rows, range):
         return None if rows is None else [rows.start, rows.stop]
     return torch.from_numpy(np.array(rows, dtype=np.int64, copy=True))
-
-
-def _rows_from_state(state: Any) -> np.ndarray | range | None:
-    if state is None or isinstance(state, torch.Tensor):
-        return None if state is None else state.numpy().copy()
-    return range(int(state[0]), int(state[1]))
 
 
 class HistoryCache:
@@ -132,18 +127,67 @@ class HistoryCache:
         }
 
     def load_state_dict(self, state: dict[str, Any], plan: BroadcastView) -> None:
-        device = plan.device
-        self.versions = {int(k): v.numpy().copy() for k, v in state["versions"].items()}
-        self.message_counts = {tuple(k): int(v) for k, v in state["message_counts"].items()}
-        self.message_positions = {tuple(k): v.numpy().copy() for k, v in state.get("message_positions", {}).items()}
-        self.blocks = {}
+        """Restore what :meth:`state_dict` gave, every field checked against ``plan`` first (a rank file is
+        data: a forged one must not reach the CSR product; :mod:`sparse_dist.state_checks`)."""
+        device, groups = plan.device, plan.groups
+
+        def owner_key(key: Any, what: str) -> tuple[int, int]:
+            if not isinstance(key, tuple) or len(key) != 2:
+                raise checks.StateError(f"{what} key {key!r} is not (layer, owner)")
+            layer, owner = checks.count(key[0], f"{what}'s layer"), checks.count(key[1], f"{what}'s owner")
+            if owner >= groups:
+                raise checks.StateError(f"{what} names owner {owner} of {groups}")
+            return layer, owner
+
+        versions = {}
+        for layer, saved in state["versions"].items():
+            found = checks.ids(saved, f"the versions of layer {layer}", 1 << 62, low=-1)
+            if found.numel() != groups:
+                raise checks.StateError(f"the versions of layer {layer} name {found.numel()} owners of {groups}")
+            versions[checks.count(layer, "a versioned layer")] = found.numpy().copy()
+        counts = {owner_key(k, "a message count"): checks.count(v, f"the message count {k}")
+                  for k, v in state["message_counts"].items()}
+        positions = {}
+        for key, saved in state.get("message_positions", {}).items():
+            layer, owner = owner_key(key, "a message's positions")
+            bound = plan.exact_message(owner).count
+            positions[(layer, owner)] = checks.ids(saved, f"message {key}'s positions", bound).numpy().copy()
+        blocks = {}
         for key, e in state["cache"].items():
-            block = sp.csr_matrix((e["data"].numpy(), e["indices"].numpy(), e["indptr"].numpy()),
-                                  shape=tuple(e["shape"]))
-            self.blocks[tuple(key)] = CachedBlock(block, plan.csr(block), e["values"].to(device), int(e["version"]),
-                                                  _rows_from_state(e.get("global_rows")))
-        self.sent_rows = {int(k): None if v is None else v.to(device) for k, v in state["sent_rows"].items()}
-        self.sent_reference = {int(k): v.to(device) for k, v in state["sent_reference"].items()}
+            layer, owner = owner_key(key, "a cached block")
+            exact = plan.exact_message(owner).block
+            if exact is None:
+                raise checks.StateError(f"cached block {key}: this rank receives no block from owner {owner}")
+            indptr, indices, data, shape = checks.csr(e, f"cached block {key}", exact.shape[0], exact.shape[1])
+            values = checks.rows(e.get("values"), f"cached block {key}'s rows", n_rows=shape[1])
+            block = sp.csr_matrix((data.numpy(), indices.numpy(), indptr.numpy()), shape=shape)
+            blocks[(layer, owner)] = CachedBlock(block, plan.csr(block), values.to(device),
+                                                 checks.count(e.get("version"), f"cached block {key}'s version", -1),
+                                                 _checked_rows(e.get("global_rows"), key, shape[1]))
+        sent_rows = {checks.count(k, "a sent layer"): None if v is None else
+                     checks.ids(v, f"the rows sent in layer {k}", 1 << 62).to(device)
+                     for k, v in state["sent_rows"].items()}
+        reference = {checks.count(k, "a reference layer"): checks.rows(v, f"the reference rows of layer {k}").to(device)
+                     for k, v in state["sent_reference"].items()}
+        self.versions, self.message_counts, self.message_positions = versions, counts, positions
+        self.blocks, self.sent_rows, self.sent_reference = blocks, sent_rows, reference
+
+
+def _checked_rows(saved: Any, key: Any, columns: int) -> np.ndarray | range | None:
+    """A cached block's global row ids from its state, one per column, non-negative."""
+    if saved is None:
+        return None
+    if isinstance(saved, torch.Tensor):
+        found = checks.ids(saved, f"cached block {key}'s global rows", 1 << 62)
+        if found.numel() != columns:
+            raise checks.StateError(f"cached block {key} has {found.numel()} global rows for {columns} columns")
+        return found.numpy().copy()
+    if not isinstance(saved, (list, tuple)) or len(saved) != 2:
+        raise checks.StateError(f"cached block {key}'s global rows {saved!r} are not a [start, stop] range")
+    start, stop = checks.count(saved[0], "a global row range's start"), checks.count(saved[1], "its stop")
+    if stop - start != columns:
+        raise checks.StateError(f"cached block {key}'s global rows {start}..{stop} do not fit its {columns} columns")
+    return range(start, stop)
 
 
 class CachedStrategy(ExchangeStrategy):

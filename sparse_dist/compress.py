@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparse_dist import state_checks as checks
+
 FORMATS: tuple[str, ...] = ("fp16", "bf16", "int8")
 _SCALE_BYTES = 4       # int8's float32 scale a row
 _EXPONENT_BYTES = 2    # fp16's int16 exponent a row (2 bytes keep the half values aligned)
@@ -245,7 +247,11 @@ class Codec:
         return {"residuals": {key: value.cpu() for key, value in self.residuals.items()}}
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
-        self.residuals = {tuple(key): value.to(device) for key, value in state["residuals"].items()}
+        residuals = state["residuals"]
+        if not isinstance(residuals, dict) or not all(isinstance(key, tuple) for key in residuals):
+            raise checks.StateError("the feedback residuals are not a table of messages")
+        self.residuals = {key: checks.rows(value, f"the feedback residual {key}").to(device)
+                          for key, value in residuals.items()}
 
 
 def _row_peak(rows: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from sparse_dist import state_checks as checks
 from sparse_dist.exchange import BroadcastView, ExchangeContext, ExchangeStrategy, Flight, Message, Transfer, StalenessRule
 
 
@@ -221,11 +222,13 @@ class PipelinedStrategy(ExchangeStrategy):
         plan, device = self.plan, self.plan.device
 
         def restore(saved: dict[str, Any], layer: int, backward: bool) -> Flight:
-            parts = plan.parts_of(self, int(saved["source_epoch"]), backward=backward)
+            source = checks.count(saved["source_epoch"], "a kept flight's source epoch")
+            parts = plan.parts_of(self, source, backward=backward)
             for part in parts:
                 rows = saved["rows"].get(part.owner)
-                part.rows = rows.to(device) if rows is not None else None
-            return Flight(int(saved["epoch"]), layer, parts, None, int(saved["source_epoch"]))
+                what = f"the kept {'gradients' if backward else 'rows'} of layer {layer} from part {part.owner}"
+                part.rows = checks.payload(rows, what).to(device) if rows is not None else None
+            return Flight(checks.count(saved["epoch"], "a kept flight's epoch"), layer, parts, None, source)
 
         self._rows = {int(layer): deque(restore(f, int(layer), False) for f in flights)
                       for layer, flights in state["rows"].items()}
@@ -236,4 +239,4 @@ class PipelinedStrategy(ExchangeStrategy):
             table.clear()
             for key, values in saved.items():
                 table[tuple(key)] = average = _Average(self.gamma)
-                average.values = values.to(device)
+                average.values = checks.rows(values, f"the smoothed rows {key}").to(device)

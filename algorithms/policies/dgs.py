@@ -51,6 +51,7 @@ from algorithms.policies.base import (EpochWork, PolicyBase, RunShape, TrainingP
                                       per_edge_refusal)
 from algorithms.policies.dgs_explainer import Explainer, MaskedHalo
 from algorithms.policies.registry import PolicyKind
+from sparse_dist import state_checks as checks
 from sparse_dist.importance import EdgeProblem
 
 _SALT = 0x444753  # "DGS": its uniforms apart from the other policies' hashes of the same rows
@@ -188,9 +189,16 @@ class DgsExplanations(EpochWork):
         explanation = state.get("explanation")
         if explanation is None:
             return
-        self.sampler.node_p = None if explanation["node_p"] is None else explanation["node_p"].numpy().copy()
+        node_p = explanation["node_p"]
+        if node_p is not None:
+            node_p = checks.tensor(node_p, "dgs' node probabilities", dims=1, floating=True)
+            if node_p.numel() and (float(node_p.min()) < 0.0 or float(node_p.max()) > 1.0):
+                raise checks.StateError("dgs' node probabilities lie outside [0, 1]")
+        last_rows = {checks.count(layer, "a dgs layer"): checks.rows(values, f"dgs' last rows of layer {layer}")
+                     for layer, values in explanation["last_rows"].items()}
+        self.sampler.node_p = None if node_p is None else node_p.numpy().copy()
         self.last_rows.clear()  # the strategy's dict, which the explainer holds too
-        self.last_rows.update({int(layer): values.to(device) for layer, values in explanation["last_rows"].items()})
+        self.last_rows.update({layer: values.to(device) for layer, values in last_rows.items()})
 
 
 KINDS = (PolicyKind("dgs", "sample", {"nodes": float, "features": float, "every": int, "steps": int},
