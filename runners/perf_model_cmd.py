@@ -245,7 +245,7 @@ def compare(args: argparse.Namespace) -> int:
                                    int(row["replication"]), threads)
         evaluation = predict_evaluation(work_of(row), shape, row["plan"], rates, net, int(row["replication"]), threads)
         alongside = str(row.get("overlap_evaluation") or "False") == "True"
-        cycle = predict_cycle(prediction, evaluation, alongside, int(row.get("eval_every") or 1))
+        cycle = predict_cycle(prediction, evaluation, alongside, float(row.get("eval_every") or 1))
         measured_cycle = float(row["cycle_time"]) if row.get("cycle_time") not in (None, "") else None
         out.append({"run": row["run"], "world_size": row["world_size"], "plan": row["plan"], "policy": row["policy"],
                     "compress": row.get("compress") or "none",

@@ -157,7 +157,8 @@ def run_epochs(comm: Communicator, args: argparse.Namespace, trainer: Trainer, c
         scheduled = not steered and (epoch % config.eval_every == 0 or epoch == config.epochs)
         cpu_before = cpu_seconds()
         record = trainer.train_epoch(evaluation_follows=scheduled and not overlap,
-                                     evaluate_alongside=waiting is not None, steered=steered and not overlap)
+                                     evaluate_alongside=waiting is not None,
+                                     **({"steered": not overlap} if steered else {}))  # full-graph only
         evaluated = scheduled or (steered and record["steering"]["due"] is not None)
         step = _Step(epoch, record, cpu_since(cpu_before))  # CPU: the step's and its evaluation's (after, or turned)
         if waiting is not None:  # the previous epoch's row, its evaluation done beside this step

@@ -239,7 +239,7 @@ def predict_evaluation(work: Workload, shape: ModelShape, plan: str, rates: Rate
     return EvaluationCost(spmm + dense, exchange, plan_class(plan).progresses_unattended)
 
 
-def predict_cycle(step: Prediction, evaluation: EvaluationCost, alongside: bool, every: int = 1) -> float:
+def predict_cycle(step: Prediction, evaluation: EvaluationCost, alongside: bool, every: float = 1) -> float:
     """Seconds from one epoch's row to the next: a step and, every ``every`` epochs, an evaluation.
 
     After its step (``alongside`` False) an evaluation adds its compute and its exchanges. Beside the next

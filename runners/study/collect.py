@@ -20,7 +20,8 @@ exchanges, and a mini-batch run's sampling rounds and feature pulls, which are a
 ``fetch_bytes``; 0 in full-graph runs, so their ``exchange_bytes`` is unchanged),
 ``exchange_bytes_max_rank`` the largest sent + received of one rank.
 
-The evaluation: ``eval_every`` and ``overlap_evaluation`` are the run's flags; ``cycle_time`` the mean wall
+The evaluation: ``eval_every`` and ``overlap_evaluation`` are the run's flags (under ``steer_evaluation``,
+``eval_every`` is the timed epochs per evaluation the run made); ``cycle_time`` the mean wall
 seconds from one epoch's row to the next over the timed epochs (the step and its evaluation, however they
 overlap; with ``overlap_evaluation`` the last row, whose evaluation ran after its own step with nothing beside
 it, is left out); ``t_evaluation_turns`` the mean wall seconds of an evaluation's turns beside the next step
@@ -161,7 +162,8 @@ def summarise_run(records: list[dict[str, Any]], warmup: int, extra: dict[str, A
 
 def evaluation_columns(config: dict[str, Any], timed: list[dict[str, Any]], world: int) -> dict[str, Any]:
     """``eval_every``, ``overlap_evaluation``, ``cycle_time``, ``t_evaluation_turns`` and ``eval_bytes`` of a
-    run's timed epoch rows (see the module docstring)."""
+    run's timed epoch rows (see the module docstring; a steered run's ``eval_every`` is its timed epochs per
+    evaluation, measured)."""
     alongside = bool(config.get("overlap_evaluation", False))
     walls = [e["wall"] for e in timed if "wall" in e]  # results files older than ``wall``: no cycle
     cycles = [later - earlier for earlier, later in zip(walls, walls[1:])]
@@ -169,7 +171,10 @@ def evaluation_columns(config: dict[str, Any], timed: list[dict[str, Any]], worl
         cycles = cycles[:-1]
     evaluated = [e for e in timed if e.get("eval_bytes")]
     turns = [e["evaluation_turns"]["mean"] for e in timed if e.get("evaluation_turns")]
-    return {"eval_every": config.get("eval_every", 1), "overlap_evaluation": alongside,
+    every = config.get("eval_every", 1)
+    if config.get("steer_evaluation") and evaluated:  # steered: the measured mean epochs between evaluations
+        every = len(timed) / len(evaluated)
+    return {"eval_every": every, "overlap_evaluation": alongside,
             "cycle_time": _mean(cycles) if cycles else None,
             "t_evaluation_turns": _mean(turns) if turns else 0.0,
             "eval_bytes": _mean([sum(_phase_sent({"bytes": e["eval_bytes"]}, phase) for phase in EXCHANGE_PHASES)

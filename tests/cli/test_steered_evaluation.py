@@ -35,7 +35,7 @@ def _epochs(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {r["epoch"]: r for r in records if r["type"] == "epoch"}
 
 
-@pytest.mark.parametrize("ranks", [2, 3])  # 3 ranks: 2,708 rows in 12 parts, 4 a rank
+@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.slow), 3])  # 3 ranks: 2,708 rows in 12 parts, 4 a rank
 def test_steered_run_reports_only_exact_evaluations_and_finds_the_same_target_epoch(cora_shards: Path,
                                                                                     tmp_path: Path,
                                                                                     ranks: int) -> None:
@@ -75,6 +75,7 @@ def test_signal_equals_the_exact_metric_of_the_same_weights_without_dropout(cora
         assert abs(epochs[epoch + 1]["steering"]["signal"] - epochs[epoch]["val_acc"]) <= 1 / validation
 
 
+@pytest.mark.slow
 def test_resumed_steering_decides_as_the_uninterrupted_run(cora_shards: Path, tmp_path: Path) -> None:
     """Leg 1 stops at the target (a checkpoint there); leg 2 resumes to the end. Its decisions and metrics
     equal the uninterrupted run's epoch for epoch; a resumed run without the steering state would evaluate its

@@ -116,3 +116,16 @@ def test_the_cycle_is_the_wall_between_rows_and_an_evaluation_beside_a_step_book
     older = summarise_run([CONFIG, *[{k: v for k, v in e.items() if k not in ("wall", "eval_bytes")}
                                      for e in epochs], FINAL], 1, {})
     assert older["cycle_time"] is None and older["eval_bytes"] is None and older["eval_every"] == 1
+
+
+def test_a_steered_run_books_its_measured_epochs_per_evaluation() -> None:
+    """``--steer-evaluation``: ``eval_every`` is the timed epochs per evaluation the run made (the cost model's
+    cycle uses it), not the flag's ceiling."""
+    evaluated = {1, 2, 5}
+    epochs = [{**_epoch(n, {"forward": 10, "backward": 10, "grad_allreduce": 1}), "wall": float(n),
+               **({"eval_bytes": {"forward": {side: {"min": 0, "mean": 40, "max": 40} for side in ("sent", "recv")}}}
+                  if n in evaluated else {})} for n in range(1, 6)]
+    steered = summarise_run([{**CONFIG, "eval_every": 10, "steer_evaluation": True}, *epochs, FINAL], 1, {})
+    flagged = summarise_run([{**CONFIG, "eval_every": 10}, *epochs, FINAL], 1, {})
+    assert steered["eval_every"] == pytest.approx(4 / 2)  # the timed epochs 2-5, evaluated at 2 and 5
+    assert flagged["eval_every"] == 10
