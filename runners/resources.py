@@ -300,7 +300,8 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
                                 model=args.model, hidden=args.hidden, layers=args.layers, dtype=args.dtype,
                                 heads=args.heads, output_heads=args.output_heads,
                                 input_exchange=args.input_exchange, stale=str(args.stale), epochs=args.epochs,
-                                eval_every=args.eval_every, dropout=args.dropout, device=args.device)
+                                eval_every=1 if getattr(args, "steer_evaluation", False) else args.eval_every,
+                                dropout=args.dropout, device=args.device)
     disk, disk_error = None, None
     if comm.rank == 0 and meta is not None and (args.checkpoint or args.out):
         disk = train_disk(meta, args, comm.size)

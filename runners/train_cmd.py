@@ -102,6 +102,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if args.steer_evaluation and args.minibatch is not None:
         return ("--steer-evaluation is for full-graph training (a mini-batch step computes no logits for the "
                 "validation nodes to steer by)")
+    if args.steer_evaluation and not args.stale.is_none:
+        return (f"--steer-evaluation steers by the step's own forward, which --stale {args.stale} computes from "
+                f"rows of earlier epochs, so it cannot see that policy fall (a pipe run steered on Cora ended 11 "
+                f"points below the same run evaluated every step); evaluate on a schedule (--eval-every) instead")
     if args.eval_every is None:
         args.eval_every = DEFAULT_CEILING if args.steer_evaluation else 1
     if args.stop_at_target and args.target_acc is None:

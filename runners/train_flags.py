@@ -134,7 +134,7 @@ def _schedule_arguments(parser: argparse._ActionsContainer) -> None:
                              f"least every k (default: 1; {DEFAULT_CEILING} with --steer-evaluation)")
     parser.add_argument("--steer-evaluation", action="store_true",
                         help="the step's own forward (its validation accuracy under the policy and dropout, "
-                             "summed in the gradient allreduce) decides when an exact evaluation is due: the "
+                             "summed over ranks in one small allreduce) decides when an exact evaluation is due: the "
                              "first step, a possible --target-acc, a possible fall, at least every --eval-every "
                              "epochs and the last; every reported accuracy stays an exact evaluation's "
                              "(full-graph mode; default: evaluate on the --eval-every schedule)")

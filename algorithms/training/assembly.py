@@ -147,7 +147,9 @@ class TrainingRun:
                 requested, grid=self.matrix.grid, layout=graph.layout, boundary_counts=self.matrix.boundary_counts,
                 union_sizes=self.matrix.union_sizes, plan=config.plan, f_in=dims[0], f_out=dims[1],
                 itemsize=features_tensor.element_size(), epochs=config.epochs,
-                evaluations=evaluations(config.epochs, config.eval_every),
+                # steered: counted as evaluated every epoch, so that layer 0's exchange (and so the training) is
+                # the one a run evaluated after every step would choose; steering only changes when it looks
+                evaluations=evaluations(config.epochs, 1 if config.steer_evaluation else config.eval_every),
                 sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
                 budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout),
                 pair_counts=self.spmm.plan.pair_counts)

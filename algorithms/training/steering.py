@@ -2,9 +2,10 @@
 due, so a run over a slow link does not pay an exact forward's exchange after every step.
 
 Every step already computes logits for every owned row, the validation rows included, under the run's policy
-and dropout. Their validation accuracy (micro-F1 multi-label) is the *steered* signal: its counts ride in the
-gradient allreduce (a few more entries of the flat buffer, no extra collective), so every rank sees the same
-value and takes the same decision. It measures the weights the step started from, through dropout and the
+and dropout. Their validation accuracy (micro-F1 multi-label) is the *steered* signal: its counts are summed over
+the replica column in one allreduce of 1-3 numbers after the gradients' (in the gradients' buffer they would
+shift the reduction's chunks and change the summed gradients by rounding), so every rank sees the same value and
+takes the same decision. It measures the weights the step started from, through dropout and the
 policy, so it is neither the exact metric nor the same weights; it only **steers**. Every accuracy a run
 reports (the epoch rows' metrics, best, final, time to target) comes from an exact evaluation of the weights
 after the step it belongs to, as without steering; an epoch that was not evaluated carries no new metrics
@@ -23,6 +24,13 @@ An exact evaluation follows step ``e`` when (the reason is recorded in the row's
 * ``fall``: after the guard's warm-up, ``s`` lies more than ``max(drop, 2 se)`` below its best so far
   (``drop``, warm-up: the guard's), so the guard sees a fall at the next step instead of at the ceiling (during
   its warm-up it counts no fall, so none is steered to it).
+
+Refused with a staleness policy (``runners.train_cmd.check_arguments``): its step's forward uses rows of earlier
+epochs, so the signal does not follow the exact metric and the guard would not be steered to its falls.
+
+A steered run trains exactly as the run that evaluates after every step: layer 0's exchange is chosen as for
+that run (``input_exchange auto`` counts every epoch as evaluated), and the counts travel in an allreduce of
+their own, so the weights, losses and exchanged bytes of every step are that run's (tested under mpiexec).
 
 Measured decision: exchanging only what the evaluated nodes' receptive field needs saves little on the graphs
 here (docs/guide/emulate.md, "Steered evaluation"), so the evaluation stays the exact full forward and is run
@@ -48,15 +56,15 @@ REASONS = ("first", "last", "ceiling", "target", "fall")
 def steering_counts(logits: torch.Tensor, labels: torch.Tensor, validation: torch.Tensor,
                     multilabel: bool) -> torch.Tensor:
     """This rank's validation counts from ``logits`` (``rows x classes``, its owned rows; ``validation`` a bool
-    mask over them): ``[correct]``, or ``[tp, fp, fn]`` multi-label; in the logits' dtype, to be summed over
-    the replica column (they ride in the gradient allreduce)."""
+    mask over them): ``[correct]``, or ``[tp, fp, fn]`` multi-label; as float64 (exact counts to 2^53), to be
+    summed over the replica column."""
     picked = logits.detach()[validation]
     if multilabel:
         predicted, truth = picked > 0, labels[validation] > 0.5
         counts = [(predicted & truth).sum(), (predicted & ~truth).sum(), (~predicted & truth).sum()]
     else:
         counts = [(picked.argmax(dim=1) == labels[validation]).sum()]
-    return torch.stack(counts).to(logits.dtype)
+    return torch.stack(counts).to(torch.float64).contiguous()
 
 
 def steered_value(counts: Sequence[float], validation_size: int, multilabel: bool) -> float:

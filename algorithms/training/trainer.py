@@ -125,11 +125,14 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
             self.eval_bytes = alongside.share.bytes()
             self.guard.note_metrics(self.epoch, extra["evaluation"], self._kept_state)  # the weights it saw
             self._observe_exact(self.epoch, extra["evaluation"])
-        signal = self._steering_counts(logits)
-        flat = self.allreduce_gradients(loss, signal)
+        flat = self.allreduce_gradients(loss)
         self.guard.observe_loss(self.epoch + 1, float(flat[-1]))
+        signal = self._steering_counts(logits)
         if signal is not None:
-            steering = self._steer(self.epoch + 1, flat[-1 - signal.numel():-1])
+            # its own small allreduce: appended to the gradients' buffer it would move the reduction's chunk
+            # boundaries at P >= 3 and change the summed gradients by rounding (Adam's first step amplifies that)
+            self.col_comm.allreduce_(signal, "other")
+            steering = self._steer(self.epoch + 1, signal)
             extra["steering"] = steering
             evaluation_follows = evaluation_follows or (steered and steering["due"] is not None)
         self.spmm.lifecycle.after_step(evaluation_follows)  # pipe: its gradient flights, behind the allreduce
@@ -204,17 +207,16 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         if self.steering is not None:
             self.steering.observe_exact(epoch, metrics.get("val_f1" if self.graph.multilabel else "val_acc"))
 
-    def allreduce_gradients(self, loss: torch.Tensor, signal: torch.Tensor | None = None) -> torch.Tensor:
-        """Clip (where on), then sum the weight gradients, ``signal`` (the steering's counts, where given) and the
-        loss in one flat allreduce over the replica column; returns the flat buffer (its last entry the global
-        loss, the summed counts just before it). Collective; the mini-batch trainer steps through it too."""
+    def allreduce_gradients(self, loss: torch.Tensor) -> torch.Tensor:
+        """Clip (where on), then sum the weight gradients and the loss in one flat allreduce over the replica
+        column; returns the flat buffer (its last entry the global loss). Collective; the mini-batch trainer
+        steps through it too."""
         params = self.parameters()
         if self.config.clip > 0:
             # Each of the G row groups clips its local gradient to clip / sqrt(G) (SANCUS' scaling), so the
             # summed gradient stays near the global bound.
             torch.nn.utils.clip_grad_norm_(params, self.config.clip / math.sqrt(self.col_comm.size))
-        counts = [signal.to(loss.dtype)] if signal is not None else []
-        flat = torch.cat([p.grad.reshape(-1) for p in params] + counts + [loss.detach().reshape(1)])
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
         self.col_comm.allreduce_(flat, "grad_allreduce")
         offset = 0
         for p in params:

@@ -84,3 +84,4 @@ def test_a_run_whose_last_evaluations_fell_ends_on_its_best_weights(tmp_path) ->
     assert off_final["test_acc"] == off_epochs[40]["test_acc"] != final["test_acc"]
     # until the end the guard only watched: the same steps and evaluations with it on and off
     assert [(r["loss"], r["val_acc"]) for r in off_epochs.values()] == [(r["loss"], r["val_acc"]) for r in epochs.values()]
+
