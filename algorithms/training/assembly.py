@@ -65,7 +65,8 @@ class TrainingRun:
                            validation_size=self.global_counts["val"], audit_every=config.audit_every,
                            epochs=config.epochs)
         self.steering = (EvaluationSteering(config.eval_every, config.epochs, config.target_acc,
-                                            self.global_counts["val"], config.guard_drop, config.guard_warmup)
+                                            self.global_counts["val"], config.guard_drop, config.guard_warmup,
+                                            self.graph.multilabel)
                          if config.steer_evaluation else None)
         self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}

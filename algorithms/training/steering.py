@@ -88,9 +88,9 @@ class EvaluationSteering:
     the uninterrupted one."""
 
     def __init__(self, every: int, epochs: int, target: float | None, validation_size: int, drop: float,
-                 warmup: int = 0) -> None:
+                 warmup: int = 0, multilabel: bool = False) -> None:
         self.every, self.epochs, self.target = every, epochs, target
-        self.validation_size, self.drop, self.warmup = validation_size, drop, warmup
+        self.validation_size, self.drop, self.warmup, self.multilabel = validation_size, drop, warmup, multilabel
         self.last_exact: int | None = None  # the latest epoch an exact evaluation was decided for
         self.gaps: list[float] = []  # exact - steered of the latest evaluated epochs (at most GAP_PAIRS)
         self.best: float | None = None  # the highest signal so far
@@ -100,6 +100,21 @@ class EvaluationSteering:
         """The standard error of an accuracy ``value`` measured on the validation nodes."""
         value = min(max(value, 0.0), 1.0)
         return math.sqrt(value * (1.0 - value) / max(self.validation_size, 1))
+
+    def after_step(self, epoch: int, logits: torch.Tensor, labels: torch.Tensor, validation: torch.Tensor,
+                   col_comm: Any) -> dict[str, Any]:
+        """The signal of step ``epoch`` from this rank's ``logits`` (its owned rows; ``validation`` a mask over
+        them), summed over the replica column, and the decision it gives: ``{"signal", "due"}``, the same on
+        every rank. Collective over ``col_comm``: its own allreduce of 1-3 numbers (inside the gradients' buffer
+        it would shift the reduction's chunks and change the summed gradients by rounding)."""
+        counts = steering_counts(logits, labels, validation, self.multilabel)
+        col_comm.allreduce_(counts, "other")
+        value = steered_value(counts.tolist(), self.validation_size, self.multilabel)
+        return {"signal": value, "due": self.due(epoch, value)}
+
+    def observe_metrics(self, epoch: int, metrics: dict[str, float]) -> None:
+        """The exact metrics of the weights after step ``epoch``: their validation value feeds the gap."""
+        self.observe_exact(epoch, metrics.get("val_f1" if self.multilabel else "val_acc"))
 
     def due(self, epoch: int, signal: float) -> str | None:
         """Why an exact evaluation follows step ``epoch`` (1-based) whose forward gave ``signal``, or None."""

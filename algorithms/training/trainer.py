@@ -34,7 +34,6 @@ from algorithms.training.config import TrainConfig
 from algorithms.training.graph import LocalGraph
 from algorithms.training.metrics import (TIMED_PARTS, counters_since, local_loss_sum, moved_since, split_metrics,
                                          step_breakdown)
-from algorithms.training.steering import steered_value, steering_counts
 from algorithms.training.tighten import tighten
 from sparse_dist.comm import Communicator
 from sparse_dist.hostmem import keep_freed_memory
@@ -124,15 +123,12 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
             extra["evaluation"] = alongside.finish()  # before the optimiser changes the weights
             self.eval_bytes = alongside.share.bytes()
             self.guard.note_metrics(self.epoch, extra["evaluation"], self._kept_state)  # the weights it saw
-            self._observe_exact(self.epoch, extra["evaluation"])
+            if self.steering is not None:
+                self.steering.observe_metrics(self.epoch, extra["evaluation"])
         flat = self.allreduce_gradients(loss)
         self.guard.observe_loss(self.epoch + 1, float(flat[-1]))
-        signal = self._steering_counts(logits)
-        if signal is not None:
-            # its own small allreduce: appended to the gradients' buffer it would move the reduction's chunk
-            # boundaries at P >= 3 and change the summed gradients by rounding (Adam's first step amplifies that)
-            self.col_comm.allreduce_(signal, "other")
-            steering = self._steer(self.epoch + 1, signal)
+        if self.steering is not None:  # collective: the signal's own allreduce
+            steering = self.steering.after_step(self.epoch + 1, logits, self.labels, self.masks["val"], self.col_comm)
             extra["steering"] = steering
             evaluation_follows = evaluation_follows or (steered and steering["due"] is not None)
         self.spmm.lifecycle.after_step(evaluation_follows)  # pipe: its gradient flights, behind the allreduce
@@ -190,23 +186,6 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         self.spmm.lifecycle.after_evaluation()
         return share.excluded_from(stats_before, 0.0)[0]
 
-    def _steering_counts(self, logits: torch.Tensor) -> torch.Tensor | None:
-        """This rank's validation counts from the step's own logits where the run steers its evaluations."""
-        if self.steering is None:
-            return None
-        return steering_counts(logits, self.labels, self.masks["val"], self.graph.multilabel)
-
-    def _steer(self, epoch: int, counts: torch.Tensor) -> dict[str, Any]:
-        """The steering's decision after step ``epoch`` from the summed counts (the same on every rank)."""
-        assert self.steering is not None
-        value = steered_value(counts.tolist(), self.global_counts["val"], self.graph.multilabel)
-        return {"signal": value, "due": self.steering.due(epoch, value)}
-
-    def _observe_exact(self, epoch: int, metrics: dict[str, float]) -> None:
-        """Hand the exact validation metric of the weights after step ``epoch`` to the steering (if any)."""
-        if self.steering is not None:
-            self.steering.observe_exact(epoch, metrics.get("val_f1" if self.graph.multilabel else "val_acc"))
-
     def allreduce_gradients(self, loss: torch.Tensor) -> torch.Tensor:
         """Clip (where on), then sum the weight gradients and the loss in one flat allreduce over the replica
         column; returns the flat buffer (its last entry the global loss). Collective; the mini-batch trainer
@@ -236,7 +215,8 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         if metrics is None:
             metrics = self.measured_evaluation()
         self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
-        self._observe_exact(self.epoch, metrics)
+        if self.steering is not None:
+            self.steering.observe_metrics(self.epoch, metrics)
         return metrics
 
     @torch.no_grad()
