@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from mpirun import BIN, ROOT, run_mpi
+from refusals import refused as _refused
 
 from algorithms.policies import AxisSpec
 from algorithms.static_input import receiver_side
@@ -20,16 +21,6 @@ from runners.argtypes import launcher_world_size
 from runners.model_defaults import MODEL_DEFAULTS
 
 SPARSE_DIST = str(BIN / "sparse-dist")
-
-
-def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """``sparse-dist ARGV`` in this process: it must exit 2 before MPI starts; returns what it said."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
-    assert exit_info.value.code == 2
-    said = capsys.readouterr().err
-    assert said.count("error:") == 1 and "Traceback" not in said, said
-    return said
 
 
 TRAIN = ["train", "--data", "/no/such/dataset"]  # the flag must be refused before the path is looked at
