@@ -119,6 +119,8 @@ class EpochRows:
         if record.get("guard") is not None:  # the same on every rank: agreed at the last evaluation
             evaluation["guard"] = {key: value for key, value in record["guard"].items() if key != "line"}
             print(record["guard"]["line"], flush=True)
+        if record.get("bit_widths") is not None:  # the same on every rank: agreed from the summed errors
+            evaluation["bit_widths"] = record["bit_widths"]
         if record.get("explanation") is not None:  # dgs: rank 0's explanation (loss and mask means)
             evaluation["explanation"] = record["explanation"]
         if record.get("feature_cache") is not None:  # summed over ranks: needed boundary rows and cache hits

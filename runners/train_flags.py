@@ -187,9 +187,12 @@ def _exchange_arguments(parser: argparse._ActionsContainer) -> None:
                         help="most bytes of X halo rows one rank may keep, e.g. 512M or 4G (default: unlimited); "
                              "auto falls back to per-epoch above it, once is refused")
     parser.add_argument("--compress", default="none", type=str, metavar="FORMAT",
-                        help="compress what training exchanges send, rows and gradients: fp16, bf16, int8 "
-                             "(per-row float32 scale), int8:stochastic (unbiased rounding); add ,feedback for "
-                             "error feedback at the sender (default: none; evaluation stays exact)")
+                        help="compress what training exchanges send, rows and gradients: fp16, bf16, int8, "
+                             "int4, int2 (per-row float32 scale), int8:stochastic (unbiased rounding), adaptive "
+                             "(per layer and direction the fewest of 2/4/8/16 bits whose measured relative "
+                             "squared error stays within budget=E, default 1/16, not below min=B, default 4); "
+                             "add ,feedback for error feedback at the sender (default: none; evaluation stays "
+                             "exact)")
     parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
                         help="how a pipelined (pipe) exchange moves on while the rank computes: test = MPI_Test "
                              "of the outstanding exchanges at every layer's exchange; thread = also a "

@@ -139,7 +139,7 @@ class _BroadcastPlan(ExchangePlan):
                     else {j: self.exact_message(j) for j in self.owners})
         width = h.shape[1]
 
-        codec = self._codec_for(context)
+        codec = self._codec_for(context, "rows")
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
 
         def starter(part: Transfer) -> _Start:
@@ -168,7 +168,7 @@ class _BroadcastPlan(ExchangePlan):
 
     def post_gradients(self, forward: Flight, piece_of: Callable[[Transfer], torch.Tensor], width: int, phase: str,
                        context: ExchangeContext | None, strategy: ExchangeStrategy) -> Flight:
-        codec = self._codec_for(context)
+        codec = self._codec_for(context, "gradients")
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
         gather = codec is not None or self.col_comm.size == 2
 

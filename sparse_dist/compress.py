@@ -41,9 +41,22 @@ import numpy as np
 import torch
 
 from sparse_dist import state_checks as checks
+from sparse_dist.codes import halves, pack, packed_width, power_of_two, row_peak, squared_norm, unpacked
 
-FORMATS: tuple[str, ...] = ("fp16", "bf16", "int8")
-_SCALE_BYTES = 4       # int8's float32 scale a row
+FORMATS: tuple[str, ...] = ("fp16", "bf16", "int8", "int4", "int2")
+# an integer format's codes lie in [-L, L]: L = 2^(bits - 1) - 1
+_LEVELS = {"int8": 127, "int4": 7, "int2": 1}
+ADAPTIVE = "adaptive"
+SPEC_FORMS = ("fp16|bf16|int8|int4|int2[:stochastic][,feedback] or "
+              "adaptive[:stochastic][,min=2|4|8][,budget=E][,feedback]")
+DIRECTIONS: tuple[str, ...] = ("rows", "gradients")
+# an adaptive codec's widths, and the format each travels as
+WIDTH_FORMATS = {2: "int2", 4: "int4", 8: "int8", 16: "fp16"}
+# the rounding step of a width relative to what scales it (an integer format's row peak, fp16's row exponent):
+# a message's squared error scales with its square
+_RELATIVE_STEP = {2: 1.0, 4: 1.0 / 7, 8: 1.0 / 127, 16: 2.0**-10}
+DEFAULT_FLOOR, DEFAULT_BUDGET = 4, 1.0 / 16
+_SCALE_BYTES = 4       # an integer format's float32 scale a row
 _EXPONENT_BYTES = 2    # fp16's int16 exponent a row (2 bytes keep the half values aligned)
 # fp16's row exponent k: 2^k and 2^-k are both normal float32, so scaling by them is exact both ways
 _EXPONENT_RANGE = (-126, 127)
@@ -62,46 +75,70 @@ class Codec:
     feedback: bool = False
     seed: int = 0
     residuals: dict[tuple[int, str, int], torch.Tensor] = field(default_factory=dict, repr=False)
+    # where set, each message's squared coding error and squared size, summed per (layer, direction) as a
+    # float64 pair on the rows' device (adaptive bit widths read them; no host synchronisation a message)
+    errors: dict[tuple[int, str], torch.Tensor] | None = field(default=None, repr=False, compare=False)
     # work buffers reused from block to block and message to message (see :meth:`_buffer`); not state
     _scratch: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise ValueError(f"compression format must be one of {FORMATS}, got {self.format!r}")
-        if self.stochastic and self.format != "int8":
-            raise ValueError(f"stochastic rounding is an int8 option, not {self.format}'s")
+        if self.stochastic and self.format not in _LEVELS:
+            raise ValueError(f"stochastic rounding is an integer format's option, not {self.format}'s")
 
     @classmethod
     def parse(cls, text: str, seed: int = 0) -> "Codec | None":
-        """``none`` -> None; ``FORMAT[:stochastic][,feedback]`` -> a codec; empty text is refused (it would
-        silently mean none)."""
+        """``none`` -> None; ``FORMAT[:stochastic][,feedback]`` -> a codec, ``adaptive[:stochastic][,min=B]
+        [,budget=E][,feedback]`` -> an :class:`AdaptiveCodec`; empty text is refused (it would silently mean
+        none)."""
         spec = text.strip()
         if not spec:
-            raise ValueError("--compress '': an empty format; write none for no compression, or "
-                             "fp16|bf16|int8[:stochastic][,feedback]")
+            raise ValueError(f"--compress '': an empty format; write none for no compression, or {SPEC_FORMS}")
         if spec == "none":
             return None
         head, *options = [piece.strip() for piece in spec.split(",")]
         name, _, rounding = head.partition(":")
-        if rounding not in ("", "stochastic") or any(option != "feedback" for option in options):
-            raise ValueError(f"--compress {spec!r}: expected fp16|bf16|int8[:stochastic][,feedback]")
+        settings = dict(option.partition("=")[::2] for option in options if option != "feedback")
+        if rounding not in ("", "stochastic") or (settings and name != ADAPTIVE):
+            raise ValueError(f"--compress {spec!r}: expected {SPEC_FORMS}")
         try:
-            return cls(name, rounding == "stochastic", bool(options), seed)
+            if name == ADAPTIVE:
+                return AdaptiveCodec.from_settings(rounding == "stochastic", "feedback" in options, seed, settings)
+            return cls(name, rounding == "stochastic", "feedback" in options, seed)
         except ValueError as exc:
             raise ValueError(f"--compress {spec!r}: {exc}") from None
 
     def __str__(self) -> str:
         return self.format + (":stochastic" if self.stochastic else "") + (",feedback" if self.feedback else "")
 
+    @property
+    def adapts(self) -> bool:
+        """Whether its bit widths change during training (agreed between steps: :class:`AdaptiveCodec`)."""
+        return False
+
+    def at(self, layer: int, direction: str) -> "Codec":
+        """The codec of one layer's messages in one direction (``rows`` or ``gradients``): itself."""
+        return self
+
     def tightened(self) -> str | None:
-        """Its text one step closer to exact for the accuracy guard: int8 -> fp16 (no residuals: fp16's error
-        is already 2^-11 of a value), 16-bit -> None (uncompressed)."""
+        """Its text one step closer to exact for the accuracy guard (more bits): int2 -> int4 -> int8 keep
+        their options; int8 -> fp16 (no residuals: fp16's error is already 2^-11 of a value); 16-bit -> None
+        (uncompressed)."""
+        wider = {"int2": "int4", "int4": "int8"}.get(self.format)
+        if wider is not None:
+            return str(Codec(wider, self.stochastic, self.feedback, self.seed))
         return "fp16" if self.format == "int8" else None
+
+    @property
+    def bits(self) -> int:
+        """Bits a value travels as (without its row's scale or exponent)."""
+        return 16 if self.format not in _LEVELS else {127: 8, 7: 4, 1: 2}[_LEVELS[self.format]]
 
     def row_bytes(self, width: int) -> int:
         """Bytes one row of ``width`` values travels as."""
-        if self.format == "int8":
-            return width + _SCALE_BYTES
+        if self.format in _LEVELS:
+            return _SCALE_BYTES + packed_width(width, self.bits)
         return 2 * width + (_EXPONENT_BYTES if self.format == "fp16" else 0)
 
     # ------------------------------------------------------------ coding
@@ -125,12 +162,14 @@ class Codec:
         if self.format == "fp16":
             exponent = torch.empty(payload.shape[0], _EXPONENT_BYTES, dtype=payload.dtype, device=payload.device)
             exponent = exponent.copy_(payload[:, :_EXPONENT_BYTES]).view(torch.int16)
-            half = _halves(payload[:, _EXPONENT_BYTES:], torch.float16)
-            return half.to(dtype).mul_(_power_of_two(exponent, dtype))
+            half = halves(payload[:, _EXPONENT_BYTES:], torch.float16)
+            return half.to(dtype).mul_(power_of_two(exponent, dtype))
         # a fresh (r, 4) buffer: .contiguous() keeps a one-row slice's row stride (width + 4 bytes), which a view
         # as float32 refuses when width is not a multiple of 4 (one sampled row of CiteSeer's 6 classes)
         scale = torch.empty(payload.shape[0], _SCALE_BYTES, dtype=payload.dtype, device=payload.device)
         scale = scale.copy_(payload[:, :_SCALE_BYTES]).view(torch.float32)
+        if self.bits < 8:
+            return unpacked(payload[:, _SCALE_BYTES:], width, self.bits, dtype).mul_(scale.to(dtype))
         # the codes are read through a strided view of the payload (no contiguous copy); a promoting
         # torch.mul(int8, float, out=) measured 10-20x slower on CPU than this cast and in-place product
         return payload[:, _SCALE_BYTES:].view(torch.int8).to(dtype).mul_(scale.to(dtype))
@@ -148,7 +187,7 @@ class Codec:
         ``decoded``, also return what the receiver will decode, in that dtype, in a work buffer (error feedback
         needs it; int8 computes it from the codes at hand, not from the payload)."""
         if self.format == "bf16":
-            half = _halves(out, torch.bfloat16)
+            half = halves(out, torch.bfloat16)
             half.copy_(rows)  # rounded to nearest, as rows.to(bfloat16)
             if decoded is None:
                 return None
@@ -158,29 +197,29 @@ class Codec:
             if decoded is None:
                 return None
             scaled = self._buffer("decoded", rows.shape[0], rows.shape[1], decoded, rows.device).copy_(half)
-            return scaled.mul_(_power_of_two(exponent, decoded))
+            return scaled.mul_(power_of_two(exponent, decoded))
         codes, scale = self._quantize(rows, out, noise)
         return None if decoded is None else codes.to(decoded).mul_(scale.to(decoded))
 
     def _scale_to_half(self, rows: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp16: write ``rows``' exponents and half values into ``out`` (its rows of the payload); returns the
         half values (``r x F``) and the exponents (``r x 1``, int16)."""
-        peak = _row_peak(rows)
+        peak = row_peak(rows)
         # peak = m 2^e with m in [0.5, 1): k = e - 1 puts the row in (-2, 2), far inside half's range
         exponent = (torch.frexp(peak.to(torch.float32)).exponent - 1).clamp_(*_EXPONENT_RANGE).to(torch.int16)
         out[:, :_EXPONENT_BYTES] = exponent.view(torch.uint8).reshape(rows.shape[0], _EXPONENT_BYTES)
-        half = _halves(out[:, _EXPONENT_BYTES:], torch.float16)
+        half = halves(out[:, _EXPONENT_BYTES:], torch.float16)
         scaled = self._buffer("ratio", rows.shape[0], rows.shape[1], rows.dtype, rows.device)
-        torch.mul(rows, _power_of_two(exponent.neg(), rows.dtype), out=scaled)  # exact: a power of two
+        torch.mul(rows, power_of_two(exponent.neg(), rows.dtype), out=scaled)  # exact: a power of two
         half.copy_(scaled)  # rounded to nearest
         return half, exponent
 
     def _quantize(self, rows: torch.Tensor, out: torch.Tensor,
                   noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """int8: write ``rows``' scales and codes into ``out`` (its rows of the payload); returns the rounded
-        codes as float32 (``r x F``, a work buffer) and their scales (``r x 1``)."""
-        width = rows.shape[1]
-        scale = (_row_peak(rows) / 127.0).to(torch.float32)
+        """An integer format: write ``rows``' scales and codes into ``out`` (its rows of the payload); returns the
+        rounded codes as float32 (``r x F``, a work buffer) and their scales (``r x 1``)."""
+        width, levels = rows.shape[1], _LEVELS[self.format]
+        scale = (row_peak(rows) / float(levels)).to(torch.float32)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         ratio = self._buffer("ratio", rows.shape[0], width, torch.float32, rows.device)  # rounded in place below
         if rows.dtype == torch.float32:
@@ -191,9 +230,12 @@ class Codec:
             ratio.add_(noise).floor_()
         else:
             ratio.round_()
-        ratio.clamp_(-127, 127)
+        ratio.clamp_(-levels, levels)
         out[:, :_SCALE_BYTES] = scale.view(torch.uint8).reshape(rows.shape[0], _SCALE_BYTES)
-        out[:, _SCALE_BYTES:].view(torch.int8).copy_(ratio)  # integral values: the cast is exact
+        if self.bits < 8:
+            pack(ratio, levels, self.bits, out[:, _SCALE_BYTES:])
+        else:
+            out[:, _SCALE_BYTES:].view(torch.int8).copy_(ratio)  # integral values: the cast is exact
         return ratio, scale
 
     def _buffer(self, name: str, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -217,30 +259,43 @@ class Codec:
     def send(self, rows: torch.Tensor, key: tuple[int, str, int], total: int, positions: np.ndarray | None,
              seed_key: tuple[int, ...] = ()) -> torch.Tensor:
         """Encode the rows of one message (``positions``: which rows of the exact message, of ``total``, they
-        are; None: all), adding and updating the error-feedback residual where feedback is on."""
-        if not self.feedback:
+        are; None: all), adding and updating the error-feedback residual where feedback is on, and adding its
+        squared error and size to :attr:`errors` where that is kept."""
+        if not self.feedback and self.errors is None:
             return self.encode(rows, seed_key)
-        residual = self.residuals.get(key)
-        if residual is None or residual.shape != (total, rows.shape[1]):
+        residual = self.residuals.get(key) if self.feedback else None
+        if self.feedback and (residual is None or residual.shape != (total, rows.shape[1])):
             residual = self.residuals[key] = rows.new_zeros(total, rows.shape[1])
         index = None if positions is None else torch.from_numpy(np.asarray(positions, dtype=np.int64)).to(rows.device)
         rows = rows.detach()
         out = self.empty(rows.shape[0], rows.shape[1], rows.device)
         noise = self._noise(rows, seed_key)
+        sums = None if self.errors is None else torch.zeros(2, dtype=torch.float64, device=rows.device)
         for block in _row_blocks(rows):  # each block's passes stay in cache: a few hundred KiB at a time
             at = None if index is None else index[block]
             target = self._buffer("target", rows[block].shape[0], rows.shape[1], rows.dtype, rows.device)
-            if at is None:
+            if residual is None:
+                target.copy_(rows[block])
+            elif at is None:
                 torch.add(rows[block], residual[block], out=target)
             else:  # the carried residual plus the rows (the same sum either way round)
                 torch.index_select(residual, 0, at, out=target).add_(rows[block])
+            if sums is not None:
+                sums[1] += squared_norm(target)
             # e = (x + e_prev) - decode(encode(x + e_prev)), decoded as the receiver does
             error = target.sub_(self._encode_block(target, out[block], None if noise is None else noise[block],
                                                    decoded=target.dtype))
+            if sums is not None:
+                sums[0] += squared_norm(error)
+            if residual is None:
+                continue
             if at is None:
                 residual[block] = error
             else:
                 residual.index_copy_(0, at, error)
+        if sums is not None and self.errors is not None:
+            measured = key[:2]
+            self.errors[measured] = sums if measured not in self.errors else self.errors[measured].add_(sums)
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -254,26 +309,153 @@ class Codec:
                           for key, value in residuals.items()}
 
 
-def _row_peak(rows: torch.Tensor) -> torch.Tensor:
-    """Each row's largest magnitude (``r x 1``; 0 for a zero-width row)."""
-    if not rows.shape[1]:
-        return rows.new_zeros(rows.shape[0], 1)
-    # max |x| as |max(max x, -min x)|: no |rows|-sized temporary (torch.aminmax along a dimension is an order of
-    # magnitude slower on CPU than the two reductions); the outer abs makes a zero row's peak +0.0, not -0.0
-    return torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg()).abs_()
+@dataclass
+class AdaptiveCodec(Codec):
+    """Bit widths per layer and direction, chosen from each message's measured error (``--compress adaptive``).
+
+    A message of layer ``l`` in direction ``d`` (``rows`` forward, ``gradients`` backward) travels at the width
+    ``bits[(l, d)]`` (2, 4 or 8: integer codes with a float32 row scale; 16: fp16 with a row exponent), first
+    8. Each message adds its squared coding error and squared size to :attr:`errors`; between two steps every
+    rank sums them over the job and :meth:`choose` gives each (layer, direction) the fewest bits, not below
+    ``floor``, whose predicted relative squared error ``|e|^2 / |x|^2`` stays within ``budget``. The prediction
+    scales the measured error by the squared ratio of the widths' rounding steps (a row's error is at most half
+    a step a value; int4's step is 127 / 7 times int8's). The link's cost enters as the order of preference:
+    at equal error the fewer bytes win on any link slow enough to compress at all (whether to compress is the
+    link's question, the user's or ``--policy auto``'s). Why ``1/16``: a Gaussian-like row of 64 to 128
+    values has a peak 2.5-3 of its standard deviations, which gives int4 a relative error of about 0.04 and
+    int8 about 0.0001; rows with a few large values among many small ones (sparse input features, gradients
+    of a few labelled rows) exceed 1/16 at int4 and stay at int8. The guard tightens by raising the floor
+    (4 -> 8 -> fp16 everywhere). The widths are the same on every rank; the sums between two steps are a
+    rank's own (checkpointed with it).
+    """
+
+    floor: int = DEFAULT_FLOOR
+    budget: float = DEFAULT_BUDGET
+    widths: dict[tuple[int, str], int] = field(default_factory=dict)
+    _children: dict[int, Codec] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.floor not in (2, 4, 8):
+            raise ValueError(f"min must be 2, 4 or 8 bits, got {self.floor}")
+        if not (0.0 < self.budget < 1.0):
+            raise ValueError(f"budget must be a relative squared error in (0, 1), got {self.budget}")
+        if self.errors is None:
+            self.errors = {}
+
+    @classmethod
+    def from_settings(cls, stochastic: bool, feedback: bool, seed: int, settings: dict[str, str]) -> "AdaptiveCodec":
+        """From ``adaptive``'s options (``min=B``, ``budget=E``); anything else is refused."""
+        unknown = sorted(set(settings) - {"min", "budget"})
+        if unknown:
+            raise ValueError(f"adaptive takes min=B and budget=E, not {', '.join(unknown)}")
+        try:
+            floor = int(settings.get("min", DEFAULT_FLOOR))
+            budget = float(settings.get("budget", DEFAULT_BUDGET))
+        except ValueError:
+            raise ValueError("min is a bit width (2, 4 or 8), budget a number") from None
+        return cls(ADAPTIVE, stochastic, feedback, seed, floor=floor, budget=budget)
+
+    def __str__(self) -> str:
+        floor = f",min={self.floor}" if self.floor != DEFAULT_FLOOR else ""
+        budget = f",budget={self.budget:g}" if self.budget != DEFAULT_BUDGET else ""
+        return (ADAPTIVE + (":stochastic" if self.stochastic else "") + floor + budget
+                + (",feedback" if self.feedback else ""))
+
+    @property
+    def adapts(self) -> bool:
+        return True
+
+    @property
+    def start(self) -> int:
+        """The width of a message before its first measurement."""
+        return max(8, self.floor)
+
+    def at(self, layer: int, direction: str) -> Codec:
+        """The fixed-width codec of layer ``layer``'s messages in ``direction`` now (sharing the residuals and
+        the error sums): capture it when a message is posted, so that a pipelined flight decodes as it was
+        coded."""
+        width = self.widths.get((layer, direction), self.start)
+        child = self._children.get(width)
+        if child is None:
+            name = WIDTH_FORMATS[width]
+            child = self._children[width] = Codec(name, self.stochastic and name in _LEVELS, self.feedback,
+                                                  self.seed, self.residuals, self.errors)
+        return child
+
+    def tightened(self) -> str | None:
+        """More bits: the floor raised one width (2 -> 4 -> 8), then fp16 everywhere."""
+        if self.floor == 8:
+            return "fp16"
+        return str(AdaptiveCodec(ADAPTIVE, self.stochastic, self.feedback, self.seed, floor=2 * self.floor,
+                                 budget=self.budget))
+
+    def row_bytes(self, width: int) -> int:
+        """For a plan made before training (the cost model, the memory estimate): the widest width in use."""
+        return Codec(WIDTH_FORMATS[max(self.widths.values(), default=self.start)]).row_bytes(width)
+
+    def send(self, rows: torch.Tensor, key: tuple[int, str, int], total: int, positions: np.ndarray | None,
+             seed_key: tuple[int, ...] = ()) -> torch.Tensor:
+        return self.at(key[0], key[1]).send(rows, key, total, positions, seed_key)
+
+    def encode(self, rows: torch.Tensor, seed_key: tuple[int, ...] = ()) -> torch.Tensor:
+        raise TypeError("an adaptive codec codes a message at its layer's width: use at(layer, direction)")
+
+    def decode(self, payload: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+        raise TypeError("an adaptive codec decodes a message at its layer's width: use at(layer, direction)")
+
+    # ---------------------------------------------------------- choosing
+    def local_sums(self, keys: list[tuple[int, str]]) -> np.ndarray:
+        """This rank's ``(squared error, squared size)`` per key since the last :meth:`choose` (``len(keys) x
+        2``, float64; zeros where it sent nothing). Synchronises with the device."""
+        assert self.errors is not None
+        out = np.zeros((len(keys), 2), dtype=np.float64)
+        for row, key in enumerate(keys):
+            if key in self.errors:
+                out[row] = self.errors[key].cpu().numpy()
+        return out
+
+    def choose(self, keys: list[tuple[int, str]], totals: np.ndarray) -> dict[tuple[int, str], float]:
+        """New widths from the job's sums (``totals``: :meth:`local_sums` summed over every rank); returns the
+        measured relative squared error per key that sent anything. The sums start afresh."""
+        assert self.errors is not None
+        self.errors.clear()
+        measured: dict[tuple[int, str], float] = {}
+        for key, (error, size) in zip(keys, totals):
+            if size <= 0.0:
+                continue  # nothing sent: the width stays
+            current = self.widths.get(key, self.start)
+            relative = measured[key] = float(error / size)
+            fitting = [bits for bits in sorted(WIDTH_FORMATS) if bits >= self.floor
+                       and relative * (_RELATIVE_STEP[bits] / _RELATIVE_STEP[current]) ** 2 <= self.budget]
+            self.widths[key] = fitting[0] if fitting else 16
+        return measured
+
+    def pending_state(self) -> dict[str, list[float]]:
+        """The sums since the last choice, per ``"layer/direction"`` (a rank's own: checkpointed per rank)."""
+        assert self.errors is not None
+        return {f"{layer}/{direction}": [float(v) for v in sums.cpu().tolist()]
+                for (layer, direction), sums in self.errors.items()}
+
+    def load_pending_state(self, state: dict[str, list[float]], device: torch.device) -> None:
+        assert self.errors is not None
+        self.errors.clear()
+        for text, sums in state.items():
+            self.errors[width_key(text)] = torch.tensor(sums, dtype=torch.float64, device=device)
 
 
-def _halves(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``part`` (``r x 2F`` payload bytes) seen as ``r x F`` 16-bit values of ``dtype``, without a copy; a
-    zero-width part has no bytes to view, so a zero-width tensor stands in."""
-    if part.shape[1]:
-        return part.view(dtype)
-    return part.new_empty(part.shape[0], 0, dtype=dtype)
+def width_key(text: str) -> tuple[int, str]:
+    """``"layer/direction"`` -> ``(layer, direction)``; anything else is refused (ValueError)."""
+    layer, _, direction = text.partition("/")
+    if not layer.isdigit() or direction not in DIRECTIONS:
+        raise ValueError(f"{text!r} is not a layer/direction key")
+    return int(layer), direction
 
 
-def _power_of_two(exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``2^exponent`` in ``dtype`` (exact for fp16's exponents, :data:`_EXPONENT_RANGE`)."""
-    return torch.ldexp(torch.ones(exponent.shape, dtype=dtype, device=exponent.device), exponent.to(torch.int32))
+
+
+
+
+
 
 
 def _row_blocks(rows: torch.Tensor) -> list[slice]:

@@ -125,9 +125,13 @@ class ExchangePlan(ABC):
         """The strategy of a call: the plan's while training, else (evaluation, the audit) the exact one."""
         return self.strategy if context is not None and context.training and not context.bypass_policy else self.exact_strategy
 
-    def _codec_for(self, context: ExchangeContext | None) -> Codec | None:
-        """The compression of this call: training exchanges only (evaluation and the audit stay exact)."""
-        return self.codec if context is not None and context.training and not context.bypass_policy else None
+    def _codec_for(self, context: ExchangeContext | None, direction: str) -> Codec | None:
+        """The compression of this call's messages in ``direction`` (``rows`` or ``gradients``) at its layer:
+        training exchanges only (evaluation and the audit stay exact). Taken when the messages are posted, so a
+        flight decodes at the width it was coded with (:meth:`sparse_dist.compress.Codec.at`)."""
+        if self.codec is None or context is None or not context.training or context.bypass_policy:
+            return None
+        return self.codec.at(context.layer, direction)
 
     @staticmethod
     def _coded(rows: torch.Tensor, codec: Codec | None, key: tuple[int, str, int], total: int,

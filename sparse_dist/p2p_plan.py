@@ -157,12 +157,12 @@ class PointToPointPlan(ExchangePlan):
                     source_epoch: int | None = None) -> Flight:
         """One alltoallv of ``pairs`` as a one-part flight: rows from owners to receivers, or (``backward``) the
         receivers' gradient pieces back to the owners. ``payload`` makes what this rank sends (when posted)."""
-        codec = self._codec_for(context)
+        what = "gradients" if backward else "rows"
+        codec = self._codec_for(context, what)
         epoch, layer = (context.epoch, context.layer) if context is not None else (-1, -1)
         sends, receives = (pairs.recv_rows, pairs.send_rows) if backward else (pairs.send_rows, pairs.recv_rows)
         exact_sends = self.exact_pairs.recv_rows if backward else self.exact_pairs.send_rows
         positions = pairs.recv_positions if backward else pairs.send_positions
-        what = "gradients" if backward else "rows"
         part = Transfer(-1, pairs)
 
         def start() -> tuple[Pending | None, torch.Tensor | None]:

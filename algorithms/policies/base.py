@@ -61,7 +61,7 @@ class EpochWork:
 
     The trainer calls, per training epoch: :meth:`before_epoch` (after the epoch's timers start; may be
     collective, the same on every rank), :meth:`layer_input` in each forward that runs the policy (not in
-    evaluation nor the audit's exact forward), :meth:`after_epoch`. Checkpoints carry :meth:`state` (the same
+    evaluation nor the audit's exact forward), :meth:`end_of_step`, :meth:`after_epoch`. Checkpoints carry :meth:`state` (the same
     on every rank: kept across a resume at any ``P``) and :meth:`rank_state` (per rank). The keys they return
     are the record's and the checkpoint's: each work chooses keys no other uses.
     """
@@ -80,6 +80,11 @@ class EpochWork:
     def layer_input(self, epoch: int, halo: Any, values: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """Layer 0's halo and input rows for this epoch's training forward."""
         return halo, values
+
+    def end_of_step(self) -> dict[str, Any]:
+        """Work once the step's messages are all sent, before its record's figures are taken (collective where
+        a work says so: its bytes are the step's); entries for the epoch's record."""
+        return {}
 
     def after_epoch(self) -> dict[str, Any]:
         """Entries for the epoch's record once the step is done."""

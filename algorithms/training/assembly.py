@@ -26,6 +26,7 @@ from algorithms.optim import Adam
 from algorithms.policies.base import EpochWork
 from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, model_exchange_widths,
                                      receiver_side)
+from algorithms.training.bit_widths import BitWidthWork
 from algorithms.training.config import PROGRESS_MODES, TrainConfig
 from algorithms.training.graph import LocalGraph, scaled_features
 from algorithms.training.guard import Guard
@@ -80,6 +81,8 @@ class TrainingRun:
             if work is not None:
                 self.input_exchange = work.input_exchange(self.input_exchange, str(spec), self.config.input_exchange)
                 self.work.append(work)
+        if self.codec is not None and self.codec.adapts:  # its widths agreed between steps
+            self.work.append(BitWidthWork(self.codec, self.comm, self.config.layers))
 
     def _operator(self, sampler: Any, rule: Any) -> list[int]:
         """Grid, normalised matrix, model, the strategy and the SpMM; returns the layers' widths."""

@@ -14,6 +14,7 @@ import torch
 
 from algorithms.checkpoint import checkpoint_mismatch
 from algorithms.training.assembly import TrainingRun
+from algorithms.training.bit_widths import STATE_KEY as BIT_WIDTHS, state_problem as bit_widths_state_problem
 from algorithms.training.steering import state_problem as steering_state_problem
 from algorithms.training.tighten import ActivePolicies, install
 
@@ -67,7 +68,7 @@ def replicated_state_problem(run: TrainingRun, state: dict[str, Any]) -> str | N
     """Why a checkpoint's replicated state (checksum passed, fingerprint matched) cannot be loaded into this run,
     or None: weights and Adam's moments of other names, shapes or dtypes than this model's, an epoch that is
     not a count, a random-number state of another size, kept guard weights that are not this model's, a
-    steering state that is not numbers.
+    steering state that is not numbers, bit widths that are not widths.
     A checksum stops damage, not an author who rewrites it; this stops what would otherwise reach
     ``load_state_dict`` as a traceback."""
     template = run.model.state_dict()
@@ -80,10 +81,11 @@ def replicated_state_problem(run: TrainingRun, state: dict[str, Any]) -> str | N
     rng, mine = state.get("torch_rng"), torch.get_rng_state()
     if not isinstance(rng, torch.Tensor) or rng.dtype != mine.dtype or rng.shape != mine.shape:
         return "random-number state of another shape or type than torch's"
-    if state.get("steering") is not None:
-        problem = steering_state_problem(state["steering"])
-        if problem:
-            return problem
+    for key, check in (("steering", steering_state_problem), (BIT_WIDTHS, bit_widths_state_problem)):
+        if state.get(key) is not None:
+            problem = check(state[key])
+            if problem:
+                return problem
     kept = state.get("guard_kept")
     if isinstance(kept, dict) and "model" in kept:
         problem = _tensors_problem(kept["model"], template, "kept guard weight")

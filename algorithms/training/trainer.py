@@ -145,6 +145,8 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
             extra["evaluation_seconds"] = alongside.share.wall
         if evaluation_follows:
             stats_before = self._evaluate_after_step(stats_before)
+        for work in self.work:  # e.g. adaptive bit widths' agreement (collective): its bytes are the step's
+            extra.update(work.end_of_step())
         booked = TIMED_PARTS + tuple(part for work in self.work for part in work.booked)
         record = {"epoch": self.epoch, "loss": float(flat[-1]),
                   **step_breakdown(self.comm, stats_before, wall, computed, booked), **exchange, **extra}

@@ -14,7 +14,8 @@ P = 3 one row group is EMPTY, the others uneven), for every plan:
   layer 0 moves nothing after the halo;
 * sampling: with BNS (p = 0.5, p2p and sparse-bcast) receiver-side dropout
   gives the same losses as owner-side dropout (same sample, same masks);
-* compression (``--compress``): counted bytes equal the byte model's with the coded row size, every plan;
+* compression (``--compress``): counted bytes equal the byte model's with the coded row size, every plan (adaptive
+  widths: each layer and direction at the width agreed before the step, which must change from 8 bits);
   evaluation stays exact; with bns or sancus-e the compressed run moves the uncompressed run's rows, coded;
 * SANCUS under dropout 0.5 (dense-bcast, sancus-h:eps=0.5, a wider graph):
   owners skip broadcasts on either dropout side (owner-side, the gap
@@ -67,18 +68,22 @@ def traffic(comm) -> dict[str, tuple[int, int]]:
 
 
 def expected_epoch(trainer: Trainer, shape: ModelShape, training: bool) -> dict[str, np.ndarray]:
-    """Exact forward/backward bytes per world rank of one epoch (or one evaluation) from the byte model."""
+    """Exact forward/backward bytes per world rank of one epoch (or one evaluation) from the byte model, each
+    layer's rows and gradients at the row size its codec has now (call it before the step)."""
     matrix = trainer.matrix
     total = {"forward": np.zeros((trainer.comm.size, 2), np.int64), "backward": np.zeros((trainer.comm.size, 2), np.int64)}
     codec = trainer.codec if training else None  # evaluation exchanges are never compressed
-    for width, backward in shape.exchanges:
-        volume = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
-                                    trainer.config.plan, width, shape.itemsize,
-                                    codec.row_bytes(width) if codec is not None else None,
-                                    pair_counts=trainer.spmm.plan.pair_counts)
-        total["forward"] += volume["forward"]
-        if backward and training:
-            total["backward"] += volume["backward"]
+    first = 1 if shape.input_once else 0  # shape.exchanges leaves out layer 0 where its input came once
+    for layer, (width, backward) in enumerate(shape.exchanges, start=first):
+        for phase, direction in (("forward", "rows"), ("backward", "gradients")):
+            if phase == "backward" and not (backward and training):
+                continue
+            coded = codec.at(layer, direction) if codec is not None else None
+            volume = predict_spmm_bytes(matrix.grid, matrix.layout, matrix.boundary_counts, matrix.union_sizes,
+                                        trainer.config.plan, width, shape.itemsize,
+                                        coded.row_bytes(width) if coded is not None else None,
+                                        pair_counts=trainer.spmm.plan.pair_counts)
+            total[phase] += volume[phase]
     return total
 
 
@@ -149,6 +154,10 @@ def check_sampled(comm, data: dict, layout: RowLayout, replication: int, failure
                             f"owner-side {losses['owner']}")
 
 
+def trainer_adapts(compress: str) -> bool:
+    return compress.startswith("adaptive")
+
+
 def check_compressed(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
     """Compressed exchanges: counted bytes equal the byte model's with the coded row size (every plan, forward
     and backward, the 1.5D replica exchanges uncompressed); evaluation stays exact; and with bns or sancus-e
@@ -156,19 +165,25 @@ def check_compressed(comm, data: dict, layout: RowLayout, replication: int, fail
     group = comm.rank // replication
     lo, hi = layout.row_range(group)
     shape = ModelShape((F, 16, C), input_once=False)
-    for plan, compress in [(plan, "int8,feedback") for plan in PLAN_NAMES] + [("p2p", "fp16")]:
+    adaptive = [("p2p", "adaptive,feedback"), ("dense-bcast", "adaptive:stochastic,min=2,budget=0.5")]
+    for plan, compress in [(plan, "int8,feedback") for plan in PLAN_NAMES] + [("p2p", "fp16")] + adaptive:
         label = f"{plan} --compress {compress} P={comm.size} c={replication}"
+        epochs = 3 if trainer_adapts(compress) else 2
         trainer = Trainer(comm, local_graph(data, layout, group),
-                          TrainConfig(plan=plan, replication=replication, epochs=2, input_exchange="per-epoch",
+                          TrainConfig(plan=plan, replication=replication, epochs=epochs, input_exchange="per-epoch",
                                       compress=compress))
-        for epoch in range(2):
+        used: set[int] = set()
+        for epoch in range(epochs):
+            predicted = expected_epoch(trainer, shape, training=True)  # at the widths agreed before the step
             record = trainer.train_epoch()
-            predicted = expected_epoch(trainer, shape, training=True)
+            used.update(record.get("bit_widths", {}).get("used", {}).values())
             for phase in ("forward", "backward"):
                 got = (record["bytes"][phase]["sent"], record["bytes"][phase]["recv"])
                 want = tuple(int(x) for x in predicted[phase][comm.rank])
                 if got != want:
                     failures.append(f"{label}: epoch {epoch + 1} {phase} bytes {got} != predicted {want}")
+        if trainer_adapts(compress) and not used - {8}:  # the byte check must see a width change to test it
+            failures.append(f"{label}: every message stayed at 8 bits ({sorted(used)})")
         with torch.no_grad():
             logits = trainer.forward(training=False)
         reference = Reference(data["adjacency"].toarray(), data["features"], data["labels"], data["train"], C, "gcn")

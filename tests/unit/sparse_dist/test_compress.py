@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparse_dist.compress import Codec
+from sparse_dist.compress import AdaptiveCodec, Codec
 
 
 def _rows(seed: int = 0) -> torch.Tensor:
@@ -108,13 +108,17 @@ def test_compress_specs_are_parsed_and_checked() -> None:
     codec = Codec.parse("int8:stochastic,feedback", seed=2)
     assert (codec.format, codec.stochastic, codec.feedback, codec.seed, str(codec)) == \
         ("int8", True, True, 2, "int8:stochastic,feedback")
-    for bad in ("int4", "fp16:stochastic", "int8,fast", "int8:floor"):
+    for bad in ("int3", "fp16:stochastic", "int8,fast", "int8:floor", "int8,min=4", "adaptive,min=3",
+                "adaptive,budget=2", "adaptive,budget=x", "adaptive,bits=4"):
         with pytest.raises(ValueError):
             Codec.parse(bad)
+    adaptive = Codec.parse("adaptive:stochastic,min=2,budget=0.01,feedback", seed=5)
+    assert isinstance(adaptive, AdaptiveCodec) and (adaptive.floor, adaptive.budget, adaptive.seed) == (2, 0.01, 5)
+    assert str(adaptive) == "adaptive:stochastic,min=2,budget=0.01,feedback" and str(Codec.parse("adaptive")) == "adaptive"
 
 
 def test_int8_sends_a_zero_row_as_zero_bytes_and_a_negative_row_by_its_largest_magnitude() -> None:
-    from sparse_dist.compress import Codec
+    from sparse_dist.compress import AdaptiveCodec, Codec
 
     rows = torch.zeros(3, 5)
     rows[1] = torch.tensor([-4.0, -1.0, -2.0, -0.5, -3.0])
@@ -141,3 +145,98 @@ def test_int8_decodes_any_row_count_and_width_also_from_a_slice(width: int, coun
         decoded = codec.decode(message, width, torch.float32)
         assert decoded.shape == (count, width)
         assert torch.allclose(decoded, rows, atol=rows.abs().max().item() / 100)
+
+
+@pytest.mark.parametrize("name,levels", [("int4", 7), ("int2", 1)])
+@pytest.mark.parametrize("width", [1, 3, 4, 5, 33])
+def test_narrow_integer_codes_pack_into_their_bits_and_round_to_half_a_step(name: str, levels: int,
+                                                                             width: int) -> None:
+    """int4 packs two codes a byte, int2 four (the last byte padded); each value is within half a step of its
+    row's scale, max |x| / levels, and the row's largest magnitude comes back exactly up to float rounding."""
+    codec = Codec(name)
+    rows = _rows(6)[:, :width]
+    payload = codec.encode(rows)
+    bits = {"int4": 4, "int2": 2}[name]
+    assert payload.shape == (64, 4 + -(-width * bits // 8)) and codec.row_bytes(width) == payload.shape[1]
+    back = codec.decode(payload, width, torch.float32)
+    step = rows.abs().amax(dim=1, keepdim=True) / levels
+    assert torch.all((back - rows).abs() <= step / 2 * (1 + 1e-6))
+    assert torch.equal(back[5], torch.zeros(width))
+    # the codes themselves, read back from the bytes: code + levels in each slot, lowest bits first
+    scale = payload[:, :4].contiguous().view(torch.float32)
+    expected = torch.round(rows / torch.where(scale > 0, scale, torch.ones_like(scale))).clamp(-levels, levels)
+    slots = [(int(byte) >> (bits * k)) & ((1 << bits) - 1) for byte in payload[7, 4:] for k in range(8 // bits)]
+    assert [slot - levels for slot in slots[:width]] == expected[7].to(torch.int64).tolist()
+    assert all(slot == 0 for slot in slots[width:])  # padding
+
+
+def test_stochastic_int4_is_unbiased() -> None:
+    rows, draws = _rows(1)[:8, :9], 3000
+    step = rows.abs().amax(dim=1, keepdim=True) / 7
+    codec = Codec("int4", stochastic=True, seed=3)
+    total = sum(codec.decode(codec.encode(rows, (k,)), 9, torch.float32) for k in range(draws))
+    assert torch.all((total / draws - rows).abs() <= 6 * step / 2 / np.sqrt(draws) + 1e-7)
+
+
+def test_tightening_adds_bits() -> None:
+    steps = []
+    text: str | None = "int2:stochastic,feedback"
+    while text is not None:
+        steps.append(text)
+        text = Codec.parse(text).tightened()
+    assert steps == ["int2:stochastic,feedback", "int4:stochastic,feedback", "int8:stochastic,feedback", "fp16"]
+    steps = []
+    text = "adaptive,min=2,feedback"
+    while text is not None:
+        steps.append(text)
+        text = Codec.parse(text).tightened()
+    assert steps == ["adaptive,min=2,feedback", "adaptive,feedback", "adaptive,min=8,feedback", "fp16"]
+
+
+def _measured(codec: AdaptiveCodec, key: tuple[int, str], rows: torch.Tensor) -> None:
+    codec.send(rows, (*key, 0), rows.shape[0], None)
+
+
+def test_adaptive_widths_follow_the_measured_error_of_each_layer_and_direction() -> None:
+    """Dense Gaussian rows fit int4 within the default budget (1/16); rows whose one large value sets a step
+    that rounds all the others coarsely do not and stay at int8; a key that sent nothing keeps its width; the floor bounds from below;
+    each key codes at its own width, and the error sums start afresh after a choice."""
+    generator = torch.Generator().manual_seed(0)
+    dense = torch.randn(200, 128, generator=generator)
+    spiky = torch.randn(200, 128, generator=generator)
+    spiky[:, 0] = 12.0  # int4's step becomes 12 / 7: about 1/10 of the row's squared size is lost
+    keys = [(0, "rows"), (0, "gradients"), (1, "rows")]
+    for floor, want in ((4, {(0, "rows"): 4, (0, "gradients"): 8}), (8, {(0, "rows"): 8, (0, "gradients"): 8})):
+        codec = Codec.parse(f"adaptive,min={floor},feedback")
+        assert codec.at(0, "rows").format == "int8"
+        _measured(codec, (0, "rows"), dense)
+        _measured(codec, (0, "gradients"), spiky)
+        sums = codec.local_sums(keys)
+        assert sums[2].tolist() == [0.0, 0.0] and np.all(sums[:2, 1] > 0)
+        measured = codec.choose(keys, sums)
+        assert set(measured) == {(0, "rows"), (0, "gradients")}
+        at_int4 = 1.0 / 16 / (127 / 7) ** 2  # a measurement at int8 predicting exactly the budget at int4
+        assert measured[(0, "rows")] < at_int4 < measured[(0, "gradients")]
+        assert codec.widths == want and codec.local_sums(keys).sum() == 0.0
+        assert codec.at(0, "rows").bits == want[(0, "rows")] and codec.at(1, "rows").bits == 8
+    # measured at int4, predicted for int2 (49x the error): over the budget, so it stays at int4 even with min=2
+    codec = Codec.parse("adaptive,min=2")
+    codec.widths[(0, "rows")] = 4
+    _measured(codec, (0, "rows"), dense)
+    codec.choose(keys, codec.local_sums(keys))
+    assert codec.widths[(0, "rows")] == 4
+
+
+def test_adaptive_children_share_the_residuals_across_widths() -> None:
+    codec = Codec.parse("adaptive,feedback")
+    rows = torch.randn(10, 16, generator=torch.Generator().manual_seed(1))
+    payload = codec.send(rows, (2, "rows", -1), 10, None)
+    assert payload.shape == (10, 16 + 4) and (2, "rows", -1) in codec.residuals
+    codec.widths[(2, "rows")] = 4
+    residual = codec.residuals[(2, "rows", -1)].clone()
+    child = codec.at(2, "rows")
+    back = child.decode(codec.send(rows, (2, "rows", -1), 10, None), 16, torch.float32)
+    # what the receiver got plus the new residual is what was sent plus the old residual
+    assert torch.allclose(back + codec.residuals[(2, "rows", -1)], rows + residual, atol=1e-6)
+    with pytest.raises(TypeError):
+        codec.encode(rows)
