@@ -190,7 +190,7 @@ def _exchange_arguments(parser: argparse._ActionsContainer) -> None:
                         help="compress what training exchanges send, rows and gradients: fp16, bf16, int8, "
                              "int4, int2 (per-row float32 scale), int8:stochastic (unbiased rounding), adaptive "
                              "(per layer and direction the fewest of 2/4/8/16 bits whose measured relative "
-                             "squared error stays within budget=E, default 1/16, not below min=B, default 4); "
+                             "squared error stays within budget=E, default 1/32, not below min=B, default 4); "
                              "add ,feedback for error feedback at the sender (default: none; evaluation stays "
                              "exact)")
     parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto",

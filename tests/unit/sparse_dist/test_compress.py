@@ -198,7 +198,7 @@ def _measured(codec: AdaptiveCodec, key: tuple[int, str], rows: torch.Tensor) ->
 
 
 def test_adaptive_widths_follow_the_measured_error_of_each_layer_and_direction() -> None:
-    """Dense Gaussian rows fit int4 within the default budget (1/16); rows whose one large value sets a step
+    """Dense Gaussian rows fit int4 within the default budget (1/32); rows whose one large value sets a step
     that rounds all the others coarsely do not and stay at int8; a key that sent nothing keeps its width; the floor bounds from below;
     each key codes at its own width, and the error sums start afresh after a choice."""
     generator = torch.Generator().manual_seed(0)
@@ -215,7 +215,7 @@ def test_adaptive_widths_follow_the_measured_error_of_each_layer_and_direction()
         assert sums[2].tolist() == [0.0, 0.0] and np.all(sums[:2, 1] > 0)
         measured = codec.choose(keys, sums)
         assert set(measured) == {(0, "rows"), (0, "gradients")}
-        at_int4 = 1.0 / 16 / (127 / 7) ** 2  # a measurement at int8 predicting exactly the budget at int4
+        at_int4 = 1.0 / 32 / (127 / 7) ** 2  # a measurement at int8 predicting exactly the budget at int4
         assert measured[(0, "rows")] < at_int4 < measured[(0, "gradients")]
         assert codec.widths == want and codec.local_sums(keys).sum() == 0.0
         assert codec.at(0, "rows").bits == want[(0, "rows")] and codec.at(1, "rows").bits == 8
