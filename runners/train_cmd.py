@@ -67,6 +67,7 @@ from runners.minibatch_flags import (make_trainer, minibatch_flag_problem, mode_
                                      mode_record)
 from runners.model_defaults import fill_model_defaults
 from runners.output_lock import OutputLocks, lock_beside
+from runners.policy_auto import auto_problem, choose, with_checkpoint_policies
 from runners.results import (EarlierLegs, EarlierResultsError, ResultsWriter, cpu_seconds, environment, foreign_results,
                              partial_beside, peak_memory_bytes, read_earlier_legs, spread)
 from runners.data.shards import ShardError, load_local_graph, read_meta
@@ -77,6 +78,7 @@ from runners.train_paths import PathError, check_paths, overlap_problems
 from runners.resources import check_train_resources, readable_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node, said_once
 from sparse_dist.compress import Codec
+from sparse_dist.dcsr import split_grid
 from sparse_dist.state_checks import StateError
 from sparse_dist.devices import rank_device
 from sparse_dist.hostmem import freed_memory_state, huge_page_state
@@ -121,6 +123,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         Codec.parse(args.compress)
     except ValueError as exc:
         return str(exc)
+    problem = auto_problem(args)
+    if problem:
+        return problem
     problem = plan_class(args.plan).run_refusal(attention=layer_type(args.model).takes_operator,
                                                 receiver_dropout=args.dropout_side == "receiver" and args.dropout > 0)
     if problem:
@@ -148,6 +153,7 @@ class Resumption:
     policy: dict[str, Any] | None
     note: str | None
     identity: dict[str, Any]  # what the earlier legs' config record must agree with: fingerprint, mode, graph
+    config: TrainConfig  # the run's configuration (with --policy auto: the policies the first leg chose)
 
 
 def _layout_text(layout: dict[str, Any], other: dict[str, Any]) -> str:
@@ -169,6 +175,8 @@ def open_resume(comm: Communicator, args: argparse.Namespace, config: TrainConfi
     try:
         current = read_pointer(args.checkpoint)
         state = current.load(MAIN_FILE)
+        if args.policy == "auto":  # the first leg chose: resume with its choice, not a new measurement's
+            config = with_checkpoint_policies(config, state.get("config"))
         meta = read_meta(args.data)
         fingerprint = {**config.fingerprint(), **mode_fingerprint(args, comm.size, state.get("config"))}
         graph = {"name": meta["name"], "nodes": meta["num_nodes"]}
@@ -184,7 +192,7 @@ def open_resume(comm: Communicator, args: argparse.Namespace, config: TrainConfi
             note = (f"resumed at {_layout_text(here, current.written_at())} from a "
                     f"{_layout_text(current.written_at(), here)} checkpoint: dropped "
                     f"{', '.join(dropped_policy_state(config))}")
-        result = Resumption(current, state, policy, note, identity)
+        result = Resumption(current, state, policy, note, identity, config)
     except (CheckpointError, ShardError) as exc:
         error = str(exc)
     agree(comm, error)
@@ -390,6 +398,13 @@ def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
     device = rank_device(comm, args.device)  # before any data is read
     grid = Grid(comm.size, args.replication)
     graph = load_local_graph(comm, args.data, grid.groups, args.replication)
+    auto: dict[str, Any] | None = None
+    if resumption is not None:
+        config = resumption.config
+    elif args.policy == "auto":  # measured and chosen before the trainer is built (collective)
+        config, auto, lines = choose(comm, split_grid(comm, grid)[1], graph, config, threads)
+        if comm.rank == 0:
+            print("\n".join(lines), flush=True)
     trainer = make_trainer(comm, graph, config, device, args)  # Trainer, or MinibatchTrainer with --mode minibatch
     leader = comm.rank == 0
     writer = ResultsWriter(args.out if leader else None, earlier.lines if earlier is not None else None)
@@ -402,7 +417,7 @@ def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
              **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node(), writes=leader),
              **({"memory": resources} if resources is not None else {}),
              "launch": {"time": LAUNCH_TIME, "source": LAUNCH_SOURCE}},
-            _setup_record(comm, trainer)]
+            _setup_record(comm, trainer)] + ([{"type": "policy_auto", **auto}] if auto is not None else [])
     if earlier is None:  # the file starts here; a resumed leg after earlier ones keeps these in its leg record
         for record in head:
             writer.write(record)

@@ -161,6 +161,10 @@ def _exchange_arguments(parser: argparse._ActionsContainer) -> None:
                              "docs/guide/plans.md) (default: %(default)s)")
     parser.add_argument("--replication", type=at_least(1), default=1,
                         help="1.5D replication factor c; must divide the number of ranks P (default: %(default)s)")
+    parser.add_argument("--policy", choices=("manual", "auto"), default="manual",
+                        help="auto: measure the link and the cores at set-up and train with the sampling and "
+                             "compression of least predicted time to accuracy (printed with the runner-up), "
+                             "guarded; manual: the --sample, --stale and --compress given (default: %(default)s)")
     parser.add_argument("--sample", default="none", type=sampling_arg,
                         help="boundary sampling policy, e.g. bns:keep=0.1 or bns:keep=0.1,side=owner (default: none)")
     parser.add_argument("--stale", default="none", type=staleness_arg,

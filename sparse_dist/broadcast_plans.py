@@ -268,6 +268,7 @@ class SparseBroadcastPlan(_BroadcastPlan):
     """Sparsity-aware broadcast: owner ``j`` broadcasts rows ``B_j`` only."""
 
     name = "sparse-bcast"
+    sends_union = True
 
     @classmethod
     def moved_rows(cls, rows: np.ndarray, boundary_counts: np.ndarray, union_sizes: np.ndarray) -> np.ndarray:

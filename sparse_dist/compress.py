@@ -394,8 +394,12 @@ class AdaptiveCodec(Codec):
                                  budget=self.budget))
 
     def row_bytes(self, width: int) -> int:
-        """For a plan made before training (the cost model, the memory estimate): the widest width in use."""
-        return Codec(WIDTH_FORMATS[max(self.widths.values(), default=self.start)]).row_bytes(width)
+        """For a plan made outside the exchanges (the cost model, ``--policy auto``): the mean row over the widths
+        in use, or before any is chosen over the floor's and int8's (the 200k synthetic's hidden rows went at
+        int4 and its output gradients at int8: 0.60x int8's bytes with feedback, P = 4). A message's own bytes
+        are its width's (:meth:`at`)."""
+        widths = list(self.widths.values()) or sorted({self.floor, 8})
+        return round(sum(Codec(WIDTH_FORMATS[bits]).row_bytes(width) for bits in widths) / len(widths))
 
     def send(self, rows: torch.Tensor, key: tuple[int, str, int], total: int, positions: np.ndarray | None,
              seed_key: tuple[int, ...] = ()) -> torch.Tensor:

@@ -65,6 +65,7 @@ class ExchangePlan(ABC):
     # byte model: whether the rows moved per pair are the plan's own (``pair_counts``, e.g. a cover's), not a
     # function of the boundary sets alone
     pair_counted: ClassVar[bool] = False
+    sends_union: ClassVar[bool] = False  # its bytes depend on |B_j|, the union of what every group needs of j
     pair_counts: np.ndarray | None = None  # rows per pair ``[receiver, owner]`` of one exact forward, where pair_counted
     setup_seconds: float | None = None  # this rank's time building the plan, where set-up does work of its own (cover)
 

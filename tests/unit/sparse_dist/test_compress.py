@@ -240,3 +240,13 @@ def test_adaptive_children_share_the_residuals_across_widths() -> None:
     assert torch.allclose(back + codec.residuals[(2, "rows", -1)], rows + residual, atol=1e-6)
     with pytest.raises(TypeError):
         codec.encode(rows)
+
+
+def test_adaptive_prices_a_row_at_the_mean_of_its_widths() -> None:
+    """Before any choice, the floor's width and int8's (what the cost model and --policy auto price); then the
+    widths in use."""
+    codec = Codec.parse("adaptive")
+    assert codec.row_bytes(128) == (Codec("int4").row_bytes(128) + Codec("int8").row_bytes(128)) // 2 == 100
+    assert Codec.parse("adaptive,min=8").row_bytes(128) == Codec("int8").row_bytes(128)
+    codec.widths.update({(1, "rows"): 4, (1, "gradients"): 4, (2, "rows"): 16})
+    assert codec.row_bytes(128) == round((68 + 68 + 258) / 3)

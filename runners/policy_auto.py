@@ -1,0 +1,321 @@
+"""``train --policy auto``: the sampling and compression with the least predicted time to accuracy on this link
+and these cores, chosen at set-up, before the trainer is built, and run guarded.
+
+**What it measures** (collective, about a second; every rank enters in the same order):
+
+* the link: chains of broadcasts of 8 bytes and 1 MiB over the replica column (the ranks that exchange rows),
+  root alternating, the slowest rank's median of five; ``alpha`` from the small ones, ``beta`` from the large
+  ones with MPICH's broadcast formulas, as ``sparse-dist bench network`` fits them. Under ``sparse-dist
+  emulate`` that is the emulated link;
+* the cores, on this rank's own rows: the local SpMM (its rows times its own columns, at the hidden width),
+  and layer 0's dense work (dropout, ``X W``, ReLU, forward and backward), timed while every rank times its
+  own, so oversubscribed cores count; the slowest rank's rates;
+* each codec's cost: encoding with error feedback and decoding a block of rows at the hidden width (int4 for
+  ``adaptive``, the width its hidden rows take; :mod:`sparse_dist.compress`);
+* the workload: each rank's rows, its entries with local and remote columns and ``|B_ij|`` from its adjacency
+  rows (one allgather); ``|B_j|`` only for a plan that sends it (one allreduce of a byte a column).
+
+**What it predicts**: per candidate, the cost model's step (:func:`runners.perf.cost_model.predict_epoch`:
+compute, exchange and gradient allreduce) plus the codec's seconds for the values the busiest rank codes, and
+the cycle with the run's evaluation schedule (:func:`~runners.perf.cost_model.predict_cycle`); the time to
+accuracy is that cycle times the candidate's epochs to accuracy against exact's (:data:`EPOCH_FACTORS`,
+measured, multiplied across axes). The plan stays the one given (``p2p`` by default; ``cover`` needs its
+covers, computed by the run itself, so auto refuses it; ``sparse-dist cost predict`` ranks plans).
+
+**Candidates**: sampling ``none``, ``bns:keep=0.1``, ``psc:budget=0.1`` crossed with compression ``none``,
+``int8,feedback``, ``adaptive,feedback`` (those the plan runs). Left out, by measurement: ``pipe`` (guarded
+pipe at P = 4 on the 200k synthetic never reached 0.69 validation accuracy, and it cannot be steered),
+``fp16`` (25 epochs to 0.69 against exact's 15 at P = 4), ``dgs`` (its step is 1.7x exact's), ``sancus``
+(broadcast plans only, slower than ``p2p`` here).
+
+The choice is the same on every rank (computed from agreed figures); rank 0 prints it and the runner-up, one
+line each, and the results file's set-up record holds every candidate's prediction.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from algorithms.policies import AxisSpec, PolicySpec, RunShape
+from algorithms.training.config import TrainConfig
+from algorithms.training.graph import LocalGraph
+from runners.perf.cost_model import (ExpectedTraffic, ModelShape, Rates, predict_cycle, predict_epoch,
+                                     predict_evaluation)
+from runners.perf.workload import Workload
+from sparse_dist.comm import Communicator
+from sparse_dist.compress import Codec
+from sparse_dist.cost import BCAST_SHORT, Network
+from sparse_dist.plans import plan_class
+
+SAMPLES = ("none", "bns:keep=0.1", "psc:budget=0.1")
+CODECS = ("none", "int8,feedback", "adaptive,feedback")
+# epochs to 0.69 validation accuracy against exact's on the 200k synthetic (METIS), P = 2 and 4 (docs/results.md:
+# "Guarded time to accuracy at 1 Gbit/s", "Adaptive bit widths"): bns 16 and 15 against 15 and 15, psc 15 and 18,
+# int8 with feedback 18 and 16, adaptive 16 at P = 4. A sampled, compressed run multiplies its axes' factors.
+EPOCH_FACTORS = {"none": 1.0, "bns:keep=0.1": 1.03, "psc:budget=0.1": 1.10, "int8,feedback": 1.13,
+                 "adaptive,feedback": 1.07}
+_SMALL, _LARGE = 8, 1 << 20
+_CODEC_PROBE_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration and what the model predicts for it (seconds)."""
+
+    sample: str
+    compress: str
+    step: float
+    cycle: float
+    factor: float
+
+    @property
+    def time_to_accuracy(self) -> float:
+        """Predicted seconds to accuracy in units of exact's epochs to it."""
+        return self.cycle * self.factor
+
+    @property
+    def text(self) -> str:
+        flags = [f"--sample {self.sample}" if self.sample != "none" else "",
+                 f"--compress {self.compress}" if self.compress != "none" else ""]
+        return " ".join(flag for flag in flags if flag) or "exact"
+
+    def line(self, exact: "Candidate") -> str:
+        return (f"{self.text}: step {self.step:.3g} s, cycle {self.cycle:.3g} s x {self.factor:.2f} (its epochs to "
+                f"accuracy against exact's) = {self.time_to_accuracy / exact.time_to_accuracy:.2f}x exact's time")
+
+    def record(self) -> dict[str, Any]:
+        return {"sample": self.sample, "compress": self.compress, "step": self.step, "cycle": self.cycle,
+                "epochs_factor": self.factor, "time_to_accuracy": self.time_to_accuracy}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The set-up's measurements, the same on every rank."""
+
+    alpha: float
+    beta: float
+    rates: Rates
+    codec_seconds: dict[str, float]  # per value coded (encode with feedback, decode)
+
+    def record(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "beta": self.beta, "gb_per_s": 1e-9 / self.beta, "spmm_rate": self.rates.spmm,
+                "dense_rate": self.rates.dense, "codec_seconds_per_value": self.codec_seconds}
+
+
+def auto_problem(args: Any) -> str | None:
+    """Why ``--policy auto`` cannot run with these flags (before MPI starts), or None."""
+    if args.policy != "auto":
+        return None
+    given = [flag for flag, value in (("--sample", str(args.sample)), ("--stale", str(args.stale)),
+                                      ("--compress", args.compress)) if value != "none"]
+    if given:
+        return f"--policy auto chooses the sampling and compression itself; leave {' and '.join(given)} out"
+    if plan_class(args.plan).pair_counted:
+        return (f"--policy auto prices the plan's bytes before the run, which --plan {args.plan} knows only from the "
+                f"covers the run computes; use p2p, sparse-bcast or dense-bcast")
+    if args.minibatch is not None:
+        return "--policy auto is for full-graph training (mini-batch runs exchange no boundary rows to save)"
+    return None
+
+
+def choose(comm: Communicator, col_comm: Communicator, graph: LocalGraph, config: TrainConfig,
+           threads: int) -> tuple[TrainConfig, dict[str, Any], list[str]]:
+    """The configuration to run, the set-up record's ``policy_auto`` and the two lines rank 0 prints
+    (collective over ``comm``; ``col_comm`` is the replica column, the ranks that exchange rows)."""
+    measured = measure(comm, col_comm, graph, config, threads)
+    work = workload(col_comm, graph, config.plan)
+    candidates = rank_candidates(work, model_shape(graph, config), config, measured, threads)
+    best, runner_up, exact = candidates[0], candidates[1], _exact(candidates)
+    chosen = replace(config, sample=AxisSpec.parse("sample", best.sample), compress=best.compress)
+    lines = [f"policy auto: chose {best.line(exact)}",
+             f"policy auto: runner-up {runner_up.line(exact)} (link {measured.alpha * 1e6:.0f} us, "
+             f"{1e-9 / measured.beta:.3g} GB/s)"]
+    record = {"chosen": best.record(), "measured": measured.record(),
+              "candidates": [candidate.record() for candidate in candidates]}
+    return chosen, record, lines
+
+
+def rank_candidates(work: Workload, shape: ModelShape, config: TrainConfig, measured: Measured,
+                    threads: int) -> list[Candidate]:
+    """Every candidate the plan runs, least predicted time to accuracy first (ties: the listed order)."""
+    net = Network("measured", measured.alpha, measured.beta, measured.alpha, measured.beta, ranks_per_node=1,
+                  cores_per_node=threads)
+    evaluation = predict_evaluation(work, shape, config.plan, measured.rates, net, config.replication, threads)
+    run = RunShape(plan=config.plan, replication=config.replication, model=config.model,
+                   dropout_side=config.dropout_side, input_exchange=config.input_exchange)
+    out = []
+    for sample in SAMPLES:
+        policy = PolicySpec(AxisSpec.parse("sample", sample), AxisSpec("stale"))
+        if policy.refusal(run) is not None:
+            continue
+        shape = replace(shape, input_once=layer0_once(policy, config))
+        plain = predict_epoch(work, shape, config.plan, ExpectedTraffic.of(policy), measured.rates, net,
+                              config.replication, threads)
+        # the busiest rank encodes what it sends and decodes what it receives: half of both, at the measured
+        # seconds of one value's encoding and decoding
+        coded_values = plain.exchange_bytes_max_rank / shape.itemsize / 2
+        for compress in CODECS:
+            codec = Codec.parse(compress)
+            step = predict_epoch(work, shape, config.plan, ExpectedTraffic.of(policy, codec=codec), measured.rates,
+                                 net, config.replication, threads)
+            coding = coded_values * measured.codec_seconds.get(compress, 0.0)
+            step = replace(step, compute_dense=step.compute_dense + coding)
+            cycle = predict_cycle(step, evaluation, config.overlap_evaluation,
+                                  every=max(1, config.eval_every))
+            factor = EPOCH_FACTORS[sample] * EPOCH_FACTORS[compress]
+            out.append(Candidate(sample, compress, step.epoch, cycle, factor))
+    return sorted(out, key=lambda candidate: candidate.time_to_accuracy)
+
+
+def _exact(candidates: list[Candidate]) -> Candidate:
+    return next(c for c in candidates if c.sample == "none" and c.compress == "none")
+
+
+def model_shape(graph: LocalGraph, config: TrainConfig) -> ModelShape:
+    """The widths the run's model exchanges, layer 0 every epoch (:func:`rank_candidates` prices each candidate
+    with layer 0 as it will run)."""
+    dims = tuple([graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes])
+    return ModelShape(dims, kind=config.model, itemsize=4 if config.dtype == "float32" else 8,
+                      options=config.layer_options())
+
+
+def layer0_once(policy: PolicySpec, config: TrainConfig) -> bool:
+    """Whether layer 0 will read X's halo fetched once: unless asked per epoch or the sampler feeds layer 0
+    itself (psc's feature cache); ``auto`` takes ``once`` where it moves fewer bytes over the run, which it
+    does for any run of more than a few epochs (X's boundary rows once against layer 0's rows every epoch)."""
+    sampler = policy.sample.policy
+    return config.input_exchange != "per-epoch" and not (sampler is not None and sampler.feeds_layer0)
+
+
+# ------------------------------------------------------------------ measurements
+def measure(comm: Communicator, col_comm: Communicator, graph: LocalGraph, config: TrainConfig,
+            threads: int) -> Measured:
+    """The link, the cores and the codecs (collective over ``comm``: every figure agreed as the slowest)."""
+    alpha, beta = link(col_comm) if col_comm.size > 1 else (0.0, 1e-12)
+    spmm, dense = _compute_seconds(graph, config, col_comm.rank)
+    codec = {text: _codec_seconds(text, config.hidden) for text in CODECS if text != "none"}
+    local = np.array([alpha, beta, spmm[0], dense[0], *codec.values()], dtype=np.float64)
+    slowest = comm.allgather_array(local).max(axis=0)
+    units = np.array([spmm[1], dense[1]], dtype=np.float64)  # work of this rank's probe (rates per core below)
+    rates = Rates(spmm=float(units[0] / slowest[2] / threads) if slowest[2] > 0 else 1e12,
+                  dense=float(units[1] / slowest[3] / threads) if slowest[3] > 0 else 1e12,
+                  source="measured at set-up by --policy auto")
+    return Measured(float(slowest[0]), float(slowest[1]), rates, dict(zip(codec, map(float, slowest[4:]))))
+
+
+def link(comm: Communicator, repeats: int = 5) -> tuple[float, float]:
+    """``(alpha, beta)`` of ``comm`` from chains of broadcasts (see the module docstring); collective."""
+    groups = comm.size
+    steps = int(np.ceil(np.log2(groups)))
+    seconds = {}
+    for size, chain in ((_SMALL, 20), (_LARGE, 3)):
+        buffer = torch.zeros(size, dtype=torch.uint8)
+        samples = []
+        for _ in range(repeats):
+            comm.barrier()
+            start = time.perf_counter()
+            for turn in range(chain):
+                comm.bcast_(buffer, turn % 2, "other")
+            samples.append((time.perf_counter() - start) / chain)
+        seconds[size] = statistics.median(samples)
+    alpha = seconds[_SMALL] / max(steps, 1)
+    if _LARGE > BCAST_SHORT:  # scatter + ring allgather: (steps + g - 1) alpha + 2 (g - 1) / g m beta
+        spent = seconds[_LARGE] - (steps + groups - 1) * alpha
+        beta = spent / (2.0 * (groups - 1) / groups * _LARGE)
+    else:  # binomial: steps (alpha + m beta)
+        beta = (seconds[_LARGE] / max(steps, 1) - alpha) / _LARGE
+    return alpha, max(beta, 1e-12)
+
+
+def _compute_seconds(graph: LocalGraph, config: TrainConfig,
+                     group: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """``((seconds, nnz * width), (seconds, rows * F_in * F_out))`` of this rank's local SpMM (row group
+    ``group``: its rows times its own columns) and layer 0's dense work (median of three after one untimed)."""
+    rows = graph.rows
+    lo = int(graph.layout.offsets[group])
+    local = rows[:, lo:lo + rows.shape[0]].tocsr()
+    width = config.hidden
+    matrix = torch.sparse_csr_tensor(torch.from_numpy(local.indptr.astype(np.int64)),
+                                     torch.from_numpy(local.indices.astype(np.int64)),
+                                     torch.ones(local.nnz, dtype=torch.float32), size=local.shape)
+    dense = torch.randn(local.shape[0], width)
+    spmm = _median_seconds(lambda: torch.sparse.mm(matrix, dense))
+    features = torch.from_numpy(np.asarray(graph.features, dtype=np.float32))
+    weight = torch.randn(features.shape[1], width, requires_grad=True)
+
+    def layer() -> None:
+        out = torch.relu(torch.nn.functional.dropout(features, config.dropout, training=True) @ weight)
+        out.sum().backward()
+
+    dense_seconds = _median_seconds(layer)
+    return ((spmm, float(local.nnz) * width),
+            (dense_seconds, float(features.shape[0]) * features.shape[1] * width))
+
+
+def _codec_seconds(text: str, width: int) -> float:
+    """Seconds a value of ``text``'s codec costs to encode (with its feedback) and decode, at ``width``."""
+    codec = Codec.parse(text)
+    assert codec is not None
+    coded = codec.at(1, "rows") if not codec.adapts else Codec("int4", feedback=codec.feedback)
+    rows = torch.randn(_CODEC_PROBE_ROWS, width, generator=torch.Generator().manual_seed(0))
+
+    def both() -> None:
+        coded.decode(coded.send(rows, (0, "rows", 0), rows.shape[0], None), width, torch.float32)
+
+    return _median_seconds(both) / rows.numel()
+
+
+def _median_seconds(work: Any, repeats: int = 3) -> float:
+    work()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def workload(col_comm: Communicator, graph: LocalGraph, plan: str) -> Workload:
+    """The run's :class:`Workload` from every rank's adjacency rows (collective over the replica column): rows,
+    entries with local columns (plus the self-loops normalisation adds where a row lacks one) and remote ones,
+    ``|B_ij|`` (row ``i`` from group ``i``'s rows), ``|B_j|`` where the plan sends it."""
+    offsets = np.asarray(graph.layout.offsets, dtype=np.int64)
+    groups, me = col_comm.size, col_comm.rank
+    lo, hi = int(offsets[me]), int(offsets[me + 1])
+    rows = graph.rows.tocsr()
+    columns = np.asarray(rows.indices, dtype=np.int64)
+    remote = (columns < lo) | (columns >= hi)
+    own = np.repeat(np.arange(rows.shape[0], dtype=np.int64) + lo, np.diff(rows.indptr))
+    loops = int(np.unique(own[columns == own]).size)
+    distinct = np.unique(columns[remote])
+    owner = np.searchsorted(offsets, distinct, side="right") - 1
+    mine = np.concatenate([[rows.shape[0], int((~remote).sum()) + rows.shape[0] - loops, int(remote.sum())],
+                           np.bincount(owner, minlength=groups)])
+    table = col_comm.allgather_array(mine.astype(np.int64))
+    boundary = table[:, 3:]
+    union = boundary.max(axis=0)  # a lower bound; exact below where the plan's bytes depend on it
+    if plan_class(plan).sends_union:  # |B_j|: the rows of j some group needs, one byte a column
+        needed = torch.zeros(int(offsets[-1]), dtype=torch.uint8)
+        needed[torch.from_numpy(distinct)] = 1
+        col_comm.allreduce_(needed, "other", op="max")
+        wanted = np.flatnonzero(needed.numpy())
+        union = np.bincount(np.searchsorted(offsets, wanted, side="right") - 1, minlength=groups)
+    return Workload("run", table[:, 0], table[:, 1], table[:, 2], boundary, union)
+
+def with_checkpoint_policies(config: TrainConfig, recorded: Any) -> TrainConfig:
+    """``config`` with the sampling, staleness and compression a checkpoint's configuration holds (a resumed
+    ``--policy auto`` run keeps its first leg's choice); as it is where the checkpoint holds none."""
+    if not isinstance(recorded, dict):
+        return config
+    try:
+        return replace(config, sample=AxisSpec.parse("sample", str(recorded.get("sample", "none"))),
+                       stale=AxisSpec.parse("stale", str(recorded.get("stale", "none"))),
+                       compress=str(Codec.parse(str(recorded.get("compress", "none"))) or "none"))
+    except ValueError:
+        return config  # the fingerprint check then says what differs

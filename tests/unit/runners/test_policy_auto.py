@@ -1,0 +1,51 @@
+"""``--policy auto``'s ranking (runners/policy_auto.py) on a hand-made workload: a slow link makes a sampled,
+compressed configuration the fastest to accuracy; a free link with a costly codec makes it exact or sampled
+without compression; every candidate the plan refuses is left out. The run itself: tests/cli/test_policy_auto.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from algorithms.training.config import TrainConfig
+from runners.perf.cost_model import ModelShape, Rates
+from runners.perf.workload import Workload
+from runners.policy_auto import CODECS, SAMPLES, Measured, rank_candidates, with_checkpoint_policies
+
+SHAPE = ModelShape((128, 128, 128, 47))
+# two row groups of 100k rows, degree 15, a third of the entries cut, 60k boundary rows each way
+WORK = Workload("two", np.array([100_000, 100_000]), np.array([1_000_000, 1_000_000]), np.array([500_000, 500_000]),
+                np.array([[0, 60_000], [60_000, 0]]), np.array([60_000, 60_000]))
+RATES = Rates(spmm=2e9, dense=1e10)  # a step of about 0.5 s on one core, as the 200k synthetic at P = 2
+
+
+def _measured(gb_per_s: float, codec_seconds: float) -> Measured:
+    return Measured(20e-6, 1e-9 / gb_per_s, RATES, {"int8,feedback": codec_seconds, "adaptive,feedback": codec_seconds})
+
+
+def test_a_slow_link_picks_a_sampled_compressed_configuration() -> None:
+    # 200 Mbit/s, evaluated every 10 epochs (steered): the step's exchange sets the pace
+    ranked = rank_candidates(WORK, SHAPE, TrainConfig(eval_every=10), _measured(0.025, 5e-9), threads=1)
+    assert len(ranked) == len(SAMPLES) * len(CODECS)
+    best = ranked[0]
+    assert best.sample != "none" and best.compress != "none", best
+    assert [c.time_to_accuracy for c in ranked] == sorted(c.time_to_accuracy for c in ranked)
+    exact = next(c for c in ranked if c.sample == "none" and c.compress == "none")
+    assert best.time_to_accuracy < 0.5 * exact.time_to_accuracy
+
+
+def test_a_free_link_and_a_costly_codec_leave_compression_out() -> None:
+    ranked = rank_candidates(WORK, SHAPE, TrainConfig(), _measured(100.0, 5e-8), threads=1)
+    assert ranked[0].compress == "none", ranked[0]
+
+
+def test_a_plan_that_cannot_sample_keeps_only_compression() -> None:
+    ranked = rank_candidates(WORK, SHAPE, TrainConfig(plan="dense-bcast"), _measured(0.025, 5e-9), threads=1)
+    assert {c.sample for c in ranked} == {"none"} and {c.compress for c in ranked} == set(CODECS)
+
+
+def test_a_resumed_auto_run_takes_the_policies_its_checkpoint_holds() -> None:
+    config = with_checkpoint_policies(TrainConfig(), {"sample": "psc:budget=0.1", "stale": "none",
+                                                      "compress": "adaptive,feedback"})
+    assert (str(config.sample), str(config.stale), config.compress) == ("psc:budget=0.1", "none", "adaptive,feedback")
+    assert with_checkpoint_policies(TrainConfig(), "not a table") == TrainConfig()
+    assert with_checkpoint_policies(TrainConfig(), {"sample": "no-such-policy"}) == TrainConfig()
