@@ -3,13 +3,13 @@ and these cores, chosen at set-up, before the trainer is built, and run guarded.
 
 **What it measures** (collective, about a second; every rank enters in the same order):
 
-* the link: chains of broadcasts of 8 bytes and 1 MiB over the replica column (the ranks that exchange rows),
-  root alternating, the slowest rank's median of five; ``alpha`` from the small ones, ``beta`` from the large
+* the link: chains of broadcasts of 8 bytes and 256 KiB over the replica column (the ranks that exchange rows),
+  root alternating, the slowest rank's median of three; ``alpha`` from the small ones, ``beta`` from the large
   ones with MPICH's broadcast formulas, as ``sparse-dist bench network`` fits them. Under ``sparse-dist
   emulate`` that is the emulated link;
-* the cores, on this rank's own rows: the local SpMM (its rows times its own columns, at the hidden width),
-  and layer 0's dense work (dropout, ``X W``, ReLU, forward and backward), timed while every rank times its
-  own, so oversubscribed cores count; the slowest rank's rates;
+* the cores, on up to 16,384 of this rank's own rows: the local SpMM (those rows times its own columns, at the
+  hidden width), and layer 0's dense work (dropout, ``X W``, ReLU, forward and backward), timed while every
+  rank times its own, so oversubscribed cores count; the slowest rank's rates;
 * each codec's cost: encoding with error feedback and decoding a block of rows at the hidden width (int4 for
   ``adaptive``, the width its hidden rows take; :mod:`sparse_dist.compress`);
 * the workload: each rank's rows, its entries with local and remote columns and ``|B_ij|`` from its adjacency
@@ -60,7 +60,8 @@ CODECS = ("none", "int8,feedback", "adaptive,feedback")
 # int8 with feedback 18 and 16, adaptive 16 at P = 4. A sampled, compressed run multiplies its axes' factors.
 EPOCH_FACTORS = {"none": 1.0, "bns:keep=0.1": 1.03, "psc:budget=0.1": 1.10, "int8,feedback": 1.13,
                  "adaptive,feedback": 1.07}
-_SMALL, _LARGE = 8, 1 << 20
+_SMALL, _LARGE = 8, 1 << 18  # the large size above MPICH's short broadcast (12 KiB): 0.8 MiB over 3 repeats
+_PROBE_ROWS = 16_384  # rows of this rank the compute probes multiply (a 100k-row rank's full probe took 1.8 s)
 _CODEC_PROBE_ROWS = 4096
 
 
@@ -209,7 +210,7 @@ def measure(comm: Communicator, col_comm: Communicator, graph: LocalGraph, confi
     return Measured(float(slowest[0]), float(slowest[1]), rates, dict(zip(codec, map(float, slowest[4:]))))
 
 
-def link(comm: Communicator, repeats: int = 5) -> tuple[float, float]:
+def link(comm: Communicator, repeats: int = 3) -> tuple[float, float]:
     """``(alpha, beta)`` of ``comm`` from chains of broadcasts (see the module docstring); collective."""
     groups = comm.size
     steps = int(np.ceil(np.log2(groups)))
@@ -237,16 +238,16 @@ def _compute_seconds(graph: LocalGraph, config: TrainConfig,
                      group: int) -> tuple[tuple[float, float], tuple[float, float]]:
     """``((seconds, nnz * width), (seconds, rows * F_in * F_out))`` of this rank's local SpMM (row group
     ``group``: its rows times its own columns) and layer 0's dense work (median of three after one untimed)."""
-    rows = graph.rows
+    rows = graph.rows[:_PROBE_ROWS]
     lo = int(graph.layout.offsets[group])
-    local = rows[:, lo:lo + rows.shape[0]].tocsr()
+    local = rows[:, lo:lo + graph.rows.shape[0]].tocsr()
     width = config.hidden
     matrix = torch.sparse_csr_tensor(torch.from_numpy(local.indptr.astype(np.int64)),
                                      torch.from_numpy(local.indices.astype(np.int64)),
                                      torch.ones(local.nnz, dtype=torch.float32), size=local.shape)
-    dense = torch.randn(local.shape[0], width)
+    dense = torch.randn(local.shape[1], width)
     spmm = _median_seconds(lambda: torch.sparse.mm(matrix, dense))
-    features = torch.from_numpy(np.asarray(graph.features, dtype=np.float32))
+    features = torch.from_numpy(np.asarray(graph.features[:_PROBE_ROWS], dtype=np.float32))
     weight = torch.randn(features.shape[1], width, requires_grad=True)
 
     def layer() -> None:

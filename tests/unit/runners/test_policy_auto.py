@@ -49,3 +49,23 @@ def test_a_resumed_auto_run_takes_the_policies_its_checkpoint_holds() -> None:
     assert (str(config.sample), str(config.stale), config.compress) == ("psc:budget=0.1", "none", "adaptive,feedback")
     assert with_checkpoint_policies(TrainConfig(), "not a table") == TrainConfig()
     assert with_checkpoint_policies(TrainConfig(), {"sample": "no-such-policy"}) == TrainConfig()
+
+
+def test_the_compute_probe_multiplies_part_of_a_large_rank(monkeypatch) -> None:
+    """A rank with more rows than the probe takes: its first rows against its own columns (a probe of 16,384
+    rows once multiplied a 16,384-row operand by a 16,384-row dense block, not the rank's columns)."""
+    import scipy.sparse as sp
+
+    import runners.policy_auto as auto
+    from algorithms.training.graph import LocalGraph
+    from sparse_dist.layout import RowLayout
+
+    monkeypatch.setattr(auto, "_PROBE_ROWS", 7)
+    layout = RowLayout.from_counts([30, 20])
+    rows = sp.random(20, 50, density=0.2, format="csr", random_state=0)  # group 1's rows, global columns
+    graph = LocalGraph(layout, rows, np.random.default_rng(0).random((20, 6)), np.zeros(20, np.int64),
+                       {"train": np.ones(20, bool)}, 2, False)
+    (spmm_seconds, spmm_units), (dense_seconds, dense_units) = auto._compute_seconds(graph, TrainConfig(hidden=4), 1)
+    local = rows[:7, 30:50]
+    assert spmm_units == local.nnz * 4 and dense_units == 7 * 6 * 4
+    assert spmm_seconds > 0 and dense_seconds > 0
