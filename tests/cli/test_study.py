@@ -304,12 +304,14 @@ def test_a_policy_table_pins_its_plans_and_compressions(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("change,sentence", [
     (("epochs = 5", 'epochs = 5\ncompress = ["int9"]'),
-     "study.compress: --compress 'int9': compression format must be one of ('fp16', 'bf16', 'int8'), got 'int9'"),
+     "study.compress: --compress 'int9': compression format must be one of ('fp16', 'bf16', 'int8', 'int4', 'int2'), "
+     "got 'int9'"),
     (("epochs = 5", 'epochs = 5\ncompress = ["fp16", "fp16"]'), "study.compress: each compression once"),
     (('"sancus-e:eps=1"', '{ policy = "sancus-e:eps=1", plans = ["sparse-bcast"] }'),
      "study.policies[2].plans: ['sparse-bcast'] not in study.plans ['dense-bcast', 'p2p']"),
     (('"sancus-e:eps=1"', '{ policy = "exact", compress = ["bf16:stochastic"] }'),
-     "study.policies[2].compress: --compress 'bf16:stochastic': stochastic rounding is an int8 option, not bf16's"),
+     "study.policies[2].compress: --compress 'bf16:stochastic': stochastic rounding is an integer format's option, "
+     "not bf16's"),
     (('"sancus-e:eps=1"', '{ policy = "bns:keep=0.1", plan = "p2p" }'), "study.policies[2]: unknown field(s) ['plan']"),
     (('"sancus-e:eps=1"', '{ policy = "exact", plans = ["p2p"] }'),
      "study.policies: plan p2p, policy exact, compress none comes from two entries"),
