@@ -7,9 +7,10 @@ and these cores, chosen at set-up, before the trainer is built, and run guarded.
   root alternating, the slowest rank's median of three; ``alpha`` from the small ones, ``beta`` from the large
   ones with MPICH's broadcast formulas, as ``sparse-dist bench network`` fits them. Under ``sparse-dist
   emulate`` that is the emulated link;
-* the cores, on up to 16,384 of this rank's own rows: the local SpMM (those rows times its own columns, at the
-  hidden width), and layer 0's dense work (dropout, ``X W``, ReLU, forward and backward), timed while every
-  rank times its own, so oversubscribed cores count; the slowest rank's rates;
+* the cores (on the run's device: a GPU where the run trains on one), on up to 16,384 of this rank's own
+  rows: the local SpMM (those rows times its own columns, at the hidden width), and layer 0's dense work
+  (dropout, ``X W``, ReLU, forward and backward), timed while every rank times its own, so oversubscribed
+  cores count; the slowest rank's rates;
 * each codec's cost: encoding with error feedback and decoding a block of rows at the hidden width (int4 for
   ``adaptive``, the width its hidden rows take; :mod:`sparse_dist.compress`);
 * the workload: each rank's rows, its entries with local and remote columns and ``|B_ij|`` from its adjacency
@@ -125,11 +126,11 @@ def auto_problem(args: Any) -> str | None:
     return None
 
 
-def choose(comm: Communicator, col_comm: Communicator, graph: LocalGraph, config: TrainConfig,
-           threads: int) -> tuple[TrainConfig, dict[str, Any], list[str]]:
+def choose(comm: Communicator, col_comm: Communicator, graph: LocalGraph, config: TrainConfig, threads: int,
+           device: torch.device | str = "cpu") -> tuple[TrainConfig, dict[str, Any], list[str]]:
     """The configuration to run, the set-up record's ``policy_auto`` and the two lines rank 0 prints
     (collective over ``comm``; ``col_comm`` is the replica column, the ranks that exchange rows)."""
-    measured = measure(comm, col_comm, graph, config, threads)
+    measured = measure(comm, col_comm, graph, config, threads, torch.device(device))
     work = workload(col_comm, graph, config.plan)
     candidates = rank_candidates(work, model_shape(graph, config), config, measured, threads)
     best, runner_up, exact = candidates[0], candidates[1], _exact(candidates)
@@ -196,11 +197,11 @@ def layer0_once(policy: PolicySpec, config: TrainConfig) -> bool:
 
 # ------------------------------------------------------------------ measurements
 def measure(comm: Communicator, col_comm: Communicator, graph: LocalGraph, config: TrainConfig,
-            threads: int) -> Measured:
+            threads: int, device: torch.device = torch.device("cpu")) -> Measured:
     """The link, the cores and the codecs (collective over ``comm``: every figure agreed as the slowest)."""
     alpha, beta = link(col_comm) if col_comm.size > 1 else (0.0, 1e-12)
-    spmm, dense = _compute_seconds(graph, config, col_comm.rank)
-    codec = {text: _codec_seconds(text, config.hidden) for text in CODECS if text != "none"}
+    spmm, dense = _compute_seconds(graph, config, col_comm.rank, device)
+    codec = {text: _codec_seconds(text, config.hidden, device) for text in CODECS if text != "none"}
     local = np.array([alpha, beta, spmm[0], dense[0], *codec.values()], dtype=np.float64)
     slowest = comm.allgather_array(local).max(axis=0)
     units = np.array([spmm[1], dense[1]], dtype=np.float64)  # work of this rank's probe (rates per core below)
@@ -234,8 +235,8 @@ def link(comm: Communicator, repeats: int = 3) -> tuple[float, float]:
     return alpha, max(beta, 1e-12)
 
 
-def _compute_seconds(graph: LocalGraph, config: TrainConfig,
-                     group: int) -> tuple[tuple[float, float], tuple[float, float]]:
+def _compute_seconds(graph: LocalGraph, config: TrainConfig, group: int,
+                     device: torch.device = torch.device("cpu")) -> tuple[tuple[float, float], tuple[float, float]]:
     """``((seconds, nnz * width), (seconds, rows * F_in * F_out))`` of this rank's local SpMM (row group
     ``group``: its rows times its own columns) and layer 0's dense work (median of three after one untimed)."""
     rows = graph.rows[:_PROBE_ROWS]
@@ -244,40 +245,46 @@ def _compute_seconds(graph: LocalGraph, config: TrainConfig,
     width = config.hidden
     matrix = torch.sparse_csr_tensor(torch.from_numpy(local.indptr.astype(np.int64)),
                                      torch.from_numpy(local.indices.astype(np.int64)),
-                                     torch.ones(local.nnz, dtype=torch.float32), size=local.shape)
-    dense = torch.randn(local.shape[1], width)
-    spmm = _median_seconds(lambda: torch.sparse.mm(matrix, dense))
-    features = torch.from_numpy(np.asarray(graph.features[:_PROBE_ROWS], dtype=np.float32))
-    weight = torch.randn(features.shape[1], width, requires_grad=True)
+                                     torch.ones(local.nnz, dtype=torch.float32), size=local.shape).to(device)
+    dense = torch.randn(local.shape[1], width, device=device)
+    spmm = _median_seconds(lambda: torch.sparse.mm(matrix, dense), device)
+    features = torch.from_numpy(np.asarray(graph.features[:_PROBE_ROWS], dtype=np.float32)).to(device)
+    weight = torch.randn(features.shape[1], width, requires_grad=True, device=device)
 
     def layer() -> None:
         out = torch.relu(torch.nn.functional.dropout(features, config.dropout, training=True) @ weight)
         out.sum().backward()
 
-    dense_seconds = _median_seconds(layer)
+    dense_seconds = _median_seconds(layer, device)
     return ((spmm, float(local.nnz) * width),
             (dense_seconds, float(features.shape[0]) * features.shape[1] * width))
 
 
-def _codec_seconds(text: str, width: int) -> float:
+def _codec_seconds(text: str, width: int, device: torch.device = torch.device("cpu")) -> float:
     """Seconds a value of ``text``'s codec costs to encode (with its feedback) and decode, at ``width``."""
     codec = Codec.parse(text)
     assert codec is not None
     coded = codec.at(1, "rows") if not codec.adapts else Codec("int4", feedback=codec.feedback)
-    rows = torch.randn(_CODEC_PROBE_ROWS, width, generator=torch.Generator().manual_seed(0))
+    rows = torch.randn(_CODEC_PROBE_ROWS, width, generator=torch.Generator().manual_seed(0)).to(device)
 
     def both() -> None:
         coded.decode(coded.send(rows, (0, "rows", 0), rows.shape[0], None), width, torch.float32)
 
-    return _median_seconds(both) / rows.numel()
+    return _median_seconds(both, device) / rows.numel()
 
 
-def _median_seconds(work: Any, repeats: int = 3) -> float:
-    work()
+def _median_seconds(work: Any, device: torch.device = torch.device("cpu"), repeats: int = 3) -> float:
+    """The median wall time of ``work`` after one untimed call (its kernels waited for on a GPU)."""
+    def waited() -> None:
+        work()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    waited()
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
-        work()
+        waited()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 

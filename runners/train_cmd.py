@@ -402,7 +402,7 @@ def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
     if resumption is not None:
         config = resumption.config
     elif args.policy == "auto":  # measured and chosen before the trainer is built (collective)
-        config, auto, lines = choose(comm, split_grid(comm, grid)[1], graph, config, threads)
+        config, auto, lines = choose(comm, split_grid(comm, grid)[1], graph, config, threads, device)
         if comm.rank == 0:
             print("\n".join(lines), flush=True)
     trainer = make_trainer(comm, graph, config, device, args)  # Trainer, or MinibatchTrainer with --mode minibatch
