@@ -28,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.policies import AxisSpec
 from algorithms.policies.base import StateSize
 from algorithms.static_input import exchange_widths, receiver_side
 from runners.data.shards import ShardError, read_meta
+from runners.policy_auto import CODECS as AUTO_CODECS, SAMPLES as AUTO_SAMPLES
 from runners.memory_estimate import (OPTIMIZER_COPIES, Estimate, axis_policy, group_counts, model_figures,  # noqa: F401
                                      size, train_memory)
 from sparse_dist.comm import Communicator, said_once
@@ -97,7 +99,8 @@ def guard_keeps_weights(args: Any) -> bool:
     policy = any(not getattr(args, axis).is_none for axis in ("sample", "stale") if hasattr(getattr(args, axis, None),
                                                                                           "is_none"))
     compressed = str(getattr(args, "compress", "none")).strip() not in ("", "none")
-    return getattr(args, "guard", "off") == "auto" and (policy or compressed)
+    chosen_at_setup = getattr(args, "policy", "manual") == "auto"  # its choice may be any policy
+    return getattr(args, "guard", "off") == "auto" and (policy or compressed or chosen_at_setup)
 
 
 def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, int]:
@@ -111,8 +114,12 @@ def train_disk(meta: dict[str, Any], args: Any, world_size: int) -> dict[str, in
         # weights and Adam's two moments; the accuracy guard keeps a second copy of the weights (its best evaluation)
         copies_of_weights = 4 if guard_keeps_weights(args) else 3
         main = copies_of_weights * sum(layer.parameters for layer in layers) * itemsize + CHECKPOINT_FIXED_BYTES
-        copies, structure = policy_state_copies(args.stale, str(getattr(args, "compress", "none")),
-                                                getattr(args, "sample", None))
+        if getattr(args, "policy", "manual") == "auto":  # chosen at set-up: the most any candidate keeps
+            copies, structure = max(policy_state_copies(args.stale, compress, AxisSpec.parse("sample", sample))
+                                    for sample in AUTO_SAMPLES for compress in AUTO_CODECS)
+        else:
+            copies, structure = policy_state_copies(args.stale, str(getattr(args, "compress", "none")),
+                                                    getattr(args, "sample", None))
         receiver = receiver_side(args.dropout_side, args.dropout, args.stale, exchange_widths(
             [(layer.fan_in, layer.width) for layer in layers], args.input_exchange,
             [(layer.receiver[0], layer.owner[0]) for layer in layers]))

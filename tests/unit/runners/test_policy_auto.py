@@ -69,3 +69,30 @@ def test_the_compute_probe_multiplies_part_of_a_large_rank(monkeypatch) -> None:
     local = rows[:7, 30:50]
     assert spmm_units == local.nnz * 4 and dense_units == 7 * 6 * 4
     assert spmm_seconds > 0 and dense_seconds > 0
+
+
+def test_the_disk_estimate_of_an_auto_run_holds_whatever_it_chooses() -> None:
+    """A checkpoint's policy files are priced before auto chooses: at the most any candidate keeps (the feedback
+    residuals of a compressed choice), and with the guard's copy of the weights."""
+    import argparse
+
+    from runners.model_defaults import fill_model_defaults
+    from runners.resources import train_disk
+    from runners.train_flags import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def disk(*flags: str) -> int:
+        args = parser.parse_args(["--data", "x", "--checkpoint", "/nowhere/run.ckpt", *flags])
+        fill_model_defaults(args)
+        return train_disk(META, args, 2)["set"]
+
+    chosen = [disk(*(["--sample", s] if s != "none" else []), *(["--compress", c] if c != "none" else []))
+              for s in SAMPLES for c in CODECS]
+    assert disk("--policy", "auto") == max(chosen) > disk()
+
+
+# Cora's sizes in two parts (what train_disk reads of a prepared dataset's meta.json)
+META = {"feature_dim": 1433, "num_classes": 7, "num_nodes": 2708, "num_edges": 10556, "num_parts": 2,
+        "row_offsets": [0, 1354, 2708], "partition_stats": {}}
