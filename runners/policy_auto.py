@@ -46,12 +46,13 @@ import torch
 from algorithms.policies import AxisSpec, PolicySpec, RunShape
 from algorithms.training.config import TrainConfig
 from algorithms.training.graph import LocalGraph
+from runners.bench.network import broadcast_seconds, fit_alpha_beta
 from runners.perf.cost_model import (ExpectedTraffic, ModelShape, Rates, predict_cycle, predict_epoch,
                                      predict_evaluation)
-from runners.perf.workload import Workload
+from runners.perf.workload import Workload, entry_counts
 from sparse_dist.comm import Communicator
 from sparse_dist.compress import Codec
-from sparse_dist.cost import BCAST_SHORT, Network
+from sparse_dist.cost import Network
 from sparse_dist.plans import plan_class
 
 SAMPLES = ("none", "bns:keep=0.1", "psc:budget=0.1")
@@ -212,26 +213,10 @@ def measure(comm: Communicator, col_comm: Communicator, graph: LocalGraph, confi
 
 
 def link(comm: Communicator, repeats: int = 3) -> tuple[float, float]:
-    """``(alpha, beta)`` of ``comm`` from chains of broadcasts (see the module docstring); collective."""
-    groups = comm.size
-    steps = int(np.ceil(np.log2(groups)))
-    seconds = {}
-    for size, chain in ((_SMALL, 20), (_LARGE, 3)):
-        buffer = torch.zeros(size, dtype=torch.uint8)
-        samples = []
-        for _ in range(repeats):
-            comm.barrier()
-            start = time.perf_counter()
-            for turn in range(chain):
-                comm.bcast_(buffer, turn % 2, "other")
-            samples.append((time.perf_counter() - start) / chain)
-        seconds[size] = statistics.median(samples)
-    alpha = seconds[_SMALL] / max(steps, 1)
-    if _LARGE > BCAST_SHORT:  # scatter + ring allgather: (steps + g - 1) alpha + 2 (g - 1) / g m beta
-        spent = seconds[_LARGE] - (steps + groups - 1) * alpha
-        beta = spent / (2.0 * (groups - 1) / groups * _LARGE)
-    else:  # binomial: steps (alpha + m beta)
-        beta = (seconds[_LARGE] / max(steps, 1) - alpha) / _LARGE
+    """``(alpha, beta)`` of ``comm`` from chains of broadcasts, fitted as ``sparse-dist bench network`` fits
+    them (:mod:`runners.bench.network`); collective."""
+    rows = [(size, broadcast_seconds(comm, size, chain, repeats)) for size, chain in ((_SMALL, 20), (_LARGE, 3))]
+    alpha, beta = fit_alpha_beta(rows, comm.size, large_from=_LARGE)
     return alpha, max(beta, 1e-12)
 
 
@@ -298,12 +283,9 @@ def workload(col_comm: Communicator, graph: LocalGraph, plan: str) -> Workload:
     lo, hi = int(offsets[me]), int(offsets[me + 1])
     rows = graph.rows.tocsr()
     columns = np.asarray(rows.indices, dtype=np.int64)
-    remote = (columns < lo) | (columns >= hi)
-    own = np.repeat(np.arange(rows.shape[0], dtype=np.int64) + lo, np.diff(rows.indptr))
-    loops = int(np.unique(own[columns == own]).size)
-    distinct = np.unique(columns[remote])
+    distinct = np.unique(columns[(columns < lo) | (columns >= hi)])
     owner = np.searchsorted(offsets, distinct, side="right") - 1
-    mine = np.concatenate([[rows.shape[0], int((~remote).sum()) + rows.shape[0] - loops, int(remote.sum())],
+    mine = np.concatenate([[rows.shape[0], *entry_counts(columns, rows.indptr, lo, lo, hi)],
                            np.bincount(owner, minlength=groups)])
     table = col_comm.allgather_array(mine.astype(np.int64))
     boundary = table[:, 3:]

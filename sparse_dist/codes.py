@@ -22,21 +22,25 @@ def squared_norm(values: torch.Tensor) -> torch.Tensor:
     return torch.dot(flat, flat).to(torch.float64)
 
 
+def levels(bits: int) -> int:
+    """The largest code magnitude of a signed integer format of ``bits`` bits: ``2^(bits - 1) - 1``."""
+    return (1 << (bits - 1)) - 1
+
+
 def packed_width(width: int, bits: int) -> int:
     """Bytes ``width`` codes of ``bits`` bits fill (the last byte padded)."""
     return -(-width * bits // 8)
 
 
-def pack(codes: torch.Tensor, levels: int, bits: int, out: torch.Tensor) -> None:
-    """Write integral ``codes`` (``r x F`` floats in ``[-levels, levels]``) into ``out`` (``r x
-    _packed_width(F, bits)`` bytes), ``8 / bits`` codes a byte, the first in the lowest bits, each as
-    ``code + levels``."""
+def pack(codes: torch.Tensor, bits: int, out: torch.Tensor) -> None:
+    """Write integral ``codes`` (``r x F`` floats in ``[-L, L]``, ``L = levels(bits)``) into ``out`` (``r x
+    packed_width(F, bits)`` bytes), ``8 / bits`` codes a byte, the first in the lowest bits, each as ``code + L``."""
     per = 8 // bits
     rows, width = codes.shape
     if not out.shape[1]:
         return
     shifted = torch.zeros(rows, out.shape[1] * per, dtype=torch.uint8, device=codes.device)
-    shifted[:, :width] = codes + levels  # in [0, 2 levels]: integral, so the cast is exact
+    shifted[:, :width] = codes + levels(bits)  # in [0, 2 L]: integral, so the cast is exact
     grouped = shifted.view(rows, out.shape[1], per)
     packed = grouped[:, :, 0].clone()
     for slot in range(1, per):
@@ -45,11 +49,11 @@ def pack(codes: torch.Tensor, levels: int, bits: int, out: torch.Tensor) -> None
 
 
 def unpacked(packed: torch.Tensor, width: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """The codes :func:`_pack` wrote (``r x width``, ``dtype``, in ``[-levels, levels]``)."""
-    per, levels = 8 // bits, (1 << (bits - 1)) - 1
+    """The codes :func:`pack` wrote (``r x width``, ``dtype``, in ``[-L, L]``)."""
+    per, top = 8 // bits, levels(bits)
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
     slots = packed.unsqueeze(-1).bitwise_right_shift(shifts).bitwise_and_((1 << bits) - 1)
-    return slots.reshape(packed.shape[0], -1)[:, :width].to(dtype).sub_(levels)
+    return slots.reshape(packed.shape[0], -1)[:, :width].to(dtype).sub_(top)
 
 
 def halves(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -41,20 +41,21 @@ import numpy as np
 import torch
 
 from sparse_dist import state_checks as checks
-from sparse_dist.codes import halves, pack, packed_width, power_of_two, row_peak, squared_norm, unpacked
+from sparse_dist.codes import halves, levels, pack, packed_width, power_of_two, row_peak, squared_norm, unpacked
 
 FORMATS: tuple[str, ...] = ("fp16", "bf16", "int8", "int4", "int2")
-# an integer format's codes lie in [-L, L]: L = 2^(bits - 1) - 1
-_LEVELS = {"int8": 127, "int4": 7, "int2": 1}
+# an integer format's bits a value; its codes lie in [-L, L], L = 2^(bits - 1) - 1 (:func:`levels`)
+_INTEGER_BITS = {"int8": 8, "int4": 4, "int2": 2}
 ADAPTIVE = "adaptive"
 SPEC_FORMS = ("fp16|bf16|int8|int4|int2[:stochastic][,feedback] or "
               "adaptive[:stochastic][,min=2|4|8][,budget=E][,feedback]")
 DIRECTIONS: tuple[str, ...] = ("rows", "gradients")
 # an adaptive codec's widths, and the format each travels as
-WIDTH_FORMATS = {2: "int2", 4: "int4", 8: "int8", 16: "fp16"}
-# the rounding step of a width relative to what scales it (an integer format's row peak, fp16's row exponent):
-# a message's squared error scales with its square
-_RELATIVE_STEP = {2: 1.0, 4: 1.0 / 7, 8: 1.0 / 127, 16: 2.0**-10}
+WIDTH_FORMATS = {**{bits: name for name, bits in sorted(_INTEGER_BITS.items(), key=lambda item: item[1])},
+                 16: "fp16"}
+# the rounding step of a width relative to what scales it (an integer format's row peak: 1 / L; fp16's row
+# exponent: half's 10 fraction bits): a message's squared error scales with its square
+_RELATIVE_STEP = {**{bits: 1.0 / levels(bits) for bits in _INTEGER_BITS.values()}, 16: 2.0**-10}
 DEFAULT_FLOOR, DEFAULT_BUDGET = 4, 1.0 / 32
 _SCALE_BYTES = 4       # an integer format's float32 scale a row
 _EXPONENT_BYTES = 2    # fp16's int16 exponent a row (2 bytes keep the half values aligned)
@@ -84,7 +85,7 @@ class Codec:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise ValueError(f"compression format must be one of {FORMATS}, got {self.format!r}")
-        if self.stochastic and self.format not in _LEVELS:
+        if self.stochastic and self.format not in _INTEGER_BITS:
             raise ValueError(f"stochastic rounding is an integer format's option, not {self.format}'s")
 
     @classmethod
@@ -133,11 +134,11 @@ class Codec:
     @property
     def bits(self) -> int:
         """Bits a value travels as (without its row's scale or exponent)."""
-        return 16 if self.format not in _LEVELS else {127: 8, 7: 4, 1: 2}[_LEVELS[self.format]]
+        return _INTEGER_BITS.get(self.format, 16)
 
     def row_bytes(self, width: int) -> int:
         """Bytes one row of ``width`` values travels as."""
-        if self.format in _LEVELS:
+        if self.format in _INTEGER_BITS:
             return _SCALE_BYTES + packed_width(width, self.bits)
         return 2 * width + (_EXPONENT_BYTES if self.format == "fp16" else 0)
 
@@ -218,8 +219,8 @@ class Codec:
                   noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """An integer format: write ``rows``' scales and codes into ``out`` (its rows of the payload); returns the
         rounded codes as float32 (``r x F``, a work buffer) and their scales (``r x 1``)."""
-        width, levels = rows.shape[1], _LEVELS[self.format]
-        scale = (row_peak(rows) / float(levels)).to(torch.float32)
+        width, top = rows.shape[1], levels(self.bits)
+        scale = (row_peak(rows) / float(top)).to(torch.float32)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         ratio = self._buffer("ratio", rows.shape[0], width, torch.float32, rows.device)  # rounded in place below
         if rows.dtype == torch.float32:
@@ -230,10 +231,10 @@ class Codec:
             ratio.add_(noise).floor_()
         else:
             ratio.round_()
-        ratio.clamp_(-levels, levels)
+        ratio.clamp_(-top, top)
         out[:, :_SCALE_BYTES] = scale.view(torch.uint8).reshape(rows.shape[0], _SCALE_BYTES)
         if self.bits < 8:
-            pack(ratio, levels, self.bits, out[:, _SCALE_BYTES:])
+            pack(ratio, self.bits, out[:, _SCALE_BYTES:])
         else:
             out[:, _SCALE_BYTES:].view(torch.int8).copy_(ratio)  # integral values: the cast is exact
         return ratio, scale
@@ -382,7 +383,7 @@ class AdaptiveCodec(Codec):
         child = self._children.get(width)
         if child is None:
             name = WIDTH_FORMATS[width]
-            child = self._children[width] = Codec(name, self.stochastic and name in _LEVELS, self.feedback,
+            child = self._children[width] = Codec(name, self.stochastic and name in _INTEGER_BITS, self.feedback,
                                                   self.seed, self.residuals, self.errors)
         return child
 
@@ -417,9 +418,9 @@ class AdaptiveCodec(Codec):
         2``, float64; zeros where it sent nothing). Synchronises with the device."""
         assert self.errors is not None
         out = np.zeros((len(keys), 2), dtype=np.float64)
-        for row, key in enumerate(keys):
-            if key in self.errors:
-                out[row] = self.errors[key].cpu().numpy()
+        sent = [row for row, key in enumerate(keys) if key in self.errors]
+        if sent:  # one copy from the device for every key
+            out[sent] = torch.stack([self.errors[keys[row]] for row in sent]).cpu().numpy()
         return out
 
     def choose(self, keys: list[tuple[int, str]], totals: np.ndarray) -> dict[tuple[int, str], float]:
@@ -445,13 +446,6 @@ def width_key(text: str) -> tuple[int, str]:
     if not layer.isdigit() or direction not in DIRECTIONS:
         raise ValueError(f"{text!r} is not a layer/direction key")
     return int(layer), direction
-
-
-
-
-
-
-
 
 
 def _row_blocks(rows: torch.Tensor) -> list[slice]:

@@ -53,7 +53,7 @@ def state_problem(widths: Any) -> str | None:
         return f"bit widths are {type(widths).__name__}, expected a table"
     for text, bits in widths.items():
         try:
-            width_key(text) if isinstance(text, str) else width_key("")
+            width_key(text if isinstance(text, str) else "")
         except ValueError:
             return f"bit widths name {str(text)[:40]!r}, expected layer/direction"
         if bits not in WIDTH_FORMATS or isinstance(bits, bool):

@@ -34,32 +34,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"blocks)")
 
 
+def broadcast_seconds(comm: Communicator, size: int, chain: int, repeats: int) -> float:
+    """Seconds of one broadcast of ``size`` bytes over ``comm``: chains of ``chain`` broadcasts whose root alternates
+    between ranks 0 and 1, each waiting for the one before; the slowest rank's median of ``repeats`` samples after
+    one untimed. Collective."""
+    buffer = torch.zeros(size, dtype=torch.uint8)
+    samples = []
+    for _ in range(repeats + 1):
+        comm.barrier()
+        start = time.perf_counter()
+        for link in range(chain):
+            comm.bcast_(buffer, link % 2, "other")
+        elapsed = (time.perf_counter() - start) / chain
+        samples.append(max(comm.allgather_object(elapsed)))
+    return statistics.median(samples[1:])
+
+
+def fit_alpha_beta(rows: list[tuple[int, float]], groups: int, large_from: int = 1 << 20) -> tuple[float, float]:
+    """``(alpha, beta)`` from ``(bytes, seconds)`` of broadcasts over ``groups`` ranks: alpha from the messages of at
+    most 512 bytes (binomial: ``steps`` latencies), beta by least squares on those of at least ``large_from``
+    bytes (scatter + ring allgather: ``(steps + g - 1) alpha + 2 (g - 1) / g m beta``; ``large_from`` is raised
+    to MPICH's short-broadcast limit)."""
+    steps = max(int(np.ceil(np.log2(groups))), 1)
+    alpha = statistics.median([t / steps for size, t in rows if size <= 512])
+    large = [(size, t) for size, t in rows if size >= max(BCAST_SHORT, large_from)]
+    factor = 2.0 * (groups - 1) / groups
+    x = np.array([factor * s for s, _ in large])
+    y = np.array([t - (steps + groups - 1) * alpha for _, t in large])
+    return alpha, float((x @ y) / (x @ x))
+
+
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     if comm.size < 2:
         raise SystemExit("bench network needs at least 2 ranks (mpiexec -n 2 sparse-dist bench network)")
     g = comm.size
-    steps = int(np.ceil(np.log2(g)))
-    rows = []
-    for size in [s for s in SIZES if s <= args.max_bytes]:
-        buffer = torch.zeros(size, dtype=torch.uint8)
-        chain = max(2, min(200, (1 << 22) // size))
-        samples = []
-        for _ in range(args.repeats + 1):
-            comm.barrier()
-            start = time.perf_counter()
-            for link in range(chain):
-                comm.bcast_(buffer, link % 2, "other")
-            elapsed = (time.perf_counter() - start) / chain
-            samples.append(max(comm.allgather_object(elapsed)))
-        rows.append((size, statistics.median(samples[1:])))
-    small = [t / steps for size, t in rows if size <= 512]
-    alpha = statistics.median(small)
-    large = [(size, t) for size, t in rows if size >= max(BCAST_SHORT, 1 << 20)]
-    # large: t = (steps + g - 1) alpha + 2 (g - 1)/g * size * beta
-    factor = 2.0 * (g - 1) / g
-    x = np.array([factor * s for s, _ in large])
-    y = np.array([t - (steps + g - 1) * alpha for _, t in large])
-    beta = float((x @ y) / (x @ x))
+    rows = [(size, broadcast_seconds(comm, size, max(2, min(200, (1 << 22) // size)), args.repeats))
+            for size in SIZES if size <= args.max_bytes]
+    alpha, beta = fit_alpha_beta(rows, g)
     if comm.rank == 0:
         print(f"{'bytes':>12} {'seconds':>12} {'GB/s':>8}")
         for size, seconds in rows:

@@ -71,6 +71,20 @@ def _merged_groups(data_dir: Path, groups: int) -> tuple[dict, int, np.ndarray]:
     return meta, per_group, np.asarray(meta["row_offsets"][::per_group], dtype=np.int64)
 
 
+def entry_counts(indices: np.ndarray, indptr: np.ndarray, first_row: int, lo: int, hi: int,
+                 self_loops: bool = True) -> tuple[int, int]:
+    """``(local, remote)`` entries of CSR rows numbered from ``first_row`` (global column ids ``indices``): those
+    whose column lies in ``[lo, hi)``, plus a self-loop for every row that lacks one (``self_loops``: what GCN's
+    normalisation adds), and the others."""
+    indices = np.asarray(indices, dtype=np.int64)
+    inside = (indices >= lo) & (indices < hi)
+    missing = 0
+    if self_loops:
+        rows_of = np.repeat(np.arange(indptr.size - 1, dtype=np.int64) + first_row, np.diff(indptr))
+        missing = indptr.size - 1 - int(np.unique(rows_of[indices == rows_of]).size)
+    return int(inside.sum()) + missing, int((~inside).sum())
+
+
 def workload_from_shards(data_dir: str | Path, groups: int, self_loops: bool = True,
                          covers: bool = False) -> Workload:
     """Exact statistics of a prepared dataset run on ``groups`` row groups (its shards merged as a run does);
@@ -81,20 +95,17 @@ def workload_from_shards(data_dir: str | Path, groups: int, self_loops: bool = T
     nnz_local = np.zeros(groups, dtype=np.int64)
     nnz_remote = np.zeros(groups, dtype=np.int64)
     for g in range(groups):
-        columns, loops = [], 0
+        columns = []
         for index in range(g * per_group, (g + 1) * per_group):
             part = read_part(data_dir, meta, index, STRUCTURE)
             indices, indptr = part["indices"].astype(np.int64), part["indptr"]
-            first = meta["row_offsets"][index]
-            rows_of = np.repeat(np.arange(indptr.size - 1) + first, np.diff(indptr))
-            loops += int(np.unique(rows_of[indices == rows_of]).size)
+            local, remote = entry_counts(indices, indptr, int(meta["row_offsets"][index]), int(offsets[g]),
+                                         int(offsets[g + 1]), self_loops)
+            nnz_local[g] += local
+            nnz_remote[g] += remote
             columns.append(indices)
         merged = np.concatenate(columns) if columns else np.empty(0, np.int64)
         accumulator.add_part(g, merged, 0)
-        inside = (merged >= offsets[g]) & (merged < offsets[g + 1])
-        missing_loops = (offsets[g + 1] - offsets[g] - loops) if self_loops else 0
-        nnz_local[g] = int(inside.sum()) + missing_loops
-        nnz_remote[g] = int((~inside).sum())
     union = np.bincount(accumulator._owner(np.flatnonzero(accumulator.needed)), minlength=groups)
     cover = pair_counts(data_dir, groups).cover if covers else None
     return Workload(meta["name"], np.diff(offsets), nnz_local, nnz_remote, accumulator.counts.copy(), union,

@@ -41,6 +41,7 @@ from row_groups import local_graph as row_graph  # noqa: E402
 
 from algorithms.train import LocalGraph, TrainConfig, Trainer  # noqa: E402
 from runners.perf.cost_model import ModelShape  # noqa: E402
+from sparse_dist.compress import Codec  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
 from sparse_dist.layout import Grid, RowLayout  # noqa: E402
 from sparse_dist.plans import PLAN_NAMES, plan_class  # noqa: E402
@@ -155,7 +156,8 @@ def check_sampled(comm, data: dict, layout: RowLayout, replication: int, failure
 
 
 def trainer_adapts(compress: str) -> bool:
-    return compress.startswith("adaptive")
+    codec = Codec.parse(compress)
+    return codec is not None and codec.adapts
 
 
 def check_compressed(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
