@@ -50,6 +50,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
+from algorithms.grid_model import GCN_GRID, SAGE_GRID, GridForm
 from algorithms.normalize import gcn_normalize, mean_normalize
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import RowLayout
@@ -130,6 +131,8 @@ class GraphLayer(nn.Module, ABC):
     # the layer sees its input only through the product A h (no self term, no attention): an evaluation may
     # hand layer 0 the static input's kept product (StaticHalo.aggregate) and an operator that returns it as is
     input_only_through_product: ClassVar[bool] = False
+    # how the process grid runs this kind (algorithms.grid_model), or None where it does not (``train --grid``)
+    grid_form: ClassVar[GridForm | None] = None
 
     def __init__(self, fan_in: int, fan_out: int) -> None:
         super().__init__()
@@ -256,6 +259,7 @@ class GCNLayer(GraphLayer):
 
     kind = "gcn"
     input_only_through_product = True
+    grid_form = GCN_GRID
 
     def __init__(self, fan_in: int, fan_out: int, *, generator: torch.Generator,
                  dtype: torch.dtype = torch.float32) -> None:
@@ -280,6 +284,7 @@ class SAGELayer(GraphLayer):
 
     kind = "sage"
     weight_matrices = 2
+    grid_form = SAGE_GRID
 
     def __init__(self, fan_in: int, fan_out: int, *, generator: torch.Generator,
                  dtype: torch.dtype = torch.float32) -> None:

@@ -171,17 +171,24 @@ class TrainingRun:
                 _log.info("loaded the compiled dropout passes in %.2f s", seconds)
 
     def _optimizer(self) -> Adam:
-        """Adam; weight decay on the first layer only (Kipf & Welling) or on every weight."""
-        config = self.config
-        first = self.model.layer_parameters(0)
-        rest = [p for layer in range(1, self.model.num_layers) for p in self.model.layer_parameters(layer)]
-        if config.weight_decay_scope == "first":
-            groups = [{"params": first, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-        elif config.weight_decay_scope == "all":
-            groups = [{"params": first + rest, "weight_decay": config.weight_decay}]
-        else:
-            raise ValueError(f"weight_decay_scope must be 'first' or 'all', got {config.weight_decay_scope!r}")
-        return Adam([g for g in groups if g["params"]], lr=config.lr)  # torch's arithmetic, no torch._dynamo
+        return make_optimizer(self.model, self.config)
+
+
+def make_optimizer(model: GraphModel, config: TrainConfig,
+                   parameters_of: Callable[[int], list[torch.Tensor]] | None = None) -> Adam:
+    """Adam over ``model``'s parameters, or over what ``parameters_of(layer)`` gives in their place (the grid's
+    blocks of them, in the same order: the state numbers them alike); weight decay on the first layer only
+    (Kipf & Welling) or on every weight (``weight_decay_scope``). The 1D and the grid trainer build it alike."""
+    parameters_of = parameters_of or model.layer_parameters
+    first = parameters_of(0)
+    rest = [p for layer in range(1, model.num_layers) for p in parameters_of(layer)]
+    if config.weight_decay_scope == "first":
+        groups = [{"params": first, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    elif config.weight_decay_scope == "all":
+        groups = [{"params": first + rest, "weight_decay": config.weight_decay}]
+    else:
+        raise ValueError(f"weight_decay_scope must be 'first' or 'all', got {config.weight_decay_scope!r}")
+    return Adam([g for g in groups if g["params"]], lr=config.lr)  # torch's arithmetic, no torch._dynamo
 
 
 def resolve_progress(comm: Communicator, mode: str) -> str:
