@@ -69,11 +69,13 @@ from runners.model_defaults import fill_model_defaults
 from runners.output_lock import OutputLocks, lock_beside
 from runners.policy_auto import auto_problem, choose, with_checkpoint_policies
 from runners.results import (EarlierLegs, EarlierResultsError, ResultsWriter, cpu_seconds, environment, foreign_results,
-                             partial_beside, peak_memory_bytes, read_earlier_legs, spread)
+                             partial_beside, peak_memory_bytes, read_earlier_legs)
 from runners.data.shards import ShardError, load_local_graph, read_meta
 from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME
 from runners.train_epochs import EpochRows, run_epochs, traffic_spread
 from runners.train_flags import DEFAULT_CHECKPOINT_EVERY, add_arguments, attention_problem
+from runners.train_grid import grid_flag_problem, open_grid_run
+from runners.train_records import leg_record, setup_record
 from runners.train_paths import PathError, check_paths, overlap_problems
 from runners.resources import check_train_resources, readable_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node, said_once
@@ -96,6 +98,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if problem:
         return problem
     fill_model_defaults(args)
+    problem = grid_flag_problem(args)
+    if problem:
+        return problem
     problem = minibatch_flag_problem(args)
     if problem:
         return problem
@@ -272,23 +277,6 @@ def _earlier_legs(comm: Communicator, args: argparse.Namespace, resumption: Resu
     return earlier
 
 
-def _leg_record(resumption: Resumption, earlier: EarlierLegs | None) -> dict[str, Any]:
-    """Where this resumed leg starts: its epoch and set, the file its earlier legs' records came from, the
-    epochs before it that no record holds (as ``[first, last]`` ranges) and the run time before it."""
-    epoch = resumption.current.epoch
-    missing = earlier.missing(epoch) if earlier is not None else list(range(1, epoch + 1))
-    ranges: list[list[int]] = []
-    for number in missing:
-        if ranges and ranges[-1][1] == number - 1:
-            ranges[-1][1] = number
-        else:
-            ranges.append([number, number])
-    return {"type": "leg", "leg": earlier.legs if earlier is not None else 1, "start_epoch": epoch,
-            "checkpoint": resumption.current.directory.name,
-            "earlier_records": str(earlier.source) if earlier is not None else None, "missing_epochs": ranges,
-            "wall_offset": earlier.wall if earlier is not None else 0.0}
-
-
 def _remove_leftovers(comm: Communicator, args: argparse.Namespace, resumption: Resumption | None) -> None:
     """Rank 0 removes what an interrupted checkpoint write left (never the current set; with a pointer that
     cannot be read, only temporaries) and says what it removed."""
@@ -356,26 +344,12 @@ def _ogb_metric(comm: Communicator, trainer: Trainer, meta: dict[str, Any]) -> d
     return {f"test_ogb_{key}": float(value) for key, value in result.items()}
 
 
-def _setup_record(comm: Communicator, trainer: Trainer) -> dict[str, Any]:
-    """How layer 0 gets its input, what each rank keeps for it, and the bytes before the first epoch (collective)."""
-    plan_seconds = trainer.plan_setup_seconds  # the same on every rank: a plan times its set-up or never does
-    gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes,
-                                      "plan_seconds": plan_seconds})
-    memory = {key: spread([g["memory"][key] for g in gathered]) for key in gathered[0]["memory"]}
-    return {"type": "setup", "input_exchange": trainer.input_exchange.record(),
-            **({"plan_setup_seconds": spread([g["plan_seconds"] for g in gathered])} if plan_seconds is not None
-               else {}),
-            "progress": getattr(trainer, "progress_mode", None),  # what --progress resolved to (full-graph runs)
-            "receiver_dropout": trainer.receiver_dropout, "halo": memory,
-            "halo_bytes_per_rank": [g["memory"]["halo_bytes"] for g in gathered],
-            "bytes": traffic_spread([g["bytes"] for g in gathered])}
-
-
 def main(comm: Communicator, args: argparse.Namespace) -> int:
     """The command (collective): paths checked, outputs claimed (one writer each), then the run."""
     check_paths(comm, args)  # first: before the collectives below and before any shard is read
     meta = readable_meta(args.data)  # None where it cannot be read: the shard reader then says why, collectively
-    resources = check_train_resources(comm, args, meta)  # memory and disk estimates; may refuse
+    # memory and disk estimates; may refuse (a grid run estimates its own blocks: runners.train_grid)
+    resources = check_train_resources(comm, args, meta) if args.grid is None else None
     locks = _claim_outputs(comm, args)  # before any output is touched (a refusal above leaves no lock file)
     try:
         return _train(comm, args, _config(args, meta), resources)
@@ -390,25 +364,31 @@ def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
     resumption = open_resume(comm, args, config) if args.resume else None  # also before any shard is read
     earlier = _earlier_legs(comm, args, resumption)  # before the results file is touched
     _remove_leftovers(comm, args, resumption)
-    checkpoints = (SetWriter(comm, args.checkpoint, replication=args.replication, plan=args.plan)
-                   if args.checkpoint else None)
     every = args.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
     threads = args.threads or default_threads_per_rank()
     torch.set_num_threads(threads)
     device = rank_device(comm, args.device)  # before any data is read
-    grid = Grid(comm.size, args.replication)
-    graph = load_local_graph(comm, args.data, grid.groups, args.replication)
     auto: dict[str, Any] | None = None
     if resumption is not None:
         config = resumption.config
-    elif args.policy == "auto":  # measured and chosen before the trainer is built (collective)
-        config, auto, lines = choose(comm, split_grid(comm, grid)[1], graph, config, threads, device)
-        if comm.rank == 0:
-            print("\n".join(lines), flush=True)
-    trainer = make_trainer(comm, graph, config, device, args)  # Trainer, or MinibatchTrainer with --mode minibatch
+    if args.grid is not None:  # the process grid: its own blocks, exact (runners.train_grid)
+        trainer, resources, config, chosen = open_grid_run(comm, args, config, device, threads)
+        auto = {"type": "grid_auto", **chosen} if chosen is not None else None
+        meta = trainer.meta
+    else:
+        grid = Grid(comm.size, args.replication)
+        graph = load_local_graph(comm, args.data, grid.groups, args.replication)
+        if resumption is None and args.policy == "auto":  # measured and chosen before the trainer (collective)
+            config, chosen_policy, lines = choose(comm, split_grid(comm, grid)[1], graph, config, threads, device)
+            auto = {"type": "policy_auto", **chosen_policy}
+            if comm.rank == 0:
+                print("\n".join(lines), flush=True)
+        trainer = make_trainer(comm, graph, config, device, args)  # or MinibatchTrainer with --mode minibatch
+        meta = graph.extra["meta"]
+    checkpoints = (SetWriter(comm, args.checkpoint, replication=args.replication, plan=config.plan)
+                   if args.checkpoint else None)
     leader = comm.rank == 0
     writer = ResultsWriter(args.out if leader else None, earlier.lines if earlier is not None else None)
-    meta = graph.extra["meta"]
     head = [{"type": "config", **config.record(), **mode_record(args), "data": args.data,
              "graph": {"name": meta["name"], "nodes": meta["num_nodes"]}, "world_size": comm.size,
              "device": args.device, "gpu_aware": comm.gpu_aware, "target_acc": args.target_acc,
@@ -417,12 +397,13 @@ def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
              **environment(mpi_vendor_details(), comm.size, threads, ranks_on_this_node(), writes=leader),
              **({"memory": resources} if resources is not None else {}),
              "launch": {"time": LAUNCH_TIME, "source": LAUNCH_SOURCE}},
-            _setup_record(comm, trainer)] + ([{"type": "policy_auto", **auto}] if auto is not None else [])
+            setup_record(comm, trainer, args.grid is not None)]
+    head += [auto] if auto is not None else []  # what --policy auto or --grid auto measured and chose
     if earlier is None:  # the file starts here; a resumed leg after earlier ones keeps these in its leg record
         for record in head:
             writer.write(record)
     if resumption is not None:  # where this leg starts (after the earlier legs' records: with its own head records)
-        leg = _leg_record(resumption, earlier)
+        leg = leg_record(resumption.current.epoch, resumption.current.directory.name, earlier)
         if earlier is not None:
             leg.update({record["type"]: {k: v for k, v in record.items() if k != "type"} for record in head})
         writer.write(leg)
