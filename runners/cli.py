@@ -208,12 +208,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from runners.study.spec import StudyError
     from algorithms.static_input import HaloBudgetError
     from runners.train_cmd import PathError
+    from runners.train_grid import GridRunError
     from runners.resources import ResourceError
     from runners.results import ResultsWriteError
     from sparse_dist.comm import GpuAwareError
 
     return (DatasetError, ShardError, CheckpointError, PathError, GpuAwareError, StudyError, ResultsError,
-            HaloBudgetError, ResultsWriteError, ResourceError)
+            HaloBudgetError, ResultsWriteError, ResourceError, GridRunError)
 
 
 _MEMORY_HINTS = {

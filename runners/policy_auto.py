@@ -232,7 +232,7 @@ def _compute_seconds(graph: LocalGraph, config: TrainConfig, group: int,
                                      torch.from_numpy(local.indices.astype(np.int64)),
                                      torch.ones(local.nnz, dtype=torch.float32), size=local.shape).to(device)
     dense = torch.randn(local.shape[1], width, device=device)
-    spmm = _median_seconds(lambda: torch.sparse.mm(matrix, dense), device)
+    spmm = median_seconds(lambda: torch.sparse.mm(matrix, dense), device)
     features = torch.from_numpy(np.asarray(graph.features[:_PROBE_ROWS], dtype=np.float32)).to(device)
     weight = torch.randn(features.shape[1], width, requires_grad=True, device=device)
 
@@ -240,7 +240,7 @@ def _compute_seconds(graph: LocalGraph, config: TrainConfig, group: int,
         out = torch.relu(torch.nn.functional.dropout(features, config.dropout, training=True) @ weight)
         out.sum().backward()
 
-    dense_seconds = _median_seconds(layer, device)
+    dense_seconds = median_seconds(layer, device)
     return ((spmm, float(local.nnz) * width),
             (dense_seconds, float(features.shape[0]) * features.shape[1] * width))
 
@@ -255,10 +255,10 @@ def _codec_seconds(text: str, width: int, device: torch.device = torch.device("c
     def both() -> None:
         coded.decode(coded.send(rows, (0, "rows", 0), rows.shape[0], None), width, torch.float32)
 
-    return _median_seconds(both, device) / rows.numel()
+    return median_seconds(both, device) / rows.numel()
 
 
-def _median_seconds(work: Any, device: torch.device = torch.device("cpu"), repeats: int = 3) -> float:
+def median_seconds(work: Any, device: torch.device = torch.device("cpu"), repeats: int = 3) -> float:
     """The median wall time of ``work`` after one untimed call (its kernels waited for on a GPU)."""
     def waited() -> None:
         work()

@@ -150,7 +150,8 @@ def run_epochs(comm: Communicator, args: argparse.Namespace, trainer: Trainer, c
 
     def checkpoint(epoch: int, final: bool) -> None:
         if checkpoints is not None and (epoch % every == 0 or final):  # collective: one set, current at once
-            checkpoints.commit(epoch, trainer.state() if comm.rank == 0 else None,
+            state = trainer.state()  # every rank: a grid run gathers its blocks (collective)
+            checkpoints.commit(epoch, state if comm.rank == 0 else None,
                                trainer.policy_state() if trainer.has_policy_state else None)
 
     steered = config.steer_evaluation  # the step's own signal decides (algorithms.training.steering)

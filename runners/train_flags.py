@@ -159,6 +159,10 @@ def _exchange_arguments(parser: argparse._ActionsContainer) -> None:
                         help="how SpMM exchanges rows: dense-bcast, sparse-bcast, p2p, or cover (per pair a minimum "
                              "vertex cover: rows of H and partial sums, never more than p2p, exact; "
                              "docs/guide/plans.md) (default: %(default)s)")
+    parser.add_argument("--grid", default=None, metavar="X,Y,Z",
+                        help="train over a process grid of X x Y x Z = P ranks instead of a 1D plan: every matrix "
+                             "in blocks, allreduces along the grid's axes, exact; gcn and sage "
+                             "(docs/guide/plans.md) (default: none, the 1D --plan)")
     parser.add_argument("--replication", type=at_least(1), default=1,
                         help="1.5D replication factor c; must divide the number of ranks P (default: %(default)s)")
     parser.add_argument("--policy", choices=("manual", "auto"), default="manual",

@@ -35,10 +35,10 @@ Memory: a rank holds each rotation's block once (its transpose is stored on CUDA
 :class:`AdjacencyBlock`), and the ReLU between layers keeps a boolean mask (:class:`GridReLU`), so a layer
 keeps its aggregation ``T[d, i]`` and a mask of its output for the backward.
 
-GraphSAGE is :mod:`sparse_dist.grid_sage` (the same collectives, twice the aggregated columns). Not yet here (the
-process-grid issue's later parts): GAT, the training command's ``--grid``; dropout is
-:mod:`algorithms.grid_dropout` (``grid_logits(..., dropout=)``)
-(``sparse-dist bench grid`` trains over the grid from shards, :mod:`runners.data.grid_reader`).
+GraphSAGE is :mod:`sparse_dist.grid_sage` (the same collectives, twice the aggregated columns); GAT does not run
+on the grid. Dropout is :mod:`algorithms.grid_dropout` (``grid_logits(..., dropout=)``). ``train --grid`` trains
+over the grid (:mod:`algorithms.training.grid_trainer`), ``sparse-dist bench grid`` times it, both from shards
+(:mod:`runners.data.grid_reader`).
 """
 
 from __future__ import annotations

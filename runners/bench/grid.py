@@ -27,8 +27,7 @@ import torch
 
 from algorithms.grid_dropout import GridDropout
 from runners.argtypes import at_least, number
-from runners.data.grid_reader import load_grid_graph
-from runners.data.shard_reader import ShardError, read_meta
+from runners.data.grid_reader import load_grid_graph, read_meta_everywhere
 from runners.grid_memory import check_grid_memory
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, roles
@@ -81,13 +80,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     dtype = torch.float32 if args.dtype == "float32" else torch.float64
     itemsize = torch.tensor([], dtype=dtype).element_size()
     grid = ProcessGrid(comm, shape)
-    meta, error = None, None
-    try:
-        meta = read_meta(args.data)
-    except ShardError as exc:
-        error = str(exc)
-    comm.raise_if_any(error, ShardError)
-    assert meta is not None
+    meta = read_meta_everywhere(comm, args.data)
     sage = args.model == "sage"
     terms = TERMS if sage else 1
     dropping = args.dropout > 0.0

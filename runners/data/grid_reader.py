@@ -123,6 +123,19 @@ NORMALIZATIONS = ("symmetric", "mean")
 (``mean``: no self-loops, rows without neighbours stay 0)."""
 
 
+def read_meta_everywhere(comm: Communicator, data_dir: str | Path) -> dict[str, Any]:
+    """``meta.json`` read on every rank; a problem on any rank is the same :class:`ShardError` on every rank
+    (collective)."""
+    meta, error = None, None
+    try:
+        meta = read_meta(data_dir)
+    except ShardError as exc:
+        error = str(exc)
+    comm.raise_if_any(error, ShardError)
+    assert meta is not None
+    return meta
+
+
 def load_grid_graph(comm: Communicator, grid: ProcessGrid, data_dir: str | Path, layers: int,
                     dtype: np.dtype | type = np.float64, normalization: str = "symmetric") -> GridGraph:
     """This rank's :class:`GridGraph` for a model of ``layers`` layers whose adjacency is normalised as

@@ -100,20 +100,22 @@ def grid_terms(kind: str) -> int:
 
 
 def rank_bytes(shape: GridShape, coords: dict[str, int], nodes: int, dims: tuple[int, ...],
-               itemsize: int, terms: int = 1) -> dict[str, int]:
+               itemsize: int, terms: int = 1, input_once: bool = True) -> dict[str, int]:
     """Bytes the rank at ``coords`` sends (and receives) in one epoch, by phase (:data:`PHASES`); ``terms``: see
-    :func:`sparse_dist.grid_gcn.layer_collectives`."""
+    :func:`sparse_dist.grid_gcn.layer_collectives`; ``input_once``: layer 0's aggregation computed once a run
+    (without dropout), not in every epoch."""
     out = dict.fromkeys(PHASES, 0)
     for layer in range(len(dims) - 1):
         for phase, value in layer_bytes(shape, coords, layer, nodes, dims[layer], dims[layer + 1], itemsize,
-                                        input_grad=layer > 0, aggregated_once=layer == 0, terms=terms).items():
+                                        input_grad=layer > 0, aggregated_once=layer == 0 and input_once,
+                                        terms=terms).items():
             out[phase] += value
     out["loss"] = loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize)
     return out
 
 
 def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int,
-                       terms: int = 1) -> dict[str, int]:
+                       terms: int = 1, input_once: bool = True) -> dict[str, int]:
     """:func:`rank_bytes` of the rank with the most bytes over every phase.
 
     A rank's bytes depend on its coordinate along an axis through the blocks split over it (longer below
@@ -123,7 +125,7 @@ def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], item
     candidates = [_run_ends(shape.of(axis), (nodes, *dims)) for axis in AXES]
     best: dict[str, int] = {}
     for x, y, z in itertools.product(*candidates):
-        found = rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize, terms)
+        found = rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize, terms, input_once)
         if not best or sum(found.values()) > sum(best.values()):
             best = found
     return best
@@ -196,9 +198,10 @@ class GridEpoch:
 
 
 def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, ...], itemsize: int, rates: Rates,
-                       net: Network, threads: int = 1, terms: int = 1) -> GridEpoch:
+                       net: Network, threads: int = 1, terms: int = 1, input_once: bool = True) -> GridEpoch:
     """One epoch of widths ``dims`` on ``shape`` (module docstring; ``terms``: GCN 1, SAGE 2): the slowest
-    rank's, whose blocks are the longest on every axis (coordinates 0)."""
+    rank's, whose blocks are the longest on every axis (coordinates 0). ``input_once``: layer 0's aggregation
+    computed once a run (False: in every epoch, as with dropout)."""
     ranks = shape.size
     axis_net = {axis: AxisNetwork.of(net, shape, axis) for axis in AXES}
     first = dict.fromkeys(AXES, 0)
@@ -213,16 +216,18 @@ def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, 
         n_depth = _longest(nodes, shape.of(depth))
         f_inner, f_out = _longest(dims[layer], shape.of(inner)), _longest(dims[layer + 1], shape.of(outer))
         entries = _longest(nnz + nodes, shape.of(depth) * shape.of(outer))
-        spmm += (entries * f_inner * 2) if layer > 0 else 0  # layer 0's aggregation is computed once
+        once = layer == 0 and input_once
+        spmm += entries * f_inner * (2 if layer > 0 else 1) if not once else 0  # layer 0: no input gradient
         dense += n_depth * terms * f_inner * f_out
         collectives = layer_collectives(shape, first, layer, nodes, dims[layer], dims[layer + 1], layer > 0,
-                                        aggregated_once=layer == 0, terms=terms)
+                                        aggregated_once=once, terms=terms)
         exchange += seconds(collectives, ("forward", "backward"))
         gradients += seconds(collectives, ("grad_allreduce",))
     exchange += seconds(loss_collectives(shape, first, len(dims) - 2, nodes), ("forward",))
     slowdown = shared_memory_slowdown(net, ranks, threads)
     cores = cores_per_rank(net, ranks, threads)
-    return GridEpoch(shape, busiest_rank_bytes(shape, nodes, dims, itemsize, terms), spmm / (rates.spmm * cores),
+    return GridEpoch(shape, busiest_rank_bytes(shape, nodes, dims, itemsize, terms, input_once),
+                     spmm / (rates.spmm * cores),
                      dense / (rates.dense * cores), exchange * slowdown, gradients * slowdown)
 
 
@@ -232,9 +237,10 @@ def _longest(length: int, parts: int) -> int:
 
 
 def choose_grid(ranks: int, candidates: list[GridShape], nodes: int, nnz: int, dims: tuple[int, ...], itemsize: int,
-                rates: Rates, net: Network, threads: int = 1, terms: int = 1) -> list[GridEpoch]:
+                rates: Rates, net: Network, threads: int = 1, terms: int = 1,
+                input_once: bool = True) -> list[GridEpoch]:
     """Every candidate priced, fastest first (then fewest bytes of the busiest rank, then the shape)."""
-    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads, terms)
+    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads, terms, input_once)
               for shape in candidates]
     return sorted(priced, key=lambda e: (e.epoch, sum(e.bytes.values()), (e.shape.x, e.shape.y, e.shape.z)))
 

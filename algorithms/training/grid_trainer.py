@@ -1,0 +1,317 @@
+"""Full-graph training over a process grid (``train --grid X,Y,Z``): the epoch loop's trainer for the 3D plan of
+:mod:`sparse_dist.grid_gcn`, with the same face as the 1D :class:`~algorithms.training.trainer.Trainer` (steps,
+exact evaluations, predictions, checkpoint state, the set-up figures), so that the train command's loop, results
+file and checkpoints serve both.
+
+Who owns what: a rank keeps, of each weight and bias, the block it multiplies
+(:func:`sparse_dist.grid_gcn.weight_block`, :func:`~sparse_dist.grid_gcn.bias_block`; the order a layer kind
+takes is its :class:`~algorithms.grid_model.GridForm`) and Adam's moments of that block. The blocks start as
+cuts of the 1D model's weights of the same seed; the grid's backward allreduces each block's gradient over the
+ranks that hold it (depth), so every holder steps its block alike, and Adam being elementwise, the blocks are
+the 1D weights' blocks to rounding. A checkpoint is the 1D trainer's: :meth:`GridTrainer.state` (collective)
+puts the blocks of the weights and of both moments back into whole matrices (the ranks at depth 0, and for a
+bias inner 0, write theirs, the rest zeros, one allreduce over every rank in phase ``other``: exact, each entry
+has one writer), and :meth:`~GridTrainer.load_state` cuts a 1D checkpoint's: either resumes in the other, at
+any grid and any ``P``.
+
+Bytes of a step, per rank: the grid's collectives (:func:`sparse_dist.grid_gcn.layer_collectives`, the
+loss's; :meth:`GridTrainer.predicted_step_bytes`), nothing else. Layer 0's aggregation ``Â X`` is computed once at set-up (phase ``halo``); a step reuses it without dropout, and an
+evaluation always (it has no dropout). With dropout every layer's input is masked by the 1D rule's masks
+(:class:`algorithms.grid_dropout.GridDropout`), layer 0 aggregated every step.
+
+Collective: construction, :meth:`GridTrainer.train_epoch`, :meth:`~GridTrainer.evaluate`,
+:meth:`~GridTrainer.predictions` and :meth:`~GridTrainer.state` are entered by every rank in the same order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from algorithms.grid_dropout import GridDropout
+from algorithms.layers import layer_type
+from algorithms.model import GraphModel
+from algorithms.training import state as checkpoint_state
+from algorithms.training.assembly import make_optimizer
+from algorithms.training.config import TrainConfig
+from algorithms.training.guard import Guard
+from algorithms.training.metrics import SPLITS, TIMED_PARTS, moved_since, step_breakdown
+from algorithms.training.tighten import ActivePolicies
+from sparse_dist.comm import Communicator, said_once
+from sparse_dist.grid import ProcessGrid, roles
+from sparse_dist.grid_gcn import (GridCrossEntropy, as_blocks, bias_block, grid_logits, input_bytes, layer_bytes,
+                                  loss_bytes, predicted_classes, weight_block)
+
+
+@dataclass(frozen=True)
+class GridInput:
+    """How layer 0 gets its input on the grid: ``Â X`` aggregated once at set-up (``once_bytes`` on this rank,
+    phase ``halo``); with dropout a step aggregates its masked input again (``per-epoch``), evaluations reuse it."""
+
+    mode: str
+    once_bytes: int
+
+    def record(self) -> dict[str, Any]:
+        return {"mode": self.mode, "requested": "auto", "once_bytes": self.once_bytes, "reason": self.reason}
+
+    @property
+    def reason(self) -> str:
+        return ("the grid aggregates X once; dropout masks layer 0's input anew every step" if self.mode != "once"
+                else "the grid aggregates X once")
+
+    def describe(self) -> str:
+        return (f"layer-0 input: {self.mode} ({self.reason}): {self.once_bytes / 1e6:.1f} MB on this rank at "
+                f"set-up")
+
+
+class GridTrainer:
+    """One rank's part of a grid run (module docstring): its blocks of ``Â``, layer 0's aggregation, its output
+    rows' labels and masks, its blocks of the weights and their Adam (:attr:`block_optimizer`). ``model`` and
+    ``optimizer`` are the whole weights and Adam in the 1D form, filled only to write or read a checkpoint."""
+
+    def __init__(self, comm: Communicator, grid: ProcessGrid, graph: Any, config: TrainConfig,
+                 device: torch.device) -> None:
+        """``graph``: this rank's blocks as :func:`runners.data.grid_reader.load_grid_graph` reads them for
+        ``config.model``'s :class:`~algorithms.grid_model.GridForm` (its adjacency blocks are taken over)."""
+        self.comm, self.config, self.device, self.grid = comm, config, torch.device(device), grid
+        form = layer_type(config.model).grid_form
+        if form is None:  # train's flags refuse it first; a library caller hears the same sentence
+            raise ValueError(grid_kind_refusal(config.model))
+        self.form, self.shape, self.meta = form, grid.shape, graph.meta
+        self.dtype = {"float32": torch.float32, "float64": torch.float64}[config.dtype]
+        built_from = comm.stats.snapshot()
+        itemsize = torch.tensor([], dtype=self.dtype).element_size()
+        dropping = config.dropout > 0.0
+        self.blocks = as_blocks(graph.adjacency, self.dtype, self.device)
+        self.nonzeros = sum(block.nnz for block in graph.adjacency)
+        graph.adjacency = []
+        self.nodes, layers = graph.num_nodes, config.layers
+        self.dims = [graph.feature_dim] + [config.hidden] * (layers - 1) + [graph.num_classes]
+        self.model = GraphModel(config.model, self.dims, dropout=config.dropout, seed=config.seed, dtype=self.dtype,
+                                options=config.layer_options()).to(self.device)
+        self.optimizer = make_optimizer(self.model, config)  # the checkpoint's form; the blocks' steps
+        self._cut = {(index, name): self._cut_of(index, whole.detach()).requires_grad_()
+                     for index, layer in enumerate(self.model.layers) for name, whole in layer.named_parameters()}
+        self.block_optimizer = make_optimizer(self.model, config, parameters_of=lambda index: [
+            self._cut[(index, name)] for name, _ in self.model.layers[index].named_parameters()])
+        self.layer_fn = form.layers(self.grid, self.nodes)
+        features = torch.from_numpy(graph.features).to(self.device)
+        self.first = form.first_aggregation(features, self.blocks[0], self.grid, self.nodes)  # phase halo, once
+        self.features = features if dropping else None  # without dropout X is not read again
+        self.input_exchange = GridInput("per-epoch" if dropping else "once",
+                                        input_bytes(self.shape, self.grid.coords, self.nodes, self.dims[0], itemsize,
+                                                    form.terms))
+        self._labels_and_masks(graph)
+        self.epoch = 0
+        self.guard = Guard(config.guard_settings(), comm, active=False, validation_size=self.global_counts["val"],
+                           epochs=config.epochs)  # exact: nothing to tighten
+        self.policies = ActivePolicies(config.sample, config.stale, config.compress)
+        self.steering, self.work = None, []  # what the 1D state functions ask of a run (none here)
+        self.receiver_dropout, self.progress_mode, self.plan_setup_seconds = False, None, None
+        self.setup_bytes = moved_since(comm, built_from)
+        self.eval_bytes: dict[str, dict[str, int]] = {}
+
+    def _labels_and_masks(self, graph: Any) -> None:
+        """The output rows' labels and masks, and the global count of each split: rows are counted by the ranks
+        at outer and inner 0 of the last layer (the others hold the same rows' predictions). Collective."""
+        outer, inner, _ = roles(self.config.layers - 1)
+        self.output_first_row = graph.output_rows[0]
+        self.class_lo = self.grid.block(graph.num_classes, outer)[0]
+        self.counts_rows = self.grid.coords[outer] == 0 and self.grid.coords[inner] == 0
+        self.labels = torch.from_numpy(graph.labels.astype(np.int64)).to(self.device)
+        self.masks = {split: torch.from_numpy(graph.masks[split]).to(self.device) for split in SPLITS}
+        local = np.array([int(graph.masks[s].sum()) if self.counts_rows else 0 for s in SPLITS], dtype=np.int64)
+        self.global_counts = dict(zip(SPLITS, self.comm.allgather_array(local).sum(axis=0).tolist()))
+        if self.global_counts["train"] == 0:
+            raise said_once(ValueError(f"{self.meta['name']}: the training split is empty"))
+
+    # ---------------------------------------------------------------- steps
+    def _cut_of(self, index: int, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's block of layer ``index``'s weight (``W[i, o]``) or bias (``b[o]``), a copy."""
+        return weight_block(self.grid, index, whole) if whole.dim() == 2 else bias_block(self.grid, index, whole)
+
+    def _blocks(self) -> list[tuple[torch.Tensor, ...]]:
+        """Each layer's blocks in the grid layer's order (:class:`~algorithms.grid_model.GridForm`)."""
+        return [tuple(self._cut[(index, name)] for name in self.form.parameters)
+                for index in range(self.config.layers)]
+
+    def _logits(self, blocks: list[tuple[torch.Tensor, ...]], dropout: GridDropout | None) -> torch.Tensor:
+        """The last layer's output block ``[d, o]`` (collective over the grid)."""
+        return grid_logits(self.features if dropout is not None else None, blocks, self.blocks, self.grid,
+                           first_aggregation=None if dropout is not None else self.first, layer_fn=self.layer_fn,
+                           dropout=dropout)
+
+    def train_epoch(self, evaluation_follows: bool = False, evaluate_alongside: bool = False) -> dict[str, Any]:
+        """One full-graph Adam step over the grid; its record (loss, time breakdown, bytes per phase) as the 1D
+        trainer's (collective). An evaluation is always its own forward after the step (:meth:`evaluate`), so
+        ``evaluation_follows`` changes nothing; ``evaluate_alongside`` is refused by the command's flags."""
+        if evaluate_alongside:
+            raise ValueError("the grid trainer evaluates after a step, not beside the next one")
+        before, start = self.comm.stats.snapshot(), time.perf_counter()
+        self.model.train()
+        self.block_optimizer.zero_grad(set_to_none=True)
+        dropout = (GridDropout(self.config.dropout, self.config.seed, self.epoch, self.grid, self.nodes, self.dims)
+                   if self.config.dropout > 0.0 else None)
+        logits = self._logits(self._blocks(), dropout)
+        loss = GridCrossEntropy.apply(logits, self.labels, self.masks["train"], self.class_lo,
+                                      self.global_counts["train"], self.grid, self.config.layers - 1)
+        loss.backward()  # each block's gradient allreduced over the ranks that hold it
+        began = time.perf_counter()
+        self.block_optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        wall = time.perf_counter() - start
+        computed = {"optimizer": time.perf_counter() - began}
+        self.epoch += 1
+        return {"epoch": self.epoch, "loss": float(loss.detach()),
+                **step_breakdown(self.comm, before, wall, computed, TIMED_PARTS), "broadcasts": [], "cache_bytes": 0}
+
+    def predicted_step_bytes(self) -> dict[str, int]:
+        """Bytes this rank sends in a step, per phase, from the byte model (module docstring)."""
+        itemsize = torch.tensor([], dtype=self.dtype).element_size()
+        layers, once = self.config.layers, self.config.dropout == 0.0
+        out = {"forward": loss_bytes(self.shape, self.grid.coords, layers - 1, self.nodes, itemsize),
+               "backward": 0, "grad_allreduce": 0}
+        for layer in range(layers):
+            for phase, value in layer_bytes(self.shape, self.grid.coords, layer, self.nodes, self.dims[layer],
+                                            self.dims[layer + 1], itemsize, layer > 0,
+                                            aggregated_once=layer == 0 and once, terms=self.form.terms).items():
+                out[phase] += value
+        return out
+
+    # ----------------------------------------------------------- evaluation
+    def evaluate(self) -> dict[str, float]:
+        """Exact forward (no dropout); accuracy per split, global (collective); its bytes in :attr:`eval_bytes`."""
+        metrics = self.measured_evaluation()
+        self.guard.observe_metrics(self.epoch, metrics, lambda: {"model": self.model.state_dict()})
+        return metrics
+
+    @torch.no_grad()
+    def measured_evaluation(self) -> dict[str, float]:
+        before = self.comm.stats.snapshot()
+        self.model.eval()
+        classes = self._classes()
+        correct = classes == self.labels
+        counts = np.array([int(correct[self.masks[s]].sum()) if self.counts_rows else 0 for s in SPLITS],
+                          dtype=np.int64)
+        totals = self.comm.allgather_array(counts).sum(axis=0)
+        self.eval_bytes = moved_since(self.comm, before)
+        return {f"{split}_acc": float(totals[k] / max(self.global_counts[split], 1)) for k, split in enumerate(SPLITS)}
+
+    @torch.no_grad()
+    def _classes(self) -> torch.Tensor:
+        """Each output row's predicted class from an exact forward (collective)."""
+        logits = self._logits([tuple(block.detach() for block in blocks) for blocks in self._blocks()], None)
+        return predicted_classes(logits, self.class_lo, self.grid, self.config.layers - 1)
+
+    def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's (global row ids, predicted classes) of ``split`` from an exact forward (collective; the
+        ranks of one depth block give the same rows)."""
+        classes, mask = self._classes(), self.masks[split]
+        rows = torch.nonzero(mask).flatten() + self.output_first_row
+        return rows.cpu().numpy(), classes[mask].cpu().numpy()
+
+    # ----------------------------------------------------- checkpoint state
+    def state(self) -> dict[str, Any]:
+        """The replicated state in the 1D trainer's form (:func:`algorithms.training.state.replicated_state`):
+        the whole weights and Adam moments gathered from the blocks into :attr:`model` and :attr:`optimizer`
+        (collective: one allreduce over every rank, phase ``other``)."""
+        self._gather_whole()
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch,
+                "torch_rng": torch.get_rng_state(), "config": self.config.fingerprint(),
+                "graph": {"name": self.meta["name"], "nodes": self.nodes}, "written_at": self.written_at(),
+                **self.guard.state_dict()}
+
+    def _gather_whole(self) -> None:
+        wholes = self._wholes()
+        moments = bool(self.block_optimizer.state)  # the same on every rank: every block stepped alike
+        sections = 3 if moments else 1
+        sizes = [whole.numel() for _, whole in wholes]
+        flat = torch.zeros(sections * sum(sizes), dtype=self.dtype, device=self.device)
+        offset = 0
+        for section in range(sections):
+            for (key, whole), size in zip(wholes, sizes):
+                block = self._cut[key] if section == 0 else self.block_optimizer.state[self._cut[key]][
+                    ("exp_avg", "exp_avg_sq")[section - 1]]
+                if self._writes(key, whole):
+                    self._place(key, flat[offset:offset + size].view_as(whole), block.detach())
+                offset += size
+        self.comm.allreduce_(flat, "other")
+        offset = 0
+        with torch.no_grad():
+            for section in range(sections):
+                for (key, whole), size in zip(wholes, sizes):
+                    values = flat[offset:offset + size].view_as(whole)
+                    offset += size
+                    if section == 0:
+                        whole.copy_(values)
+                        continue
+                    state = self.optimizer.state.setdefault(whole, {})
+                    state["step"] = self.block_optimizer.state[self._cut[key]]["step"].clone()
+                    state[("exp_avg", "exp_avg_sq")[section - 1]] = values.clone()
+
+    def _wholes(self) -> list[tuple[tuple[int, str], torch.nn.Parameter]]:
+        return [((index, name), whole) for index, layer in enumerate(self.model.layers)
+                for name, whole in layer.named_parameters()]
+
+    def _writes(self, key: tuple[int, str], whole: torch.Tensor) -> bool:
+        """Whether this rank writes its block of ``whole`` when gathering: one holder per block."""
+        _, inner, depth = roles(key[0])
+        return self.grid.coords[depth] == 0 and (whole.dim() == 2 or self.grid.coords[inner] == 0)
+
+    def _place(self, key: tuple[int, str], into: torch.Tensor, block: torch.Tensor) -> None:
+        outer, inner, _ = roles(key[0])
+        if into.dim() == 2:
+            (r0, r1), (c0, c1) = self.grid.block(into.shape[0], inner), self.grid.block(into.shape[1], outer)
+            into[r0:r1, c0:c1] = block
+        else:
+            lo, hi = self.grid.block(into.shape[0], outer)
+            into[lo:hi] = block
+
+    def written_at(self) -> dict[str, Any]:
+        return {"world_size": self.comm.size, "replication": 1, "plan": self.config.plan}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """A checked 1D-form state into :attr:`model` and :attr:`optimizer`, then cut into the blocks and their
+        moments (local)."""
+        checkpoint_state.load_replicated_state(self, state)  # type: ignore[arg-type]
+        self.block_optimizer.reset_moments()
+        with torch.no_grad():
+            for key, whole in self._wholes():
+                block = self._cut[key]
+                block.copy_(self._cut_of(key[0], whole.detach()))
+                saved = self.optimizer.state.get(whole)
+                if saved is not None:
+                    self.block_optimizer.state[block] = {
+                        "step": saved["step"].clone(),
+                        "exp_avg": self._cut_of(key[0], saved["exp_avg"]).to(block.device, block.dtype),
+                        "exp_avg_sq": self._cut_of(key[0], saved["exp_avg_sq"]).to(block.device, block.dtype)}
+
+    has_policy_state = False
+
+    def memory(self) -> dict[str, int]:
+        """What this rank keeps for layer 0 (its aggregation) and of ``Â`` (its blocks' nonzeros)."""
+        itemsize = self.first.element_size()
+        return {"halo_rows": int(self.first.shape[0]), "halo_bytes": int(self.first.numel() * itemsize),
+                "matrix_bytes": int(self.nonzeros * (itemsize + 4))}
+
+    def attention_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Nothing stays in flight between steps on the grid."""
+
+
+def grid_kind_refusal(kind: str) -> str:
+    """The sentence that refuses a layer kind the grid does not run."""
+    from algorithms.layers import LAYER_TYPES
+
+    runs = " and ".join(name for name, known in LAYER_TYPES.items() if known.grid_form is not None)
+    return f"--grid runs {runs} layers, not {kind}; use a 1D plan (--plan p2p) for {kind}"
+
+
+__all__ = ["GridInput", "GridTrainer", "grid_kind_refusal"]
