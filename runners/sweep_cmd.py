@@ -45,6 +45,7 @@ from runners.output_lock import OutputLocks
 from runners.study.collect import is_complete, read_records, summarise_run, write_csv, write_raw
 from runners.study.output import claim_output, output_problem
 from runners.study.datasets import RMAT_KEYS
+from runners.study.plans import plan_flags
 from runners.study.spec import Run, Study, StudyError, load_study
 from runners.study.train_table import train_flags
 
@@ -103,7 +104,7 @@ def run_command(study: Study, run: Run, launcher: str) -> list[str]:
     epochs = study.epochs_for(run.dataset)
     return [*prefix, *_python_command(), "train",
             "--data", str(study.prepared_dir(run).resolve()), "--out", str(study.results_file(run)),
-            "--plan", run.plan, "--replication", str(run.replication), "--sample", run.sample,
+            *plan_flags(run.plan), "--replication", str(run.replication), "--sample", run.sample,
             "--stale", run.stale, *(["--compress", run.compress] if run.compress != "none" else []),
             "--seed", str(run.seed), "--epochs", str(epochs), "--print-every", str(max(epochs // 4, 1)),
             *train_flags(study.train), *train_flags(dict(run.variant_train))]

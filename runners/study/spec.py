@@ -93,6 +93,8 @@ from runners.study.datasets import DatasetSpec, parse_dataset
 from runners.study.tables import StudyError, expect, int_list, str_list, unknown_keys
 from runners.study.train_table import check_train_table
 from sparse_dist.compress import Codec
+from runners.perf.grid_model import is_grid_plan, parse_grid_plan
+from runners.study.plans import grid_misfit, plan_refusal
 from sparse_dist.plans import PLAN_NAMES
 
 STUDY_KEYS = {"name", "output", "scaling", "ranks", "replication", "plans", "policies", "compress", "seeds",
@@ -165,7 +167,8 @@ class Run:
                         else f"{self.policy}_{self.compress}")
         network = "" if self.bandwidth is None else f"_bw{self.bandwidth}"
         variant = f"_{self.variant}" if self.variant else ""
-        return (f"{self.data_name}_P{self.ranks}_c{self.replication}_{self.plan}_{policy}{variant}_s{self.seed}"
+        plan = self.plan.replace(":", "-").replace(",", "x")  # grid:2,2,1 -> grid-2x2x1
+        return (f"{self.data_name}_P{self.ranks}_c{self.replication}_{plan}_{policy}{variant}_s{self.seed}"
                 f"{network}")
 
 
@@ -225,7 +228,13 @@ class Study:
                         continue
                     bandwidths = self.network.bandwidths if self.network is not None else [None]
                     for plan, policy, compress, entry in self.entry_configurations():
-                        problem = policy.refusal(plan)
+                        misfit = grid_misfit(plan, ranks, c)
+                        if misfit:
+                            line = f"P={ranks} c={c} {plan}: {misfit}"
+                            if dataset is self.datasets[0] and line not in skipped:
+                                skipped.append(line)
+                            continue
+                        problem = plan_refusal(plan, policy, compress)
                         if problem:
                             line = f"{plan} + {policy}: {problem}"
                             if ranks == self.ranks[0] and c == self.replication[0] and line not in skipped:
@@ -369,8 +378,14 @@ def load_study(path: str | Path) -> Study:
         raise StudyError(f"{path}: study.scaling: expected 'strong' or 'weak', found {scaling!r}")
     plans = str_list(f"{path}: study.plans", study.get("plans", ["p2p"]))
     for plan in plans:
-        if plan not in PLAN_NAMES:
-            raise StudyError(f"{path}: study.plans: unknown plan {plan!r}; expected some of {PLAN_NAMES}")
+        if is_grid_plan(plan):
+            try:
+                parse_grid_plan(plan)
+            except ValueError as exc:
+                raise StudyError(f"{path}: study.plans: {exc}") from None
+        elif plan not in PLAN_NAMES:
+            raise StudyError(f"{path}: study.plans: unknown plan {plan!r}; expected some of {PLAN_NAMES} or "
+                             f"grid:X,Y,Z or grid:auto (the process grid, `train --grid`)")
     compress = _compressions(f"{path}: study.compress", study.get("compress", ["none"]))
     policies = _policy_entries(path, study.get("policies", ["exact"]), plans)
     launcher = study.get("launcher", "auto")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.policies import PolicySpec
+from runners.study.plans import plan_flags, plan_refusal
 
 
 def train_flags(options: dict[str, object]) -> list[str]:
@@ -69,11 +70,11 @@ def check_train_table(train: dict[str, Any], configurations: list[tuple[str, Pol
             return f"[train] {key} = {value!r}: {exc}"
     for data in data_dirs:
         for plan, policy, compress, entry in configurations:
-            if policy.refusal(plan):
+            if plan_refusal(plan, policy, compress):
                 continue  # the study skips it
             where = "[train]" if not entry.name else f"[train] and variant {entry.name}'s train"
             try:
-                args = parser.parse_args(["--data", str(data), "--plan", plan, "--sample", str(policy.sample),
+                args = parser.parse_args(["--data", str(data), *plan_flags(plan), "--sample", str(policy.sample),
                                           "--stale", str(policy.stale), "--compress", compress, *train_flags(train),
                                           *train_flags(dict(entry.train))])
             except _FlagRefused as exc:

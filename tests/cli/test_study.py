@@ -10,7 +10,7 @@ import pytest
 
 from runners.study.collect import CSV_COLUMNS, broadcast_fraction, summarise_run
 from runners.study.spec import Study, StudyError, load_study
-from runners.sweep_cmd import launcher_for, prepare_command, train_flags
+from runners.sweep_cmd import launcher_for, prepare_command, run_command, train_flags
 
 GOOD = """
 [study]
@@ -55,6 +55,24 @@ def test_runs_cross_plans_policies_and_skip_what_cannot_run(tmp_path: Path) -> N
     assert study.parts_for(study.datasets[0]) == 12
     sancus = next(r for r in runs if r.policy == "sancus-e:eps=1")
     assert (sancus.sample, sancus.stale) == ("none", "sancus-e:eps=1")
+
+
+def test_grid_plans_run_exact_on_the_ranks_that_fit_them_as_train_grid(tmp_path: Path) -> None:
+    text = GOOD.replace('plans = ["dense-bcast", "p2p"]', 'plans = ["p2p", "grid:2,2,1", "grid:auto"]')
+    runs, skipped = load_study(_write(tmp_path, text)).runs()
+    grid = [r for r in runs if r.plan.startswith("grid:")]
+    assert {(r.plan, r.ranks, r.replication, r.policy) for r in grid} == (
+        {("grid:2,2,1", 4, 1, "exact")} | {("grid:auto", p, 1, "exact") for p in (1, 2, 3, 4)})
+    assert "P=2 c=1 grid:2,2,1: X * Y * Z = 4, not P" in skipped
+    assert "P=2 c=2 grid:auto: the process grid is the layout; it takes no replication" in skipped
+    assert any(line.startswith("grid:auto + bns:keep=0.1: the process grid runs exact") for line in skipped)
+    study = load_study(_write(tmp_path, text))
+    fixed = next(r for r in grid if r.plan == "grid:2,2,1")
+    command = run_command(study, fixed, "mpiexec")
+    assert command[command.index("--grid") + 1] == "2,2,1" and "--plan" not in command
+    assert "grid-2x2x1" in fixed.run_id and ":" not in fixed.run_id and "," not in fixed.run_id
+    with pytest.raises(StudyError, match="expected grid:X,Y,Z"):
+        load_study(_write(tmp_path, GOOD.replace('plans = ["dense-bcast", "p2p"]', 'plans = ["grid:2,2"]')))
 
 
 def test_weak_scaling_sizes_per_rank_count(tmp_path: Path) -> None:
