@@ -113,25 +113,40 @@ def strikes(seen: SameWeights, validation_size: int, noise: float) -> str | None
 
 
 def reference_interval(reference_seconds: float, step_seconds: float, share: float = REFERENCE_SHARE,
-                       epochs: int | None = None) -> int:
+                       epochs: int | None = None, after: int = 0, spent: float | None = None) -> int:
     """Epochs between reference forwards so that they cost at most ``share`` of the steps' time: the smallest of
     1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and one and a half times them) at least
     ``reference_seconds / (share * step_seconds)``. A coarse ladder, so that two runs whose timings differ by a
     little mostly check at the same epochs; a fine one, so that from 3 on the checks cost more than two thirds
     of the share, and the rule acts no later than it must.
 
-    ``epochs``: the run's, where known. The reading that measured the cost (beside step 2) is then counted in the
-    share too: the ``E // K`` readings at multiples of ``K`` plus that one must fit ``share * E`` steps, which
-    matters on short runs (40 epochs of the 200k synthetic at P = 4: K = 24 gave two readings, 6.3-7.9% of the
-    steps). Where the first reading alone spends the share, the interval is at least ``E + 1``: no more readings."""
+    ``epochs``: the run's, where known: then the readings are a budget. ``spent`` seconds of readings so far (the
+    one just read, beside step ``after``, included; default ``reference_seconds``, the measuring reading) and the
+    readings left at multiples of ``K`` in ``(after, epochs]``, each of ``reference_seconds``, must fit ``share *
+    epochs`` steps of ``step_seconds``. The guard asks again after every reading with the means so far
+    (:meth:`~algorithms.training.guard.Guard.observe_reference`), so a reading dearer than the first (a loaded
+    machine, a larger exchange) spends the budget sooner, never beyond it (40 epochs of the 200k synthetic at P =
+    4: a fixed K from the first reading alone gave 6.3-15.9% of the steps). Where the budget is spent, the
+    interval is beyond ``epochs``: no more readings."""
     if step_seconds <= 0.0 or not math.isfinite(reference_seconds / step_seconds):
         return 1
     needed = max(reference_seconds / (share * step_seconds), 1.0)
-    none_after = False
-    if epochs:
-        affordable = share * epochs * step_seconds / max(reference_seconds, 1e-300) - 1.0  # readings after the first
-        none_after = affordable < 1.0
-        needed = needed if none_after else max(needed, epochs / affordable)
-    power = 1 << max(math.ceil(math.log2(needed) - 1e-9) - 1, 0)  # half the first power of two >= needed
-    rung = next(step for step in (power, 3 * power // 2, 2 * power) if step >= needed - 1e-9)
-    return max(rung, epochs + 1) if none_after and epochs else rung
+    if not epochs:
+        return _rung_at_least(needed)
+    spent = reference_seconds if spent is None else spent
+    left = (share * epochs * step_seconds - spent) / max(reference_seconds, 1e-300)  # readings still affordable
+    affordable = math.floor(left + 1e-9) if math.isfinite(left) else epochs
+    if affordable < 1:
+        return max(_rung_at_least(needed), epochs + 1)
+    rung = _rung_at_least(max(needed, (epochs - after) / affordable))
+    while epochs // rung - after // rung > affordable:  # the multiples of K left in (after, epochs]
+        rung = _rung_at_least(rung + 1)
+    return rung
+
+
+def _rung_at_least(needed: float) -> int:
+    """The smallest of 1, 2, 3, 4, 6, 8, 12, ... at least ``needed``."""
+    power = 1 << max(math.ceil(math.log2(max(needed, 1.0)) - 1e-9) - 1, 0)  # half the first power of two >= needed
+    return next(step for step in (power, 3 * power // 2, 2 * power) if step >= needed - 1e-9)
+
+

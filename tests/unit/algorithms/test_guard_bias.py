@@ -144,3 +144,20 @@ def test_its_state_travels_with_the_guards() -> None:
     resumed, _ = guard()
     resumed.load_state_dict(older)  # a checkpoint from before the bias signal, resumed at epoch 50
     assert resumed.reference_due(51) and resumed.state.bias_strikes == 0
+
+
+def test_readings_chosen_again_after_each_one_stay_within_the_budget_when_they_grow_dearer() -> None:
+    """Readings that cost more than the first (a loaded machine): choosing K again from the means after every
+    reading keeps the total within 5% of the steps; a fixed K from the first reading would not."""
+    epochs, step, costs = 40, 1.0, iter([0.2, 0.5, 0.9, 1.2, 1.5, 1.8, 2.0, 2.0, 2.0, 2.0])
+    spent, read, epoch = 0.0, 0, bias.MEASURED_AT
+    every = 0
+    while epoch <= epochs:
+        cost = next(costs)
+        spent, read = spent + cost, read + 1
+        every = bias.reference_interval(spent / read, step, epochs=epochs, after=epoch, spent=spent)
+        epoch = (epoch // every + 1) * every
+    assert spent <= bias.REFERENCE_SHARE * epochs * step + 0.2  # the measuring reading may exceed it alone
+    assert read >= 2
+    fixed = bias.reference_interval(0.2, step, epochs=epochs)
+    assert 0.2 + sum([0.5, 0.9, 1.2, 1.5, 1.8][:epochs // fixed]) > bias.REFERENCE_SHARE * epochs * step
