@@ -19,6 +19,7 @@ and :meth:`Trainer.predictions` are entered by every rank in the same order.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any
 
@@ -51,6 +52,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         self.audit = Audit(config.audit_every, comm, self.col_comm,
                            lambda trace: self.forward(training=True, bypass_policy=True, trace=trace))
         self._evaluated: dict[str, float] | None = None  # the evaluation a step ended with (see train_epoch)
+        self._step_walls: list[float] = []  # this leg's steps' seconds (the bias reference's budget)
 
     def forward(self, training: bool, *, bypass_policy: bool = False,
                 trace: list[torch.Tensor] | None = None) -> torch.Tensor:
@@ -143,6 +145,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         if alongside is not None:
             stats_before, wall = alongside.share.excluded_from(stats_before, wall)
             extra["evaluation_seconds"] = alongside.share.wall
+        self._step_walls.append(wall)  # the steps' own seconds: the bias reference's budget is a share of them
         if evaluation_follows:
             stats_before = self._evaluate_after_step(stats_before)
         for work in self.work:  # e.g. adaptive bit widths' agreement (collective): its bytes are the step's
@@ -162,8 +165,9 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
                 record["audit"] = {key: checked[key] for key in ("layer_error", "seconds", "bytes")}
             if referenced:
                 seen = bias.reading(checked["sums"], self.global_counts["val"])
+                typical = statistics.median(self._step_walls)
                 record["guard_reference"] = {**self.guard.observe_reference(self.epoch, seen, checked["seconds"],
-                                                                            wall), "bytes": checked["bytes"]}
+                                                                            typical), "bytes": checked["bytes"]}
         if alongside is not None:  # after the record: the guard's agreement is neither the step's nor the evaluation's
             self.guard.agree()
         return record
