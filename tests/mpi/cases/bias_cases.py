@@ -10,7 +10,8 @@ policy fall (or end high) fails here by name rather than passing without testing
 
 * a run stopped while strikes are counted resumes from its checkpoint to the uninterrupted run's decisions and
   weights, bitwise;
-* without ``--audit-every`` the guard chooses its interval from step 2's reading's cost: a rung of its ladder
+* without ``--audit-every`` the guard chooses its interval from step 2's reading's cost, and again after every
+  reading from the readings' mean and the budget left: a rung of its ladder
   (1, 2, 3, 4, 6, 8, 12, ...), recorded, and the references run at those epochs until the signal has
   tightened the policy to exact.
 
@@ -91,27 +92,34 @@ def check_resume(comm, data: str, expected: list[dict], final: list[torch.Tensor
 
 
 def check_chosen_interval(comm, data: str, failures: list[str]) -> None:
-    """Without --audit-every: a reference beside step 2, which measures K, then every K epochs, K on the ladder (or
-    beyond the run's 40 epochs, where that first reading spent the 5% by itself)."""
+    """Without --audit-every: a reference beside step 2, which measures the cost, then at the multiples of the
+    interval chosen again after each reading (from the readings' mean and the budget left), each interval on the
+    ladder (or beyond the run's 40 epochs, where the budget is spent)."""
     run = trainer(comm, data, **{**BIASED, "audit_every": 0, "epochs": 40})
-    read = []
+    read: list[tuple[int, int]] = []  # (epoch, the interval chosen after its reading)
     while run.epoch < 40:
         record = run.train_epoch(evaluation_follows=True)
         run.evaluate()
         if "guard_reference" in record:
-            read.append(record["epoch"])
-    every = run.guard.state.reference_every
+            read.append((record["epoch"], record["guard_reference"]["every"]))
     # once the signal has tightened the policy to exact (the decision names the first epoch trained exact), no
-    # reference is needed: how many strikes fit in 40 epochs depends on the chosen interval, hence on timing
+    # reference is needed: how many strikes fit in 40 epochs depends on the chosen intervals, hence on timing
     exact_from = next((d["epoch"] for d in run.guard.state.decisions if d["to"] == "exact"), 41)
     run.close()
     if comm.rank == 0:
-        print(f"INTERVAL chose every {every}; references after epochs {read}; exact from epoch {exact_from}",
-              flush=True)
-    expected = [2] + [epoch for epoch in range(3, exact_from) if every and epoch % every == 0]
+        print(f"INTERVAL chose {[every for _, every in read]}; references after epochs {[e for e, _ in read]}; "
+              f"exact from epoch {exact_from}", flush=True)
+    expected, epoch = [2], 2
+    for _, every in read:
+        epoch = (epoch // every + 1) * every  # the next multiple after the last reading
+        if epoch >= min(exact_from, 41):
+            break
+        expected.append(epoch)
     rungs = {rung for power in (1 << k for k in range(20)) for rung in (power, 3 * power // 2)}
-    if (every not in rungs and every <= 40) or read != expected:  # above 40: the first reading spent the share
-        failures.append(f"chosen interval {every}: references after {read}, expected {expected}")
+    odd = [every for _, every in read if every not in rungs and every <= 40]  # above 40: the budget is spent
+    if odd or [e for e, _ in read] != expected:
+        failures.append(f"chosen intervals {[every for _, every in read]}: references after "
+                        f"{[e for e, _ in read]}, expected {expected}")
 
 
 def main() -> int:
