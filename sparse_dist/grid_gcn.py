@@ -352,6 +352,19 @@ def layer_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: 
     return out
 
 
+def step_bytes(shape: GridShape, coords: Mapping[str, int], nodes: int, dims: tuple[int, ...] | list[int],
+               itemsize: int, terms: int = 1, input_once: bool = True) -> dict[str, int]:
+    """Bytes the rank at ``coords`` sends in one training step of widths ``dims``, by phase: ``forward`` (the
+    layers' and the loss's), ``backward`` and ``grad_allreduce``; ``input_once``: layer 0's aggregation computed
+    once a run (without dropout), not in the step. One sum for the trainer, ``bench grid`` and the cost model."""
+    out = {"forward": loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize), "backward": 0, "grad_allreduce": 0}
+    for layer in range(len(dims) - 1):
+        for phase, value in layer_bytes(shape, coords, layer, nodes, dims[layer], dims[layer + 1], itemsize,
+                                        layer > 0, aggregated_once=layer == 0 and input_once, terms=terms).items():
+            out[phase] += value
+    return out
+
+
 def loss_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, itemsize: int) -> int:
     """:func:`predicted_loss_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator."""
     return sum(pieces_bytes(numel, shape.of(axis), coords[axis], itemsize)
@@ -427,5 +440,5 @@ __all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "GridReLU", 
            "aggregate_input", "aggregation_gradient", "as_blocks", "bias_block", "block_range", "combine",
            "gcn_layer", "grid_logits", "input_block", "input_bytes", "layer_bytes", "layer_collectives",
            "loss_bytes", "loss_collectives", "output_classes", "output_rows", "parameter_gradients",
-           "predicted_classes", "predicted_input_bytes", "predicted_layer_bytes", "predicted_loss_bytes",
+           "predicted_classes", "predicted_input_bytes", "predicted_layer_bytes", "predicted_loss_bytes", "step_bytes",
            "weight_block"]

@@ -43,8 +43,8 @@ from algorithms.training.metrics import SPLITS, TIMED_PARTS, moved_since, step_b
 from algorithms.training.tighten import ActivePolicies
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.grid import ProcessGrid, roles
-from sparse_dist.grid_gcn import (GridCrossEntropy, as_blocks, bias_block, grid_logits, input_bytes, layer_bytes,
-                                  loss_bytes, predicted_classes, weight_block)
+from sparse_dist.grid_gcn import (GridCrossEntropy, as_blocks, bias_block, grid_logits, input_bytes,
+                                  predicted_classes, step_bytes, weight_block)
 
 
 @dataclass(frozen=True)
@@ -172,16 +172,8 @@ class GridTrainer:
 
     def predicted_step_bytes(self) -> dict[str, int]:
         """Bytes this rank sends in a step, per phase, from the byte model (module docstring)."""
-        itemsize = torch.tensor([], dtype=self.dtype).element_size()
-        layers, once = self.config.layers, self.config.dropout == 0.0
-        out = {"forward": loss_bytes(self.shape, self.grid.coords, layers - 1, self.nodes, itemsize),
-               "backward": 0, "grad_allreduce": 0}
-        for layer in range(layers):
-            for phase, value in layer_bytes(self.shape, self.grid.coords, layer, self.nodes, self.dims[layer],
-                                            self.dims[layer + 1], itemsize, layer > 0,
-                                            aggregated_once=layer == 0 and once, terms=self.form.terms).items():
-                out[phase] += value
-        return out
+        return step_bytes(self.shape, self.grid.coords, self.nodes, self.dims, self.first.element_size(),
+                          self.form.terms, input_once=self.config.dropout == 0.0)
 
     # ----------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:

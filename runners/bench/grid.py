@@ -32,8 +32,7 @@ from runners.grid_memory import check_grid_memory
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, roles
 from sparse_dist.grid_gcn import (GridCrossEntropy, aggregate_input, as_blocks, bias_block, gcn_layer, grid_logits,
-                                  predicted_classes, predicted_input_bytes, predicted_layer_bytes,
-                                  predicted_loss_bytes, weight_block)
+                                  predicted_classes, predicted_input_bytes, step_bytes, weight_block)
 from sparse_dist.grid_sage import TERMS, aggregate_sage_input, sage_layers
 
 PHASES = ("forward", "backward", "grad_allreduce")
@@ -116,13 +115,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
     class_lo = grid.block(graph.num_classes, roles(layers - 1)[0])[0]
     train_count = int(comm.allgather_array(np.array([int(train.sum())], dtype=np.int64))[:, 0].sum()
                       // (shape.size // shape.of(roles(layers - 1)[2])))  # every replica over (o, i) counts its rows
-    predicted = {phase: 0 for phase in PHASES}
-    predicted["forward"] += predicted_loss_bytes(grid, layers - 1, n, itemsize)
-    for layer in range(layers):
-        for phase, value in predicted_layer_bytes(grid, layer, n, dims[layer], dims[layer + 1], itemsize,
-                                                  layer > 0, aggregated_once=layer == 0 and not dropping,
-                                                  terms=terms).items():
-            predicted[phase] += value
+    predicted = step_bytes(shape, grid.coords, n, dims, itemsize, terms, input_once=not dropping)
     records: list[dict[str, Any]] = []
     logits = first
     for epoch in range(1, args.epochs + 1):

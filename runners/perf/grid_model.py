@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 from runners.perf.cost_model import Rates, cores_per_rank, shared_memory_slowdown
 from sparse_dist.cost import Network, allreduce_time
 from sparse_dist.grid import AXES, GridShape, roles
-from sparse_dist.grid_gcn import layer_bytes, layer_collectives, loss_bytes, loss_collectives
+from sparse_dist.grid_gcn import layer_collectives, loss_bytes, loss_collectives, step_bytes
 from sparse_dist.grid_sage import TERMS as SAGE_TERMS
 
 GRID_PLAN = "grid:"
@@ -104,14 +104,10 @@ def rank_bytes(shape: GridShape, coords: dict[str, int], nodes: int, dims: tuple
     """Bytes the rank at ``coords`` sends (and receives) in one epoch, by phase (:data:`PHASES`); ``terms``: see
     :func:`sparse_dist.grid_gcn.layer_collectives`; ``input_once``: layer 0's aggregation computed once a run
     (without dropout), not in every epoch."""
-    out = dict.fromkeys(PHASES, 0)
-    for layer in range(len(dims) - 1):
-        for phase, value in layer_bytes(shape, coords, layer, nodes, dims[layer], dims[layer + 1], itemsize,
-                                        input_grad=layer > 0, aggregated_once=layer == 0 and input_once,
-                                        terms=terms).items():
-            out[phase] += value
-    out["loss"] = loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize)
-    return out
+    step = step_bytes(shape, coords, nodes, dims, itemsize, terms, input_once)
+    loss = loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize)
+    return {"forward": step["forward"] - loss, "loss": loss, "backward": step["backward"],
+            "grad_allreduce": step["grad_allreduce"]}
 
 
 def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int,
