@@ -46,42 +46,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.accounting import ring_allreduce_bytes
 from sparse_dist.csr import torch_csr
 from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, block_range, roles
-
-ALLREDUCE_PIECE_BYTES = 16 << 20
-"""The grid's allreduces run in pieces of at most this many bytes: MPICH's allreduce of a large buffer allocates a
-temporary as large as the buffer, so in pieces the temporary is one piece (R-MAT SCALE 20, 2x2x2, GCN 3 x 128:
-the largest rank's peak 1.33 against 1.39 GiB and 1.29 against 1.42 GiB, two pairs of runs under load)."""
-
-
-def allreduce_pieces(comm: Communicator, tensor: torch.Tensor, phase: str, op: str = "sum") -> None:
-    """In-place allreduce of a contiguous ``tensor`` over ``comm``, in pieces of :data:`ALLREDUCE_PIECE_BYTES`
-    (collective; every rank of ``comm`` holds a tensor of the same size, so the pieces agree)."""
-    flat = tensor.view(-1)
-    step = max(1, ALLREDUCE_PIECE_BYTES // tensor.element_size())
-    if flat.numel() <= step:
-        comm.allreduce_(tensor, phase, op=op)
-        return
-    for lo in range(0, flat.numel(), step):
-        comm.allreduce_(flat[lo:lo + step], phase, op=op)
-
-
-def pieces_bytes(numel: int, group_size: int, index: int, itemsize: int) -> int:
-    """Bytes one rank sends in :func:`allreduce_pieces` of ``numel`` elements: each piece's ring allreduce
-    (:func:`sparse_dist.accounting.ring_allreduce_bytes`)."""
-    step = max(1, ALLREDUCE_PIECE_BYTES // itemsize)
-    return sum(ring_allreduce_bytes(min(step, numel - lo), group_size, index, itemsize)
-               for lo in range(0, max(numel, 1), step))
-
+from sparse_dist.compress import Codec
+from sparse_dist.grid_links import GridLinks, allreduce_message_bytes, allreduce_pieces, pieces_bytes
 
 @dataclass(frozen=True)
 class AdjacencyBlock:
@@ -139,37 +114,37 @@ def aggregate_input(x: torch.Tensor, block: AdjacencyBlock, grid: ProcessGrid) -
     allreduce over ``o`` (phase ``halo``). ``X`` does not change during training (no input dropout on the grid),
     so a run computes it once, before the first step, and layer 0 multiplies it by its weights every step
     (the 1D plans' ``--input-exchange once`` likewise fetch ``X``'s halo once)."""
-    return _aggregate(x, block, grid, "halo")
+    return _aggregate(x, block, GridLinks(grid, 0), "halo")
 
 
-def _aggregate(h: torch.Tensor, block: AdjacencyBlock, grid: ProcessGrid, phase: str) -> torch.Tensor:
+def _aggregate(h: torch.Tensor, block: AdjacencyBlock, links: GridLinks, phase: str) -> torch.Tensor:
     """``T[d, i] = sum_o A[d, o] H[o, i]``: this rank's product, allreduced over ``o`` (collective)."""
     aggregated = (torch.sparse.mm(block.forward, h) if h.shape[0]
                   else h.new_zeros(block.forward.shape[0], h.shape[1])).contiguous()
-    allreduce_pieces(grid.axis_comm[block.roles[0]], aggregated, phase)
+    links.allreduce(aggregated, block.roles[0], phase, "aggregation")
     return aggregated
 
 
-def combine(aggregated: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, grid: ProcessGrid,
+def combine(aggregated: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, links: GridLinks,
             inner: str) -> torch.Tensor:
     """``H'[d, o] = sum_i T[d, i] W[i, o] + b[o]``: this rank's product, allreduced over ``inner`` (collective)."""
     out = (aggregated @ weight).contiguous()
-    allreduce_pieces(grid.axis_comm[inner], out, "forward")
+    links.allreduce(out, inner, "forward", "combination")
     return out.add_(bias)
 
 
-def parameter_gradients(aggregated: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor, grid: ProcessGrid,
+def parameter_gradients(aggregated: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor, links: GridLinks,
                         depth: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``dW[i, o] = T[d, i]^T G`` and ``db[o]``, allreduced over ``depth`` in one buffer (collective)."""
+    """``dW[i, o] = T[d, i]^T G`` and ``db[o]``, allreduced over ``depth`` in one buffer (collective; exact)."""
     packed = torch.cat([(aggregated.T @ grad_out).reshape(-1), grad_out.sum(dim=0)])
-    allreduce_pieces(grid.axis_comm[depth], packed, "grad_allreduce")
+    links.allreduce(packed.view(1, -1), depth, "grad_allreduce", "weight_gradient")
     return packed[:weight.numel()].view_as(weight), packed[weight.numel():]
 
 
-def aggregation_gradient(grad_out: torch.Tensor, weight: torch.Tensor, grid: ProcessGrid, outer: str) -> torch.Tensor:
+def aggregation_gradient(grad_out: torch.Tensor, weight: torch.Tensor, links: GridLinks, outer: str) -> torch.Tensor:
     """``dT[d, i] = sum_o G W[i, o]^T``: this rank's product, allreduced over ``outer`` (collective)."""
     grad_aggregated = (grad_out @ weight.T).contiguous()
-    allreduce_pieces(grid.axis_comm[outer], grad_aggregated, "backward")
+    links.allreduce(grad_aggregated, outer, "backward", "aggregation_gradient")
     return grad_aggregated
 
 
@@ -181,29 +156,29 @@ class GridGCNFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,  # type: ignore[override]
-                block: AdjacencyBlock, grid: ProcessGrid, input_grad: bool,
+                block: AdjacencyBlock, links: GridLinks, input_grad: bool,
                 aggregated: torch.Tensor | None = None) -> torch.Tensor:
         inner = block.roles[1]
         if aggregated is None:
             assert h is not None
-            aggregated = _aggregate(h, block, grid, "forward")
-        out = combine(aggregated, weight, bias, grid, inner)
+            aggregated = _aggregate(h, block, links, "forward")
+        out = combine(aggregated, weight, bias, links, inner)
         ctx.save_for_backward(aggregated, weight)
-        ctx.block, ctx.grid, ctx.input_grad = block, grid, input_grad
+        ctx.block, ctx.links, ctx.input_grad = block, links, input_grad
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         aggregated, weight = ctx.saved_tensors
-        block, grid = ctx.block, ctx.grid
+        block, links = ctx.block, ctx.links
         outer, _, depth = block.roles
         grad_out = grad_out.contiguous()
-        grad_weight, grad_bias = parameter_gradients(aggregated, grad_out, weight, grid, depth)
+        grad_weight, grad_bias = parameter_gradients(aggregated, grad_out, weight, links, depth)
         grad_h = None
         if ctx.input_grad:
-            grad_aggregated = aggregation_gradient(grad_out, weight, grid, outer)
+            grad_aggregated = aggregation_gradient(grad_out, weight, links, outer)
             grad_h = block.transposed_product(grad_aggregated).contiguous()
-            allreduce_pieces(grid.axis_comm[depth], grad_h, "backward")
+            links.allreduce(grad_h, depth, "backward", "input_gradient")
         return grad_h, grad_weight, grad_bias, None, None, None, None
 
 
@@ -260,24 +235,26 @@ class GridCrossEntropy(torch.autograd.Function):
         return grad * (grad_loss / ctx.train_count), None, None, None, None, None, None
 
 
-def gcn_layer(h: torch.Tensor | None, params: tuple[torch.Tensor, ...], block: AdjacencyBlock, grid: ProcessGrid,
+def gcn_layer(h: torch.Tensor | None, params: tuple[torch.Tensor, ...], block: AdjacencyBlock, links: GridLinks,
               input_grad: bool, aggregated: torch.Tensor | None) -> torch.Tensor:
-    """One GCN layer over the grid, ``params = (W[i, o], b[o])`` (:class:`GridGCNFunction`)."""
+    """One GCN layer over the grid, ``params = (W[i, o], b[o])`` (:class:`GridGCNFunction`), its allreduces
+    through ``links``."""
     weight, bias = params
-    return GridGCNFunction.apply(h, weight, bias, block, grid, input_grad, aggregated)
+    return GridGCNFunction.apply(h, weight, bias, block, links, input_grad, aggregated)
 
 
 def grid_logits(x: torch.Tensor | None, params: list[tuple[torch.Tensor, ...]],
                 blocks: list[AdjacencyBlock], grid: ProcessGrid,
                 first_aggregation: torch.Tensor | None = None, layer_fn: Callable[..., torch.Tensor] = gcn_layer,
-                dropout: Any = None) -> torch.Tensor:
+                dropout: Any = None, links: Callable[[int], GridLinks] | None = None) -> torch.Tensor:
     """The model's output block ``[d, o]`` of its last layer from layer 0's ``X[o, i]``, or from its aggregation
     ``first_aggregation`` computed once (:func:`aggregate_input`; ``x`` is then not read): each layer's
     ``layer_fn`` (:func:`gcn_layer`, or :func:`sparse_dist.grid_sage.sage_layers`; ``params[l]`` its weight
     blocks and ``b[o]``, ``blocks[l % 3]`` its rotation), :class:`GridReLU` between layers. ``dropout`` (training
     only, e.g. :class:`algorithms.grid_dropout.GridDropout`): ``drop(layer, h)`` masks each layer's input block and
     ``scale`` multiplies the weight blocks; layer 0's input then changes every step, so it cannot come aggregated
-    once. Collective over the grid."""
+    once. ``links(layer)``: how each layer's allreduces travel (default exact; a training step's may be coded,
+    :mod:`sparse_dist.grid_links`). Collective over the grid."""
     if dropout is not None and first_aggregation is not None:
         raise ValueError("layer 0's aggregation cannot be computed once under dropout: its input is masked anew "
                          "every step")
@@ -288,7 +265,8 @@ def grid_logits(x: torch.Tensor | None, params: list[tuple[torch.Tensor, ...]],
             assert h is not None
             h = dropout.drop(layer, h)
             layer_params = tuple(w * dropout.scale for w in layer_params[:-1]) + (layer_params[-1],)
-        h = layer_fn(h, layer_params, blocks[layer % 3], grid, layer > 0, cached)
+        layer_links = links(layer) if links is not None else GridLinks(grid, layer)
+        h = layer_fn(h, layer_params, blocks[layer % 3], layer_links, layer > 0, cached)
         if layer < len(params) - 1:
             h = GridReLU.apply(h)
     return h
@@ -333,7 +311,7 @@ def input_bytes(shape: GridShape, coords: Mapping[str, int], nodes: int, width_i
     outer, inner, depth = roles(0)
     n_depth = _length(block_range(nodes, shape.of(depth), coords[depth]))
     f_inner = _length(block_range(width_in, shape.of(inner), coords[inner]))
-    return pieces_bytes(n_depth * terms * f_inner, shape.of(outer), coords[outer], itemsize)
+    return pieces_bytes(n_depth * terms * f_inner, shape.of(outer), coords[outer], itemsize)  # exact, once a run
 
 
 def predicted_loss_bytes(grid: ProcessGrid, layer: int, nodes: int, itemsize: int) -> int:
@@ -342,40 +320,60 @@ def predicted_loss_bytes(grid: ProcessGrid, layer: int, nodes: int, itemsize: in
 
 
 def layer_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, width_in: int, width_out: int,
-                itemsize: int, input_grad: bool, aggregated_once: bool = False, terms: int = 1) -> dict[str, int]:
+                itemsize: int, input_grad: bool, aggregated_once: bool = False, terms: int = 1,
+                codec: Codec | None = None) -> dict[str, int]:
     """:func:`predicted_layer_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator
-    (the cost model asks it of grids it cannot build)."""
+    (the cost model asks it of grids it cannot build); ``codec``: a training step's messages coded
+    (:mod:`sparse_dist.grid_links`)."""
     out = {"forward": 0, "backward": 0, "grad_allreduce": 0}
-    for phase, axis, numel in layer_collectives(shape, coords, layer, nodes, width_in, width_out, input_grad,
-                                                aggregated_once, terms):
-        out[phase] += pieces_bytes(numel, shape.of(axis), coords[axis], itemsize)
+    for sent in layer_collectives(shape, coords, layer, nodes, width_in, width_out, input_grad, aggregated_once,
+                                  terms):
+        out[sent.phase] += allreduce_message_bytes(codec, sent.message, shape.of(sent.axis), coords[sent.axis],
+                                                   sent.rows, sent.width, itemsize)
     return out
 
 
 def step_bytes(shape: GridShape, coords: Mapping[str, int], nodes: int, dims: tuple[int, ...] | list[int],
-               itemsize: int, terms: int = 1, input_once: bool = True) -> dict[str, int]:
+               itemsize: int, terms: int = 1, input_once: bool = True, codec: Codec | None = None) -> dict[str, int]:
     """Bytes the rank at ``coords`` sends in one training step of widths ``dims``, by phase: ``forward`` (the
     layers' and the loss's), ``backward`` and ``grad_allreduce``; ``input_once``: layer 0's aggregation computed
-    once a run (without dropout), not in the step. One sum for the trainer, ``bench grid`` and the cost model."""
+    once a run (without dropout), not in the step; ``codec``: the step's messages coded. One sum for the trainer,
+    ``bench grid`` and the cost model."""
     out = {"forward": loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize), "backward": 0, "grad_allreduce": 0}
     for layer in range(len(dims) - 1):
         for phase, value in layer_bytes(shape, coords, layer, nodes, dims[layer], dims[layer + 1], itemsize,
-                                        layer > 0, aggregated_once=layer == 0 and input_once, terms=terms).items():
+                                        layer > 0, aggregated_once=layer == 0 and input_once, terms=terms,
+                                        codec=codec).items():
             out[phase] += value
     return out
 
 
 def loss_bytes(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, itemsize: int) -> int:
     """:func:`predicted_loss_bytes` of the rank at ``coords`` of a ``shape`` grid, without a communicator."""
-    return sum(pieces_bytes(numel, shape.of(axis), coords[axis], itemsize)
-               for _, axis, numel in loss_collectives(shape, coords, layer, nodes))
+    return sum(pieces_bytes(sent.numel, shape.of(sent.axis), coords[sent.axis], itemsize)
+               for sent in loss_collectives(shape, coords, layer, nodes))
+
+
+class Collective(NamedTuple):
+    """One allreduce of a step on one rank: its phase, axis, ``rows x width`` values and its name for
+    :class:`~sparse_dist.grid_links.GridLinks` (:data:`~sparse_dist.grid_links.MESSAGES`)."""
+
+    phase: str
+    axis: str
+    rows: int
+    width: int
+    message: str
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.width
 
 
 def layer_collectives(shape: GridShape, coords: Mapping[str, int], layer: int, nodes: int, width_in: int,
                       width_out: int, input_grad: bool, aggregated_once: bool = False,
-                      terms: int = 1) -> list[tuple[str, str, int]]:
-    """The allreduces :class:`GridGCNFunction` runs for ``layer`` on the rank at ``coords`` in a step, in order:
-    (phase, axis, elements) (module docstring); ``aggregated_once``: without the aggregation's, computed once
+                      terms: int = 1) -> list[Collective]:
+    """The allreduces :class:`GridGCNFunction` runs for ``layer`` on the rank at ``coords`` in a step, in order
+    (module docstring); ``aggregated_once``: without the aggregation's, computed once
     (:func:`aggregate_input`). ``terms``: the aggregated terms side by side, each ``f_i`` wide, that the layer
     multiplies by its stacked weights (GCN 1; SAGE 2, :mod:`sparse_dist.grid_sage`): the aggregation, its
     gradient and the weights' gradient carry ``terms`` times the columns."""
@@ -386,20 +384,22 @@ def layer_collectives(shape: GridShape, coords: Mapping[str, int], layer: int, n
     n_outer = _length(block_range(nodes, shape.of(outer), coords[outer]))
     f_inner = _length(block_range(width_in, shape.of(inner), coords[inner]))
     f_out = _length(block_range(width_out, shape.of(outer), coords[outer]))
-    out = [] if aggregated_once else [("forward", outer, n_depth * terms * f_inner)]
-    out += [("forward", inner, n_depth * f_out), ("grad_allreduce", depth, terms * f_inner * f_out + f_out)]
+    out = [] if aggregated_once else [Collective("forward", outer, n_depth, terms * f_inner, "aggregation")]
+    out += [Collective("forward", inner, n_depth, f_out, "combination"),
+            Collective("grad_allreduce", depth, 1, terms * f_inner * f_out + f_out, "weight_gradient")]
     if input_grad:
-        out += [("backward", outer, n_depth * terms * f_inner), ("backward", depth, n_outer * f_inner)]
+        out += [Collective("backward", outer, n_depth, terms * f_inner, "aggregation_gradient"),
+                Collective("backward", depth, n_outer, f_inner, "input_gradient")]
     return out
 
 
 def loss_collectives(shape: GridShape, coords: Mapping[str, int], layer: int,
-                     nodes: int) -> list[tuple[str, str, int]]:
+                     nodes: int) -> list[Collective]:
     """The allreduces of :class:`GridCrossEntropy` on the output of ``layer`` (all phase ``forward``): max, sum of
     exponentials and the label's logit of each of the rank's ``n_d`` rows over ``o``, the loss over ``d``."""
     outer, _, depth = roles(layer)
     n_depth = _length(block_range(nodes, shape.of(depth), coords[depth]))
-    return [("forward", outer, n_depth)] * 3 + [("forward", depth, 1)]
+    return [Collective("forward", outer, n_depth, 1, "loss")] * 3 + [Collective("forward", depth, 1, 1, "loss")]
 
 
 def _length(span: tuple[int, int]) -> int:
@@ -436,7 +436,7 @@ def output_classes(grid: ProcessGrid, layers: int, classes: int) -> tuple[int, i
     return grid.block(classes, roles(layers - 1)[0])
 
 
-__all__ = ["AdjacencyBlock", "GridCrossEntropy", "GridGCNFunction", "GridReLU", "adjacency_blocks",
+__all__ = ["AdjacencyBlock", "Collective", "GridCrossEntropy", "GridGCNFunction", "GridReLU", "adjacency_blocks",
            "aggregate_input", "aggregation_gradient", "as_blocks", "bias_block", "block_range", "combine",
            "gcn_layer", "grid_logits", "input_block", "input_bytes", "layer_bytes", "layer_collectives",
            "loss_bytes", "loss_collectives", "output_classes", "output_rows", "parameter_gradients",

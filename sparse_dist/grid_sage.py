@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from sparse_dist.grid import ProcessGrid, roles
-from sparse_dist.grid_gcn import (AdjacencyBlock, aggregation_gradient, allreduce_pieces, combine,
-                                  parameter_gradients)
+from sparse_dist.grid_gcn import AdjacencyBlock, aggregation_gradient, combine, parameter_gradients
+from sparse_dist.grid_links import GridLinks
 
 TERMS = 2
 """Aggregated terms a SAGE layer multiplies (its neighbours' mean and its own rows): the byte functions'
@@ -50,7 +50,7 @@ class SelfRows:
         return cls(lo - d0, lo - o0, max(hi - lo, 0))
 
 
-def _aggregate(h: torch.Tensor, block: AdjacencyBlock, own: SelfRows, grid: ProcessGrid,
+def _aggregate(h: torch.Tensor, block: AdjacencyBlock, own: SelfRows, links: GridLinks,
                phase: str) -> torch.Tensor:
     """``T[d, i] = sum_o [Ā[d, o] H[o, i] | I[d, o] H[o, i]]``: this rank's two products side by side,
     allreduced over ``o`` (collective)."""
@@ -60,13 +60,13 @@ def _aggregate(h: torch.Tensor, block: AdjacencyBlock, own: SelfRows, grid: Proc
         aggregated[:, :width] = torch.sparse.mm(block.forward, h)
     if own.count:
         aggregated[own.d_start:own.d_start + own.count, width:] = h[own.o_start:own.o_start + own.count]
-    allreduce_pieces(grid.axis_comm[block.roles[0]], aggregated, phase)
+    links.allreduce(aggregated, block.roles[0], phase, "aggregation")
     return aggregated
 
 
 def aggregate_sage_input(x: torch.Tensor, block: AdjacencyBlock, grid: ProcessGrid, nodes: int) -> torch.Tensor:
     """Layer 0's ``T[d, i]`` from this rank's ``X[o, i]``, once a run (phase ``halo``; collective)."""
-    return _aggregate(x, block, SelfRows.of(grid, nodes, 0), grid, "halo")
+    return _aggregate(x, block, SelfRows.of(grid, nodes, 0), GridLinks(grid, 0), "halo")
 
 
 class GridSAGEFunction(torch.autograd.Function):
@@ -78,32 +78,32 @@ class GridSAGEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor | None, neighbour_weight: torch.Tensor,  # type: ignore[override]
                 self_weight: torch.Tensor, bias: torch.Tensor, block: AdjacencyBlock, own: SelfRows,
-                grid: ProcessGrid, input_grad: bool, aggregated: torch.Tensor | None = None) -> torch.Tensor:
+                links: GridLinks, input_grad: bool, aggregated: torch.Tensor | None = None) -> torch.Tensor:
         if aggregated is None:
             assert h is not None
-            aggregated = _aggregate(h, block, own, grid, "forward")
+            aggregated = _aggregate(h, block, own, links, "forward")
         weight = torch.cat([neighbour_weight, self_weight])
-        out = combine(aggregated, weight, bias, grid, block.roles[1])
+        out = combine(aggregated, weight, bias, links, block.roles[1])
         ctx.save_for_backward(aggregated, weight)
-        ctx.block, ctx.own, ctx.grid, ctx.input_grad = block, own, grid, input_grad
+        ctx.block, ctx.own, ctx.links, ctx.input_grad = block, own, links, input_grad
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         aggregated, weight = ctx.saved_tensors
-        block, own, grid = ctx.block, ctx.own, ctx.grid
+        block, own, links = ctx.block, ctx.own, ctx.links
         outer, _, depth = block.roles
         width = weight.shape[0] // TERMS
         grad_out = grad_out.contiguous()
-        grad_weight, grad_bias = parameter_gradients(aggregated, grad_out, weight, grid, depth)
+        grad_weight, grad_bias = parameter_gradients(aggregated, grad_out, weight, links, depth)
         grad_h = None
         if ctx.input_grad:
-            grad_aggregated = aggregation_gradient(grad_out, weight, grid, outer)
+            grad_aggregated = aggregation_gradient(grad_out, weight, links, outer)
             grad_h = block.transposed_product(grad_aggregated[:, :width].contiguous()).contiguous()
             if own.count:
                 grad_h[own.o_start:own.o_start + own.count] += grad_aggregated[own.d_start:own.d_start + own.count,
                                                                                width:]
-            allreduce_pieces(grid.axis_comm[depth], grad_h, "backward")
+            links.allreduce(grad_h, depth, "backward", "input_gradient")
         return (grad_h, grad_weight[:width], grad_weight[width:], grad_bias, None, None, None, None, None)
 
 
@@ -112,7 +112,7 @@ def sage_layers(grid: ProcessGrid, nodes: int) -> Callable[..., torch.Tensor]:
     ``params = (W_neigh[i, o], W_self[i, o], b[o])``."""
     own = {roles(layer): SelfRows.of(grid, nodes, layer) for layer in range(3)}
 
-    def layer(h: torch.Tensor | None, params: tuple[torch.Tensor, ...], block: AdjacencyBlock, on: ProcessGrid,
+    def layer(h: torch.Tensor | None, params: tuple[torch.Tensor, ...], block: AdjacencyBlock, on: GridLinks,
               input_grad: bool, aggregated: torch.Tensor | None) -> torch.Tensor:
         neighbour_weight, self_weight, bias = params
         return GridSAGEFunction.apply(h, neighbour_weight, self_weight, bias, block, own[block.roles], on,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 from runners.perf.cost_model import Rates, cores_per_rank, shared_memory_slowdown
 from sparse_dist.cost import Network, allreduce_time
 from sparse_dist.grid import AXES, GridShape, roles
-from sparse_dist.grid_gcn import layer_collectives, loss_bytes, loss_collectives, step_bytes
+from sparse_dist.grid_gcn import Collective, layer_collectives, loss_bytes, loss_collectives, step_bytes
 from sparse_dist.grid_sage import TERMS as SAGE_TERMS
 
 GRID_PLAN = "grid:"
@@ -202,9 +202,9 @@ def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, 
     axis_net = {axis: AxisNetwork.of(net, shape, axis) for axis in AXES}
     first = dict.fromkeys(AXES, 0)
 
-    def seconds(collectives: list[tuple[str, str, int]], phases: tuple[str, ...]) -> float:
-        return sum(allreduce_time(numel * itemsize, shape.of(axis), axis_net[axis])
-                   for phase, axis, numel in collectives if phase in phases)
+    def seconds(collectives: list[Collective], phases: tuple[str, ...]) -> float:
+        return sum(allreduce_time(sent.numel * itemsize, shape.of(sent.axis), axis_net[sent.axis])
+                   for sent in collectives if sent.phase in phases)
 
     spmm = dense = exchange = gradients = 0.0
     for layer in range(len(dims) - 1):

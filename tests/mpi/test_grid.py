@@ -26,6 +26,14 @@ def test_more_grids_equal_one_process_in_float64(ranks: int, grids: list[str]) -
     assert f"grid GCN and SAGE on {ranks} ranks, grids {' '.join(grids)}: all checks pass" in result.stdout, result.stderr
 
 
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_the_coded_allreduce_is_the_documented_algorithm_with_the_models_bytes(ranks: int) -> None:
+    """tests/mpi/cases/grid_coded_cases.py: 37 rows over 3 or 4 ranks, 3 rows over 4 (an empty chunk)."""
+    result = run_case(ranks, "grid_coded_cases.py", timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"coded allreduce on {ranks} ranks: all checks pass" in result.stdout, result.stderr
+
+
 def test_grid_shapes_are_parsed_and_checked_in_one_sentence() -> None:
     assert GridShape.parse("2,2,1", 4) == GridShape(2, 2, 1) and GridShape.parse("1x1x8", 8).size == 8
     for text, words in (("2,2", "three positive integers"), ("2,0,2", "three positive integers"),

@@ -49,7 +49,7 @@ from runners.data.grid_reader import load_grid_graph  # noqa: E402
 from runners.data.shard_reader import read_meta, read_part  # noqa: E402
 from runners.data.shards import write_shards  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
-from sparse_dist import grid_gcn  # noqa: E402
+from sparse_dist import grid_links  # noqa: E402
 from sparse_dist.grid import GridShape, ProcessGrid  # noqa: E402
 from sparse_dist.grid_gcn import (GridCrossEntropy, adjacency_blocks, aggregate_input, bias_block,  # noqa: E402
                                   gcn_layer, grid_logits, input_block, output_classes, output_rows,
@@ -247,7 +247,7 @@ def main() -> int:
     for kind in kinds:
         for index, graph in enumerate(graphs(kind)):
             _, a, x, labels, train, classes = graph
-            grid_gcn.ALLREDUCE_PIECE_BYTES = 101 * 8 if index == 0 else 16 << 20
+            grid_links.ALLREDUCE_PIECE_BYTES = 101 * 8 if index == 0 else 16 << 20
             dropout = 0.0 if index == 0 else DROPOUT  # the directed graph aggregates layer 0 once: no dropout
             want = reference(a, x, labels, train, [x.shape[1]] + [HIDDEN] * (LAYERS - 1) + [classes], kind, dropout)
             for text in texts:

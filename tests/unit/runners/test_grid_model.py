@@ -91,10 +91,10 @@ def test_sage_moves_twice_gcns_aggregation_columns_and_the_rest_alike() -> None:
     shape, coords = GridShape(2, 2, 2), {"x": 1, "y": 0, "z": 1}
     gcn = layer_collectives(shape, coords, 1, 1000, 64, 32, True)
     sage = layer_collectives(shape, coords, 1, 1000, 64, 32, True, terms=2)
-    assert [(phase, axis) for phase, axis, _ in gcn] == [(phase, axis) for phase, axis, _ in sage]
+    assert [(sent.phase, sent.axis) for sent in gcn] == [(sent.phase, sent.axis) for sent in sage]
     n_d, f_i, f_o, n_o = 500, 32, 16, 500
-    assert [numel for *_, numel in gcn] == [n_d * f_i, n_d * f_o, f_i * f_o + f_o, n_d * f_i, n_o * f_i]
-    assert [numel for *_, numel in sage] == [n_d * 2 * f_i, n_d * f_o, 2 * f_i * f_o + f_o, n_d * 2 * f_i, n_o * f_i]
+    assert [sent.numel for sent in gcn] == [n_d * f_i, n_d * f_o, f_i * f_o + f_o, n_d * f_i, n_o * f_i]
+    assert [sent.numel for sent in sage] == [n_d * 2 * f_i, n_d * f_o, 2 * f_i * f_o + f_o, n_d * 2 * f_i, n_o * f_i]
     gcn_epoch = predict_grid_epoch(shape, 1000, 20_000, (64, 32, 7), 4, RATES, NETWORKS["ib-hdr"], 1)
     sage_epoch = predict_grid_epoch(shape, 1000, 20_000, (64, 32, 7), 4, RATES, NETWORKS["ib-hdr"], 1, terms=2)
     assert sage_epoch.compute_spmm == gcn_epoch.compute_spmm and sage_epoch.compute_dense > gcn_epoch.compute_dense
