@@ -74,7 +74,7 @@ from runners.data.shards import ShardError, load_local_graph, read_meta
 from runners.launch import LAUNCH_SOURCE, LAUNCH_TIME
 from runners.train_epochs import EpochRows, run_epochs, traffic_spread
 from runners.train_flags import DEFAULT_CHECKPOINT_EVERY, add_arguments, attention_problem
-from runners.train_grid import grid_flag_problem, open_grid_run
+from runners.train_grid import grid_flag_problem, open_grid_run, resumed_plan
 from runners.train_records import leg_record, setup_record
 from runners.train_paths import PathError, check_paths, overlap_problems
 from runners.resources import check_train_resources, readable_meta
@@ -189,7 +189,7 @@ def open_resume(comm: Communicator, args: argparse.Namespace, config: TrainConfi
         problem = checkpoint_mismatch(state, fingerprint, graph)
         if problem:
             raise CheckpointError(f"--checkpoint {args.checkpoint}: {problem}")
-        here = {"world_size": comm.size, "replication": args.replication, "plan": args.plan}
+        here = {"world_size": comm.size, "replication": args.replication, "plan": resumed_plan(args, comm.size)}
         policy, note = None, None
         if current.has_rank_files and current.written_at() == here:
             policy = current.load(rank_file(comm.rank))

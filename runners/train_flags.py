@@ -200,7 +200,7 @@ def _exchange_arguments(parser: argparse._ActionsContainer) -> None:
                              "(per layer and direction the fewest of 2/4/8/16 bits whose measured relative "
                              "squared error stays within budget=E, default 1/32, not below min=B, default 4); "
                              "add ,feedback for error feedback at the sender (default: none; evaluation stays "
-                             "exact)")
+                             "exact; with --grid, one width codes the grid's allreduces)")
     parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
                         help="how a pipelined (pipe) exchange moves on while the rank computes: test = MPI_Test "
                              "of the outstanding exchanges at every layer's exchange; thread = also a "

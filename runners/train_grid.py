@@ -3,10 +3,11 @@
 The process grid (:mod:`sparse_dist.grid`) replaces the 1D plans' halo exchange by allreduces along its axes; a
 grid run is exact. What is a 1D idea is refused in one sentence naming what to use instead: sampling and
 staleness (they thin or age a halo the grid does not have), ``--plan``/``--replication`` (the grid is the layout),
-``--compress`` (the grid's allreduces are not coded), ``--policy auto``, the evaluation beside or steered by a
-step, ``--audit-every`` (nothing to audit), ``--clip``, ``--input-exchange``/``--halo-budget`` (layer 0 is
-aggregated once), mini-batch training, GAT, multi-label graphs and unnormalised features. The guard is on as
-for any exact run: it has nothing to tighten. Checkpoints are the 1D trainer's (the whole weights and Adam,
+adaptive bit widths (``--compress adaptive``: the grid codes at one width), ``--policy auto``, the evaluation beside
+or steered by a step, ``--audit-every``, ``--clip``, ``--input-exchange``/``--halo-budget`` (layer 0 is aggregated
+once), mini-batch training, GAT, multi-label graphs and unnormalised features. ``--compress`` with a fixed format
+codes the step's allreduces (:mod:`sparse_dist.grid_links`), guarded as a 1D compressed run is
+(:mod:`algorithms.training.grid_policy`); without it the run is exact and the guard has nothing to tighten. Checkpoints are the 1D trainer's (the whole weights and Adam,
 replicated): a set written by either resumes in the other, at any grid and any ``P``
 (:mod:`algorithms.training.grid_trainer`).
 """
@@ -30,6 +31,7 @@ from runners.perf.cost_model import Rates
 from runners.perf.grid_model import AUTO, GridEpoch, choose_grid, factorisations
 from runners.policy_auto import link, median_seconds
 from sparse_dist.comm import Communicator, said_once
+from sparse_dist.compress import Codec
 from sparse_dist.cost import Network
 from sparse_dist.csr import torch_csr
 from sparse_dist.grid import GridShape, ProcessGrid
@@ -63,14 +65,16 @@ def grid_flag_problem(args: argparse.Namespace) -> str | None:
                                 "only in its counting): drop --replication"),
         (not args.sample.is_none or not args.stale.is_none,
          f"--sample/--stale thin or age the 1D halo exchange, which a grid run does not have; {_USE_1D}"),
-        (args.compress != "none", f"--compress {args.compress} codes the 1D exchanges; the grid's allreduces are not "
-                                  f"coded: drop --compress, or {_USE_1D}"),
+        (_adaptive(args.compress), f"--compress {args.compress} agrees its bit widths over the 1D exchanges; the grid "
+                                   f"codes its allreduces at one width: give --compress int8,feedback (or fp16, "
+                                   f"bf16, int4, int2), or {_USE_1D}"),
         (args.policy == "auto",
          f"--policy auto chooses among the 1D plans' policies: drop --policy auto, or {_USE_1D}"),
         (args.overlap_evaluation or args.steer_evaluation,
          "--overlap-evaluation and --steer-evaluation are for the 1D plans' evaluation; a grid run evaluates after "
          "its step (--eval-every): drop them"),
-        (args.audit_every > 0, "--audit-every compares a policy with exact; a grid run is exact: drop it"),
+        (args.audit_every > 0, "--audit-every's per-layer errors are the 1D trainer's; a grid run's guard reads its "
+                               "own exact reference: drop --audit-every"),
         (args.clip > 0, "--clip is not built for the grid (its gradients are whole only after their allreduce): "
                         f"drop --clip, or {_USE_1D}"),
         (args.feature_norm == "none", f"--grid normalises features by their row sums: drop --feature-norm none, or "
@@ -80,6 +84,28 @@ def grid_flag_problem(args: argparse.Namespace) -> str | None:
          "drop them"),
     )
     return next((sentence for refused, sentence in refusals if refused), None)
+
+
+def resumed_plan(args: argparse.Namespace, world_size: int) -> str:
+    """The plan a resume compares with the set's (its per-rank state fits only the layout that wrote it):
+    ``--plan``, or ``grid:XxYxZ`` for a given grid. ``--grid auto`` chooses after the set is read, so its
+    per-rank state (error-feedback residuals) is dropped, as at another layout."""
+    text = getattr(args, "grid", None)
+    if text is None:
+        return args.plan
+    try:
+        return f"grid:{GridShape.parse(text, world_size)}"
+    except ValueError:  # auto, or a shape of another size: refused when the grid opens
+        return f"grid:{text}"
+
+
+def _adaptive(text: str) -> bool:
+    """Whether ``--compress`` asks for adaptive bit widths (a malformed text is the flag's own error)."""
+    try:
+        codec = Codec.parse(text)
+    except ValueError:
+        return False
+    return codec is not None and codec.adapts
 
 
 def _size_of(text: str) -> int:

@@ -31,7 +31,7 @@ from algorithms.training.config import PROGRESS_MODES, TrainConfig
 from algorithms.training.graph import LocalGraph, scaled_features
 from algorithms.training.guard import Guard
 from algorithms.training.steering import EvaluationSteering
-from algorithms.training.tighten import ActivePolicies
+from algorithms.training.tighten import ActivePolicies, install
 from algorithms.training.metrics import SPLITS, moved_since
 from sparse_dist.comm import Communicator, ProgressThread, said_once, spans_nodes, threads_may_call_mpi
 from sparse_dist.compress import Codec
@@ -71,6 +71,18 @@ class TrainingRun:
                          if config.steer_evaluation else None)
         self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}
+
+    def restore_kept(self, kept: dict[str, Any]) -> None:
+        """Load the weights the guard kept of the best evaluation (replicated: local)."""
+        self.model.load_state_dict(kept["model"])
+
+    def fresh_moments(self) -> None:
+        """Start Adam's moments afresh (the guard's tightening)."""
+        self.optimizer.reset_moments()
+
+    def install_policies(self, policies: ActivePolicies) -> None:
+        """Train with ``policies`` from the next step on (collective: :func:`~algorithms.training.tighten.install`)."""
+        install(self, policies)
 
     def build_work(self, axes: tuple[tuple[Any, Any], ...]) -> None:
         """The policies' per-epoch work from ``(spec, policy)`` per axis, replacing what there was (collective

@@ -17,7 +17,10 @@ any grid and any ``P``.
 Bytes of a step, per rank: the grid's collectives (:func:`sparse_dist.grid_gcn.layer_collectives`, the
 loss's; :meth:`GridTrainer.predicted_step_bytes`), nothing else. Layer 0's aggregation ``Â X`` is computed once at set-up (phase ``halo``); a step reuses it without dropout, and an
 evaluation always (it has no dropout). With dropout every layer's input is masked by the 1D rule's masks
-(:class:`algorithms.grid_dropout.GridDropout`), layer 0 aggregated every step.
+(:class:`algorithms.grid_dropout.GridDropout`), layer 0 aggregated every step. With ``--compress`` a step's
+aggregation and combination allreduces and their gradients' travel coded (:mod:`sparse_dist.grid_links`; the
+byte model counts them so), and the guard watches the run and may tighten the codec
+(:mod:`algorithms.training.grid_policy`); evaluations stay exact.
 
 Collective: construction, :meth:`GridTrainer.train_epoch`, :meth:`~GridTrainer.evaluate`,
 :meth:`~GridTrainer.predictions` and :meth:`~GridTrainer.state` are entered by every rank in the same order.
@@ -25,6 +28,7 @@ Collective: construction, :meth:`GridTrainer.train_epoch`, :meth:`~GridTrainer.e
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,15 +40,19 @@ from algorithms.grid_dropout import GridDropout
 from algorithms.layers import layer_type
 from algorithms.model import GraphModel
 from algorithms.training import state as checkpoint_state
+from algorithms.training import grid_policy
+from algorithms.training.alongside import EvaluationShare
 from algorithms.training.assembly import make_optimizer
 from algorithms.training.config import TrainConfig
 from algorithms.training.guard import Guard
 from algorithms.training.metrics import SPLITS, TIMED_PARTS, moved_since, step_breakdown
-from algorithms.training.tighten import ActivePolicies
+from algorithms.training.tighten import ActivePolicies, tighten
 from sparse_dist.comm import Communicator, said_once
+from sparse_dist.compress import Codec
 from sparse_dist.grid import ProcessGrid, roles
 from sparse_dist.grid_gcn import (GridCrossEntropy, as_blocks, bias_block, grid_logits, input_bytes,
                                   predicted_classes, step_bytes, weight_block)
+from sparse_dist.grid_links import GridLinks
 
 
 @dataclass(frozen=True)
@@ -107,9 +115,11 @@ class GridTrainer:
                                                     form.terms))
         self._labels_and_masks(graph)
         self.epoch = 0
-        self.guard = Guard(config.guard_settings(), comm, active=False, validation_size=self.global_counts["val"],
-                           epochs=config.epochs)  # exact: nothing to tighten
-        self.policies = ActivePolicies(config.sample, config.stale, config.compress)
+        self.policies = ActivePolicies(config.sample, config.stale, config.compress)  # the guard may tighten them
+        self.codec = Codec.parse(config.compress, seed=config.seed)  # a step's messages (sparse_dist.grid_links)
+        self.guard = Guard(config.guard_settings(), comm, active=not self.policies.is_exact,
+                           validation_size=self.global_counts["val"], epochs=config.epochs)
+        self._step_walls: list[float] = []  # the steps' own seconds: the bias reference's budget
         self.steering, self.work = None, []  # what the 1D state functions ask of a run (none here)
         self.receiver_dropout, self.progress_mode, self.plan_setup_seconds = False, None, None
         self.setup_bytes = moved_since(comm, built_from)
@@ -134,16 +144,18 @@ class GridTrainer:
         """This rank's block of layer ``index``'s weight (``W[i, o]``) or bias (``b[o]``), a copy."""
         return weight_block(self.grid, index, whole) if whole.dim() == 2 else bias_block(self.grid, index, whole)
 
-    def _blocks(self) -> list[tuple[torch.Tensor, ...]]:
+    def weight_blocks(self) -> list[tuple[torch.Tensor, ...]]:
         """Each layer's blocks in the grid layer's order (:class:`~algorithms.grid_model.GridForm`)."""
         return [tuple(self._cut[(index, name)] for name in self.form.parameters)
                 for index in range(self.config.layers)]
 
-    def _logits(self, blocks: list[tuple[torch.Tensor, ...]], dropout: GridDropout | None) -> torch.Tensor:
-        """The last layer's output block ``[d, o]`` (collective over the grid)."""
+    def forward_logits(self, blocks: list[tuple[torch.Tensor, ...]], dropout: GridDropout | None,
+                codec: Codec | None = None) -> torch.Tensor:
+        """The last layer's output block ``[d, o]`` (collective over the grid); ``codec``: the layers' messages
+        coded (a training step's), else exact."""
         return grid_logits(self.features if dropout is not None else None, blocks, self.blocks, self.grid,
                            first_aggregation=None if dropout is not None else self.first, layer_fn=self.layer_fn,
-                           dropout=dropout)
+                           dropout=dropout, links=lambda layer: GridLinks(self.grid, layer, codec, self.epoch))
 
     def train_epoch(self, evaluation_follows: bool = False, evaluate_alongside: bool = False) -> dict[str, Any]:
         """One full-graph Adam step over the grid; its record (loss, time breakdown, bytes per phase) as the 1D
@@ -151,36 +163,70 @@ class GridTrainer:
         ``evaluation_follows`` changes nothing; ``evaluate_alongside`` is refused by the command's flags."""
         if evaluate_alongside:
             raise ValueError("the grid trainer evaluates after a step, not beside the next one")
+        guarded = tighten(self) if self.guard.due else None  # agreed at the last evaluation: collective
+        referenced = self.guard.reference_due(self.epoch + 1)  # the same on every rank
         before, start = self.comm.stats.snapshot(), time.perf_counter()
         self.model.train()
         self.block_optimizer.zero_grad(set_to_none=True)
         dropout = (GridDropout(self.config.dropout, self.config.seed, self.epoch, self.grid, self.nodes, self.dims)
                    if self.config.dropout > 0.0 else None)
-        logits = self._logits(self._blocks(), dropout)
+        logits = self.forward_logits(self.weight_blocks(), dropout, self.codec)
         loss = GridCrossEntropy.apply(logits, self.labels, self.masks["train"], self.class_lo,
                                       self.global_counts["train"], self.grid, self.config.layers - 1)
         loss.backward()  # each block's gradient allreduced over the ranks that hold it
+        reference, share = None, EvaluationShare()
+        if referenced:  # before the weights move: the exact forward of the same weights and masks, kept apart
+            reference = grid_policy.reference_reading(self, logits.detach(), float(loss.detach()), dropout, share)
         began = time.perf_counter()
         self.block_optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        wall = time.perf_counter() - start
+        before, wall = share.excluded_from(before, time.perf_counter() - start)
         computed = {"optimizer": time.perf_counter() - began}
         self.epoch += 1
-        return {"epoch": self.epoch, "loss": float(loss.detach()),
-                **step_breakdown(self.comm, before, wall, computed, TIMED_PARTS), "broadcasts": [], "cache_bytes": 0}
+        self._step_walls.append(wall)
+        self.guard.observe_loss(self.epoch, float(loss.detach()))
+        record = {"epoch": self.epoch, "loss": float(loss.detach()),
+                  **step_breakdown(self.comm, before, wall, computed, TIMED_PARTS), "broadcasts": [], "cache_bytes": 0}
+        if guarded is not None:
+            record["guard"] = guarded
+        if reference is not None:
+            record["guard_reference"] = {**self.guard.observe_reference(
+                self.epoch, reference, share.wall, statistics.median(self._step_walls)), "bytes": share.bytes()}
+        return record
 
     def predicted_step_bytes(self) -> dict[str, int]:
         """Bytes this rank sends in a step, per phase, from the byte model (module docstring)."""
         return step_bytes(self.shape, self.grid.coords, self.nodes, self.dims, self.first.element_size(),
-                          self.form.terms, input_once=self.config.dropout == 0.0)
+                          self.form.terms, input_once=self.config.dropout == 0.0, codec=self.codec)
 
     # ----------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
         """Exact forward (no dropout); accuracy per split, global (collective); its bytes in :attr:`eval_bytes`."""
         metrics = self.measured_evaluation()
-        self.guard.observe_metrics(self.epoch, metrics, lambda: {"model": self.model.state_dict()})
+        self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
         return metrics
+
+    def _kept_state(self) -> dict[str, Any]:
+        """What the guard keeps of the best evaluation: this rank's weight blocks (local; the moments start
+        afresh at a tightening)."""
+        return {"blocks": {key: block.detach().clone() for key, block in self._cut.items()}}
+
+    def restore_kept(self, kept: dict[str, Any]) -> None:
+        """Load the weight blocks the guard kept (local: every holder of a block kept the same values)."""
+        with torch.no_grad():
+            for key, block in self._cut.items():
+                block.copy_(kept["blocks"][key])
+
+    def fresh_moments(self) -> None:
+        """Start Adam's moments of the blocks afresh (the guard's tightening)."""
+        self.block_optimizer.reset_moments()
+
+    def install_policies(self, policies: ActivePolicies) -> None:
+        """Train with ``policies`` (on the grid: a compression or none) from the next step on; the old codec's
+        residuals go with it."""
+        self.codec = Codec.parse(policies.compress, seed=self.config.seed)
+        self.policies = policies
 
     @torch.no_grad()
     def measured_evaluation(self) -> dict[str, float]:
@@ -197,7 +243,7 @@ class GridTrainer:
     @torch.no_grad()
     def _classes(self) -> torch.Tensor:
         """Each output row's predicted class from an exact forward (collective)."""
-        logits = self._logits([tuple(block.detach() for block in blocks) for blocks in self._blocks()], None)
+        logits = self.forward_logits([tuple(block.detach() for block in blocks) for blocks in self.weight_blocks()], None)
         return predicted_classes(logits, self.class_lo, self.grid, self.config.layers - 1)
 
     def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -283,7 +329,19 @@ class GridTrainer:
                         "exp_avg": self._cut_of(key[0], saved["exp_avg"]).to(block.device, block.dtype),
                         "exp_avg_sq": self._cut_of(key[0], saved["exp_avg_sq"]).to(block.device, block.dtype)}
 
-    has_policy_state = False
+    @property
+    def has_policy_state(self) -> bool:
+        """Whether this run keeps per-rank state a checkpoint must save: error-feedback residuals."""
+        return self.codec is not None and self.codec.feedback
+
+    def policy_state(self) -> dict[str, Any]:
+        return grid_policy.rank_state(self)
+
+    def load_policy_state(self, state: dict[str, Any]) -> None:
+        grid_policy.load_rank_state(self, state)
+
+    def policy_mismatch(self, state: dict[str, Any]) -> str | None:
+        return grid_policy.rank_state_mismatch(self, state)
 
     def memory(self) -> dict[str, int]:
         """What this rank keeps for layer 0 (its aggregation) and of ``Â`` (its blocks' nonzeros)."""

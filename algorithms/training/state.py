@@ -16,7 +16,7 @@ from algorithms.checkpoint import checkpoint_mismatch
 from algorithms.training.assembly import TrainingRun
 from algorithms.training.bit_widths import STATE_KEY as BIT_WIDTHS, state_problem as bit_widths_state_problem
 from algorithms.training.steering import state_problem as steering_state_problem
-from algorithms.training.tighten import ActivePolicies, install
+from algorithms.training.tighten import ActivePolicies
 
 
 def written_at(run: TrainingRun) -> dict[str, Any]:
@@ -116,7 +116,7 @@ def load_replicated_state(run: TrainingRun, state: dict[str, Any]) -> None:
     if run.steering is not None and state.get("steering") is not None:  # none: the next step evaluates first
         run.steering.load_state_dict(state["steering"])
     if run.guard.state.policies is not None:  # the guard had tightened: train on with what it chose
-        install(run, ActivePolicies.from_record(run.guard.state.policies))
+        run.install_policies(ActivePolicies.from_record(run.guard.state.policies))
     for work in run.work:
         work.load_state(state)
 

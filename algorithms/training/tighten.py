@@ -87,18 +87,19 @@ def install(run: Any, policies: ActivePolicies) -> None:
 
 def tighten(run: Any) -> dict[str, Any]:
     """The guard's agreed tightening, before ``run``'s next step: restore the best evaluation's weights (after a
-    collapse, where kept), start Adam's moments afresh, install the next policies; returns the decision (with
-    ``line`` for rank 0 to say). Collective."""
+    collapse, where kept), start Adam's moments afresh, install the next policies (each as the run does it:
+    ``restore_kept``, ``fresh_moments``, ``install_policies``; the 1D trainer's and the grid's); returns the
+    decision (with ``line`` for rank 0 to say). Collective."""
     before = run.policies
     after = before.exact() if run.guard.state.give_up else before.tightened()
     kept = run.guard.kept
     if kept is not None and run.guard.state.restore:  # a collapse; after a slide the run goes on from where it is
-        run.model.load_state_dict(kept["model"])
+        run.restore_kept(kept)
     # Fresh moments either way: Adam's second moments remember the looser policy's gradient variance for about
     # 1 / (1 - beta2) = 1000 steps and shrink every step of the tighter one by as much (CiteSeer, P = 2: after
     # psc:budget=0.1, exact training from epoch 50 learned at half a fresh run's rate and ended 3 points low).
-    run.optimizer.reset_moments()
-    install(run, after)
+    run.fresh_moments()
+    run.install_policies(after)
     line = run.guard.tightened(run.epoch + 1, before.text, after.text, after.is_exact, after.record())
     return {**run.guard.state.decisions[-1], "line": line}
 
@@ -115,6 +116,6 @@ def restore_best_at_end(run: Any) -> tuple[dict[str, float], str] | None:
     flag = np.array([reason is not None], dtype=np.int64)
     if not int(run.comm.allgather_array(flag).max()) or guard.kept is None:
         return None
-    run.model.load_state_dict(guard.kept["model"])
+    run.restore_kept(guard.kept)
     metrics = run.measured_evaluation()
     return metrics, guard.restored(run.epoch, reason or "another rank saw the last evaluation fall", metrics)

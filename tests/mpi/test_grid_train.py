@@ -71,6 +71,63 @@ def test_a_grid_checkpoint_resumes_on_a_1d_plan_as_the_uninterrupted_run(data: P
     assert next(r for r in records if r["type"] == "leg")["start_epoch"] == 3
 
 
+def test_a_coded_grid_run_sends_the_models_bytes_and_resumes_bitwise(data: Path, tmp_path: Path) -> None:
+    """``--compress int8,feedback`` on the grid (sparse_dist.grid_links): every step sends the byte model's coded
+    bytes, under half the exact grid's forward; the losses move off the exact grid's (the messages are coded) by
+    less than 1e-3; a run resumed from a checkpoint (the residuals in its rank files) goes on bitwise as the
+    uninterrupted one. The coded allreduce itself: tests/mpi/test_grid.py."""
+    grid = ["--grid", "2,1,2"]
+    coded = [*grid, "--compress", "int8,feedback"]
+    exact = _train(data, tmp_path / "exact.jsonl", 4, "--epochs", "6", *grid)
+    whole = _train(data, tmp_path / "whole.jsonl", 4, "--epochs", "6", *coded)
+    predicted = next(r for r in whole if r["type"] == "setup")["step_bytes_predicted"]
+    exact_predicted = next(r for r in exact if r["type"] == "setup")["step_bytes_predicted"]
+    for record in (r for r in whole if r["type"] == "epoch"):
+        for phase in ("forward", "backward", "grad_allreduce"):
+            assert record["bytes"][phase]["sent"]["max"] == max(rank[phase] for rank in predicted), phase
+            assert record["bytes"][phase]["sent"]["min"] == min(rank[phase] for rank in predicted), phase
+    assert max(r["forward"] for r in predicted) < max(r["forward"] for r in exact_predicted) / 2
+    assert [r["grad_allreduce"] for r in predicted] == [r["grad_allreduce"] for r in exact_predicted]  # exact
+    found, reference = _losses(whole), _losses(exact)
+    worst = max(abs(found[e] - reference[e]) / reference[e] for e in reference)
+    assert 0 < worst < 1e-3, (found, reference)
+    out, checkpoint = tmp_path / "legs.jsonl", str(tmp_path / "ck")
+    _train(data, out, 4, "--epochs", "3", *coded, "--checkpoint", checkpoint)
+    assert _losses(_train(data, out, 4, "--epochs", "6", *coded, "--checkpoint", checkpoint, "--resume")) == found
+
+
+@pytest.mark.slow
+def test_the_guard_tightens_a_coded_grid_run_that_its_bias_signal_catches(data: Path, tmp_path: Path) -> None:
+    """int2 without feedback on the grid is biased on Cora: the guard's exact reference on the same blocks and
+    masks (algorithms.training.grid_policy) strikes three times and the codec is tightened to int4, whose steps then
+    send more bytes than int2's and fewer than the exact grid's."""
+    records = [json.loads(line) for line in _run_float32(data, tmp_path / "int2.jsonl", "--grid", "2,2,1",
+                                                         "--compress", "int2", "--epochs", "60")]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    decisions = [r["guard"] for r in epochs if r.get("guard")]
+    assert decisions and decisions[0]["from"] == "compress int2" and decisions[0]["to"] == "compress int4", \
+        decisions
+    assert "exact on the same weights" in decisions[0]["reason"]
+    at = decisions[0]["epoch"]
+    forward = {r["epoch"]: r["bytes"]["forward"]["sent"]["max"] for r in epochs}
+    exact = max(rank["forward"] for rank in _exact_step_bytes(data, tmp_path))
+    assert forward[at - 1] < forward[at] < exact
+    assert records[-1]["guard"]["ended_with"] == "compress int4"
+
+
+def _run_float32(data: Path, out: Path, *flags: str) -> list[str]:
+    result = run_mpi(4, [SPARSE_DIST, "train", "--data", str(data), "--out", str(out), "--print-every", "1000",
+                         *flags], timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out.read_text().splitlines()
+
+
+def _exact_step_bytes(data: Path, tmp_path: Path) -> list[dict]:
+    records = [json.loads(line) for line in _run_float32(data, tmp_path / "exact.jsonl", "--grid", "2,2,1",
+                                                         "--epochs", "1")]
+    return next(r for r in records if r["type"] == "setup")["step_bytes_predicted"]
+
+
 @pytest.mark.slow
 def test_a_1d_checkpoint_resumes_on_a_grid_and_sage_trains_there(data: Path, tmp_path: Path) -> None:
     reference = _losses(_train(data, tmp_path / "whole.jsonl", 1, "--epochs", "6"))

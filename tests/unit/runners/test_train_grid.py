@@ -24,11 +24,11 @@ def _problem(*flags: str) -> str | None:
     (["--replication", "2"], "--grid replaces --replication"),
     (["--sample", "bns:keep=0.1"], "thin or age the 1D halo exchange"),
     (["--stale", "pipe:tau=1"], "thin or age the 1D halo exchange"),
-    (["--compress", "int8"], "the grid's allreduces are not coded"),
+    (["--compress", "adaptive,feedback"], "the grid codes its allreduces at one width"),
     (["--policy", "auto"], "--policy auto chooses among the 1D plans' policies"),
     (["--overlap-evaluation"], "a grid run evaluates after its step"),
     (["--steer-evaluation"], "a grid run evaluates after its step"),
-    (["--audit-every", "5"], "a grid run is exact"),
+    (["--audit-every", "5"], "a grid run's guard reads its own exact reference"),
     (["--clip", "1.0"], "--clip is not built for the grid"),
     (["--feature-norm", "none"], "normalises features by their row sums"),
     (["--input-exchange", "once"], "the grid aggregates X once"),
@@ -46,3 +46,5 @@ def test_a_grid_run_takes_the_model_and_training_flags() -> None:
     assert _problem("--grid", "2,2,1") is None
     assert _problem("--grid", "1x2x4", "--layer-kind", "sage", "--dropout", "0.3", "--eval-every", "5",
                     "--checkpoint", "ck", "--dtype", "float64", "--weight-decay", "0") is None
+    for codec in ("int8,feedback", "fp16", "bf16", "int4:stochastic", "int2,feedback"):  # one width: coded
+        assert _problem("--grid", "2,2,1", "--compress", codec) is None, codec
