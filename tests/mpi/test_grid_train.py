@@ -97,17 +97,19 @@ def test_a_coded_grid_run_sends_the_models_bytes_and_resumes_bitwise(data: Path,
 
 
 @pytest.mark.slow
-def test_the_guard_tightens_a_coded_grid_run_that_its_bias_signal_catches(data: Path, tmp_path: Path) -> None:
-    """int2 without feedback on the grid is biased on Cora: the guard's exact reference on the same blocks and
-    masks (algorithms.training.grid_policy) strikes three times and the codec is tightened to int4, whose steps then
-    send more bytes than int2's and fewer than the exact grid's."""
+def test_the_guard_tightens_a_coded_grid_run_that_falls_behind(data: Path, tmp_path: Path) -> None:
+    """int2 without feedback on the grid falls behind on Cora: the guard tightens the codec to int4, whose steps
+    then send more bytes than int2's and fewer than the exact grid's. Which rule acts first depends on when the bias
+    signal reads (its interval follows the measured cost of its reference): its exact reference on the same blocks
+    and masks (algorithms.training.grid_policy; at epoch 37 beside a loaded sweep), or the falls rule (epoch 39 on
+    an idle machine); either is the guard's."""
     records = [json.loads(line) for line in _run_float32(data, tmp_path / "int2.jsonl", "--grid", "2,2,1",
                                                          "--compress", "int2", "--epochs", "60")]
     epochs = [r for r in records if r["type"] == "epoch"]
     decisions = [r["guard"] for r in epochs if r.get("guard")]
     assert decisions and decisions[0]["from"] == "compress int2" and decisions[0]["to"] == "compress int4", \
         decisions
-    assert "exact on the same weights" in decisions[0]["reason"]
+    assert "exact on the same weights" in decisions[0]["reason"] or "below its best" in decisions[0]["reason"]
     at = decisions[0]["epoch"]
     forward = {r["epoch"]: r["bytes"]["forward"]["sent"]["max"] for r in epochs}
     exact = max(rank["forward"] for rank in _exact_step_bytes(data, tmp_path))
