@@ -23,6 +23,8 @@ import torch
 from algorithms.training import bias
 from algorithms.training.alongside import EvaluationShare
 from algorithms.training.metrics import counters_since
+from algorithms.training.tighten import ActivePolicies
+from sparse_dist.compress import Codec
 from sparse_dist.grid_gcn import GridCrossEntropy, predicted_classes
 
 
@@ -67,4 +69,51 @@ def rank_state_mismatch(run: Any, state: dict[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["load_rank_state", "rank_state", "rank_state_mismatch", "reference_reading"]
+class GridPolicyState:
+    """The guard's and the checkpoint's face of a grid run (the grid trainer mixes it in): what the guard keeps and
+    restores (this rank's weight blocks), its tightening (fresh moments, a new codec) and the codec's residuals as
+    per-rank state. Expects the trainer's ``_cut``, ``block_optimizer``, ``codec``, ``policies`` and ``config``."""
+
+    _cut: dict[tuple[int, str], torch.Tensor]
+    block_optimizer: Any
+    codec: Codec | None
+    policies: Any
+    config: Any
+
+    def _kept_state(self) -> dict[str, Any]:
+        """What the guard keeps of the best evaluation: this rank's weight blocks (local; the moments start
+        afresh at a tightening)."""
+        return {"blocks": {key: block.detach().clone() for key, block in self._cut.items()}}
+
+    def restore_kept(self, kept: dict[str, Any]) -> None:
+        """Load the weight blocks the guard kept (local: every holder of a block kept the same values)."""
+        with torch.no_grad():
+            for key, block in self._cut.items():
+                block.copy_(kept["blocks"][key])
+
+    def fresh_moments(self) -> None:
+        """Start Adam's moments of the blocks afresh (the guard's tightening)."""
+        self.block_optimizer.reset_moments()
+
+    def install_policies(self, policies: ActivePolicies) -> None:
+        """Train with ``policies`` (on the grid: a compression or none) from the next step on; the old codec's
+        residuals go with it."""
+        self.codec = Codec.parse(policies.compress, seed=self.config.seed)
+        self.policies = policies
+
+    @property
+    def has_policy_state(self) -> bool:
+        """Whether this run keeps per-rank state a checkpoint must save: error-feedback residuals."""
+        return self.codec is not None and self.codec.feedback
+
+    def policy_state(self) -> dict[str, Any]:
+        return rank_state(self)
+
+    def load_policy_state(self, state: dict[str, Any]) -> None:
+        load_rank_state(self, state)
+
+    def policy_mismatch(self, state: dict[str, Any]) -> str | None:
+        return rank_state_mismatch(self, state)
+
+
+__all__ = ["GridPolicyState", "load_rank_state", "rank_state", "rank_state_mismatch", "reference_reading"]

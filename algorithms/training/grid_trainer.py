@@ -76,7 +76,7 @@ class GridInput:
                 f"set-up")
 
 
-class GridTrainer:
+class GridTrainer(grid_policy.GridPolicyState):
     """One rank's part of a grid run (module docstring): its blocks of ``Â``, layer 0's aggregation, its output
     rows' labels and masks, its blocks of the weights and their Adam (:attr:`block_optimizer`). ``model`` and
     ``optimizer`` are the whole weights and Adam in the 1D form, filled only to write or read a checkpoint."""
@@ -207,27 +207,6 @@ class GridTrainer:
         self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
         return metrics
 
-    def _kept_state(self) -> dict[str, Any]:
-        """What the guard keeps of the best evaluation: this rank's weight blocks (local; the moments start
-        afresh at a tightening)."""
-        return {"blocks": {key: block.detach().clone() for key, block in self._cut.items()}}
-
-    def restore_kept(self, kept: dict[str, Any]) -> None:
-        """Load the weight blocks the guard kept (local: every holder of a block kept the same values)."""
-        with torch.no_grad():
-            for key, block in self._cut.items():
-                block.copy_(kept["blocks"][key])
-
-    def fresh_moments(self) -> None:
-        """Start Adam's moments of the blocks afresh (the guard's tightening)."""
-        self.block_optimizer.reset_moments()
-
-    def install_policies(self, policies: ActivePolicies) -> None:
-        """Train with ``policies`` (on the grid: a compression or none) from the next step on; the old codec's
-        residuals go with it."""
-        self.codec = Codec.parse(policies.compress, seed=self.config.seed)
-        self.policies = policies
-
     @torch.no_grad()
     def measured_evaluation(self) -> dict[str, float]:
         before = self.comm.stats.snapshot()
@@ -328,20 +307,6 @@ class GridTrainer:
                         "step": saved["step"].clone(),
                         "exp_avg": self._cut_of(key[0], saved["exp_avg"]).to(block.device, block.dtype),
                         "exp_avg_sq": self._cut_of(key[0], saved["exp_avg_sq"]).to(block.device, block.dtype)}
-
-    @property
-    def has_policy_state(self) -> bool:
-        """Whether this run keeps per-rank state a checkpoint must save: error-feedback residuals."""
-        return self.codec is not None and self.codec.feedback
-
-    def policy_state(self) -> dict[str, Any]:
-        return grid_policy.rank_state(self)
-
-    def load_policy_state(self, state: dict[str, Any]) -> None:
-        grid_policy.load_rank_state(self, state)
-
-    def policy_mismatch(self, state: dict[str, Any]) -> str | None:
-        return grid_policy.rank_state_mismatch(self, state)
 
     def memory(self) -> dict[str, int]:
         """What this rank keeps for layer 0 (its aggregation) and of ``Â`` (its blocks' nonzeros)."""
