@@ -6,7 +6,8 @@ command's plan: every rank's memory is estimated first (:mod:`runners.grid_memor
 refused in one sentence), each rank reads its blocks (:mod:`runners.data.grid_reader`), computes layer 0's
 aggregation once (without ``--dropout``), trains ``--epochs`` full-batch Adam steps of a GCN or SAGE
 (``--model``; ``--dropout P`` masks every layer's input, :mod:`algorithms.grid_dropout`), and the
-command prints per epoch the loss, the slowest rank's step time, the busiest rank's bytes per phase beside the byte model's
+command prints per epoch the loss, the slowest rank's step time (and the most any rank spent outside MPI and in
+it), the busiest rank's bytes per phase beside the byte model's
 prediction, and at the end every rank's peak resident memory beside its estimate and the test accuracy of the
 last weights. ``--out FILE`` writes the same as JSON lines (rank 0).
 Collective: run it under mpiexec with ``X * Y * Z`` ranks.
@@ -134,13 +135,19 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
         sent = np.array([comm.stats.phases[phase].bytes_sent for phase in PHASES], dtype=np.int64)
         busiest = comm.allgather_array(sent).max(axis=0)
         expected = comm.allgather_array(np.array([predicted[p] for p in PHASES], dtype=np.int64)).max(axis=0)
-        slowest = float(comm.allgather_array(np.array([seconds]))[:, 0].max())
+        in_mpi = sum(counter.seconds for counter in comm.stats.phases.values())
+        timing = comm.allgather_array(np.array([seconds, in_mpi]))
+        slowest = float(timing[:, 0].max())
         record = {"type": "epoch", "epoch": epoch, "loss": float(loss.detach()), "seconds": slowest,
+                  "compute_seconds_most": float((timing[:, 0] - timing[:, 1]).max()),
+                  "collective_seconds_most": float(timing[:, 1].max()),
                   "bytes_busiest_rank": dict(zip(PHASES, busiest.tolist())),
                   "bytes_predicted": dict(zip(PHASES, expected.tolist()))}
         records.append(record)
         if comm.rank == 0:
-            print(f"epoch {epoch:>4} loss {record['loss']:.4f} step {slowest:.3f} s  bytes (busiest rank) "
+            print(f"epoch {epoch:>4} loss {record['loss']:.4f} step {slowest:.3f} s (compute at most "
+                  f"{record['compute_seconds_most']:.3f}, in MPI at most {record['collective_seconds_most']:.3f})  "
+                  "bytes (busiest rank) "
                   + ", ".join(f"{p} {b / 1e6:.2f} MB (model {e / 1e6:.2f})" for p, b, e in zip(PHASES, busiest, expected)),
                   flush=True)
     if dropping:  # the last step's logits were dropped: the test accuracy is of a forward without dropout
