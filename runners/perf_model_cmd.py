@@ -320,6 +320,9 @@ def predict(args: argparse.Namespace) -> int:
                       _shape(base, read_meta(base_dir)), here, ExpectedTraffic())
     shape = ModelShape(tuple([sizes["features"]] + [args.hidden] * (args.layers - 1) + [sizes["classes"]]),
                        kind=args.model, input_once=args.input_exchange == "once")
+    if grids:  # the grid's elementwise passes, probed here (the probes import torch: only when a grid is priced)
+        from runners.grid_probes import elementwise_rate
+        rates = replace(rates, elementwise=elementwise_rate(args.hidden))
     name = args.graph or "graph"
     print(f"graph {name}: {sizes['nodes']:,} nodes, {sizes['nnz']:,} nonzeros, {sizes['features']} features, "
           f"{sizes['classes']} classes; {args.model.upper()} {args.layers} layers, hidden {args.hidden}, float32")
@@ -328,7 +331,9 @@ def predict(args: argparse.Namespace) -> int:
           f"{net.ranks_per_node} rank(s) a node, {threads} core(s) a rank")
     print(f"compute rates per core measured on this machine from {rates.source}: SpMM "
           f"{rates.spmm / 1e6:.0f} M nnz*col/s, dense {rates.dense / 1e9:.2f} G row*F_in*F_out/s "
-          f"(scaled linearly to {threads} core(s): optimistic)")
+          f"(scaled linearly to {threads} core(s): optimistic)"
+          + (f"; the grid's elementwise passes {rates.elementwise / 1e9:.2f} G values/s, probed here"
+             if rates.elementwise else ""))
     measured_active = _measured_active(rows)
     traffic = _expected_traffic(args.policies, args.active, measured_active)
     header = f"{'P':>5} {'plan':<18}{'policy':<20}{'GB recv/rank':>13}{'GB total':>10}" \
@@ -366,7 +371,7 @@ def predict(args: argparse.Namespace) -> int:
                                          grid_terms(args.model))
             print(f"{ranks:>5} {label:<18}{'exact':<20}{best.exchange_bytes / 1e9:>13.3f}"
                   f"{(sum(every_rank.values()) - every_rank['grad_allreduce']) / 1e9:>10.1f}"
-                  f"{best.compute_spmm + best.compute_dense:>10.3f}{best.exchange:>11.3f}"
+                  f"{best.compute:>10.3f}{best.exchange:>11.3f}"
                   f"{best.allreduce:>12.5f}{best.epoch:>9.3f}")
             ranked[ranks].append((label, sum(best.bytes.values()) / 1e9, best.epoch))
     print("per epoch: GB recv/rank: the most exchange bytes one rank receives (forward + backward; a grid's "
@@ -407,7 +412,7 @@ def _print_grid_notes(searched: dict[int, list[GridEpoch]], input_once: bool, ki
               f"{min(shown, len(priced))} (GB of the busiest rank per epoch: {', '.join(PHASES)}):")
         for index, epoch in enumerate(priced[:shown]):
             phases = " ".join(f"{epoch.bytes[phase] / 1e9:.3f}" for phase in PHASES)
-            compute = epoch.compute_spmm + epoch.compute_dense
+            compute = epoch.compute
             print(f"{ranks:>5} {str(epoch.shape):<12} GB {phases:<32} compute {compute:.3f} s, allreduces "
                   f"{epoch.exchange + epoch.allreduce:.3f} s, epoch {epoch.epoch:.3f} s"
                   + ("  <- chosen" if index == 0 else ""))

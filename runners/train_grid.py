@@ -19,7 +19,6 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from algorithms.layers import layer_type
@@ -27,13 +26,11 @@ from algorithms.training.config import TrainConfig
 from algorithms.training.grid_trainer import GridTrainer, grid_kind_refusal
 from runners.data.grid_reader import load_grid_graph, read_meta_everywhere
 from runners.grid_memory import check_grid_memory
-from runners.perf.cost_model import Rates
 from runners.perf.grid_model import AUTO, GridEpoch, choose_grid, factorisations
-from runners.policy_auto import link, median_seconds
+from runners.grid_probes import allreduce_link, probe_rates, probe_seconds
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.compress import Codec
 from sparse_dist.cost import Network
-from sparse_dist.csr import torch_csr
 from sparse_dist.grid import GridShape, ProcessGrid
 
 _USE_1D = "drop --grid to run it on a 1D plan (--plan p2p)"
@@ -149,35 +146,32 @@ def open_grid_run(comm: Communicator, args: argparse.Namespace, config: TrainCon
     return GridTrainer(comm, grid, graph, config, device), memory, config, chosen
 
 
-_PROBE_ROWS = 16_384  # rows of the compute probe: as --policy auto's
-
-
 def choose_shape(comm: Communicator, meta: dict[str, Any], config: TrainConfig, itemsize: int, terms: int,
                  threads: int, device: torch.device) -> tuple[GridShape, dict[str, Any]]:
-    """``--grid auto``: the link (chains of broadcasts, as ``--policy auto`` measures it) and the cores (an SpMM
-    and a GEMM of the run's width on a probe of :data:`_PROBE_ROWS` rows at the graph's mean degree) measured on
-    every rank and agreed as the slowest, then every ``X x Y x Z = P`` priced by the grid's cost model
+    """``--grid auto``: the link (allreduces, :func:`runners.grid_probes.allreduce_link`) and the cores (an SpMM,
+    a GEMM and an elementwise pass of the run's width, :func:`runners.grid_probes.probe_seconds`) measured on every
+    rank and agreed as the slowest, then every ``X x Y x Z = P`` priced by the grid's cost model
     (:func:`runners.perf.grid_model.choose_grid`); the fastest, and the ``grid_auto`` record (the measurements,
     every grid's predicted epoch and busiest-rank bytes). Rank 0 prints the choice and the runner-up. Collective."""
-    alpha, beta = link(comm) if comm.size > 1 else (0.0, 1e-12)
+    alpha, beta = allreduce_link(comm)
     degree = max(1, round(meta["num_edges"] / max(meta["num_nodes"], 1)))
-    spmm, dense = _probe_seconds(degree, config.hidden, device)
-    slowest = comm.allgather_array(np.array([alpha, beta, spmm, dense], dtype=np.float64)).max(axis=0)
-    rates = Rates(spmm=_PROBE_ROWS * degree * config.hidden / max(slowest[2], 1e-12) / threads,
-                  dense=_PROBE_ROWS * config.hidden * config.hidden / max(slowest[3], 1e-12) / threads,
-                  source="measured at set-up by --grid auto")
+    probed = probe_seconds(degree, config.hidden, device)
+    slowest = comm.allgather_array(np.array([alpha, beta, *probed], dtype=np.float64)).max(axis=0)
+    rates = probe_rates(slowest[2:], degree, config.hidden, threads, "measured at set-up by --grid auto")
     net = Network("measured", float(slowest[0]), float(slowest[1]), float(slowest[0]), float(slowest[1]),
                   ranks_per_node=1, cores_per_node=threads)
     dims = (meta["feature_dim"], *[config.hidden] * (config.layers - 1), meta["num_classes"])
     priced = choose_grid(comm.size, factorisations(comm.size), meta["num_nodes"], meta["num_edges"], dims, itemsize,
-                         rates, net, threads, terms, input_once=config.dropout == 0.0)
+                         rates, net, threads, terms, input_once=config.dropout == 0.0,
+                         codec=Codec.parse(config.compress))
     if comm.rank == 0:
         print(f"grid auto: chose {_line(priced[0])}", flush=True)
         if len(priced) > 1:
             print(f"grid auto: runner-up {_line(priced[1])} (link {slowest[0] * 1e6:.0f} us, "
                   f"{1e-9 / slowest[1]:.3g} GB/s)", flush=True)
     record = {"chosen": str(priced[0].shape), "measured": {"alpha": float(slowest[0]), "beta": float(slowest[1]),
-                                                           "spmm_rate": rates.spmm, "dense_rate": rates.dense},
+                                                           "spmm_rate": rates.spmm, "dense_rate": rates.dense,
+                                                           "elementwise_rate": rates.elementwise},
               "candidates": [{"grid": str(e.shape), "predicted_epoch": e.epoch, "busiest_rank_bytes": e.bytes}
                              for e in priced]}
     return priced[0].shape, record
@@ -186,21 +180,6 @@ def choose_shape(comm: Communicator, meta: dict[str, Any], config: TrainConfig, 
 def _line(epoch: GridEpoch) -> str:
     return (f"{epoch.shape}, predicted epoch {epoch.epoch:.3g} s, busiest rank "
             f"{sum(epoch.bytes.values()) / 1e6:.1f} MB a step")
-
-
-def _probe_seconds(degree: int, width: int, device: torch.device) -> tuple[float, float]:
-    """Seconds of an SpMM of :data:`_PROBE_ROWS` square rows of ``degree`` entries by ``width`` columns, and of
-    a GEMM of those rows by a ``width x width`` matrix (median of three after one untimed; local)."""
-    generator = torch.Generator().manual_seed(0)
-    rows = _PROBE_ROWS
-    columns = torch.randint(0, rows, (rows * degree,), generator=generator).numpy()
-    probe = sp.csr_matrix((np.ones(rows * degree, dtype=np.float32), columns, np.arange(0, rows * degree + 1, degree)),
-                          shape=(rows, rows))
-    matrix = torch_csr(probe, torch.float32, device)
-    dense = torch.randn(rows, width, generator=generator).to(device)
-    weight = torch.randn(width, width, generator=generator).to(device)
-    return (median_seconds(lambda: torch.sparse.mm(matrix, dense), device),
-            median_seconds(lambda: dense @ weight, device))
 
 
 __all__ = ["GridRunError", "choose_shape", "grid_flag_problem", "open_grid_run"]

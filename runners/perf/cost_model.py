@@ -69,6 +69,7 @@ class Rates:
     dense: float  # rows * sum(F_in * F_out) per core-second
     source: str = ""
     policy: float = 0.0  # the policy's own compute (dgs's explanation): unsampled nnz * width per core-second
+    elementwise: float = 0.0  # the grid's elementwise passes: values per core-second (0: not priced)
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,13 @@ receives what it sends).
 are placed ``rank = x + X (y + Y z)``, ``ranks_per_node`` consecutive ranks a node, so an axis of stride ``t``
 (``x``: 1, ``y``: ``X``, ``z``: ``X Y``) has ``min(s, max(1, q // t))`` of its ``s`` ranks on one node; all ``q``
 ranks of a node run their own axis's allreduce at once and share the node's NICs (:class:`AxisNetwork`).
-Compute at the 1D plans' calibrated rates: a block of ``Â`` holds ``(nnz + N) / (|d| |o|)`` entries (the
+Compute at the 1D plans' calibrated rates (or, for ``train --grid auto``, the probes of :mod:`runners.grid_probes`): a block of ``Â`` holds ``(nnz + N) / (|d| |o|)`` entries (the
 self-loops included), assuming a random permutation of the nodes balances the blocks (the grid reads no
 partition); the SpMM multiplies it by ``H[o, i]`` (``f_i`` columns) forward and, from layer 1, by ``dT`` in the
-backward; the dense work of a layer is ``n_d f_i f'_o`` (1D's ``rows * F_in * F_out`` on the grid's blocks).
+backward; the dense work of a layer is ``n_d f_i f'_o`` (1D's ``rows * F_in * F_out`` on the grid's blocks); the
+elementwise work :data:`OUTPUT_PASSES` (:data:`LOSS_PASSES` for the logits) passes over the output block
+``n_d f'_o``, priced where the rates have an elementwise rate (a probe's; a 1D calibration run's dense time holds
+its own passes).
 GCN and SAGE (``terms``: SAGE's aggregation, its gradient, its weights and its dense work are twice GCN's
 columns, :mod:`sparse_dist.grid_sage`), exact only: the grid has no sampling, staleness or compression.
 """
@@ -32,12 +35,21 @@ from dataclasses import dataclass, fields
 from runners.perf.cost_model import Rates, cores_per_rank, shared_memory_slowdown
 from sparse_dist.cost import Network, allreduce_time
 from sparse_dist.grid import AXES, GridShape, roles
+from sparse_dist.compress import Codec
 from sparse_dist.grid_gcn import Collective, layer_collectives, loss_bytes, loss_collectives, step_bytes
+from sparse_dist.grid_links import MESSAGES, allreduce_message_bytes
 from sparse_dist.grid_sage import TERMS as SAGE_TERMS
 
 GRID_PLAN = "grid:"
 AUTO = "auto"
 PHASES = ("forward", "loss", "backward", "grad_allreduce")
+OUTPUT_PASSES = 5
+"""Elementwise passes over a hidden layer's output block ``n_d x f'_o`` a step (:mod:`sparse_dist.grid_gcn`): the
+bias's add, the ReLU's compare and fill, its mask on the gradient, the bias gradient's sum. Every replica of the
+block (over ``inner``) makes them, so a grid that replicates wide outputs over many ranks pays them on each."""
+LOSS_PASSES = 8
+"""The same over the last layer's logits block: the bias, the row maxima, the shift, two exponentials, the sums, the
+gradient's copy and its scale (:class:`sparse_dist.grid_gcn.GridCrossEntropy`)."""
 """The busiest rank's bytes by phase: the layers' forward and backward allreduces, the loss's (counted in the
 trainer's ``forward``) and the gradient allreduces."""
 
@@ -100,18 +112,18 @@ def grid_terms(kind: str) -> int:
 
 
 def rank_bytes(shape: GridShape, coords: dict[str, int], nodes: int, dims: tuple[int, ...],
-               itemsize: int, terms: int = 1, input_once: bool = True) -> dict[str, int]:
+               itemsize: int, terms: int = 1, input_once: bool = True, codec: Codec | None = None) -> dict[str, int]:
     """Bytes the rank at ``coords`` sends (and receives) in one epoch, by phase (:data:`PHASES`); ``terms``: see
     :func:`sparse_dist.grid_gcn.layer_collectives`; ``input_once``: layer 0's aggregation computed once a run
-    (without dropout), not in every epoch."""
-    step = step_bytes(shape, coords, nodes, dims, itemsize, terms, input_once)
+    (without dropout), not in every epoch; ``codec``: the step's messages coded."""
+    step = step_bytes(shape, coords, nodes, dims, itemsize, terms, input_once, codec)
     loss = loss_bytes(shape, coords, len(dims) - 2, nodes, itemsize)
     return {"forward": step["forward"] - loss, "loss": loss, "backward": step["backward"],
             "grad_allreduce": step["grad_allreduce"]}
 
 
 def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], itemsize: int,
-                       terms: int = 1, input_once: bool = True) -> dict[str, int]:
+                       terms: int = 1, input_once: bool = True, codec: Codec | None = None) -> dict[str, int]:
     """:func:`rank_bytes` of the rank with the most bytes over every phase.
 
     A rank's bytes depend on its coordinate along an axis through the blocks split over it (longer below
@@ -121,7 +133,7 @@ def busiest_rank_bytes(shape: GridShape, nodes: int, dims: tuple[int, ...], item
     candidates = [_run_ends(shape.of(axis), (nodes, *dims)) for axis in AXES]
     best: dict[str, int] = {}
     for x, y, z in itertools.product(*candidates):
-        found = rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize, terms, input_once)
+        found = rank_bytes(shape, {"x": x, "y": y, "z": z}, nodes, dims, itemsize, terms, input_once, codec)
         if not best or sum(found.values()) > sum(best.values()):
             best = found
     return best
@@ -178,10 +190,15 @@ class GridEpoch:
     compute_dense: float
     exchange: float         # the layers' forward and backward allreduces and the loss's
     allreduce: float        # the gradient allreduces
+    compute_elementwise: float = 0.0  # the bias, ReLU and loss passes over the rank's output blocks
+
+    @property
+    def compute(self) -> float:
+        return self.compute_spmm + self.compute_dense + self.compute_elementwise
 
     @property
     def epoch(self) -> float:
-        return self.compute_spmm + self.compute_dense + self.exchange + self.allreduce
+        return self.compute + self.exchange + self.allreduce
 
     @property
     def plan(self) -> str:
@@ -194,19 +211,30 @@ class GridEpoch:
 
 
 def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, ...], itemsize: int, rates: Rates,
-                       net: Network, threads: int = 1, terms: int = 1, input_once: bool = True) -> GridEpoch:
+                       net: Network, threads: int = 1, terms: int = 1, input_once: bool = True,
+                       codec: Codec | None = None) -> GridEpoch:
     """One epoch of widths ``dims`` on ``shape`` (module docstring; ``terms``: GCN 1, SAGE 2): the slowest
     rank's, whose blocks are the longest on every axis (coordinates 0). ``input_once``: layer 0's aggregation
-    computed once a run (False: in every epoch, as with dropout)."""
+    computed once a run (False: in every epoch, as with dropout). ``codec``: the step's messages coded
+    (``train --grid ... --compress F``, :mod:`sparse_dist.grid_links`): a coded allreduce is two alltoallvs, priced
+    as ``2 (s - 1)`` latencies and its coded bytes at beta; its coding's compute is not priced."""
     ranks = shape.size
     axis_net = {axis: AxisNetwork.of(net, shape, axis) for axis in AXES}
     first = dict.fromkeys(AXES, 0)
 
-    def seconds(collectives: list[Collective], phases: tuple[str, ...]) -> float:
-        return sum(allreduce_time(sent.numel * itemsize, shape.of(sent.axis), axis_net[sent.axis])
-                   for sent in collectives if sent.phase in phases)
+    def one(sent: Collective) -> float:
+        group = shape.of(sent.axis)
+        if codec is None or MESSAGES[sent.message] is None or group == 1:
+            return allreduce_time(sent.numel * itemsize, group, axis_net[sent.axis])
+        alpha, beta = axis_net[sent.axis].link(group)
+        coded = allreduce_message_bytes(codec, sent.message, group, first[sent.axis], sent.rows, sent.width, itemsize)
+        return 2 * (group - 1) * alpha + coded * beta
 
-    spmm = dense = exchange = gradients = 0.0
+    def seconds(collectives: list[Collective], phases: tuple[str, ...]) -> float:
+        return sum(one(sent) for sent in collectives if sent.phase in phases)
+
+    spmm = dense = passes = exchange = gradients = 0.0
+    last = len(dims) - 2
     for layer in range(len(dims) - 1):
         outer, inner, depth = roles(layer)
         n_depth = _longest(nodes, shape.of(depth))
@@ -215,6 +243,7 @@ def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, 
         once = layer == 0 and input_once
         spmm += entries * f_inner * (2 if layer > 0 else 1) if not once else 0  # layer 0: no input gradient
         dense += n_depth * terms * f_inner * f_out
+        passes += n_depth * f_out * (LOSS_PASSES if layer == last else OUTPUT_PASSES)
         collectives = layer_collectives(shape, first, layer, nodes, dims[layer], dims[layer + 1], layer > 0,
                                         aggregated_once=once, terms=terms)
         exchange += seconds(collectives, ("forward", "backward"))
@@ -222,9 +251,10 @@ def predict_grid_epoch(shape: GridShape, nodes: int, nnz: int, dims: tuple[int, 
     exchange += seconds(loss_collectives(shape, first, len(dims) - 2, nodes), ("forward",))
     slowdown = shared_memory_slowdown(net, ranks, threads)
     cores = cores_per_rank(net, ranks, threads)
-    return GridEpoch(shape, busiest_rank_bytes(shape, nodes, dims, itemsize, terms, input_once),
+    return GridEpoch(shape, busiest_rank_bytes(shape, nodes, dims, itemsize, terms, input_once, codec),
                      spmm / (rates.spmm * cores),
-                     dense / (rates.dense * cores), exchange * slowdown, gradients * slowdown)
+                     dense / (rates.dense * cores), exchange * slowdown, gradients * slowdown,
+                     passes / (rates.elementwise * cores) if rates.elementwise > 0 else 0.0)
 
 
 def _longest(length: int, parts: int) -> int:
@@ -234,13 +264,15 @@ def _longest(length: int, parts: int) -> int:
 
 def choose_grid(ranks: int, candidates: list[GridShape], nodes: int, nnz: int, dims: tuple[int, ...], itemsize: int,
                 rates: Rates, net: Network, threads: int = 1, terms: int = 1,
-                input_once: bool = True) -> list[GridEpoch]:
-    """Every candidate priced, fastest first (then fewest bytes of the busiest rank, then the shape)."""
-    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads, terms, input_once)
+                input_once: bool = True, codec: Codec | None = None) -> list[GridEpoch]:
+    """Every candidate priced (:func:`predict_grid_epoch`), fastest first (then fewest bytes of the busiest rank,
+    then the shape)."""
+    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads, terms, input_once, codec)
               for shape in candidates]
     return sorted(priced, key=lambda e: (e.epoch, sum(e.bytes.values()), (e.shape.x, e.shape.y, e.shape.z)))
 
 
-__all__ = ["AUTO", "AxisNetwork", "GRID_PLAN", "GRID_TERMS", "GridEpoch", "PHASES", "all_ranks_bytes",
+__all__ = ["AUTO", "AxisNetwork", "GRID_PLAN", "GRID_TERMS", "GridEpoch", "LOSS_PASSES", "OUTPUT_PASSES", "PHASES",
+           "all_ranks_bytes",
            "busiest_rank_bytes", "choose_grid", "factorisations", "grid_shapes", "grid_terms", "is_grid_plan",
            "parse_grid_plan", "predict_grid_epoch", "rank_bytes", "split_plans"]

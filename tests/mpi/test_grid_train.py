@@ -47,7 +47,8 @@ def test_grids_train_as_one_process_with_the_bytes_of_the_model(data: Path, tmp_
             assert sorted(grids) == ["1x1x4", "1x2x2", "1x4x1", "2x1x2", "2x2x1", "4x1x1"]
             times = [c["predicted_epoch"] for c in auto["candidates"]]
             assert times == sorted(times) and auto["chosen"] == grids[0]
-            assert auto["measured"]["alpha"] > 0 and auto["measured"]["spmm_rate"] > 0
+            assert auto["measured"]["alpha"] > 0 and auto["measured"]["beta"] > 0
+            assert min(auto["measured"][rate] for rate in ("spmm_rate", "dense_rate", "elementwise_rate")) > 0
             shape = auto["chosen"]
         assert config["plan"] == f"grid:{shape.replace(',', 'x')}"
         _close(_losses(records), _losses(reference))
