@@ -145,6 +145,22 @@ def test_model_predicts_layer_0_from_a_halo_fetched_once(study: Path) -> None:
 
 
 @pytest.mark.slow
+def test_model_prices_grids_beside_1d_with_the_passes_probed_here(study: Path) -> None:
+    """``cost predict --plans p2p,grid:auto`` ranks the fastest grid beside 1D p2p at each P, its compute with the
+    grid's elementwise passes at a rate probed in the command (runners/grid_probes.py), which the run says."""
+    result = subprocess.run([SPARSE_DIST, "cost", "predict", "--nodes", "100000", "--nnz", "1000000", "--features",
+                             "64", "--classes", "8", "--hidden", "32", "--ranks", "4,8", "--plans", "p2p,grid:auto",
+                             "--policies", "exact", "--calibrate-from", str(study.parent / "out")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the grid's elementwise passes" in result.stdout and "probed here" in result.stdout
+    picks = [line.split() for line in result.stdout.splitlines() if "grid:auto=" in line]
+    assert {row[0] for row in picks} == {"4", "8"}
+    chosen = [line for line in result.stdout.splitlines() if line.endswith("<- chosen")]
+    assert len(chosen) == 2 and all(float(line.split("compute ")[1].split(" s")[0]) > 0 for line in chosen)
+
+
+@pytest.mark.slow
 def test_plot_writes_every_figure(study: Path, tmp_path: Path) -> None:
     result = subprocess.run([SPARSE_DIST, "plot", str(study.parent / "out"), "--out", str(tmp_path), "--dpi", "50"],
                             capture_output=True, text=True, timeout=120)
