@@ -19,13 +19,12 @@ link as the grid uses it (allreduces), for ``train --grid auto`` and ``sparse-di
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from runners.bench.network import collective_seconds
 from runners.perf.cost_model import Rates
 from runners.policy_auto import median_seconds
 from sparse_dist.comm import Communicator
@@ -44,6 +43,12 @@ LARGE_VALUES = 1 << 20
 _REPEATS = 3
 
 
+def _pass_seconds(width: int, device: torch.device) -> float:
+    """Seconds of one elementwise pass (``add_``) over a :data:`PROBE_ROWS` x ``width`` block (local)."""
+    scratch = torch.randn(PROBE_ROWS, width, generator=torch.Generator().manual_seed(1)).to(device)
+    return median_seconds(lambda: scratch.add_(1.0), device)
+
+
 def probe_seconds(degree: int, width: int, device: torch.device) -> tuple[float, float, float]:
     """Seconds of the SpMM, the GEMM and the elementwise pass of the module docstring (local)."""
     generator = torch.Generator().manual_seed(0)
@@ -54,10 +59,8 @@ def probe_seconds(degree: int, width: int, device: torch.device) -> tuple[float,
     matrix = torch_csr(probe, torch.float32, device)
     dense = torch.randn(rows, width, generator=generator).to(device)
     weight = torch.randn(width, width, generator=generator).to(device)
-    scratch = dense.clone()
     return (median_seconds(lambda: torch.sparse.mm(matrix, dense), device),
-            median_seconds(lambda: dense @ weight, device),
-            median_seconds(lambda: scratch.add_(1.0), device))
+            median_seconds(lambda: dense @ weight, device), _pass_seconds(width, device))
 
 
 def probe_rates(seconds: tuple[float, float, float] | np.ndarray, degree: int, width: int, threads: int,
@@ -72,30 +75,23 @@ def probe_rates(seconds: tuple[float, float, float] | np.ndarray, degree: int, w
 
 
 def elementwise_rate(width: int) -> float:
-    """Element passes per core-second of this process's CPU threads (:func:`probe_seconds`'s pass at ``width``;
-    ``cost predict`` prices the grid's elementwise work with it beside a calibration run's SpMM and dense rates)."""
-    threads = torch.get_num_threads()
-    return probe_rates(probe_seconds(1, width, torch.device("cpu")), 1, width, threads, "").elementwise
+    """Element passes per core-second of this process's CPU threads (the pass of :func:`probe_seconds` at
+    ``width``; ``cost predict`` prices the grid's elementwise work with it beside a calibration run's SpMM and dense
+    rates)."""
+    return PROBE_ROWS * width / max(_pass_seconds(width, torch.device("cpu")), 1e-12) / torch.get_num_threads()
 
 
 def allreduce_link(comm: Communicator) -> tuple[float, float]:
-    """``(alpha, beta)`` of ``comm``'s allreduces (module docstring): the slowest rank's median of
-    :data:`_REPEATS` after one untimed, fitted to :func:`sparse_dist.cost.allreduce_time`. Collective."""
-    size = comm.size
-    if size <= 1:
+    """``(alpha, beta)`` of ``comm``'s allreduces (module docstring): the slowest rank's median of :data:`_REPEATS`
+    after one untimed (:func:`runners.bench.network.collective_seconds`), fitted to
+    :func:`sparse_dist.cost.allreduce_time`. Collective."""
+    if comm.size <= 1:
         return 0.0, 1e-12
     seconds = []
     for values in (SMALL_VALUES, LARGE_VALUES):
         buffer = torch.ones(values, dtype=torch.float32)
-        samples = []
-        for _ in range(_REPEATS + 1):
-            comm.barrier()
-            start = time.perf_counter()
-            allreduce_pieces(comm, buffer, "other")
-            samples.append(time.perf_counter() - start)
-        seconds.append(statistics.median(samples[1:]))
-    small, large = comm.allgather_array(np.array(seconds, dtype=np.float64)).max(axis=0)
-    return fit_allreduce_link(float(small), float(large), size)
+        seconds.append(collective_seconds(comm, lambda: allreduce_pieces(comm, buffer, "other"), _REPEATS))
+    return fit_allreduce_link(seconds[0], seconds[1], comm.size)
 
 
 def fit_allreduce_link(small: float, large: float, size: int) -> tuple[float, float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -34,20 +35,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"blocks)")
 
 
-def broadcast_seconds(comm: Communicator, size: int, chain: int, repeats: int) -> float:
-    """Seconds of one broadcast of ``size`` bytes over ``comm``: chains of ``chain`` broadcasts whose root alternates
-    between ranks 0 and 1, each waiting for the one before; the slowest rank's median of ``repeats`` samples after
-    one untimed. Collective."""
-    buffer = torch.zeros(size, dtype=torch.uint8)
+def collective_seconds(comm: Communicator, work: Callable[[], None], repeats: int) -> float:
+    """The slowest rank's median seconds of ``work`` (a collective over ``comm``) over ``repeats`` samples after one
+    untimed, each sample started together behind a barrier. Collective."""
     samples = []
     for _ in range(repeats + 1):
         comm.barrier()
         start = time.perf_counter()
+        work()
+        samples.append(max(comm.allgather_object(time.perf_counter() - start)))
+    return statistics.median(samples[1:])
+
+
+def broadcast_seconds(comm: Communicator, size: int, chain: int, repeats: int) -> float:
+    """Seconds of one broadcast of ``size`` bytes over ``comm``: chains of ``chain`` broadcasts whose root alternates
+    between ranks 0 and 1, each waiting for the one before; the slowest rank's median of ``repeats`` samples after
+    one untimed (:func:`collective_seconds`). Collective."""
+    buffer = torch.zeros(size, dtype=torch.uint8)
+
+    def chained() -> None:
         for link in range(chain):
             comm.bcast_(buffer, link % 2, "other")
-        elapsed = (time.perf_counter() - start) / chain
-        samples.append(max(comm.allgather_object(elapsed)))
-    return statistics.median(samples[1:])
+
+    return collective_seconds(comm, chained, repeats) / chain
 
 
 def fit_alpha_beta(rows: list[tuple[int, float]], groups: int, large_from: int = 1 << 20) -> tuple[float, float]:

@@ -16,15 +16,16 @@ receives what it sends).
 are placed ``rank = x + X (y + Y z)``, ``ranks_per_node`` consecutive ranks a node, so an axis of stride ``t``
 (``x``: 1, ``y``: ``X``, ``z``: ``X Y``) has ``min(s, max(1, q // t))`` of its ``s`` ranks on one node; all ``q``
 ranks of a node run their own axis's allreduce at once and share the node's NICs (:class:`AxisNetwork`).
-Compute at the 1D plans' calibrated rates (or, for ``train --grid auto``, the probes of :mod:`runners.grid_probes`): a block of ``Â`` holds ``(nnz + N) / (|d| |o|)`` entries (the
-self-loops included), assuming a random permutation of the nodes balances the blocks (the grid reads no
-partition); the SpMM multiplies it by ``H[o, i]`` (``f_i`` columns) forward and, from layer 1, by ``dT`` in the
-backward; the dense work of a layer is ``n_d f_i f'_o`` (1D's ``rows * F_in * F_out`` on the grid's blocks); the
-elementwise work :data:`OUTPUT_PASSES` (:data:`LOSS_PASSES` for the logits) passes over the output block
-``n_d f'_o``, priced where the rates have an elementwise rate (a probe's; a 1D calibration run's dense time holds
-its own passes).
+Compute at the 1D plans' calibrated rates (or, for ``train --grid auto``, the probes of
+:mod:`runners.grid_probes`): a block of ``Â`` holds ``(nnz + N) / (|d| |o|)`` entries (the self-loops included),
+assuming a random permutation of the nodes balances the blocks (the grid reads no partition); the SpMM multiplies
+it by ``H[o, i]`` (``f_i`` columns) forward and, from layer 1, by ``dT`` in the backward; the dense work of a layer
+is ``n_d f_i f'_o`` (1D's ``rows * F_in * F_out`` on the grid's blocks); the elementwise work :data:`OUTPUT_PASSES`
+(:data:`LOSS_PASSES` for the logits) passes over the output block ``n_d f'_o``, priced where the rates have an
+elementwise rate (a probe's; a 1D calibration run's dense time holds its own passes).
 GCN and SAGE (``terms``: SAGE's aggregation, its gradient, its weights and its dense work are twice GCN's
-columns, :mod:`sparse_dist.grid_sage`), exact only: the grid has no sampling, staleness or compression.
+columns, :mod:`sparse_dist.grid_sage`); exact, or with the step's messages coded (``codec``): the grid has no
+sampling or staleness.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from sparse_dist.grid_sage import TERMS as SAGE_TERMS
 GRID_PLAN = "grid:"
 AUTO = "auto"
 PHASES = ("forward", "loss", "backward", "grad_allreduce")
+"""The busiest rank's bytes by phase: the layers' forward and backward allreduces, the loss's (counted in the
+trainer's ``forward``) and the gradient allreduces."""
 OUTPUT_PASSES = 5
 """Elementwise passes over a hidden layer's output block ``n_d x f'_o`` a step (:mod:`sparse_dist.grid_gcn`): the
 bias's add, the ReLU's compare and fill, its mask on the gradient, the bias gradient's sum. Every replica of the
@@ -50,8 +53,6 @@ block (over ``inner``) makes them, so a grid that replicates wide outputs over m
 LOSS_PASSES = 8
 """The same over the last layer's logits block: the bias, the row maxima, the shift, two exponentials, the sums, the
 gradient's copy and its scale (:class:`sparse_dist.grid_gcn.GridCrossEntropy`)."""
-"""The busiest rank's bytes by phase: the layers' forward and backward allreduces, the loss's (counted in the
-trainer's ``forward``) and the gradient allreduces."""
 
 
 def is_grid_plan(name: str) -> bool:
@@ -267,12 +268,11 @@ def choose_grid(ranks: int, candidates: list[GridShape], nodes: int, nnz: int, d
                 input_once: bool = True, codec: Codec | None = None) -> list[GridEpoch]:
     """Every candidate priced (:func:`predict_grid_epoch`), fastest first (then fewest bytes of the busiest rank,
     then the shape)."""
-    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads, terms, input_once, codec)
-              for shape in candidates]
+    priced = [predict_grid_epoch(shape, nodes, nnz, dims, itemsize, rates, net, threads, terms, input_once,
+                                 codec) for shape in candidates]
     return sorted(priced, key=lambda e: (e.epoch, sum(e.bytes.values()), (e.shape.x, e.shape.y, e.shape.z)))
 
 
 __all__ = ["AUTO", "AxisNetwork", "GRID_PLAN", "GRID_TERMS", "GridEpoch", "LOSS_PASSES", "OUTPUT_PASSES", "PHASES",
-           "all_ranks_bytes",
-           "busiest_rank_bytes", "choose_grid", "factorisations", "grid_shapes", "grid_terms", "is_grid_plan",
-           "parse_grid_plan", "predict_grid_epoch", "rank_bytes", "split_plans"]
+           "all_ranks_bytes", "busiest_rank_bytes", "choose_grid", "factorisations", "grid_shapes", "grid_terms",
+           "is_grid_plan", "parse_grid_plan", "predict_grid_epoch", "rank_bytes", "split_plans"]
