@@ -14,6 +14,8 @@
   partition model of :mod:`runners.perf.cost_model` and rates calibrated on a
   study (``--calibrate-from RESULTS_DIR``); process grids too (``--plans grid:X,Y,Z`` or ``grid:auto``,
   :mod:`runners.perf.grid_model`), and a ranking of the exact plans per P with the one it picks.
+* ``sparse-dist cost node-split --data DIR --calibrate-from RESULTS_DIR``: ranks x threads a node, each split's
+  predicted epoch and the fastest (:mod:`runners.node_split_cmd`).
 * ``sparse-dist cost bytes --data DIR --ranks 2,4,8``: the ``cover`` plan's exact bytes per epoch beside
   ``p2p``'s, per layer and direction, from the prepared dataset's covers (:func:`runners.perf.cost_model.pair_counts`; :func:`print_cover_table`).
 
@@ -24,7 +26,6 @@ model, active share of a staleness policy) is printed with the numbers.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -32,29 +33,25 @@ from typing import Any
 
 import numpy as np
 
-from runners.argtypes import add_renamed, at_least, fraction, int_list, non_negative, positive
+from runners.argtypes import add_renamed, at_least, fraction, int_list
 from runners.study.collect import ResultsError, read_csv, write_csv_rows
 from algorithms.model import MODEL_KINDS
 from algorithms.policies import AxisSpec, PolicySpec, policy_list_arg
 from sparse_dist.compress import Codec
-from sparse_dist.cost import NETWORKS, Network
 from sparse_dist.layout import Grid
 from sparse_dist.accounting import ring_allreduce_bytes
 from sparse_dist.predict import SENT, predict_halo_bytes, predict_spmm_bytes
-from sparse_dist.plans import PLAN_NAMES, PointToPointPlan, plan_class
-from runners.perf.cost_model import (ModelShape, ExpectedTraffic, PairCounts, Prediction, Rates, Workload,
-                                     cores_per_rank, pair_counts, predict_cycle, predict_epoch, predict_evaluation,
-                                     workload_analytic, workload_from_shards)
+from sparse_dist.plans import PLAN_NAMES, plan_class
+from runners.perf.cost_model import (ModelShape, ExpectedTraffic, PairCounts, Prediction, Workload, pair_counts,
+                                     predict_cycle, predict_epoch, predict_evaluation, workload_analytic,
+                                     workload_from_shards)
 from runners.data.shards import read_meta
+from runners.node_split_cmd import add_node_split_arguments, node_split
+from runners.perf.calibration import (GRAPHS, add_network_arguments, calibrate, graph_sizes, network_from, run_data_dir,
+                                      run_shape, study_rates)
 from runners.perf.grid_model import (PHASES, GridEpoch, all_ranks_bytes, choose_grid, grid_shapes, grid_terms,
                                      is_grid_plan, parse_grid_plan, split_plans)
 
-# Public figures of OGB graphs (symmetrised nonzeros = twice the undirected edges).
-GRAPHS: dict[str, dict[str, int]] = {
-    "ogbn-papers100M": {"nodes": 111_059_956, "nnz": 2 * 1_615_685_872, "features": 128, "classes": 172},
-    "ogbn-products": {"nodes": 2_449_029, "nnz": 2 * 61_859_140, "features": 100, "classes": 47},
-    "ogbn-arxiv": {"nodes": 169_343, "nnz": 2 * 1_166_243, "features": 128, "classes": 40},
-}
 DEFAULT_POLICIES = "exact,bns:keep=0.1,sancus-h:eps=0.05"
 COMPARE_COLUMNS = ("run", "world_size", "plan", "policy", "compress", "calibration", "measured_epoch", "predicted_epoch",
                    "error", "predicted_compute", "predicted_exchange", "predicted_allreduce", "measured_bytes",
@@ -66,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     modes = parser.add_subparsers(dest="mode", required=True)
     compare = modes.add_parser("compare", help="predicted vs measured for every run of a study")
     compare.add_argument("results", help="a study's output directory (holds results.csv)")
-    _network_arguments(compare, "shm")
+    add_network_arguments(compare, "shm")
     predict = modes.add_parser("predict", help="predictions for a graph and rank counts beyond this machine")
     predict.add_argument("--graph", choices=sorted(GRAPHS), default=None, help="a known graph's sizes")
     predict.add_argument("--nodes", type=at_least(1), help="number of nodes, >= 1 (instead of --graph)")
@@ -103,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="a study's output directory; its P=1 exact p2p run gives the per-core rates")
     predict.add_argument("--threads", type=at_least(1), default=None, help="cores per rank (default: the network's "
                          "cores per node / ranks per node)")
-    _network_arguments(predict, "ib-hdr")
+    add_network_arguments(predict, "ib-hdr")
     moved = modes.add_parser("bytes", help="exact bytes per epoch of the cover plan beside p2p's, per layer")
     moved.add_argument("--data", required=True, help="a prepared dataset's directory (required)")
     moved.add_argument("--ranks", type=_rank_list, default="2,4,8",
@@ -113,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     moved.add_argument("--model", choices=("gcn", "sage"), default="gcn",
                        help="the kind of every layer (the cover plan refuses gat) (default: %(default)s)")
     moved.add_argument("--itemsize", type=at_least(1), default=4, help="bytes per value (default: %(default)s)")
+    add_node_split_arguments(modes)
 
 
 def _rank_list(text: str) -> str:
@@ -133,61 +131,6 @@ def _plan_list(text: str) -> str:
         raise argparse.ArgumentTypeError(f"unknown plan(s) {unknown}; expected names from {list(PLAN_NAMES)}, "
                                          f"grid:X,Y,Z or grid:auto")
     return ",".join(plans)
-
-
-def _network_arguments(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--network", choices=sorted(NETWORKS), default=default,
-                        help=f"alpha-beta preset (default: {default}); see runners/perf/cost_model.py")
-    parser.add_argument("--alpha", type=non_negative, help="override alpha (s) on and off node, >= 0")
-    parser.add_argument("--beta-gbs", type=positive, help="override bandwidth (GB/s) on and off node, > 0")
-    parser.add_argument("--ranks-per-node", type=at_least(1), help="override ranks per node, >= 1")
-    parser.add_argument("--cores-per-node", type=at_least(1), help="override cores per node, >= 1")
-    parser.add_argument("--machine-cores", type=at_least(1),
-                        help="the runs' emulated nodes all shared this many cores of one machine (`sparse-dist "
-                             "emulate`), >= 1: a rank computes with at most this / P cores")
-
-
-def network_from(args: argparse.Namespace) -> Network:
-    net = NETWORKS[args.network]
-    if net.name == "shm":
-        net = replace(net, cores_per_node=os.cpu_count() or 1)
-    changes: dict[str, Any] = {}
-    if args.alpha is not None:
-        changes.update(alpha_intra=args.alpha, alpha_inter=args.alpha)
-    if args.beta_gbs is not None:
-        changes.update(beta_intra=1 / (args.beta_gbs * 1e9), beta_inter=1 / (args.beta_gbs * 1e9))
-    if args.ranks_per_node:
-        changes["ranks_per_node"] = args.ranks_per_node
-    if args.cores_per_node:
-        changes["cores_per_node"] = args.cores_per_node
-    if args.machine_cores:
-        changes["machine_cores"] = args.machine_cores
-    return replace(net, **changes) if changes else net
-
-
-ITEMSIZE = {"float32": 4, "float64": 8}
-
-
-def _shape(row: dict[str, Any], meta: dict[str, Any]) -> ModelShape:
-    """The layer widths, model kind and element size a run trained with (from its study row)."""
-    dims = [meta["feature_dim"]] + [int(row["hidden"])] * (int(row["layers"]) - 1) + [meta["num_classes"]]
-    return ModelShape(tuple(dims), kind=str(row["model"]), itemsize=ITEMSIZE[str(row["dtype"])],
-                      input_once=str(row.get("input_exchange") or "per-epoch") == "once",
-                      receiver_dropout=str(row.get("receiver_dropout") or "False") == "True")
-
-
-def calibrate(row: dict[str, Any], work: Workload, shape: ModelShape, net: Network, policy: ExpectedTraffic) -> Rates:
-    """Per-core rates that reproduce one measured run's local SpMM and dense time."""
-    cores = cores_per_rank(net, int(row["world_size"]), int(row["threads_per_rank"] or 1))
-    unit = Rates(spmm=1.0, dense=1.0, policy=1.0)
-    replication = int(row["replication"])
-    probe = predict_epoch(work, shape, row["plan"], policy, unit, net, replication, int(row["threads_per_rank"] or 1))
-    # probe.compute_* are the work units of the slowest rank divided by cores: rate = units / measured seconds
-    own = float(row.get("t_policy") or 0.0)  # results.csv files older than the column: none
-    return Rates(spmm=probe.compute_spmm / float(row["t_local_spmm"]),
-                 dense=probe.compute_dense / float(row["t_dense"]),
-                 source=f"{row['run']} ({cores:g} core(s) a rank)",
-                 policy=probe.compute_policy / own if own > 0 else 0.0)
 
 
 def _row_policy(row: dict[str, Any]) -> PolicySpec:
@@ -218,7 +161,7 @@ def compare(args: argparse.Namespace) -> int:
     net = network_from(args)
     out: list[dict[str, Any]] = []
     workloads: dict[tuple[str, int], Workload] = {}
-    data_dirs = {row["run"]: _data_dir(results, row) for row in rows}
+    data_dirs = {row["run"]: run_data_dir(results, row) for row in rows}
     covers = any(plan_class(str(row["plan"])).pair_counted for row in rows)  # a cover run: its pairs' covers too
     print(f"network {net.name}: alpha {net.alpha_intra * 1e6:.2f} us, {1e-9 / net.beta_intra:.1f} GB/s, "
           f"{net.cores_per_node} cores a node"
@@ -237,9 +180,9 @@ def compare(args: argparse.Namespace) -> int:
 
     for row in sorted(rows, key=lambda r: (*map(str, configuration(r)), r["world_size"])):
         base = min((r for r in rows if configuration(r) == configuration(row)), key=lambda r: r["world_size"])
-        rates = calibrate(base, work_of(base), _shape(base, read_meta(data_dirs[base["run"]])), net,
+        rates = calibrate(base, work_of(base), run_shape(base, read_meta(data_dirs[base["run"]])), net,
                           _policy_for(base))
-        shape = _shape(row, read_meta(data_dirs[row["run"]]))
+        shape = run_shape(row, read_meta(data_dirs[row["run"]]))
         threads = int(row["threads_per_rank"] or 1)
         prediction = predict_epoch(work_of(row), shape, row["plan"], _policy_for(row), rates, net,
                                    int(row["replication"]), threads)
@@ -261,14 +204,6 @@ def compare(args: argparse.Namespace) -> int:
     write_csv_rows(results / "model.csv", COMPARE_COLUMNS, out)
     print(f"wrote {results / 'model.csv'}")
     return 0
-
-
-def _data_dir(results: Path, row: dict[str, Any]) -> Path:
-    """The prepared dataset a run trained on: the path it recorded, or the study's own ``data/`` copy of
-    that directory when the study was moved."""
-    recorded = Path(str(row["data"]))
-    moved = results / "data" / recorded.name
-    return recorded if recorded.is_dir() or not moved.is_dir() else moved
 
 
 def _print_compare(out: list[dict[str, Any]]) -> None:
@@ -295,29 +230,13 @@ def _print_errors(what: str, errors: list[float]) -> None:
 
 
 def predict(args: argparse.Namespace) -> int:
-    sizes = dict(GRAPHS[args.graph]) if args.graph else {}
-    for key in ("nodes", "nnz", "features", "classes"):
-        if getattr(args, key) is not None:
-            sizes[key] = getattr(args, key)
-    missing = [k for k in ("nodes", "nnz", "features", "classes") if k not in sizes]
-    if missing:
-        raise ResultsError(f"model predict: give --graph or --{' --'.join(missing)}")
+    sizes = graph_sizes(args, "cost predict: give --graph or")
     net = network_from(args)
     threads = args.threads or max(net.cores_per_node // net.ranks_per_node, 1)
     plans = split_plans(args.plans)
     rank_counts = [int(x) for x in args.ranks.split(",")]
     grids = _grid_plans(plans, rank_counts, args.model)
-    study = Path(args.calibrate_from)
-    rows = read_csv(study / "results.csv")
-    calibration = [r for r in rows if r["plan"] == PointToPointPlan.name and PolicySpec.parse(r["policy"]).is_exact
-                   and (r.get("compress") or "none") == "none"]
-    if not calibration:
-        raise ResultsError(f"{study}: no exact p2p run to calibrate the compute rates on")
-    base = min(calibration, key=lambda r: (r["world_size"], -float(r["nodes"] or 0)))
-    here = replace(NETWORKS["shm"], cores_per_node=os.cpu_count() or 1)
-    base_dir = _data_dir(study, base)
-    rates = calibrate(base, workload_from_shards(base_dir, int(base["world_size"]) // int(base["replication"])),
-                      _shape(base, read_meta(base_dir)), here, ExpectedTraffic())
+    rates, _, rows = study_rates(Path(args.calibrate_from))
     shape = ModelShape(tuple([sizes["features"]] + [args.hidden] * (args.layers - 1) + [sizes["classes"]]),
                        kind=args.model, input_once=args.input_exchange == "once")
     if grids:  # the grid's elementwise passes, probed here (the probes import torch: only when a grid is priced)
@@ -468,6 +387,8 @@ def _measured_active(rows: list[dict[str, Any]]) -> dict[str, float]:
 def main(comm: object, args: argparse.Namespace) -> int:
     if args.mode == "bytes":
         return cover_bytes(args)
+    if args.mode == "node-split":
+        return node_split(args)
     return compare(args) if args.mode == "compare" else predict(args)
 
 

@@ -31,6 +31,7 @@ _AROUND: dict[str, tuple[list[str], list[str]]] = {
     "plot": (["plot"], ["/no/such/study"]),
     "cost compare": (["cost", "compare"], ["/no/such/study"]),
     "cost predict": (["cost", "predict"], ["--calibrate-from", "/no/such/study"]),
+    "cost node-split": (["cost", "node-split"], ["--calibrate-from", "/no/such/study"]),
     "cost bytes": (["cost", "bytes"], ["--data", "/no/such/dataset"]),
     "emulate": (["emulate"], ["--", "true"]),
     **{f"bench {kind}": (["bench", kind], ["--data", "/no/such/dataset"])

@@ -161,6 +161,25 @@ def test_model_prices_grids_beside_1d_with_the_passes_probed_here(study: Path) -
 
 
 @pytest.mark.slow
+def test_cost_node_split_prices_every_split_of_the_node_and_names_the_fastest(study: Path) -> None:
+    """``cost node-split``: a row per ranks x threads of a 2-core node, fastest first, its launch line matching that
+    row; a node larger than this machine is refused in one sentence (its splits cannot be probed here)."""
+    common = [SPARSE_DIST, "cost", "node-split", "--nodes", "20000", "--nnz", "200000", "--features", "64", "--classes",
+              "8", "--hidden", "16", "--calibrate-from", str(study.parent / "out")]
+    result = subprocess.run(common + ["--cores-per-node", "2"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit() and " x " in line[:6]]
+    assert sorted((row[0], row[2], row[3]) for row in rows) == [("1", "2", "1"), ("2", "1", "2")]
+    epochs = [float(row[9]) for row in rows]
+    assert epochs == sorted(epochs) and rows[0][-1] == "fastest"
+    assert f"--ntasks-per-node={rows[0][0]} --cpus-per-task={rows[0][2]}" in result.stdout
+    refused = subprocess.run(common + ["--cores-per-node", str((os.cpu_count() or 1) * 64)], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0 and "cannot be probed on this machine" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+@pytest.mark.slow
 def test_plot_writes_every_figure(study: Path, tmp_path: Path) -> None:
     result = subprocess.run([SPARSE_DIST, "plot", str(study.parent / "out"), "--out", str(tmp_path), "--dpi", "50"],
                             capture_output=True, text=True, timeout=120)

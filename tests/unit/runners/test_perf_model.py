@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from datasets_for_tests import random_directed, write
 
-from runners.perf_model_cmd import calibrate
+from runners.perf.calibration import calibrate
 from runners.perf.cost_model import (ExpectedTraffic, ModelShape, Rates, predict_epoch, workload_analytic,
                                      workload_from_shards)
 from sparse_dist.cost import Network, allreduce_time, alltoallv_time, bcast_time
