@@ -193,7 +193,7 @@ def test_every_documented_command_parses(command: DocCommand, monkeypatch: pytes
 
 
 # Flags of other programs the README names: Slurm's sbatch/srun, Open MPI's mpiexec and mpirun, pip.
-OTHER_PROGRAMS_FLAGS = {"--account", "--partition", "--ntasks", "--cpus-per-task", "--gpus-per-task", "--export",
+OTHER_PROGRAMS_FLAGS = {"--account", "--partition", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-task", "--export",
                         "--mpi", "--kill-on-bad-exit", "--oversubscribe", "--no-binary", "--host", "--mca"}
 
 

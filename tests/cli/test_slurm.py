@@ -78,6 +78,22 @@ def test_train_cpu_template(slurm: LocalSlurm, work: Path) -> None:
 
 
 @pytest.mark.slow
+def test_train_cpu_template_prints_the_fastest_node_split_first(slurm: LocalSlurm, work: Path) -> None:
+    """``SPLIT_FROM``: the job prints ``cost node-split`` for its node's CPUs (probed on the compute node), then
+    trains as submitted."""
+    study = _study(work, "split-calibration", "threads = 1")
+    subprocess.run([sys.executable, "-m", "runners.cli", "sweep", str(study)], check=True, capture_output=True,
+                   timeout=300, cwd=work)
+    out = work / "train-split.jsonl"
+    info = _submit_and_wait(slurm, "train-cpu.sbatch", work,
+                            {"DATA": str(work / "tiny"), "OUT": str(out), "EPOCHS": "2",
+                             "SPLIT_FROM": str(work / "split-calibration-out")}, "--ntasks=2")
+    assert "fastest: " in info["output"] and "--ntasks-per-node=" in info["output"], info["output"]
+    assert info["output"].index("fastest: ") < info["output"].index("final test accuracy")
+    assert _final_record(out)["world_size"] == 2
+
+
+@pytest.mark.slow
 def test_train_gpu_template_schedules_one_gpu_per_task(slurm: LocalSlurm, work: Path) -> None:
     out = work / "train-gpu.jsonl"
     info = _submit_and_wait(slurm, "train-gpu.sbatch", work,
