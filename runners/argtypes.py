@@ -354,6 +354,9 @@ FLAG_RANGES: dict[str, dict[str, Range]] = {
                         "--fanouts": _FANOUT, "--batch-size": _BATCH, "--feature-cache": _CACHE_ROWS,
                         "--prefetch": _PREFETCH, "--sample-batches": _SAMPLE_BATCHES, "--epochs": _BENCH_EPOCHS,
                         "--warmup": _WARMUP, "--threads": _THREADS, "--seed": _SEED},
+    "bench cores": {"--synthetic": Range(2, 10**9, "nodes of the synthetic graph, as prepare's; one node is no graph"),
+                    "--epochs": Range(3, 10**4, "the medians take epochs 3 on"), "--hidden": _WIDTH,
+                    "--layers": _LAYERS, "--timeout": Range(1, 7 * 86400, "seconds a run")},
     "bench partition": {"--parts": _PARTS, "--hops": _HOPS, "--fanouts": _FANOUT, "--batch-size": _BATCH,
                         "--batches": Range(1, 10**4, "batches drawn a part for the estimate"), "--seed": _SEED},
 }

@@ -68,6 +68,8 @@ _BENCH_KINDS: dict[str, tuple[str, str, bool]] = {
                   "kernel) + SAGE, one run", True),
     "grid": ("runners.bench.grid", "GCN or SAGE epochs over an X x Y x Z process grid: time, bytes against the model, "
              "memory", True),
+    "cores": ("runners.bench.cores", "ranks x threads on this node, dropout on and off: step, dropout, exchange, "
+              "speed-up", False),
     "partition": ("runners.bench.partition",
                   "partitioners side by side: balance, cut, remote rows of K-hop sampling", True),
 }

@@ -35,7 +35,7 @@ _AROUND: dict[str, tuple[list[str], list[str]]] = {
     "cost bytes": (["cost", "bytes"], ["--data", "/no/such/dataset"]),
     "emulate": (["emulate"], ["--", "true"]),
     **{f"bench {kind}": (["bench", kind], ["--data", "/no/such/dataset"])
-       for kind in ("train", "policies", "minibatch", "partition")},
+       for kind in ("train", "policies", "minibatch", "partition", "cores")},
     "bench grid": (["bench", "grid"], ["--data", "/no/such/dataset", "--grid", "1,1,1"]),
 }
 
