@@ -183,7 +183,12 @@ class _PygModel(torch.nn.Module):
         self.convs = torch.nn.ModuleList()
         with torch.no_grad():
             for layer, fan_in in enumerate(start.widths[:-1]):
-                self.convs.append(MIRRORS[kind].conv(start.layers[layer], fan_in, attention_dropout))
+                self.convs.append(self.mirror(kind).conv(start.layers[layer], fan_in, attention_dropout))
+
+    @staticmethod
+    def mirror(kind: str) -> Any:
+        """The layer maker and operand of ``kind`` in this library (PyG's; a subclass names another)."""
+        return MIRRORS[kind]
 
     def forward(self, x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
         h = x
@@ -207,51 +212,52 @@ def trainer_adam(model: "_PygModel", config: TrainConfig) -> torch.optim.Adam:
     return torch.optim.Adam([g for g in groups if g["params"]], lr=config.lr)
 
 
-class PygPeer:
-    """One process's PyG training of ``config``'s model on the whole ``graph`` (not collective).
+class WholeGraphPeer:
+    """One process's full-graph training of ``config``'s model with another library's layers (not collective).
 
-    ``graph`` holds every row (``graph.rows`` is ``N x N``). Raises
-    ``ImportError`` when ``torch_geometric`` is missing.
+    Holds what every peer shares: the scaled features, labels, the training
+    rows, Adam with the trainer's settings and the step. A subclass gives
+    ``model`` (``model(features, operand)`` returns the logits of every row)
+    and ``operand`` (the whole graph as that library's layers take it).
+    ``graph`` holds every row (``graph.rows`` is ``N x N``).
     """
 
-    def __init__(self, graph: LocalGraph, config: TrainConfig, device: torch.device) -> None:
-        import torch_geometric  # noqa: F401  (optional dependency: fail here, before any work)
+    library = "the peer"
 
+    def __init__(self, graph: LocalGraph, config: TrainConfig, device: torch.device) -> None:
         if graph.rows.shape[0] != graph.rows.shape[1]:
-            raise ValueError(f"the PyG peer needs the whole graph, got {graph.rows.shape[0]} of "
+            raise ValueError(f"{self.library} needs the whole graph, got {graph.rows.shape[0]} of "
                              f"{graph.rows.shape[1]} rows")
         self.config = config
         self.device = device
+        self.dtype = DTYPES[config.dtype]
         self.multilabel = graph.multilabel
         self.num_classes = graph.num_classes
         self.notes: list[str] = []
-        dtype = DTYPES[config.dtype]
-        problem = mirror_problem(config.model)
-        if problem is not None:
-            raise ValueError(problem)
-        self.adjacency = MIRRORS[config.model].operand(graph.rows, dtype, device, self.notes)
         features = scaled_features(graph.features, config.feature_norm)
-        self.features = torch.from_numpy(features).to(dtype).to(device)
+        self.features = torch.from_numpy(features).to(self.dtype).to(device)
         self.labels = torch.from_numpy(graph.labels).to(device)
         if graph.multilabel:
-            self.labels = self.labels.to(dtype)
+            self.labels = self.labels.to(self.dtype)
         self.train_mask = torch.from_numpy(graph.masks["train"].astype(bool)).to(device)
         if not bool(self.train_mask.any()):
             raise ValueError(f"{graph.name}: the training split is empty")
+        self.dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
+        self.start = GraphModel(config.model, self.dims, dropout=config.dropout, seed=config.seed, dtype=self.dtype,
+                                options=config.layer_options())
+        self.model: torch.nn.Module
+        self.operand: Any
 
-        dims = [graph.features.shape[1]] + [config.hidden] * (config.layers - 1) + [graph.num_classes]
-        start = GraphModel(config.model, dims, dropout=config.dropout, seed=config.seed, dtype=dtype,
-                           options=config.layer_options())
-        self.model = _PygModel(config.model, dims, config.dropout, start,
-                               config.attention_dropout).to(dtype).to(device)
-        self.optimizer = trainer_adam(self.model, config)
-        torch.manual_seed(config.seed)
+    def _ready(self) -> None:
+        """Call at the end of a subclass's ``__init__``: the optimiser over ``model``, the peer's RNG seeded."""
+        self.optimizer = trainer_adam(self.model, self.config)  # type: ignore[arg-type]
+        torch.manual_seed(self.config.seed)
 
     def train_epoch(self) -> float:
         """One full-graph step; returns the training loss (synchronises with the device to read it)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.model(self.features, self.adjacency)[self.train_mask]
+        logits = self.model(self.features, self.operand)[self.train_mask]
         labels = self.labels[self.train_mask]
         if self.multilabel:
             loss = F.binary_cross_entropy_with_logits(logits, labels)
@@ -260,3 +266,22 @@ class PygPeer:
         loss.backward()
         self.optimizer.step()
         return float(loss.detach())
+
+
+class PygPeer(WholeGraphPeer):
+    """PyG's layers (``MIRRORS``) on the whole ``graph`` (not collective). Raises ``ImportError`` when
+    ``torch_geometric`` is missing."""
+
+    library = "the PyG peer"
+
+    def __init__(self, graph: LocalGraph, config: TrainConfig, device: torch.device) -> None:
+        import torch_geometric  # noqa: F401  (optional dependency: fail here, before any work)
+
+        problem = mirror_problem(config.model)
+        if problem is not None:
+            raise ValueError(problem)
+        super().__init__(graph, config, device)
+        self.operand = MIRRORS[config.model].operand(graph.rows, self.dtype, device, self.notes)
+        self.model = _PygModel(config.model, self.dims, config.dropout, self.start,
+                               config.attention_dropout).to(self.dtype).to(device)
+        self._ready()

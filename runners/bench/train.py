@@ -7,11 +7,14 @@ does (:func:`runners.data.datasets.planted_classes`, then
 temporary directory under ``--scratch`` (which every rank must see), every
 rank loads its part, and rank 0 removes the directory at the end.
 
-First, when ``torch_geometric`` imports, rank 0 loads all parts and trains
-the same model on the whole graph with PyG (:mod:`runners.bench.pyg_peer`) on the
-same device, with the threads of all ranks, while the other ranks sleep in
-a non-spinning barrier. Then every rank trains with
-:class:`algorithms.train.Trainer`.
+First, rank 0 loads all parts and trains the same model on the whole graph
+with the peer (``--peer``: PyG, :mod:`runners.bench.pyg_peer`, the default;
+DGL, :mod:`runners.bench.train_dgl`) on the same device, with the threads of
+all ranks, while the other ranks sleep in a non-spinning barrier; where the
+peer's library does not import, or it has no layer of ``--layer-kind``, the
+peer is skipped and the report says why. Then every rank trains with
+:class:`algorithms.train.Trainer`. The peer's figures are under its name
+(``pyg`` or ``dgl``), or ``{name}_skipped`` says why it did not run.
 
 Each run does ``--warmup`` untimed epochs, then ``--epochs`` timed ones.
 An epoch's time is measured around the trainer's step after a device
@@ -52,7 +55,7 @@ import torch
 from algorithms.layers import layer_type
 from algorithms.model import MODEL_KINDS
 from algorithms.train import LocalGraph, TrainConfig, Trainer
-from runners.bench.pyg_peer import mirror_problem
+from runners.bench.train_peers import PEER_MAKERS, PEERS, peer_key
 from runners.data.datasets import planted_classes
 from runners.results import print_report
 from runners.argtypes import add_renamed, at_least, probability
@@ -94,7 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=at_least(0), default=0,
                         help="torch threads per rank (default: cores / ranks); the PyG peer gets threads * P")
     parser.add_argument("--seed", type=seed_number, default=0, help="seed, >= 0 (default: %(default)s)")
-    parser.add_argument("--no-pyg", action="store_true", help="skip the PyG peer")
+    parser.add_argument("--peer", choices=PEERS, default="pyg",
+                        help="the single-process system beside sparse-dist on the whole graph: pyg (GCNConv on a "
+                             "torch.sparse_csr Â, SAGEConv, GATConv), dgl (GraphConv with Â's edge weights, "
+                             "SAGEConv; the optional extra dgl) or none (default: %(default)s)")
+    parser.add_argument("--no-pyg", action="store_true", help="skip the peer (the same as --peer none)")
     parser.add_argument("--dropout-baseline", action="store_true",
                         help="also time sparse-dist with dropout 0 in the same run and print what dropout costs")
 
@@ -103,6 +110,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> str | None:
     """Flag combinations argparse cannot check (refused before MPI starts)."""
+    if args.no_pyg:
+        args.peer = "none"
+    if args.peer == "dgl":
+        from runners.bench.minibatch_dgl import dgl_problem
+        from runners.bench.train_dgl import dgl_mirror_problem
+
+        problem = dgl_mirror_problem(args.model) or dgl_problem()
+        if problem:
+            return problem
     if args.synthetic is not None and args.classes > args.features:
         return (f"--classes {args.classes} is more than --features {args.features}: the synthetic graph plants "
                 f"each class in its own features; give --features {args.classes} or more")
@@ -277,33 +293,24 @@ def _whole_graph(comm: Communicator, data_dir: str, wanted: bool) -> LocalGraph 
         alone.free()
 
 
-def _pyg_import_error() -> str | None:
-    try:
-        import torch_geometric  # noqa: F401
-    except ImportError as exc:
-        return f"torch_geometric is not importable ({exc})"
-    return None
-
-
 def run_peer(comm: Communicator, args: argparse.Namespace, data_dir: str, device: torch.device,
              threads: int) -> dict[str, Any]:
-    """Rank 0 trains the PyG peer with ``threads * P`` threads; the others sleep (collective).
+    """Rank 0 trains the peer (``--peer``) with ``threads * P`` threads; the others sleep (collective).
 
     Returns the summary on every rank, or ``{"skipped": reason}``.
     """
-    error = (mirror_problem(args.model) or _pyg_import_error()) if comm.rank == 0 else None
+    problem, make = PEER_MAKERS[args.peer]
+    error = problem(args.model) if comm.rank == 0 else None
     whole = _whole_graph(comm, data_dir, error is None)
     outcome: dict[str, Any] | None = None
     if comm.rank == 0:
         if error is not None:
             outcome = {"skipped": error}
         else:
-            from runners.bench.pyg_peer import PygPeer
-
             assert whole is not None
             torch.set_num_threads(threads * comm.size)
             try:
-                peer = PygPeer(whole, _config(args, whole.extra["meta"]), device)
+                peer = make(whole, _config(args, whole.extra["meta"]), device)
                 run = time_epochs(lambda: (peer.train_epoch(), None), device, args.warmup, args.epochs,
                                   lambda: None)
                 outcome = {**summarise([run]), "threads": threads * comm.size, "device": str(device),
@@ -357,7 +364,8 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
         else:
             data_dir, scratch = _prepare_synthetic(comm, args)
         notes = [note for note in (shared_gpu_note(comm, device),) if note]
-        peer = {"skipped": "--no-pyg"} if args.no_pyg else run_peer(comm, args, data_dir, device, threads)
+        skipped = "--no-pyg" if args.no_pyg else "--peer none"
+        peer = {"skipped": skipped} if args.peer == "none" else run_peer(comm, args, data_dir, device, threads)
         ours = run_sparse_dist(comm, args, data_dir, device)
         baseline = (run_sparse_dist(comm, args, data_dir, device, dropout=0.0)
                     if args.dropout_baseline and args.dropout > 0 else None)
@@ -370,16 +378,17 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
         "devices": comm.allgather_object(str(device)), "dataset": ours.pop("dataset"),
         "environment": {**mpi_vendor_details(), "torch": torch.__version__, "huge_pages": huge_page_state(),
                         "freed_memory": freed_memory_state()},
-        "notes": notes, "sparse_dist": ours,
+        "notes": notes, "sparse_dist": ours, "peer": args.peer,
     }
     if baseline is not None:
         baseline.pop("dataset")
         result["sparse_dist_dropout0"] = baseline
         result["dropout_cost"] = ours["epoch_s"] / baseline["epoch_s"]
+    name = peer_key(args.peer)
     if "skipped" in peer:
-        result["pyg_skipped"] = peer["skipped"]
+        result[f"{name}_skipped"] = peer["skipped"]
     else:
-        result["pyg"] = peer
+        result[name] = peer
         mine = max(m["peak"] for m in ours["memory_per_rank"])
         result["ratio"] = {"epoch_time": ours["epoch_s"] / peer["epoch_s"],
                            "peak_memory": mine / peer["memory_per_rank"][0]["peak"]}
@@ -405,23 +414,24 @@ def report(result: dict[str, Any]) -> str:
              f"P={size} x {result['threads_per_rank']} threads; {cfg['warmup']} warm-up + {cfg['epochs']} timed "
              f"epochs; times: median over timed epochs of the slowest rank (s)"]
     lines += result["notes"]
-    peer = result.get("pyg")
+    name = peer_key(result["peer"])
+    peer = result.get(name)
     if peer is None:
-        lines.append(f"pyg peer skipped: {result['pyg_skipped']}")
+        lines.append(f"{name} peer skipped: {result[f'{name}_skipped']}")
     else:
-        lines.append(f"pyg peer: one process on {peer['device']} with {peer['threads']} threads, same model, "
+        lines.append(f"{name} peer: one process on {peer['device']} with {peer['threads']} threads, same model, "
                      f"graph, features and initial weights; its dropout RNG differs, so losses differ")
-        lines += [f"pyg note: {note}" for note in peer["notes"]]
+        lines += [f"{name} note: {note}" for note in peer["notes"]]
     parts = ["local_spmm", "exchange", "exchange_wait", "allreduce", "allreduce_wait", *ours["reported_parts"],
              "dense"]
     width = {p: max(11, len(p) + 1) for p in parts}
     memory_kind = "peak CUDA allocated" if result["device"] == "cuda" else "peak RSS"
     lines.append(f"{'run':<17}{'epoch_s':>9}" + "".join(f"{p:>{width[p]}}" for p in parts)
-                 + f"{'before_MB':>11}{'peak_MB/rank':>14}{'t/pyg':>7}{'mem/pyg':>8}{'final_loss':>11}")
+                 + f"{'before_MB':>11}{'peak_MB/rank':>14}{f't/{name}':>7}{f'mem/{name}':>8}{'final_loss':>11}")
     rows = []
     if peer is not None:
         memory = peer["memory_per_rank"][0]
-        rows.append(f"{'pyg':<17}{peer['epoch_s']:>9.4f}" + "".join(f"{'-':>{width[p]}}" for p in parts)
+        rows.append(f"{name:<17}{peer['epoch_s']:>9.4f}" + "".join(f"{'-':>{width[p]}}" for p in parts)
                     + f"{_mb(memory['before']):>11}{_mb(memory['peak']):>14}{'1.00':>7}{'1.00':>8}"
                     f"{peer['final_loss']:>11.4f}")
     memory = ours["memory_per_rank"]
@@ -459,7 +469,7 @@ def report(result: dict[str, Any]) -> str:
         if m["note"]:
             lines.append(f"note: rank {r}: {m['note']}")
     if peer is not None and peer["memory_per_rank"][0]["note"]:
-        lines.append(f"note: pyg: {peer['memory_per_rank'][0]['note']}")
+        lines.append(f"note: {name}: {peer['memory_per_rank'][0]['note']}")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from mpirun import BIN, run_case, run_mpi
 
 SPARSE_DIST = str(BIN / "sparse-dist")
 HAVE_PYG = importlib.util.find_spec("torch_geometric") is not None
+HAVE_DGL = importlib.util.find_spec("dgl") is not None
 SMALL = ["--synthetic", "3000", "--epochs", "3", "--warmup", "1", "--hidden", "16", "--json"]
 TOLERANCE_S = 1e-6
 
@@ -147,3 +148,66 @@ def test_peer_without_dropout_trains_like_the_trainer(comm, tmp_path, model: str
     theirs = [peer.train_epoch() for _ in range(4)]
     np.testing.assert_allclose(theirs, ours, rtol=1e-9)
     assert ours[-1] < ours[0]
+
+
+@pytest.mark.skipif(not HAVE_DGL, reason="dgl is not installed (the optional extra dgl)")
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_dgl_peer_without_dropout_trains_like_the_trainer(comm, tmp_path, model: str) -> None:
+    """DGL's GraphConv on Â's edge weights (SAGEConv mean on the pattern), same initial weights, features and
+    optimiser: without dropout the losses agree with the trainer's epoch by epoch. The graph is directed (a
+    row aggregates its stored columns: a peer with its edges reversed fails), weighted for GCN, 0/1 for SAGE."""
+    from algorithms.train import TrainConfig, Trainer
+    from runners.data.datasets import planted_classes
+    from runners.bench.train_dgl import DglPeer
+    from runners.data.shards import load_local_graph, write_shards
+
+    data = planted_classes(nodes=1500, classes=5, degree=4, features=20, seed=1)
+    directed = sp.triu(data.adjacency, k=1, format="csr")
+    if model == "gcn":
+        directed.data = np.random.default_rng(3).uniform(0.5, 2.0, directed.nnz)
+    data.adjacency = directed
+    write_shards(data, tmp_path / "d", 1)
+    graph = load_local_graph(comm, tmp_path / "d", 1, 1)
+    assert (graph.rows != graph.rows.T).nnz > 0
+    config = TrainConfig(model=model, hidden=8, layers=3, dropout=0.0, seed=2, dtype="float64")
+    trainer = Trainer(comm, graph, config)
+    peer = DglPeer(graph, config, torch.device("cpu"))
+    ours = [trainer.train_epoch()["loss"] for _ in range(4)]
+    theirs = [peer.train_epoch() for _ in range(4)]
+    np.testing.assert_allclose(theirs, ours, rtol=1e-9)
+    assert ours[-1] < ours[0]
+
+
+def _bench_train_arguments(*argv: str):  # noqa: ANN202
+    import argparse
+
+    from runners.bench import train as bench_train
+
+    parser = argparse.ArgumentParser()
+    bench_train.add_arguments(parser)
+    args = parser.parse_args(["--synthetic", "100", *argv])
+    return args, bench_train.check_arguments(args)
+
+
+def test_dgl_peer_refuses_a_kind_it_cannot_mirror_before_mpi_starts() -> None:
+    args, problem = _bench_train_arguments("--peer", "dgl", "--layer-kind", "gat")
+    assert problem is not None and "--layer-kind gat" in problem and "--peer pyg" in problem
+    for kind in ("gcn", "sage"):
+        args, problem = _bench_train_arguments("--peer", "dgl", "--layer-kind", kind)
+        assert problem is None if HAVE_DGL else "pip install -c constraints.txt -e '.[dgl]'" in problem
+    args, problem = _bench_train_arguments("--no-pyg")
+    assert problem is None and args.peer == "none"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_DGL, reason="dgl is not installed (the optional extra dgl)")
+def test_bench_train_runs_the_dgl_peer_under_mpiexec() -> None:
+    result = run_mpi(2, [SPARSE_DIST, "bench", "train", *SMALL, "--peer", "dgl"], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = _last_json(result.stdout)
+    assert report["peer"] == "dgl" and "pyg" not in report and "dgl_skipped" not in report
+    peer = report["dgl"]
+    assert peer["epoch_s"] > 0 and len(peer["per_epoch_slowest"]) == 3 and math.isfinite(peer["final_loss"])
+    assert peer["threads"] == 2 * report["threads_per_rank"]
+    assert report["ratio"]["epoch_time"] == pytest.approx(report["sparse_dist"]["epoch_s"] / peer["epoch_s"])
+    assert any(line.startswith("dgl ") for line in result.stdout.splitlines())

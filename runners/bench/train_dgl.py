@@ -1,0 +1,148 @@
+"""The DGL peer of ``sparse-dist bench train --peer dgl``: DGL 2.1's layers on the same whole graph, one process.
+
+It puts sparse-dist's full-graph epoch next to DGL's compiled message
+passing (``gspmm``) on the same device, graph, features and initial
+weights, as the PyG peer (:mod:`runners.bench.pyg_peer`) does for PyG:
+
+* GCN: ``GraphConv(in, out, norm='none', weight=True, bias=True,
+  allow_zero_in_degree=True)`` called with ``edge_weight`` = the values of
+  ``Â`` (:func:`runners.bench.pyg_peer.gcn_adjacency`, computed with scipy
+  independently of the trainer): DGL's ``u_mul_e`` + ``sum`` kernel, with
+  its own order of products (``(A H) W`` when the layer widens, ``A (H W)``
+  when it narrows: DGL's fastest path, not chosen here).
+* SAGE: ``SAGEConv(in, out, 'mean', bias=True)`` on the raw pattern
+  (DGL's mean divides by the in-edge count; ours by the weighted degree:
+  equal for 0/1 adjacencies, else a note says so).
+
+Edges run column -> row (row ``i`` aggregates its stored columns), so the
+messages are those of ``Â H``. Dropout, activations, loss and Adam are the
+PyG peer's (:class:`runners.bench.pyg_peer.WholeGraphPeer`). DGL's own
+OpenMP pool gets torch's thread count. GAT is not mirrored (a sentence says
+so). ``dgl`` is the optional extra ``dgl`` and is imported only inside
+:class:`DglPeer` (through :func:`runners.bench.minibatch_dgl.import_dgl`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from algorithms.train import LocalGraph, TrainConfig
+from runners.bench.minibatch_dgl import import_dgl
+from runners.bench.pyg_peer import WholeGraphPeer, _PygModel, gcn_adjacency
+
+
+@dataclass(frozen=True)
+class DglOperand:
+    """The whole graph as a DGL layer takes it: the graph (edges column -> row) and the edge weights or None."""
+
+    graph: Any
+    edge_weight: torch.Tensor | None
+
+
+def _dgl_graph(dgl: Any, matrix: sp.csr_matrix, device: torch.device) -> Any:
+    coo = sp.coo_matrix(matrix)
+    return dgl.graph((torch.from_numpy(coo.col.astype(np.int64)), torch.from_numpy(coo.row.astype(np.int64))),
+                     num_nodes=matrix.shape[0]).to(device)
+
+
+def _gcn_operand(dgl: Any, rows: sp.spmatrix, dtype: torch.dtype, device: torch.device,
+                 notes: list[str]) -> DglOperand:
+    normalised = sp.coo_matrix(gcn_adjacency(rows))
+    return DglOperand(_dgl_graph(dgl, normalised, device), torch.from_numpy(normalised.data).to(dtype).to(device))
+
+
+def _mean_operand(dgl: Any, rows: sp.spmatrix, dtype: torch.dtype, device: torch.device,
+                  notes: list[str]) -> DglOperand:
+    matrix = sp.csr_matrix(rows, dtype=np.float64)
+    matrix.sum_duplicates()
+    if matrix.nnz and not np.all(matrix.data == 1.0):
+        notes.append("edge weights are not all 1: DGL's mean divides by the edge count, sparse-dist by the weighted "
+                     "degree")
+    return DglOperand(_dgl_graph(dgl, matrix, device), None)
+
+
+def _gcn_conv(ours: Any, fan_in: int, attention_dropout: float) -> Any:
+    from dgl.nn import GraphConv
+
+    conv = GraphConv(fan_in, ours.fan_out, norm="none", weight=True, bias=True, allow_zero_in_degree=True)
+    conv.weight.copy_(ours.weight)
+    conv.bias.copy_(ours.bias)
+    return conv
+
+
+def _sage_conv(ours: Any, fan_in: int, attention_dropout: float) -> Any:
+    from dgl.nn import SAGEConv
+
+    conv = SAGEConv(fan_in, ours.fan_out, "mean", bias=True)
+    conv.fc_self.weight.copy_(ours.weight.T)
+    conv.fc_neigh.weight.copy_(ours.neighbour_weight.T)
+    conv.fc_self.bias.copy_(ours.bias)
+    return conv
+
+
+@dataclass(frozen=True)
+class DglMirror:
+    """How the DGL peer mirrors one layer kind: the DGL layer made from ours (weights copied), and the whole
+    graph as that layer takes it."""
+
+    conv: Callable[[Any, int, float], Any]
+    operand: Callable[[Any, sp.spmatrix, torch.dtype, torch.device, list[str]], DglOperand]
+
+
+DGL_MIRRORS: dict[str, DglMirror] = {"gcn": DglMirror(_gcn_conv, _gcn_operand),
+                                     "sage": DglMirror(_sage_conv, _mean_operand)}
+"""The layer kinds the DGL peer mirrors, by ``--layer-kind``."""
+
+
+def dgl_mirror_problem(kind: str) -> str | None:
+    """Why the DGL peer cannot mirror ``--layer-kind kind`` (one sentence), or None."""
+    if kind in DGL_MIRRORS:
+        return None
+    return (f"the DGL peer of bench train mirrors --layer-kind {', '.join(DGL_MIRRORS)} only, not --layer-kind "
+            f"{kind}; choose --peer pyg")
+
+
+class _DglModel(_PygModel):
+    """DGL layers of ``kind`` with ``start``'s weights; dropout on every input, the activation between layers."""
+
+    @staticmethod
+    def mirror(kind: str) -> Any:
+        return DGL_MIRRORS[kind]
+
+    def forward(self, x: torch.Tensor, operand: DglOperand) -> torch.Tensor:
+        h = x
+        for layer, conv in enumerate(self.convs):
+            h = F.dropout(h, p=self.dropout, training=self.training)
+            if operand.edge_weight is None:
+                h = conv(operand.graph, h)
+            else:
+                h = conv(operand.graph, h, edge_weight=operand.edge_weight)
+            if layer < len(self.convs) - 1:
+                h = self.activation(h)
+        return h
+
+
+class DglPeer(WholeGraphPeer):
+    """DGL's layers (``DGL_MIRRORS``) on the whole ``graph`` (not collective). Raises ``ImportError``
+    without dgl, ``ValueError`` for a kind it does not mirror."""
+
+    library = "the DGL peer"
+
+    def __init__(self, graph: LocalGraph, config: TrainConfig, device: torch.device) -> None:
+        problem = dgl_mirror_problem(config.model)
+        if problem is not None:
+            raise ValueError(problem)
+        dgl, import_notes = import_dgl()
+        super().__init__(graph, config, device)
+        self.notes += import_notes
+        dgl.utils.internal.set_num_threads(torch.get_num_threads())  # DGL's OpenMP pool: the peer's threads
+        self.operand = DGL_MIRRORS[config.model].operand(dgl, graph.rows, self.dtype, device, self.notes)
+        self.model = _DglModel(config.model, self.dims, config.dropout, self.start).to(self.dtype).to(device)
+        self._ready()
