@@ -172,23 +172,26 @@ def mirror_problem(kind: str) -> str | None:
             f"--layer-kind {kind} into")
 
 
-class _PygModel(torch.nn.Module):
-    """The PyG layers of ``kind`` with dropout on every input and the activation our layers declare between."""
+class MirroredModel(torch.nn.Module):
+    """Another library's layers made from ``start``'s (``make_conv(our_layer, fan_in)``, weights copied), with
+    dropout on every input and the activation our layers declare between them; a subclass gives ``forward``."""
 
-    def __init__(self, kind: str, dims: list[int], dropout: float, start: GraphModel,
-                 attention_dropout: float = 0.0) -> None:
+    def __init__(self, make_conv: Callable[[Any, int], Any], dropout: float, start: GraphModel) -> None:
         super().__init__()
         self.dropout = dropout
         self.activation = F.elu if start.layers[0].activation == "elu" else torch.relu
         self.convs = torch.nn.ModuleList()
         with torch.no_grad():
             for layer, fan_in in enumerate(start.widths[:-1]):
-                self.convs.append(self.mirror(kind).conv(start.layers[layer], fan_in, attention_dropout))
+                self.convs.append(make_conv(start.layers[layer], fan_in))
 
-    @staticmethod
-    def mirror(kind: str) -> Any:
-        """The layer maker and operand of ``kind`` in this library (PyG's; a subclass names another)."""
-        return MIRRORS[kind]
+
+class _PygModel(MirroredModel):
+    """The PyG layers of ``kind`` (``MIRRORS``) made from ``start``'s."""
+
+    def __init__(self, kind: str, dims: list[int], dropout: float, start: GraphModel,
+                 attention_dropout: float = 0.0) -> None:
+        super().__init__(lambda ours, fan_in: MIRRORS[kind].conv(ours, fan_in, attention_dropout), dropout, start)
 
     def forward(self, x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
         h = x

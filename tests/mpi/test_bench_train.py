@@ -151,31 +151,48 @@ def test_peer_without_dropout_trains_like_the_trainer(comm, tmp_path, model: str
 
 
 @pytest.mark.skipif(not HAVE_DGL, reason="dgl is not installed (the optional extra dgl)")
-@pytest.mark.parametrize("model", ["gcn", "sage"])
-def test_dgl_peer_without_dropout_trains_like_the_trainer(comm, tmp_path, model: str) -> None:
-    """DGL's GraphConv on Â's edge weights (SAGEConv mean on the pattern), same initial weights, features and
-    optimiser: without dropout the losses agree with the trainer's epoch by epoch. The graph is directed (a
-    row aggregates its stored columns: a peer with its edges reversed fails), weighted for GCN, 0/1 for SAGE."""
+@pytest.mark.parametrize(("model", "directed", "path"), [("gcn", True, "weighted kernel"), ("gcn", False, "norm='both'"),
+                                                         ("sage", True, None)])
+def test_dgl_peer_without_dropout_trains_like_the_trainer(comm, tmp_path, model: str, directed: bool,
+                                                           path: str | None) -> None:
+    """DGL's GraphConv (on Â's edge weights where the graph is directed and weighted, by its own degree scaling
+    on A + I where it is symmetric 0/1) or SAGEConv (mean), same initial weights, features and optimiser:
+    without dropout the losses agree with the trainer's epoch by epoch. On the directed graph a row aggregates
+    its stored columns, so a peer with its edges reversed fails."""
     from algorithms.train import TrainConfig, Trainer
     from runners.data.datasets import planted_classes
     from runners.bench.train_dgl import DglPeer
     from runners.data.shards import load_local_graph, write_shards
 
     data = planted_classes(nodes=1500, classes=5, degree=4, features=20, seed=1)
-    directed = sp.triu(data.adjacency, k=1, format="csr")
-    if model == "gcn":
-        directed.data = np.random.default_rng(3).uniform(0.5, 2.0, directed.nnz)
-    data.adjacency = directed
+    if directed:
+        data.adjacency = sp.triu(data.adjacency, k=1, format="csr")
+        if model == "gcn":
+            data.adjacency.data = np.random.default_rng(3).uniform(0.5, 2.0, data.adjacency.nnz)
     write_shards(data, tmp_path / "d", 1)
     graph = load_local_graph(comm, tmp_path / "d", 1, 1)
-    assert (graph.rows != graph.rows.T).nnz > 0
+    assert ((graph.rows != graph.rows.T).nnz > 0) == directed
     config = TrainConfig(model=model, hidden=8, layers=3, dropout=0.0, seed=2, dtype="float64")
     trainer = Trainer(comm, graph, config)
     peer = DglPeer(graph, config, torch.device("cpu"))
+    if path is not None:
+        assert any(path in note for note in peer.notes), peer.notes
     ours = [trainer.train_epoch()["loss"] for _ in range(4)]
     theirs = [peer.train_epoch() for _ in range(4)]
     np.testing.assert_allclose(theirs, ours, rtol=1e-9)
     assert ours[-1] < ours[0]
+
+
+def test_dgl_degree_scaling_is_gcn_normalisation_only_on_symmetric_01_graphs_without_loops() -> None:
+    from runners.bench.train_dgl import degrees_give_gcn_normalisation
+
+    symmetric = sp.csr_matrix(np.array([[0, 1, 1], [1, 0, 0], [1, 0, 0]], dtype=np.float64))
+    assert degrees_give_gcn_normalisation(symmetric)
+    weighted = symmetric.copy()
+    weighted.data[:] = 2.0
+    looped = symmetric + sp.identity(3, format="csr")
+    directed = sp.triu(symmetric, format="csr")
+    assert not any(degrees_give_gcn_normalisation(m) for m in (weighted, looped, directed))
 
 
 def _bench_train_arguments(*argv: str):  # noqa: ANN202
