@@ -51,7 +51,7 @@ from runners.bench.pyg_peer import DTYPES, trainer_adam
 
 GRAPHBOLT_NOTE = ("dgl.graphbolt (DGL's distributed pipeline; its C++ library is built for torch <= 2.2 only) "
                   "is replaced by an empty stand-in so that `import dgl` works beside torch {torch}; the "
-                  "classic NeighborSampler does not use it")
+                  "classic NeighborSampler and the nn layers do not use it")
 
 
 def dgl_problem() -> str | None:
