@@ -162,7 +162,10 @@ class ResultsWriter:
     Every record reaches the file when :meth:`write` returns (one whole line per ``write`` system call,
     flushed to the kernel, so it survives a crash of the process, ``kill -9`` or another rank's
     ``MPI_Abort``). A run that ends early leaves ``NAME.partial``: a valid JSON-lines prefix of the run (the
-    ``config``, ``environment``, ``setup`` and ``epoch`` records so far) without the ``final`` record. Only a
+    ``config``, ``environment``, ``setup`` and ``epoch`` records so far) without the ``final`` record, except
+    that ``kill -9`` inside a write can leave a torn last line after it (Linux stops a write to a file at a
+    page boundary when a fatal signal is pending, and a line of a few KiB often crosses one): readers keep the
+    whole lines and leave a torn last one out (:func:`read_earlier_legs`). Only a
     complete run (its ``final`` record written, then :meth:`close`) has ``NAME``, so an existing ``NAME``
     from an earlier run stays until the new run completes, and a reader (``sparse-dist sweep``) never
     mistakes a partial run for a finished one. A new run truncates any ``NAME.partial`` it finds (that of an
