@@ -20,7 +20,8 @@ the CPU this saves a fresh 100 MB tensor each way on the 200k synthetic,
 which the kernel zeroes page by page. And a static layer-0 input (a
 :class:`~sparse_dist.halo.StaticHalo`) with no mask on it is the same every
 epoch, so training multiplies the halo's kept ``Â_ext X`` as evaluation
-does (one GEMM, no SpMM; ``(Â X) W = Â (X W)`` to rounding).
+does (GCN: one GEMM, no SpMM; SAGE: its neighbour term; ``(Â X) W = Â (X W)`` to
+rounding).
 
 Initial weights come from one ``torch.Generator`` seeded with ``seed``,
 passed through the layers in order (each layer draws its own parameters,
@@ -158,7 +159,8 @@ class GraphModel(nn.Module):
         first row (dropout masks are per global row). ``timer`` books the dropout work (masks and their
         passes). ``bypass_policy``: exchange exactly although training (same masks; the audit's forward).
         ``trace``: each layer's output rows (before its activation) are appended to it, detached.
-        Evaluating (``training`` False), or training without dropout, with a static halo, layer 0 is
+        Evaluating (``training`` False), or training without dropout, with a static halo whose own values are
+        the input (a policy may hand a sampled or scaled input instead, then multiplied as it is), layer 0 is
         :meth:`_layer0_without_masks` (GCN's multiplies the halo's kept ``Â_ext X``: one GEMM). Without
         dropout and ``trace``, ReLUs are written over the layer outputs (module docstring).
         Under owner-side dropout each exchanging SpMM layer's context also says how to make its input
@@ -188,7 +190,7 @@ class GraphModel(nn.Module):
                                       halo_rows=halo.count if local else 0,
                                       dropout=dropout.masks(index) if receiver and not local else None,
                                       bypass_policy=bypass_policy, unmasked=unmasked)
-            if local and (not training or dropout is None) and isinstance(halo, StaticHalo):
+            if local and dropout is None and isinstance(halo, StaticHalo) and h is halo.values:
                 h = self._layer0_without_masks(h, halo, context)
             else:
                 operator = (halo if layer.takes_operator else halo.multiply) if local else spmm
@@ -207,11 +209,12 @@ class GraphModel(nn.Module):
     def _layer0_without_masks(self, x: torch.Tensor, halo: StaticHalo, context: ExchangeContext) -> torch.Tensor:
         """Layer 0's output rows from the halo with no dropout mask (an evaluation; the mask-free input of
         layer 1). A layer that sees its input only through the product multiplies the halo's kept
-        ``Â_ext X`` (:meth:`StaticHalo.aggregate`): one GEMM, no SpMM. Local."""
+        ``Â_ext X`` (:meth:`StaticHalo.aggregate`): one GEMM, no SpMM; another (SAGE's self term) gets that kept
+        product from its operator (:meth:`StaticHalo.product`). Local."""
         first = self.layers[0]
         if first.input_only_through_product:
             return first(halo.aggregate(), _as_is, context, 1.0)
-        return first(x, halo if first.takes_operator else halo.multiply, context, 1.0)
+        return first(x, halo if first.takes_operator else halo.product, context, 1.0)
 
     @staticmethod
     def _unmasked(h: torch.Tensor, activation: str | None) -> Callable[[], torch.Tensor]:

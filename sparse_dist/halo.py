@@ -127,6 +127,14 @@ class StaticHalo:
                 self._aggregate = self.multiply(self.values)
         return self._aggregate
 
+    def product(self, h: torch.Tensor, context: ExchangeContext | None = None) -> torch.Tensor:
+        """``Â_ext h`` as :meth:`multiply`, but the kept :meth:`aggregate` (no SpMM) where ``h`` is
+        :attr:`values` itself, unmasked and without a gradient: the operator of a layer 0 whose input is the
+        static input as it is (evaluation, or training without dropout). Local."""
+        if h is self.values and not h.requires_grad:
+            return self.aggregate()
+        return self.multiply(h, context)
+
 
 def extended_product(h: torch.Tensor, plan: ExchangePlan, own_block: torch.Tensor, far_block: torch.Tensor,
                      transpose: Callable[[str], torch.Tensor], far_rows: int) -> torch.Tensor:

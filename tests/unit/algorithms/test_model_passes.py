@@ -95,22 +95,39 @@ class _CountingHalo(StaticHalo):
         return self.a @ self.values
 
 
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
 @pytest.mark.parametrize(("dropout", "multiplied", "aggregated"), [(0.0, 0, 2), (0.5, 2, 0)])
 def test_training_without_dropout_multiplies_the_kept_aggregate_of_a_static_input(
-        dropout: float, multiplied: int, aggregated: int) -> None:
-    """Layer 0 over a static halo: ``Â X`` (kept) times ``W`` without dropout, the halo's SpMM with it (a mask
-    changes ``X`` every epoch); two training steps, and without dropout the same values as the dense model."""
+        kind: str, dropout: float, multiplied: int, aggregated: int) -> None:
+    """Layer 0 over a static halo: ``Â X`` (kept) times ``W`` without dropout (GCN; SAGE's neighbour term beside
+    its self term), the halo's SpMM with it (a mask changes ``X`` every epoch); two training steps, and without
+    dropout the same values and gradients as the dense model."""
     a = _adjacency(4)
     x = torch.randn(ROWS, DIMS[0], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     halo = _CountingHalo(a, x)
-    model = GraphModel("gcn", DIMS, dropout=dropout, seed=6, dtype=torch.float64)
+    model = GraphModel(kind, DIMS, dropout=dropout, seed=6, dtype=torch.float64)
     outs = [model(x, lambda h, context: a @ h, first_row=0, epoch=epoch, training=True, halo=halo)
             for epoch in range(2)]
     assert (halo.multiplied, halo.aggregated) == (multiplied, aggregated)
     if dropout == 0.0:
         (outs[0] ** 2).sum().backward()
-        want, grads = _dense_reference(model, "gcn", a, x)
+        want, grads = _dense_reference(model, kind, a, x)
         torch.testing.assert_close(outs[0].detach(), want, rtol=1e-12, atol=1e-12)
         for k in range(model.num_layers):
             for param, expected in zip(model.layer_parameters(k), grads[k]):
                 torch.testing.assert_close(param.grad, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+def test_a_policys_own_layer0_input_is_multiplied_as_it_is(kind: str) -> None:
+    """A policy that hands layer 0 another input over the same static halo (dgs scales X's columns) is not
+    replaced by the kept ``Â X``: the halo's SpMM multiplies the input given, as the dense model does."""
+    a = _adjacency(10)
+    x = torch.randn(ROWS, DIMS[0], generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    halo = _CountingHalo(a, x)
+    scaled = x * torch.tensor([2.0, 0.0, 1.0, 0.5], dtype=torch.float64)
+    model = GraphModel(kind, DIMS, dropout=0.0, seed=12, dtype=torch.float64)
+    out = model(scaled, lambda h, context: a @ h, first_row=0, epoch=0, training=True, halo=halo)
+    assert (halo.multiplied, halo.aggregated) == (1, 0)
+    want, _ = _dense_reference(model, kind, a, scaled)
+    torch.testing.assert_close(out.detach(), want, rtol=1e-12, atol=1e-12)
