@@ -239,7 +239,6 @@ class GraphModel(nn.Module):
         return dropout.drop(h, layer) if dropout is not None else h
 
 
-
 class _ReluInPlace(torch.autograd.Function):
     """``relu(z)`` written over ``z``, and its backward over the incoming gradient: no new tensor either way.
 

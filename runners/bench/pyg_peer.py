@@ -137,13 +137,19 @@ def _gcn_operand(rows: sp.spmatrix, dtype: torch.dtype, device: torch.device, no
     return sparse_csr(gcn_adjacency(rows), dtype, device)
 
 
-def _mean_operand(rows: sp.spmatrix, dtype: torch.dtype, device: torch.device, notes: list[str]) -> torch.Tensor:
+def mean_pattern(rows: sp.spmatrix, library: str, notes: list[str]) -> sp.csr_matrix:
+    """The whole adjacency a peer's mean aggregation reads (float64 CSR, duplicates summed); a note where its
+    weights are not all 1 (``library``'s mean divides by the edge count, ours by the weighted degree)."""
     matrix = sp.csr_matrix(rows, dtype=np.float64)
     matrix.sum_duplicates()
     if matrix.nnz and not np.all(matrix.data == 1.0):
-        notes.append("edge weights are not all 1: PyG's mean divides by the edge count, sparse-dist by the weighted "
-                     "degree")
-    return sparse_csr(matrix, dtype, device)
+        notes.append(f"edge weights are not all 1: {library}'s mean divides by the edge count, sparse-dist by the "
+                     f"weighted degree")
+    return matrix
+
+
+def _mean_operand(rows: sp.spmatrix, dtype: torch.dtype, device: torch.device, notes: list[str]) -> torch.Tensor:
+    return sparse_csr(mean_pattern(rows, "PyG", notes), dtype, device)
 
 
 def _gat_operand(rows: sp.spmatrix, dtype: torch.dtype, device: torch.device, notes: list[str]) -> torch.Tensor:
@@ -174,7 +180,8 @@ def mirror_problem(kind: str) -> str | None:
 
 class MirroredModel(torch.nn.Module):
     """Another library's layers made from ``start``'s (``make_conv(our_layer, fan_in)``, weights copied), with
-    dropout on every input and the activation our layers declare between them; a subclass gives ``forward``."""
+    dropout on every input and the activation our layers declare between them; a subclass says how one layer
+    is called on the whole graph as that library takes it (:meth:`convolve`)."""
 
     def __init__(self, make_conv: Callable[[Any, int], Any], dropout: float, start: GraphModel) -> None:
         super().__init__()
@@ -185,6 +192,18 @@ class MirroredModel(torch.nn.Module):
             for layer, fan_in in enumerate(start.widths[:-1]):
                 self.convs.append(make_conv(start.layers[layer], fan_in))
 
+    def convolve(self, conv: Any, h: torch.Tensor, operand: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, operand: Any) -> torch.Tensor:
+        h = x
+        for layer, conv in enumerate(self.convs):
+            h = F.dropout(h, p=self.dropout, training=self.training)
+            h = self.convolve(conv, h, operand)
+            if layer < len(self.convs) - 1:
+                h = self.activation(h)
+        return h
+
 
 class _PygModel(MirroredModel):
     """The PyG layers of ``kind`` (``MIRRORS``) made from ``start``'s."""
@@ -193,14 +212,8 @@ class _PygModel(MirroredModel):
                  attention_dropout: float = 0.0) -> None:
         super().__init__(lambda ours, fan_in: MIRRORS[kind].conv(ours, fan_in, attention_dropout), dropout, start)
 
-    def forward(self, x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
-        h = x
-        for layer, conv in enumerate(self.convs):
-            h = F.dropout(h, p=self.dropout, training=self.training)
-            h = conv(h, adjacency)
-            if layer < len(self.convs) - 1:
-                h = self.activation(h)
-        return h
+    def convolve(self, conv: Any, h: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
+        return conv(h, adjacency)
 
 
 def trainer_adam(model: "_PygModel", config: TrainConfig) -> torch.optim.Adam:

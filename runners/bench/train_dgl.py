@@ -36,12 +36,11 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 import torch
-import torch.nn.functional as F
 
 from algorithms.model import GraphModel
 from algorithms.train import LocalGraph, TrainConfig
 from runners.bench.minibatch_dgl import import_dgl
-from runners.bench.pyg_peer import MirroredModel, WholeGraphPeer, gcn_adjacency
+from runners.bench.pyg_peer import MirroredModel, WholeGraphPeer, gcn_adjacency, mean_pattern
 
 
 @dataclass(frozen=True)
@@ -85,12 +84,7 @@ def _gcn_operand(dgl: Any, rows: sp.spmatrix, dtype: torch.dtype, device: torch.
 
 def _mean_operand(dgl: Any, rows: sp.spmatrix, dtype: torch.dtype, device: torch.device,
                   notes: list[str]) -> DglOperand:
-    matrix = sp.csr_matrix(rows, dtype=np.float64)
-    matrix.sum_duplicates()
-    if matrix.nnz and not np.all(matrix.data == 1.0):
-        notes.append("edge weights are not all 1: DGL's mean divides by the edge count, sparse-dist by the weighted "
-                     "degree")
-    return DglOperand(_dgl_graph(dgl, matrix, device), None)
+    return DglOperand(_dgl_graph(dgl, mean_pattern(rows, "DGL", notes), device), None)
 
 
 def _gcn_conv(ours: Any, fan_in: int, operand: DglOperand) -> Any:
@@ -140,17 +134,10 @@ class _DglModel(MirroredModel):
     def __init__(self, kind: str, dropout: float, start: GraphModel, operand: DglOperand) -> None:
         super().__init__(lambda ours, fan_in: DGL_MIRRORS[kind].conv(ours, fan_in, operand), dropout, start)
 
-    def forward(self, x: torch.Tensor, operand: DglOperand) -> torch.Tensor:
-        h = x
-        for layer, conv in enumerate(self.convs):
-            h = F.dropout(h, p=self.dropout, training=self.training)
-            if operand.edge_weight is None:
-                h = conv(operand.graph, h)
-            else:
-                h = conv(operand.graph, h, edge_weight=operand.edge_weight)
-            if layer < len(self.convs) - 1:
-                h = self.activation(h)
-        return h
+    def convolve(self, conv: Any, h: torch.Tensor, operand: DglOperand) -> torch.Tensor:
+        if operand.edge_weight is None:
+            return conv(operand.graph, h)
+        return conv(operand.graph, h, edge_weight=operand.edge_weight)
 
 
 class DglPeer(WholeGraphPeer):
