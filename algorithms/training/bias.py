@@ -24,11 +24,15 @@ on the same weights by its variance, more as training goes on (``bns:keep=0.1`` 
 1.02x at epoch 40, 1.73x at 200), while its validation gap does not grow.
 
 **Its cost.** With ``--audit-every K`` the guard reads the audit's forward every ``K`` epochs. Otherwise it
-chooses its own interval: the reference runs beside step 2 (step 1 pays one-off costs), and from its cost ``K``
-is the smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... at least ``t_ref / (0.05 * t_step)``, and large enough that
-the measuring reading and the later ones together fit 5% of the run's epochs (:func:`reference_interval`): the
-reference forward then costs at most 5% of the steps' time (on Cora at P = 2 on a shared 2-core machine, one reference forward took
-0.37 to 0.8 of a step: K = 16 or 32).
+chooses its own interval, priced before any reading from the run's first exact evaluation of the weights after
+step 2 or later (step 1 pays one-off costs; :meth:`~algorithms.training.guard.Guard.price_reference`): an exact
+forward like the reference, without its dropout masks. ``K`` is the smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24,
+... at least ``t_ref / (0.05 * t_step)``, and large enough that the readings left fit 5% of the run's epochs
+(:func:`reference_interval`): the reference forward then costs at most 5% of the steps' time (on Cora at P = 2
+on a shared 2-core machine, one reference forward took 0.37 to 0.8 of a step: K = 16 or 32). After every
+reading the guard chooses again from the readings' own mean cost. A reading of its own to measure the cost
+would lie outside the budget it sets, and over a slow link it is the dearest part of a short run (40 epochs of
+the 200k synthetic at P = 2 and 200 Mbit/s: 3.8 s, 4.7 steps, where the budget then grants no reading at all).
 ``K`` is agreed (the largest over ranks: one allgather, once) and kept in the guard's state, so a resumed run
 checks at the same epochs; two fresh runs on differently loaded machines may choose different ``K``
 (``--audit-every`` fixes it). Each reading's figures and seconds are in the epoch's record
@@ -49,7 +53,7 @@ from algorithms.training.metrics import local_loss_sum
 REFERENCE_SHARE = 0.05
 """The most of a run's step time the guard's own exact reference may cost."""
 MEASURED_AT = 2
-"""The step beside which the reference first runs and whose cost sets the interval (step 1 pays one-off costs)."""
+"""The first step whose weights' exact evaluation prices the reference (step 1 pays one-off costs)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ def reference_interval(reference_seconds: float, step_seconds: float, share: flo
     of the share, and the rule acts no later than it must.
 
     ``epochs``: the run's, where known: then the readings are a budget. ``spent`` seconds of readings so far (the
-    one just read, beside step ``after``, included; default ``reference_seconds``, the measuring reading) and the
+    one just read, beside step ``after``, included; default ``reference_seconds``, that one reading) and the
     readings left at multiples of ``K`` in ``(after, epochs]``, each of ``reference_seconds``, must fit ``share *
     epochs`` steps of ``step_seconds``. The guard asks again after every reading with the means so far
     (:meth:`~algorithms.training.guard.Guard.observe_reference`), so a reading dearer than the first (a loaded

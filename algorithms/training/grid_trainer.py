@@ -203,8 +203,12 @@ class GridTrainer(grid_policy.GridPolicyState):
     # ----------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
         """Exact forward (no dropout); accuracy per split, global (collective); its bytes in :attr:`eval_bytes`."""
+        start = time.perf_counter()
         metrics = self.measured_evaluation()
+        seconds = time.perf_counter() - start
         self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
+        if self._step_walls:  # collective where it chooses the bias signal's interval (the same on every rank)
+            self.guard.price_reference(self.epoch, seconds, statistics.median(self._step_walls))
         return metrics
 
     @torch.no_grad()

@@ -53,6 +53,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
                            lambda trace: self.forward(training=True, bypass_policy=True, trace=trace))
         self._evaluated: dict[str, float] | None = None  # the evaluation a step ended with (see train_epoch)
         self._step_walls: list[float] = []  # this leg's steps' seconds (the bias reference's budget)
+        self._evaluation_seconds = 0.0  # this rank's seconds in the latest exact evaluation (prices the reference)
 
     def forward(self, training: bool, *, bypass_policy: bool = False,
                 trace: list[torch.Tensor] | None = None) -> torch.Tensor:
@@ -123,7 +124,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         loss.backward()
         if alongside is not None:
             extra["evaluation"] = alongside.finish()  # before the optimiser changes the weights
-            self.eval_bytes = alongside.share.bytes()
+            self.eval_bytes, self._evaluation_seconds = alongside.share.bytes(), alongside.share.wall
             self.guard.note_metrics(self.epoch, extra["evaluation"], self._kept_state)  # the weights it saw
             if self.steering is not None:
                 self.steering.observe_metrics(self.epoch, extra["evaluation"])
@@ -170,7 +171,14 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
                                                                             typical), "bytes": checked["bytes"]}
         if alongside is not None:  # after the record: the guard's agreement is neither the step's nor the evaluation's
             self.guard.agree()
+            self._price_reference(self.epoch - 1)  # the evaluation beside this step saw the weights before it
         return record
+
+    def _price_reference(self, evaluated: int) -> None:
+        """Let the guard price its bias reference from the exact evaluation of the weights after step
+        ``evaluated`` (collective where it chooses: :meth:`Guard.price_reference`)."""
+        if self._step_walls:  # a resumed leg's evaluation before its first step has no step to price against
+            self.guard.price_reference(evaluated, self._evaluation_seconds, statistics.median(self._step_walls))
 
     def _alongside(self) -> AlongsideEvaluation:
         if not self.config.overlap_evaluation:
@@ -221,6 +229,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         if metrics is None:
             metrics = self.measured_evaluation()
         self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
+        self._price_reference(self.epoch)
         if self.steering is not None:
             self.steering.observe_metrics(self.epoch, metrics)
         return metrics
@@ -228,10 +237,10 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
     @torch.no_grad()
     def measured_evaluation(self) -> dict[str, float]:
         """The exact metrics of the current weights; their bytes in :attr:`eval_bytes` (collective)."""
-        before = self.comm.stats.snapshot()
+        before, start = self.comm.stats.snapshot(), time.perf_counter()
         self.model.eval()
         metrics = self._exact_metrics()
-        self.eval_bytes = moved_since(self.comm, before)
+        self.eval_bytes, self._evaluation_seconds = moved_since(self.comm, before), time.perf_counter() - start
         return metrics
 
     def _kept_state(self) -> dict[str, Any]:

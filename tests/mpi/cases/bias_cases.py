@@ -10,10 +10,10 @@ policy fall (or end high) fails here by name rather than passing without testing
 
 * a run stopped while strikes are counted resumes from its checkpoint to the uninterrupted run's decisions and
   weights, bitwise;
-* without ``--audit-every`` the guard chooses its interval from step 2's reading's cost, and again after every
-  reading from the readings' mean and the budget left: a rung of its ladder
-  (1, 2, 3, 4, 6, 8, 12, ...), recorded, and the references run at those epochs until the signal has
-  tightened the policy to exact.
+* without ``--audit-every`` the guard prices its interval from the exact evaluation after step 2 (no reading of
+  its own to measure), and chooses again after every reading from the readings' mean and the budget left: a
+  rung of its ladder (1, 2, 3, 4, 6, 8, 12, ...), recorded, and the references run at those epochs until the
+  signal has tightened the policy to exact.
 
 Run: ``mpiexec -n 2 python tests/mpi/cases/bias_cases.py DATA`` (DATA: 2 parts).
 """
@@ -92,31 +92,36 @@ def check_resume(comm, data: str, expected: list[dict], final: list[torch.Tensor
 
 
 def check_chosen_interval(comm, data: str, failures: list[str]) -> None:
-    """Without --audit-every: a reference beside step 2, which measures the cost, then at the multiples of the
-    interval chosen again after each reading (from the readings' mean and the budget left), each interval on the
-    ladder (or beyond the run's 40 epochs, where the budget is spent)."""
+    """Without --audit-every: no reading before the exact evaluation after step 2 prices the interval; then
+    references at its multiples, the interval chosen again after each reading (from the readings' mean and the
+    budget left), each interval on the ladder (or beyond the run's 40 epochs, where the budget is spent)."""
     run = trainer(comm, data, **{**BIASED, "audit_every": 0, "epochs": 40})
     read: list[tuple[int, int]] = []  # (epoch, the interval chosen after its reading)
+    priced = 0  # the interval the evaluation after step 2 chose
     while run.epoch < 40:
         record = run.train_epoch(evaluation_follows=True)
         run.evaluate()
+        if run.epoch == 2:
+            priced = run.guard.state.reference_every
         if "guard_reference" in record:
             read.append((record["epoch"], record["guard_reference"]["every"]))
+    if not priced:
+        failures.append("the evaluation after step 2 chose no interval for the bias signal")
     # once the signal has tightened the policy to exact (the decision names the first epoch trained exact), no
     # reference is needed: how many strikes fit in 40 epochs depends on the chosen intervals, hence on timing
     exact_from = next((d["epoch"] for d in run.guard.state.decisions if d["to"] == "exact"), 41)
     run.close()
     if comm.rank == 0:
-        print(f"INTERVAL chose {[every for _, every in read]}; references after epochs {[e for e, _ in read]}; "
-              f"exact from epoch {exact_from}", flush=True)
-    expected, epoch = [2], 2
-    for _, every in read:
-        epoch = (epoch // every + 1) * every  # the next multiple after the last reading
+        print(f"INTERVAL priced {priced} after step 2, chose {[every for _, every in read]}; references after "
+              f"epochs {[e for e, _ in read]}; exact from epoch {exact_from}", flush=True)
+    expected, epoch = [], 2
+    for every in [priced] + [every for _, every in read]:
+        epoch = (epoch // every + 1) * every if every else 41  # the next multiple after the last reading
         if epoch >= min(exact_from, 41):
             break
         expected.append(epoch)
     rungs = {rung for power in (1 << k for k in range(20)) for rung in (power, 3 * power // 2)}
-    odd = [every for _, every in read if every not in rungs and every <= 40]  # above 40: the budget is spent
+    odd = [every for every in [priced] + [every for _, every in read] if every not in rungs and every <= 40]
     if odd or [e for e, _ in read] != expected:
         failures.append(f"chosen intervals {[every for _, every in read]}: references after "
                         f"{[e for e, _ in read]}, expected {expected}")

@@ -82,17 +82,37 @@ def guard(**settings: object) -> tuple[Guard, OneRank]:
     return Guard(GuardSettings(**given), comm, active=True, validation_size=500), comm
 
 
-def test_without_an_audit_interval_it_measures_step_two_then_keeps_the_interval_it_agreed() -> None:
+def test_without_an_audit_interval_an_evaluation_after_step_two_prices_it_then_readings_choose_again() -> None:
     watch, comm = guard()
-    assert not watch.reference_due(1) and watch.reference_due(2)  # step 1 pays one-off costs: not the measure
-    watch.observe_reference(2, EVEN, 0.2, 1.0)  # 0.2 / (0.05 * 1.0) = 4
+    assert not any(watch.reference_due(epoch) for epoch in range(1, 20))  # no reading of its own to measure
+    watch.price_reference(1, 0.01, 1.0)  # step 1 pays one-off costs: its evaluation prices nothing
+    assert watch.state.reference_every == 0 and comm.calls == 0
+    watch.price_reference(2, 0.2, 1.0)  # 0.2 / (0.05 * 1.0) = 4, agreed in one allgather
+    assert watch.state.reference_every == 4 and comm.calls == 1
+    watch.price_reference(3, 0.01, 1.0)  # once chosen, later evaluations leave it to the readings
     assert watch.state.reference_every == 4 and comm.calls == 1
     assert [epoch for epoch in range(3, 13) if watch.reference_due(epoch)] == [4, 8, 12]
+    watch.observe_reference(4, EVEN, 0.4, 1.0)  # a reading dearer than the evaluation: chosen again from it
+    assert watch.state.reference_every == 8 and comm.calls == 2
     given, _ = guard()
     given.audit_every = 5  # --audit-every: its forward, its interval; nothing measured
     assert [epoch for epoch in range(1, 11) if given.reference_due(epoch)] == [5, 10]
     given.observe_reference(5, EVEN, 0.2, 1.0)
+    given.price_reference(5, 0.2, 1.0)
     assert given.state.reference_every == 0
+
+
+def test_an_evaluation_dearer_than_the_budget_leaves_a_short_run_without_readings() -> None:
+    """40 epochs of the 200k synthetic at P = 2 over 200 Mbit/s: an exact evaluation took 2.1 s against steps of
+    0.8 s, more than 5% of the run's steps (1.6 s): no reading at all, where one to measure cost 3.8 s."""
+    watch = Guard(GuardSettings(warmup=0, patience=2), OneRank(), active=True, validation_size=500, epochs=40)
+    watch.price_reference(11, 2.1, 0.8)
+    assert watch.state.reference_every > 40
+    assert not any(watch.reference_due(epoch) for epoch in range(1, 41))
+    cheap = Guard(GuardSettings(warmup=0, patience=2), OneRank(), active=True, validation_size=500, epochs=40)
+    cheap.price_reference(11, 0.3, 0.8)  # 0.3 / (0.05 * 0.8) = 7.5: every 8 epochs, four readings in 1.6 s
+    due = [epoch for epoch in range(12, 41) if cheap.reference_due(epoch)]
+    assert due == [16, 24, 32, 40] and len(due) * 0.3 <= bias.REFERENCE_SHARE * 40 * 0.8
 
 
 def test_off_without_a_policy_or_once_exact_it_reads_nothing() -> None:
@@ -143,7 +163,9 @@ def test_its_state_travels_with_the_guards() -> None:
                                                          "bias_seen")})
     resumed, _ = guard()
     resumed.load_state_dict(older)  # a checkpoint from before the bias signal, resumed at epoch 50
-    assert resumed.reference_due(51) and resumed.state.bias_strikes == 0
+    assert not resumed.reference_due(51) and resumed.state.bias_strikes == 0
+    resumed.price_reference(51, 0.2, 1.0)  # priced by the resumed leg's first evaluation after a step
+    assert resumed.reference_due(52)
 
 
 def test_readings_chosen_again_after_each_one_stay_within_the_budget_when_they_grow_dearer() -> None:
