@@ -65,8 +65,8 @@ def add_sampler_argument(parser: argparse.ArgumentParser) -> None:
     """``--sampler auto|numba|numpy`` (train --mode minibatch and bench minibatch)."""
     parser.add_argument("--sampler", choices=SAMPLERS, default="auto",
                         help="minibatch: the neighbour-sampling kernel: numba (compiled, per row, threaded), numpy "
-                             "(the reference: one lexsort per hop, one thread) or auto = numba where it imports, "
-                             "else numpy (default: auto); both draw the same blocks, bitwise")
+                             "(the reference: the same draws vectorised over a hop's rows, one thread) or auto = "
+                             "numba where it imports, else numpy (default: auto); both draw the same blocks, bitwise")
 
 
 def sampler_problem(name: str) -> str | None:

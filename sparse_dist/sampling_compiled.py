@@ -1,23 +1,21 @@
 """The compiled per-row neighbour sampler (numba): bitwise :func:`sparse_dist.sampling.sample_rows`.
 
 Contract (the same as the numpy reference's, so blocks are bitwise those of the numpy path): row ``i``
-(global id) of degree ``d`` with fanout ``k < d`` keeps the ``k`` entries with the smallest
-``splitmix64(splitmix64(i ^ key) ^ column)`` (ties, which only a duplicated column can make, go to the
-earlier stored entry, as the reference's stable ``lexsort`` does), in storage order, each value (as float64)
-multiplied by ``d / k``; a row with ``d <= k``, or fanout ``None``, keeps every entry as it is.
+(global id) of degree ``d`` with fanout ``k < d`` keeps the entries at the ``k`` positions
+:func:`sparse_dist.sampling.floyd_positions` draws from ``splitmix64(i ^ key)`` (Floyd's algorithm: for
+``j = d - k .. d - 1``, ``t = min(floor(u (j + 1)), j)`` with ``u`` the top 53 bits of
+``splitmix64(splitmix64(i ^ key) ^ j)`` times 2^-53, and ``j`` instead where ``t`` was drawn before), in
+storage order, each value (as float64) multiplied by ``d / k``; a row with ``d <= k``, or fanout ``None``,
+keeps every entry as it is.
 
-How: the reference hashes every candidate entry of a hop and orders the whole hop with one ``lexsort``
-(``O(E log E)`` in numpy, one thread). Here each row is a partial selection in three short passes: its
-``d`` hashes (a loop without branches, which the compiler vectorises); the candidates, those below a cut of
-``(k + 1.5 sqrt(k) + 1) / d`` of the hash range (hashes are uniform, so about ``k + 1.5 sqrt(k) + 1`` of
-them, and at least ``k`` nearly always; where fewer, every entry is a candidate); then each candidate's
-rank by (hash, storage position) counted against the others, without branches, and the candidates of rank
-below ``k`` written in storage order (more than 48 candidates: the ``k`` smallest kept in a sorted buffer of
-``k`` instead). Rows are independent: the output offsets are known before sampling (``min(d, k)`` per row),
-and chunks of rows run in parallel (``numba.prange``) over ``threads`` numba threads, set on the calling
-thread before every call (numba's thread count is per thread: the prefetch worker gets the same count as
-the main thread). The cut decides only how much work a row takes, never what it keeps. (An insertion
-of every entry into a sorted buffer of ``k``, the earlier form, was slower: its comparisons mispredict.)
+How: per row, ``k`` hashes, each checked against the draws before it (``k^2 / 2`` comparisons of a few
+registers) and an insertion sort of ``k`` positions; no pass over the row's ``d`` entries beyond the ``k``
+it keeps. Rows are independent: the output offsets are known before sampling (``min(d, k)`` per row), and
+chunks of rows run in parallel (``numba.prange``) over ``threads`` numba threads, set on the calling thread
+before every call (numba's thread count is per thread: the prefetch worker gets the same count as the main
+thread). (The earlier rule, keep the ``k`` entries of smallest hash, hashed every entry of a row and ranked
+the candidates under a cut; on the 200k synthetic's rows of degree 29 that was six hashes for each entry
+kept at fanout 5.)
 
 :class:`BlockColumns` does the requester's side of a hop in the same spirit: the block's source ids
 (destinations first, then the new ids in increasing order) and each entry's column position, in linear
@@ -48,7 +46,6 @@ Pure (no communication). numba is a dependency of the package; where it cannot b
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 
@@ -68,9 +65,8 @@ __all__ = ["ROWS_PER_CHUNK", "BlockColumns", "block_columns_compiled", "reorder_
 
 ROWS_PER_CHUNK = 64  # rows one parallel task samples with one scratch buffer (amortises its allocation)
 
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-_TWO64 = 18446744073709551616.0  # 2**64: a share of the hash range as a uint64 cut
-_RANKED_CANDIDATES = 48  # up to this many candidates a row ranks them all against each other (no branch)
+_S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+_UNIT = 1.0 / 9007199254740992.0  # 2**-53: the top 53 bits of a hash as a float in [0, 1)
 
 
 @njit(cache=True, inline="always")
@@ -80,62 +76,6 @@ def _mix(z: np.uint64) -> np.uint64:  # pragma: no cover - compiled
     z = (z ^ (z >> _S30)) * MIX1
     z = (z ^ (z >> _S27)) * MIX2
     return z ^ (z >> _S31)
-
-
-@njit(cache=True, inline="always")
-def _keep_by_rank(cand_hash, cand_pos, count, fanout, start, indices, data, scale, out_columns,
-                  out_values, out):  # pragma: no cover - compiled
-    """Write the candidates whose rank by (hash, storage position) is below ``fanout``, in storage order:
-    each candidate's rank counted against every other (no branch; for a few candidates)."""
-    j = 0
-    for c in range(count):
-        mine = cand_hash[c]
-        rank = 0
-        for other in range(count):
-            theirs = cand_hash[other]
-            rank += np.int64(theirs < mine) + np.int64((theirs == mine) & (other < c))
-        if rank < fanout:
-            e = start + cand_pos[c]
-            out_columns[out + j] = indices[e]
-            out_values[out + j] = np.float64(data[e]) * scale
-            j += 1
-
-
-@njit(cache=True, inline="always")
-def _keep_by_buffer(cand_hash, cand_pos, count, fanout, best, start, indices, data, scale, out_columns,
-                    out_values, out):  # pragma: no cover - compiled
-    """As :func:`_keep_by_rank` for many candidates: the ``fanout`` smallest hashes kept sorted in ``best``
-    (most candidates rejected by one comparison), then the candidates under the largest of them, and as
-    many equal to it as fit, earliest stored first."""
-    kept = 0
-    for c in range(count):
-        h = cand_hash[c]
-        if kept == fanout:
-            if h >= best[fanout - 1]:
-                continue
-            j = fanout - 1
-        else:
-            j = kept
-            kept += 1
-        while j > 0 and best[j - 1] > h:
-            best[j] = best[j - 1]
-            j -= 1
-        best[j] = h
-    last = best[fanout - 1]
-    ties = fanout  # entries hashing to ``last`` that are kept: the earliest stored ones
-    for j in range(fanout):
-        if best[j] < last:
-            ties -= 1
-    j = 0
-    for c in range(count):
-        h = cand_hash[c]
-        if h < last or (h == last and ties > 0):
-            if h == last:
-                ties -= 1
-            e = start + cand_pos[c]
-            out_columns[out + j] = indices[e]
-            out_values[out + j] = np.float64(data[e]) * scale
-            j += 1
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -154,13 +94,7 @@ def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, kept, offs
         return wrong
     for chunk in prange(chunks):
         first, stop = chunk * ROWS_PER_CHUNK, min(n, (chunk + 1) * ROWS_PER_CHUNK)
-        widest = 1  # the chunk's largest degree: the size of its scratch
-        for i in range(first, stop):
-            widest = max(widest, np.int64(indptr[local[i] + 1]) - np.int64(indptr[local[i]]))
-        hashes = np.empty(widest, dtype=np.uint64)
-        cand_hash = np.empty(widest, dtype=np.uint64)
-        cand_pos = np.empty(widest, dtype=np.int64)
-        best = np.empty(max(fanout, 1), dtype=np.uint64)
+        chosen = np.empty(max(fanout, 1), dtype=np.int64)
         for i in range(first, stop):
             start = np.int64(indptr[local[i]])
             degree = np.int64(indptr[local[i] + 1]) - start
@@ -171,29 +105,25 @@ def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, kept, offs
                     out_values[out + e] = np.float64(data[start + e])
                 continue
             node = _mix(np.uint64(wanted[i]) ^ key)
-            for e in range(degree):  # no branch: vectorised
-                hashes[e] = _mix(node ^ np.uint64(indices[start + e]))
-            count = 0
-            share = (fanout + 1.5 * math.sqrt(fanout) + 1.0) / degree
-            if share < 1.0:  # candidates: the entries under a cut that the k-th smallest hash is likely below
-                cut = np.uint64(share * _TWO64)
-                for e in range(degree):
-                    h = hashes[e]
-                    cand_hash[count] = h
-                    cand_pos[count] = e
-                    count += np.int64(h < cut)
-            if count < fanout:  # the cut fell short (rare), or it would keep every entry: all are candidates
-                for e in range(degree):
-                    cand_hash[e] = hashes[e]
-                    cand_pos[e] = e
-                count = degree
+            for s in range(fanout):  # Floyd: draw t in [0, j]; j itself where t was drawn before
+                j = degree - fanout + s
+                t = min(np.int64(np.float64(_mix(node ^ np.uint64(j)) >> _S11) * _UNIT * np.float64(j + 1)), j)
+                seen = False
+                for q in range(s):
+                    seen |= chosen[q] == t
+                chosen[s] = j if seen else t
+            for s in range(1, fanout):  # storage order: an insertion sort of ``fanout`` positions
+                position = chosen[s]
+                q = s
+                while q > 0 and chosen[q - 1] > position:
+                    chosen[q] = chosen[q - 1]
+                    q -= 1
+                chosen[q] = position
             scale = degree / fanout
-            if count <= _RANKED_CANDIDATES:
-                _keep_by_rank(cand_hash, cand_pos, count, fanout, start, indices, data, scale, out_columns,
-                              out_values, out)
-            else:
-                _keep_by_buffer(cand_hash, cand_pos, count, fanout, best, start, indices, data, scale,
-                                out_columns, out_values, out)
+            for s in range(fanout):
+                e = start + chosen[s]
+                out_columns[out + s] = indices[e]
+                out_values[out + s] = np.float64(data[e]) * scale
     return 0
 
 

@@ -1,6 +1,6 @@
 """The compiled (numba) per-row sampler is bitwise the numpy reference (sparse_dist/sampling.py:sample_rows):
 over many keys, fanouts (0, 1, below, at and above the degrees, all), degrees 0 to thousands, duplicated
-columns (hash ties), int32 and int64 indices, float32 and float64 values, repeated and unordered wanted rows,
+columns, int32 and int64 indices, float32 and float64 values, repeated and unordered wanted rows,
 an owner whose rows start past 0, one and two threads; the compiled block assembly against numpy's; and
 through the single-rank sampler, batches sampled in groups of K. The JIT happens when the sampler is built,
 never while it samples."""
@@ -25,7 +25,7 @@ from sparse_dist.sampling_compiled import (BlockColumns, reorder_rows_compiled, 
 def rows_of_every_degree(first_row: int = 0, seed: int = 0, index_dtype=np.int32, value_dtype=np.float64,
                          duplicates: bool = True) -> sp.csr_matrix:
     """Rows of degree 0, 1, ..., 40, then 200 and 3000 (a hub), over 4000 columns; with ``duplicates`` some
-    rows store a column twice (a non-canonical CSR: equal hashes, broken by storage order)."""
+    rows store a column twice (a non-canonical CSR: the draws pick positions, not columns)."""
     rng = np.random.default_rng(seed)
     degrees = list(range(41)) + [200, 3000, 0, 7]
     columns, values, indptr = [], [], [0]
@@ -79,19 +79,19 @@ def test_many_keys_on_a_random_graph() -> None:
         assert_bitwise(sample_rows(a, 0, wanted, fanout, key), sample_rows_compiled(a, 0, wanted, fanout, key, 2))
 
 
-def test_rows_of_repeated_columns_take_every_path_of_the_selection() -> None:
-    """Rows that store one column many times hash to one value, so the compiled kernel's cut (a share of the
-    hash range the k-th smallest hash is likely below) keeps all of their entries or none, and in the
-    second case falls back to ranking every entry; ties are broken by storage order. Rows of 60 and 200
-    entries rank their candidates against each other or, when there are many, in a buffer of ``k``. Every
-    case against the numpy reference, over 60 keys and fanouts 1-20."""
+def test_draws_that_collide_often_and_rows_far_above_the_fanout_match_the_reference() -> None:
+    """Floyd's draw takes ``j`` itself where ``t`` was drawn before: often where ``k`` is close to ``d`` (rows of
+    21 and 22 entries at fanout 20), rarely on rows of 60, 200 and 3000 entries; a row storing one column many
+    times keeps positions, not columns. Every case against the numpy reference, over 60 keys and fanouts 1-20."""
     rng = np.random.default_rng(11)
     rows = []
     rows.append(np.full(50, 7))  # one column fifty times
     rows.append(np.repeat([3, 9], 25))  # two columns, each 25 times
-    rows.append(np.concatenate([np.full(20, 5), rng.choice(4000, size=20, replace=False)]))  # a tied block
-    rows.append(rng.choice(4000, size=60, replace=False))  # no ties, a few candidates
-    rows.append(rng.choice(4000, size=200, replace=False))  # no ties, many candidates at large fanouts
+    rows.append(rng.choice(4000, size=21, replace=False))
+    rows.append(rng.choice(4000, size=22, replace=False))
+    rows.append(rng.choice(4000, size=60, replace=False))
+    rows.append(rng.choice(4000, size=200, replace=False))
+    rows.append(rng.choice(4000, size=3000, replace=False))
     indptr = np.concatenate(([0], np.cumsum([r.size for r in rows])))
     matrix = sp.csr_matrix((rng.random(indptr[-1]) + 0.5, np.concatenate(rows), indptr), shape=(len(rows), 4000))
     wanted = np.arange(len(rows))
@@ -100,6 +100,22 @@ def test_rows_of_repeated_columns_take_every_path_of_the_selection() -> None:
         for fanout in (1, 2, 5, 11, 20):
             assert_bitwise(sample_rows(matrix, 0, wanted, fanout, key),
                            sample_rows_compiled(matrix, 0, wanted, fanout, key, 2))
+
+
+def test_every_subset_of_a_row_is_equally_likely() -> None:
+    """A row of 6 entries at fanout 3 over 40,000 keys: each of its 20 subsets within 5 standard errors of
+    2,000 draws (uniform without replacement, so each entry is kept with probability k / d); a draw that kept
+    ``t`` where it had been drawn before (a duplicate) or favoured low positions fails it."""
+    draws = 40_000  # rows alike, each with its own id: independent draws in one call
+    rows = sp.csr_matrix((np.ones(6 * draws), np.tile(np.arange(6) * 10, draws), np.arange(draws + 1) * 6),
+                         shape=(draws, 60))
+    kept, columns, _ = sample_rows_compiled(rows, 0, np.arange(draws), 3, sampling_key(4, 1, 2, 0), 2)
+    picked = columns.reshape(draws, 3)
+    assert np.all(kept == 3) and np.all(np.diff(picked, axis=1) > 0)  # distinct, in storage order
+    subsets, counts = np.unique(picked, axis=0, return_counts=True)
+    expected = draws / 20
+    spread = (expected * (1 - 1 / 20)) ** 0.5
+    assert len(subsets) == 20 and np.all(np.abs(counts - expected) <= 5 * spread), counts
 
 
 def test_sampling_into_slices_of_one_buffer_is_sampling_alone() -> None:
