@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sparse_dist.splitmix import GOLDEN, MIX1, MIX2, splitmix64
+from sparse_dist.splitmix import GOLDEN, MIX1, MIX2, splitmix64, unit_floats
 
 
 def row_hash(seed: int, epoch: int, stream: int, ids: np.ndarray, salt: int = 0) -> np.ndarray:
@@ -30,7 +30,7 @@ def row_hash(seed: int, epoch: int, stream: int, ids: np.ndarray, salt: int = 0)
 
 def uniforms(seed: int, epoch: int, stream: int, ids: np.ndarray, salt: int = 0) -> np.ndarray:
     """``U[0, 1)`` per id from :func:`row_hash` (its top 53 bits)."""
-    return (row_hash(seed, epoch, stream, ids, salt) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return unit_floats(row_hash(seed, epoch, stream, ids, salt))
 
 
 def as_int64(value: int) -> int:

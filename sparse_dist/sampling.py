@@ -62,12 +62,11 @@ from sparse_dist.layout import RowLayout
 from sparse_dist.log import get_logger
 from sparse_dist.owned_rows import kept_per_row, owned_local_rows
 from sparse_dist.pull import ID_BYTES, Pull, PullTraffic, predict_pull_bytes
-from sparse_dist.splitmix import splitmix64 as _mix
+from sparse_dist.splitmix import splitmix64 as _mix, unit_floats
 
 __all__ = ["SAMPLERS", "DistributedSampler", "HopTraffic", "SampledBlock", "predict_hop_bytes", "resolve_sampler",
            "sample_rows", "sampling_key"]
 SAMPLERS = ("auto", "numba", "numpy")  # the kernels a run may ask for (module docstring)
-_UNIT = 1.0 / 9007199254740992.0  # 2**-53: the top 53 bits of a hash as a float in [0, 1)
 
 _log = get_logger(__name__)
 _fallback_said: list[str] = []
@@ -150,7 +149,7 @@ def floyd_positions(node_hash: np.ndarray, degrees: np.ndarray, fanout: int) -> 
     chosen = np.empty((degrees.size, fanout), dtype=np.int64)
     for s in range(fanout):
         j = degrees.astype(np.int64) - fanout + s
-        u = (_mix(node_hash ^ j.astype(np.uint64)) >> np.uint64(11)).astype(np.float64) * _UNIT
+        u = unit_floats(_mix(node_hash ^ j.astype(np.uint64)))
         t = np.minimum((u * (j + 1).astype(np.float64)).astype(np.int64), j)
         seen = (chosen[:, :s] == t[:, None]).any(axis=1)
         chosen[:, s] = np.where(seen, j, t)

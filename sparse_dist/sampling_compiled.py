@@ -55,7 +55,7 @@ import scipy.sparse as sp
 from numba import njit, prange
 
 from sparse_dist.owned_rows import kept_per_row, owned_local_rows
-from sparse_dist.splitmix import GOLDEN, MIX1, MIX2
+from sparse_dist.splitmix import GOLDEN, MIX1, MIX2, UNIT
 
 if "NUMBA_THREADING_LAYER" not in os.environ:  # before any parallel kernel runs (the module docstring)
     numba.config.THREADING_LAYER = "workqueue"
@@ -66,7 +66,6 @@ __all__ = ["ROWS_PER_CHUNK", "BlockColumns", "block_columns_compiled", "reorder_
 ROWS_PER_CHUNK = 64  # rows one parallel task samples with one scratch buffer (amortises its allocation)
 
 _S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
-_UNIT = 1.0 / 9007199254740992.0  # 2**-53: the top 53 bits of a hash as a float in [0, 1)
 
 
 @njit(cache=True, inline="always")
@@ -107,7 +106,7 @@ def _sample_kernel(indptr, indices, data, local, wanted, key, fanout, kept, offs
             node = _mix(np.uint64(wanted[i]) ^ key)
             for s in range(fanout):  # Floyd: draw t in [0, j]; j itself where t was drawn before
                 j = degree - fanout + s
-                t = min(np.int64(np.float64(_mix(node ^ np.uint64(j)) >> _S11) * _UNIT * np.float64(j + 1)), j)
+                t = min(np.int64(np.float64(_mix(node ^ np.uint64(j)) >> _S11) * UNIT * np.float64(j + 1)), j)
                 seen = False
                 for q in range(s):
                     seen |= chosen[q] == t

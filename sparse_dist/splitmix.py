@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GOLDEN", "MIX1", "MIX2", "splitmix64"]
+__all__ = ["GOLDEN", "MIX1", "MIX2", "UNIT", "splitmix64", "unit_floats"]
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 MIX2 = np.uint64(0x94D049BB133111EB)
+UNIT = 2.0**-53
+"""A word's top 53 bits times this are uniform on ``[0, 1)``, exactly (:func:`unit_floats`)."""
 
 
 def splitmix64(values: np.ndarray) -> np.ndarray:
@@ -22,3 +24,8 @@ def splitmix64(values: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * MIX1
     z = (z ^ (z >> np.uint64(27))) * MIX2
     return z ^ (z >> np.uint64(31))
+
+
+def unit_floats(words: np.ndarray) -> np.ndarray:
+    """uint64 words as float64 uniform on ``[0, 1)``: their top 53 bits times 2^-53 (exact, no rounding)."""
+    return (np.asarray(words, dtype=np.uint64) >> np.uint64(11)).astype(np.float64) * UNIT

@@ -46,6 +46,7 @@ import scipy.sparse as sp
 from runners.data.datasets import GraphData
 from runners.data.stages import NoStages, Stages
 from runners.data.stages import progress_line as _progress
+from sparse_dist.splitmix import unit_floats
 
 GRAPH500 = (0.57, 0.19, 0.19, 0.05)
 """Graph500's R-MAT quadrant probabilities A, B, C, D."""
@@ -258,7 +259,7 @@ def features_of(first: int, stop: int, width: int, seed: int) -> np.ndarray:
 
 def _uniform(words: np.ndarray) -> np.ndarray:
     """Raw words as float64 uniform on ``[0, 1)`` (53 bits, exact)."""
-    return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return unit_floats(words)
 
 
 def _hidden(width: int, classes: int, seed: int) -> np.ndarray:
