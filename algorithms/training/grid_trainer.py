@@ -28,7 +28,6 @@ Collective: construction, :meth:`GridTrainer.train_epoch`, :meth:`~GridTrainer.e
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -119,7 +118,6 @@ class GridTrainer(grid_policy.GridPolicyState):
         self.codec = Codec.parse(config.compress, seed=config.seed)  # a step's messages (sparse_dist.grid_links)
         self.guard = Guard(config.guard_settings(), comm, active=not self.policies.is_exact,
                            validation_size=self.global_counts["val"], epochs=config.epochs)
-        self._step_walls: list[float] = []  # the steps' own seconds: the bias reference's budget
         self.steering, self.work = None, []  # what the 1D state functions ask of a run (none here)
         self.receiver_dropout, self.progress_mode, self.plan_setup_seconds = False, None, None
         self.setup_bytes = moved_since(comm, built_from)
@@ -184,15 +182,15 @@ class GridTrainer(grid_policy.GridPolicyState):
         before, wall = share.excluded_from(before, time.perf_counter() - start)
         computed = {"optimizer": time.perf_counter() - began}
         self.epoch += 1
-        self._step_walls.append(wall)
+        self.guard.note_step(wall)  # the steps' own seconds: the bias reference's budget
         self.guard.observe_loss(self.epoch, float(loss.detach()))
         record = {"epoch": self.epoch, "loss": float(loss.detach()),
                   **step_breakdown(self.comm, before, wall, computed, TIMED_PARTS), "broadcasts": [], "cache_bytes": 0}
         if guarded is not None:
             record["guard"] = guarded
         if reference is not None:
-            record["guard_reference"] = {**self.guard.observe_reference(
-                self.epoch, reference, share.wall, statistics.median(self._step_walls)), "bytes": share.bytes()}
+            record["guard_reference"] = {**self.guard.observe_reference(self.epoch, reference, share.wall),
+                                         "bytes": share.bytes()}
         return record
 
     def predicted_step_bytes(self) -> dict[str, int]:
@@ -207,8 +205,7 @@ class GridTrainer(grid_policy.GridPolicyState):
         metrics = self.measured_evaluation()
         seconds = time.perf_counter() - start
         self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
-        if self._step_walls:  # collective where it chooses the bias signal's interval (the same on every rank)
-            self.guard.price_reference(self.epoch, seconds, statistics.median(self._step_walls))
+        self.guard.price_reference(self.epoch, seconds)  # collective where it chooses the bias signal's interval
         return metrics
 
     @torch.no_grad()

@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,6 +190,7 @@ class Guard:
         self.state = GuardState()
         self.kept: dict[str, Any] | None = None  # the best evaluation's model and optimiser state
         self._value: float | None = None  # the last evaluation's validation metric
+        self._step_seconds: list[float] = []  # this leg's steps' own seconds (the bias reference's budget)
 
     def observe_loss(self, epoch: int, loss: float) -> None:
         """``epoch``'s global training loss (the same on every rank)."""
@@ -226,11 +228,21 @@ class Guard:
         every = self.audit_every or state.reference_every
         return bool(every) and epoch % every == 0
 
-    def price_reference(self, epoch: int, evaluation_seconds: float, step_seconds: float) -> None:
+    def note_step(self, seconds: float) -> None:
+        """A step's own seconds on this rank (evaluations and references left out): the bias reference's budget
+        is a share of the steps' time, priced at their median (this leg's steps; every rank notes as many)."""
+        self._step_seconds.append(seconds)
+
+    def typical_step(self) -> float:
+        """The median of this leg's steps' seconds (not the step beside a reading, which the reading slows: the
+        200k synthetic at P = 2, 2.8-4.7 s beside one, 1.9 s the median); 0 before any step."""
+        return statistics.median(self._step_seconds) if self._step_seconds else 0.0
+
+    def price_reference(self, epoch: int, evaluation_seconds: float) -> None:
         """Choose the bias signal's first interval from an exact evaluation's cost instead of a reading of its
         own: the exact evaluation of the weights after step ``epoch`` took ``evaluation_seconds`` on this rank
-        (an exact forward, as the reference is, without its dropout masks), ``step_seconds`` this rank's typical
-        step. Acts once, at the first evaluation of the weights after step :data:`~bias.MEASURED_AT` or later
+        (an exact forward, as the reference is, without its dropout masks), against :meth:`typical_step`.
+        Acts once, at the first evaluation of the weights after step :data:`~bias.MEASURED_AT` or later
         (step 1 pays one-off costs) while no interval is chosen and the guard chooses it (no ``--audit-every``);
         then collective: one allgather, the largest interval kept. Every rank calls it after the same
         evaluation, and whether it acts is replicated state. A measuring reading of its own cost a reference
@@ -238,17 +250,15 @@ class Guard:
         steps)."""
         state = self.state
         if (not self.on or state.exact or self.settings.bias == "off" or self.audit_every or state.reference_every
-                or epoch < bias.MEASURED_AT):
+                or epoch < bias.MEASURED_AT or not self._step_seconds):  # a resumed leg's first evaluation: no step
             return
-        mine = np.array([bias.reference_interval(evaluation_seconds, step_seconds, epochs=self.epochs, after=epoch,
-                                                 spent=0.0)], dtype=np.int64)
+        mine = np.array([bias.reference_interval(evaluation_seconds, self.typical_step(), epochs=self.epochs,
+                                                 after=epoch, spent=0.0)], dtype=np.int64)
         state.reference_every = int(self.comm.allgather_array(mine).max())
 
-    def observe_reference(self, epoch: int, seen: bias.SameWeights, seconds: float,
-                          step_seconds: float) -> dict[str, Any]:
-        """The exact reference read beside the step that made ``epoch`` (``seconds`` its cost on this rank,
-        ``step_seconds`` this rank's typical step: the median of its steps so far, not the step beside the reading,
-        which the reading slows (the 200k synthetic at P = 2: 2.8-4.7 s beside one, 1.9 s the median)): a strike where it shows the policy biased (counted after the warm-up of the
+    def observe_reference(self, epoch: int, seen: bias.SameWeights, seconds: float) -> dict[str, Any]:
+        """The exact reference read beside the step that made ``epoch`` (``seconds`` its cost on this rank, priced
+        against :meth:`typical_step`): a strike where it shows the policy biased (counted after the warm-up of the
         policy in force), and the interval agreed again (collective without ``--audit-every``: one allgather of
         the interval every rank would choose from its readings so far, the largest kept). Returns the reading for
         the epoch's record."""
@@ -256,7 +266,8 @@ class Guard:
         state.reference_checks += 1
         state.reference_seconds += seconds
         if not self.audit_every:  # chosen again after every reading, from the readings' mean so far: a budget
-            mine = np.array([bias.reference_interval(state.reference_seconds / state.reference_checks, step_seconds,
+            mine = np.array([bias.reference_interval(state.reference_seconds / state.reference_checks,
+                                                     self.typical_step(),
                                                      epochs=self.epochs, after=epoch, spent=state.reference_seconds)],
                             dtype=np.int64)
             state.reference_every = int(self.comm.allgather_array(mine).max())

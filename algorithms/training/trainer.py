@@ -19,7 +19,6 @@ and :meth:`Trainer.predictions` are entered by every rank in the same order.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from typing import Any
 
@@ -52,7 +51,6 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         self.audit = Audit(config.audit_every, comm, self.col_comm,
                            lambda trace: self.forward(training=True, bypass_policy=True, trace=trace))
         self._evaluated: dict[str, float] | None = None  # the evaluation a step ended with (see train_epoch)
-        self._step_walls: list[float] = []  # this leg's steps' seconds (the bias reference's budget)
         self._evaluation_seconds = 0.0  # this rank's seconds in the latest exact evaluation (prices the reference)
 
     def forward(self, training: bool, *, bypass_policy: bool = False,
@@ -146,7 +144,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         if alongside is not None:
             stats_before, wall = alongside.share.excluded_from(stats_before, wall)
             extra["evaluation_seconds"] = alongside.share.wall
-        self._step_walls.append(wall)  # the steps' own seconds: the bias reference's budget is a share of them
+        self.guard.note_step(wall)  # the steps' own seconds: the bias reference's budget is a share of them
         if evaluation_follows:
             stats_before = self._evaluate_after_step(stats_before)
         for work in self.work:  # e.g. adaptive bit widths' agreement (collective): its bytes are the step's
@@ -166,19 +164,12 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
                 record["audit"] = {key: checked[key] for key in ("layer_error", "seconds", "bytes")}
             if referenced:
                 seen = bias.reading(checked["sums"], self.global_counts["val"])
-                typical = statistics.median(self._step_walls)
-                record["guard_reference"] = {**self.guard.observe_reference(self.epoch, seen, checked["seconds"],
-                                                                            typical), "bytes": checked["bytes"]}
+                record["guard_reference"] = {**self.guard.observe_reference(self.epoch, seen, checked["seconds"]),
+                                             "bytes": checked["bytes"]}
         if alongside is not None:  # after the record: the guard's agreement is neither the step's nor the evaluation's
             self.guard.agree()
-            self._price_reference(self.epoch - 1)  # the evaluation beside this step saw the weights before it
+            self.guard.price_reference(self.epoch - 1, self._evaluation_seconds)  # it saw the weights before it
         return record
-
-    def _price_reference(self, evaluated: int) -> None:
-        """Let the guard price its bias reference from the exact evaluation of the weights after step
-        ``evaluated`` (collective where it chooses: :meth:`Guard.price_reference`)."""
-        if self._step_walls:  # a resumed leg's evaluation before its first step has no step to price against
-            self.guard.price_reference(evaluated, self._evaluation_seconds, statistics.median(self._step_walls))
 
     def _alongside(self) -> AlongsideEvaluation:
         if not self.config.overlap_evaluation:
@@ -229,7 +220,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         if metrics is None:
             metrics = self.measured_evaluation()
         self.guard.observe_metrics(self.epoch, metrics, self._kept_state)  # collective: agrees on a fall
-        self._price_reference(self.epoch)
+        self.guard.price_reference(self.epoch, self._evaluation_seconds)  # collective where it chooses
         if self.steering is not None:
             self.steering.observe_metrics(self.epoch, metrics)
         return metrics

@@ -79,26 +79,28 @@ def test_local_sums_compare_the_two_forwards_on_the_same_rows() -> None:
 def guard(**settings: object) -> tuple[Guard, OneRank]:
     comm = OneRank()
     given = {"warmup": 0, "patience": 2, **settings}
-    return Guard(GuardSettings(**given), comm, active=True, validation_size=500), comm
+    watch = Guard(GuardSettings(**given), comm, active=True, validation_size=500)
+    watch.note_step(1.0)  # the steps' typical seconds, which the reference's budget is a share of
+    return watch, comm
 
 
 def test_without_an_audit_interval_an_evaluation_after_step_two_prices_it_then_readings_choose_again() -> None:
     watch, comm = guard()
     assert not any(watch.reference_due(epoch) for epoch in range(1, 20))  # no reading of its own to measure
-    watch.price_reference(1, 0.01, 1.0)  # step 1 pays one-off costs: its evaluation prices nothing
+    watch.price_reference(1, 0.01)  # step 1 pays one-off costs: its evaluation prices nothing
     assert watch.state.reference_every == 0 and comm.calls == 0
-    watch.price_reference(2, 0.2, 1.0)  # 0.2 / (0.05 * 1.0) = 4, agreed in one allgather
+    watch.price_reference(2, 0.2)  # 0.2 / (0.05 * 1.0) = 4, agreed in one allgather
     assert watch.state.reference_every == 4 and comm.calls == 1
-    watch.price_reference(3, 0.01, 1.0)  # once chosen, later evaluations leave it to the readings
+    watch.price_reference(3, 0.01)  # once chosen, later evaluations leave it to the readings
     assert watch.state.reference_every == 4 and comm.calls == 1
     assert [epoch for epoch in range(3, 13) if watch.reference_due(epoch)] == [4, 8, 12]
-    watch.observe_reference(4, EVEN, 0.4, 1.0)  # a reading dearer than the evaluation: chosen again from it
+    watch.observe_reference(4, EVEN, 0.4)  # a reading dearer than the evaluation: chosen again from it
     assert watch.state.reference_every == 8 and comm.calls == 2
     given, _ = guard()
     given.audit_every = 5  # --audit-every: its forward, its interval; nothing measured
     assert [epoch for epoch in range(1, 11) if given.reference_due(epoch)] == [5, 10]
-    given.observe_reference(5, EVEN, 0.2, 1.0)
-    given.price_reference(5, 0.2, 1.0)
+    given.observe_reference(5, EVEN, 0.2)
+    given.price_reference(5, 0.2)
     assert given.state.reference_every == 0
 
 
@@ -106,11 +108,15 @@ def test_an_evaluation_dearer_than_the_budget_leaves_a_short_run_without_reading
     """40 epochs of the 200k synthetic at P = 2 over 200 Mbit/s: an exact evaluation took 2.1 s against steps of
     0.8 s, more than 5% of the run's steps (1.6 s): no reading at all, where one to measure cost 3.8 s."""
     watch = Guard(GuardSettings(warmup=0, patience=2), OneRank(), active=True, validation_size=500, epochs=40)
-    watch.price_reference(11, 2.1, 0.8)
+    watch.price_reference(11, 2.1)  # before any step: nothing to price against
+    assert watch.state.reference_every == 0
+    watch.note_step(0.8)
+    watch.price_reference(11, 2.1)
     assert watch.state.reference_every > 40
     assert not any(watch.reference_due(epoch) for epoch in range(1, 41))
     cheap = Guard(GuardSettings(warmup=0, patience=2), OneRank(), active=True, validation_size=500, epochs=40)
-    cheap.price_reference(11, 0.3, 0.8)  # 0.3 / (0.05 * 0.8) = 7.5: every 8 epochs, four readings in 1.6 s
+    cheap.note_step(0.8)
+    cheap.price_reference(11, 0.3)  # 0.3 / (0.05 * 0.8) = 7.5: every 8 epochs, four readings in 1.6 s
     due = [epoch for epoch in range(12, 41) if cheap.reference_due(epoch)]
     assert due == [16, 24, 32, 40] and len(due) * 0.3 <= bias.REFERENCE_SHARE * 40 * 0.8
 
@@ -131,29 +137,29 @@ def test_patience_strikes_in_a_row_after_the_warmup_tighten_without_restoring() 
     watch, comm = guard(warmup=4)
     watch.audit_every = 2
     for epoch in (2, 4):  # within the warm-up: read, not counted
-        watch.observe_reference(epoch, BIASED, 0.1, 1.0)
+        watch.observe_reference(epoch, BIASED, 0.1)
     assert watch.state.bias_strikes == 0
-    watch.observe_reference(6, BIASED, 0.1, 1.0)
-    watch.observe_reference(8, EVEN, 0.1, 1.0)  # the run of strikes is broken
-    record = watch.observe_reference(10, BIASED, 0.1, 1.0)
+    watch.observe_reference(6, BIASED, 0.1)
+    watch.observe_reference(8, EVEN, 0.1)  # the run of strikes is broken
+    record = watch.observe_reference(10, BIASED, 0.1)
     assert record["strikes"] == 1 and record["every"] == 2 and record["threshold"] == pytest.approx(0.0410, abs=1e-4)
     watch.observe_metrics(10, {"val_acc": 0.7}, kept)
     assert not watch.due
-    watch.observe_reference(12, BIASED, 0.1, 1.0)
+    watch.observe_reference(12, BIASED, 0.1)
     watch.observe_metrics(12, {"val_acc": 0.7}, kept)
     assert watch.due and "exact on the same weights" in watch.state.pending and "2 checks in a row" in \
         watch.state.pending
     assert not watch.state.restore and not watch.state.give_up  # a bias is not a collapse
     watch.tightened(13, "bns:keep=0.1", "bns:keep=0.2", False, {"sample": "bns:keep=0.2"})
     assert watch.state.bias_strikes == 0
-    watch.observe_reference(14, BIASED, 0.1, 1.0)  # the tighter policy's own warm-up
+    watch.observe_reference(14, BIASED, 0.1)  # the tighter policy's own warm-up
     assert watch.state.bias_strikes == 0
 
 
 def test_its_state_travels_with_the_guards() -> None:
     watch, _ = guard()
-    watch.observe_reference(2, BIASED, 0.2, 1.0)
-    watch.observe_reference(4, BIASED, 0.2, 1.0)
+    watch.observe_reference(2, BIASED, 0.2)
+    watch.observe_reference(4, BIASED, 0.2)
     copy, _ = guard()
     copy.load_state_dict(watch.state_dict())
     assert copy.state == watch.state and copy.state.reference_every == 4 and copy.state.bias_strikes == 2
@@ -164,7 +170,7 @@ def test_its_state_travels_with_the_guards() -> None:
     resumed, _ = guard()
     resumed.load_state_dict(older)  # a checkpoint from before the bias signal, resumed at epoch 50
     assert not resumed.reference_due(51) and resumed.state.bias_strikes == 0
-    resumed.price_reference(51, 0.2, 1.0)  # priced by the resumed leg's first evaluation after a step
+    resumed.price_reference(51, 0.2)  # priced by the resumed leg's first evaluation after a step
     assert resumed.reference_due(52)
 
 
