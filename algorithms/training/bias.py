@@ -42,6 +42,7 @@ checks at the same epochs; two fresh runs on differently loaded machines may cho
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,7 +129,7 @@ def reference_interval(reference_seconds: float, step_seconds: float, share: flo
     one just read, beside step ``after``, included; default ``reference_seconds``, that one reading) and the
     readings left at multiples of ``K`` in ``(after, epochs]``, each of ``reference_seconds``, must fit ``share *
     epochs`` steps of ``step_seconds``. The guard asks again after every reading with the means so far
-    (:meth:`~algorithms.training.guard.Guard.observe_reference`), so a reading dearer than the first (a loaded
+    (:meth:`ReferenceBudget.read`), so a reading dearer than the first (a loaded
     machine, a larger exchange) spends the budget sooner, never beyond it (40 epochs of the 200k synthetic at P =
     4: a fixed K from the first reading alone gave 6.3-15.9% of the steps). Where the budget is spent, the
     interval is beyond ``epochs``: no more readings."""
@@ -154,3 +155,52 @@ def _rung_at_least(needed: float) -> int:
     return next(step for step in (power, 3 * power // 2, 2 * power) if step >= needed - 1e-9)
 
 
+class ReferenceBudget:
+    """When the exact reference is read: the interval ``K`` chosen from its cost against the steps' own seconds
+    (:func:`reference_interval`), kept in the guard's replicated state (``reference_every``, ``reference_checks``,
+    ``reference_seconds``: a resumed run checks at the same epochs). ``audit_every`` > 0: the run's
+    ``--audit-every`` fixes ``K`` and nothing is chosen; ``epochs``: the run's, so that the readings spend the
+    share over the whole run. Collective where it chooses (one allgather, the largest interval kept)."""
+
+    def __init__(self, comm: Any, audit_every: int, epochs: int | None) -> None:
+        self.comm, self.audit_every, self.epochs = comm, audit_every, epochs
+        self._step_seconds: list[float] = []  # this leg's steps' own seconds
+
+    def note_step(self, seconds: float) -> None:
+        """A step's own seconds on this rank (evaluations and references left out; every rank notes as many)."""
+        self._step_seconds.append(seconds)
+
+    def typical_step(self) -> float:
+        """The median of this leg's steps' seconds (not the step beside a reading, which the reading slows: the
+        200k synthetic at P = 2, 2.8-4.7 s beside one, 1.9 s the median); 0 before any step."""
+        return statistics.median(self._step_seconds) if self._step_seconds else 0.0
+
+    def every(self, state: Any) -> int:
+        """The interval in force (0: none chosen yet)."""
+        return self.audit_every or state.reference_every
+
+    def price(self, state: Any, epoch: int, evaluation_seconds: float) -> None:
+        """Choose the first interval from the exact evaluation of the weights after step ``epoch``
+        (``evaluation_seconds`` on this rank): an exact forward, as the reference is, without its dropout masks.
+        Acts once, at the first such evaluation after step :data:`MEASURED_AT` or later (step 1 pays one-off
+        costs) while no interval is chosen and ``--audit-every`` is not given; then collective. Whether it acts
+        is replicated state, so every rank acts alike. A reading of its own to measure the cost would lie outside
+        the budget it sets (module docstring)."""
+        if self.audit_every or state.reference_every or epoch < MEASURED_AT or not self._step_seconds:
+            return  # a resumed leg's first evaluation before any step has nothing to price against
+        self._agree(state, reference_interval(evaluation_seconds, self.typical_step(), epochs=self.epochs,
+                                              after=epoch, spent=0.0))
+
+    def read(self, state: Any, epoch: int, seconds: float) -> None:
+        """A reading beside the step that made ``epoch`` cost ``seconds`` on this rank: counted, and the interval
+        chosen again from the readings' mean so far (collective without ``--audit-every``)."""
+        state.reference_checks += 1
+        state.reference_seconds += seconds
+        if not self.audit_every:
+            self._agree(state, reference_interval(state.reference_seconds / state.reference_checks,
+                                                  self.typical_step(), epochs=self.epochs, after=epoch,
+                                                  spent=state.reference_seconds))
+
+    def _agree(self, state: Any, interval: int) -> None:
+        mine = np.array([interval], dtype=np.int64)
+        state.reference_every = int(self.comm.allgather_array(mine).max())

@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,13 +183,13 @@ class Guard:
         """``audit_every``: the run's audit interval, whose exact forward the bias signal reads (0: it chooses
         its own, :func:`~algorithms.training.bias.reference_interval`); ``epochs``: the run's, so that the
         chosen interval spends the share over the whole run."""
-        self.settings, self.comm, self.audit_every, self.epochs = settings, comm, audit_every, epochs
+        self.settings, self.comm = settings, comm
         self.validation_size = validation_size  # global validation nodes: the metric's sampling noise
         self.on = settings.mode == "auto" and active
         self.state = GuardState()
         self.kept: dict[str, Any] | None = None  # the best evaluation's model and optimiser state
         self._value: float | None = None  # the last evaluation's validation metric
-        self._step_seconds: list[float] = []  # this leg's steps' own seconds (the bias reference's budget)
+        self.budget = bias.ReferenceBudget(comm, audit_every, epochs)  # when the bias signal's reference is read
 
     def observe_loss(self, epoch: int, loss: float) -> None:
         """``epoch``'s global training loss (the same on every rank)."""
@@ -222,55 +221,33 @@ class Guard:
         """Whether the step that makes ``epoch`` (1-based) runs beside the exact reference of the bias signal:
         every ``--audit-every`` or chosen interval; none before an interval is chosen (:meth:`price_reference`).
         The same on every rank."""
-        state = self.state
-        if not self.on or state.exact or self.settings.bias == "off":
-            return False
-        every = self.audit_every or state.reference_every
-        return bool(every) and epoch % every == 0
+        every = self.budget.every(self.state)
+        return self._bias_on() and bool(every) and epoch % every == 0
+
+    def _bias_on(self) -> bool:
+        return self.on and not self.state.exact and self.settings.bias != "off"
 
     def note_step(self, seconds: float) -> None:
         """A step's own seconds on this rank (evaluations and references left out): the bias reference's budget
-        is a share of the steps' time, priced at their median (this leg's steps; every rank notes as many)."""
-        self._step_seconds.append(seconds)
-
-    def typical_step(self) -> float:
-        """The median of this leg's steps' seconds (not the step beside a reading, which the reading slows: the
-        200k synthetic at P = 2, 2.8-4.7 s beside one, 1.9 s the median); 0 before any step."""
-        return statistics.median(self._step_seconds) if self._step_seconds else 0.0
+        is a share of the steps' time (:class:`~algorithms.training.bias.ReferenceBudget`)."""
+        self.budget.note_step(seconds)
 
     def price_reference(self, epoch: int, evaluation_seconds: float) -> None:
-        """Choose the bias signal's first interval from an exact evaluation's cost instead of a reading of its
-        own: the exact evaluation of the weights after step ``epoch`` took ``evaluation_seconds`` on this rank
-        (an exact forward, as the reference is, without its dropout masks), against :meth:`typical_step`.
-        Acts once, at the first evaluation of the weights after step :data:`~bias.MEASURED_AT` or later
-        (step 1 pays one-off costs) while no interval is chosen and the guard chooses it (no ``--audit-every``);
-        then collective: one allgather, the largest interval kept. Every rank calls it after the same
-        evaluation, and whether it acts is replicated state. A measuring reading of its own cost a reference
-        forward the budget had not granted (on 40 epochs of the 200k synthetic at 200 Mbit/s, 3.8 s, 4.7
-        steps)."""
-        state = self.state
-        if (not self.on or state.exact or self.settings.bias == "off" or self.audit_every or state.reference_every
-                or epoch < bias.MEASURED_AT or not self._step_seconds):  # a resumed leg's first evaluation: no step
-            return
-        mine = np.array([bias.reference_interval(evaluation_seconds, self.typical_step(), epochs=self.epochs,
-                                                 after=epoch, spent=0.0)], dtype=np.int64)
-        state.reference_every = int(self.comm.allgather_array(mine).max())
+        """The bias signal's first interval, priced from the exact evaluation of the weights after step ``epoch``
+        (``evaluation_seconds`` on this rank) instead of a reading of its own
+        (:meth:`~algorithms.training.bias.ReferenceBudget.price`; collective where it acts, which is replicated
+        state). A measuring reading of its own cost a reference forward the budget had not granted (on 40 epochs
+        of the 200k synthetic at 200 Mbit/s, 3.8 s, 4.7 steps)."""
+        if self._bias_on():
+            self.budget.price(self.state, epoch, evaluation_seconds)
 
     def observe_reference(self, epoch: int, seen: bias.SameWeights, seconds: float) -> dict[str, Any]:
-        """The exact reference read beside the step that made ``epoch`` (``seconds`` its cost on this rank, priced
-        against :meth:`typical_step`): a strike where it shows the policy biased (counted after the warm-up of the
-        policy in force), and the interval agreed again (collective without ``--audit-every``: one allgather of
-        the interval every rank would choose from its readings so far, the largest kept). Returns the reading for
-        the epoch's record."""
+        """The exact reference read beside the step that made ``epoch`` (``seconds`` its cost on this rank): a
+        strike where it shows the policy biased (counted after the warm-up of the policy in force), and the
+        interval agreed again (collective without ``--audit-every``). Returns the reading for the epoch's
+        record."""
         state, settings = self.state, self.settings
-        state.reference_checks += 1
-        state.reference_seconds += seconds
-        if not self.audit_every:  # chosen again after every reading, from the readings' mean so far: a budget
-            mine = np.array([bias.reference_interval(state.reference_seconds / state.reference_checks,
-                                                     self.typical_step(),
-                                                     epochs=self.epochs, after=epoch, spent=state.reference_seconds)],
-                            dtype=np.int64)
-            state.reference_every = int(self.comm.allgather_array(mine).max())
+        self.budget.read(state, epoch, seconds)
         why = bias.strikes(seen, self.validation_size, settings.noise)
         if why is not None and epoch > max(settings.warmup, state.quiet_until):
             state.bias_strikes, state.bias_seen = state.bias_strikes + 1, why
@@ -278,8 +255,7 @@ class Guard:
             state.bias_strikes = 0
         return {**seen.record(), "threshold": bias.gap_threshold(seen.exact_val, self.validation_size,
                                                                  settings.noise),
-                "strikes": state.bias_strikes, "every": self.audit_every or state.reference_every,
-                "seconds": seconds}
+                "strikes": state.bias_strikes, "every": self.budget.every(state), "seconds": seconds}
 
     def observe_metrics(self, epoch: int, metrics: dict[str, float], keep: Any) -> None:
         """An evaluation's global metrics after ``epoch``'s step: :meth:`note_metrics` then :meth:`agree`

@@ -76,10 +76,10 @@ def test_local_sums_compare_the_two_forwards_on_the_same_rows() -> None:
     assert list(sums[2:]) == [1.0, 3.0]
 
 
-def guard(**settings: object) -> tuple[Guard, OneRank]:
+def guard(audit_every: int = 0, **settings: object) -> tuple[Guard, OneRank]:
     comm = OneRank()
     given = {"warmup": 0, "patience": 2, **settings}
-    watch = Guard(GuardSettings(**given), comm, active=True, validation_size=500)
+    watch = Guard(GuardSettings(**given), comm, active=True, validation_size=500, audit_every=audit_every)
     watch.note_step(1.0)  # the steps' typical seconds, which the reference's budget is a share of
     return watch, comm
 
@@ -96,8 +96,7 @@ def test_without_an_audit_interval_an_evaluation_after_step_two_prices_it_then_r
     assert [epoch for epoch in range(3, 13) if watch.reference_due(epoch)] == [4, 8, 12]
     watch.observe_reference(4, EVEN, 0.4)  # a reading dearer than the evaluation: chosen again from it
     assert watch.state.reference_every == 8 and comm.calls == 2
-    given, _ = guard()
-    given.audit_every = 5  # --audit-every: its forward, its interval; nothing measured
+    given, _ = guard(audit_every=5)  # --audit-every: its forward, its interval; nothing measured
     assert [epoch for epoch in range(1, 11) if given.reference_due(epoch)] == [5, 10]
     given.observe_reference(5, EVEN, 0.2)
     given.price_reference(5, 0.2)
@@ -134,8 +133,7 @@ def test_off_without_a_policy_or_once_exact_it_reads_nothing() -> None:
 
 
 def test_patience_strikes_in_a_row_after_the_warmup_tighten_without_restoring() -> None:
-    watch, comm = guard(warmup=4)
-    watch.audit_every = 2
+    watch, comm = guard(audit_every=2, warmup=4)
     for epoch in (2, 4):  # within the warm-up: read, not counted
         watch.observe_reference(epoch, BIASED, 0.1)
     assert watch.state.bias_strikes == 0
