@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runners.data.datasets import BUILTIN_PLANETOID, load_edge_list, load_ogb, load_planetoid, planted_classes
+from runners.data.datasets import load_edge_list, load_ogb, planted_classes
+from runners.data.planetoid import BUILTIN_PLANETOID, load_planetoid
 from runners.data.grid_balance import blocks_from_shards, grid_line
 from runners.data.partition import AUTO, DEFAULT_HOPS, PARTITIONERS, resolve_partitioner
 from runners.data.sampling_stats import DEFAULT_BATCH_SIZE, DEFAULT_FANOUT, format_part_table, sampling_statistics

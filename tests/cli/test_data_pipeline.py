@@ -15,7 +15,8 @@ import scipy.sparse as sp
 from datasets_for_tests import cora
 from mpirun import BIN, run_mpi
 
-from runners.data.datasets import DatasetError, load_edge_list, load_planetoid, planted_classes
+from runners.data.datasets import DatasetError, load_edge_list, planted_classes
+from runners.data.planetoid import load_planetoid
 from runners.data.partition import partition, partition_statistics, relabel
 from runners.data.shards import write_shards
 

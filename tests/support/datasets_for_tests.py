@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from runners.data.datasets import BUILTIN_PLANETOID, GraphData, load_planetoid
+from runners.data.datasets import GraphData
+from runners.data.planetoid import BUILTIN_PLANETOID, load_planetoid
 from runners.data.shards import write_shards
 
 

@@ -12,7 +12,8 @@ from algorithms.checkpoint import CheckpointError, load_checkpoint, save_checkpo
 from algorithms.dropout import GlobalRowDropout, KeepRule, keep_mask
 from algorithms.normalize import add_remaining_self_loops, mean_normalize
 from algorithms.training.graph import row_normalize_features
-from runners.data.datasets import DatasetError, load_planetoid, planted_classes
+from runners.data.datasets import DatasetError, planted_classes
+from runners.data.planetoid import load_planetoid
 from runners.data.shards import ShardError, read_meta, write_shards
 from datasets_for_tests import random_directed
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from ogb_layout import write_tiny_arxiv
 
-from runners.data.datasets import BUILTIN_PLANETOID, DatasetError, load_edge_list, load_ogb, load_planetoid
+from runners.data.datasets import DatasetError, load_edge_list, load_ogb
+from runners.data.planetoid import BUILTIN_PLANETOID, load_planetoid
 from runners.study.spec import StudyError, load_study
 
 
@@ -97,7 +98,7 @@ def test_a_pickle_that_asks_for_a_huge_memo_is_one_sentence_without_the_allocati
     shutil.copytree(BUILTIN_PLANETOID, directory)
     (directory / "ind.cora.graph").write_bytes(b"\x80\x02N" + b"r" + (0xFFFFFFF0).to_bytes(4, "little") + b".")
     script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))\n"
-              "from runners.data.datasets import DatasetError, load_planetoid\n"
+              "from runners.data.datasets import DatasetError\nfrom runners.data.planetoid import load_planetoid\n"
               "try:\n    load_planetoid(sys.argv[1], 'cora')\nexcept DatasetError as exc:\n    print(exc)\n")
     result = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True, text=True,
                             timeout=120)

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from input_mutations import ARRAY_OPS, BYTE_OPS, FORMATS, PART_NAMES, Mutation, apply, one_sentence
 from ogb_layout import write_tiny_arxiv
 
-from runners.data.datasets import (BUILTIN_PLANETOID, DatasetError, load_edge_list, load_ogb, load_planetoid,
-                                    planted_classes)
+from runners.data.datasets import DatasetError, load_edge_list, load_ogb, planted_classes
+from runners.data.planetoid import BUILTIN_PLANETOID, load_planetoid
 from runners.data.shards import ShardError, read_meta, read_part, read_permutation, write_shards
 from runners.study.spec import StudyError, load_study
 
