@@ -338,7 +338,8 @@ FLAG_RANGES: dict[str, dict[str, Range]] = {
                    "--mixing": _SHARE, "--replication": _REPLICATION, "--repeats": _REPEATS, "--threads": _THREADS,
                    "--seed": _SEED},
     "bench network": {"--repeats": Range(1, 10**5, "samples a message size; more only adds time"),
-                      "--max-bytes": Range(8, 2**31 - 1, "an MPI count is a 32-bit int")},
+                      "--max-bytes": Range(2**21, 2**31 - 1, "beta is fitted on messages of 2 MiB and more; "
+                                                                   "an MPI count is a 32-bit int")},
     "bench train": {"--synthetic": Range(2, 10**9, "nodes of the synthetic graph, as prepare's; one node is no graph"),
                     "--degree": _DEGREE, "--features": _WIDTH, "--classes": _CLASSES, "--layers": _LAYERS,
                     "--hidden": _WIDTH, "--dropout": _DROPOUT, "--heads": _HEADS, "--output-heads": _HEADS,

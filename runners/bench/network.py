@@ -25,14 +25,18 @@ from sparse_dist.cost import BCAST_SHORT
 from sparse_dist.comm import Communicator
 
 SIZES = [8 * 4 ** k for k in range(13)]  # 8 B .. 128 MiB
+LARGE_FROM = 1 << 20
+"""Messages of at least this many bytes (and MPICH's short-broadcast limit) fit beta."""
+FIT_FROM = next(size for size in SIZES if size >= max(BCAST_SHORT, LARGE_FROM))
+"""The smallest message size beta is fitted on (2 MiB): ``--max-bytes`` may not lie below it (no fit, no beta)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=at_least(1), default=20,
                         help="timed samples per message size, >= 1 (default: %(default)s)")
-    parser.add_argument("--max-bytes", type=at_least(SIZES[0]), default=16 * 2 ** 20,
-                        help=f"largest message, >= {SIZES[0]} (default 16 MiB, the size of typical exchanged "
-                             f"blocks)")
+    parser.add_argument("--max-bytes", type=at_least(FIT_FROM), default=16 * 2 ** 20,
+                        help=f"largest message, >= {FIT_FROM} (beta is fitted on messages of at least that size; "
+                             f"default 16 MiB, the size of typical exchanged blocks)")
 
 
 def collective_seconds(comm: Communicator, work: Callable[[], None], repeats: int) -> float:
@@ -60,7 +64,7 @@ def broadcast_seconds(comm: Communicator, size: int, chain: int, repeats: int) -
     return collective_seconds(comm, chained, repeats) / chain
 
 
-def fit_alpha_beta(rows: list[tuple[int, float]], groups: int, large_from: int = 1 << 20) -> tuple[float, float]:
+def fit_alpha_beta(rows: list[tuple[int, float]], groups: int, large_from: int = LARGE_FROM) -> tuple[float, float]:
     """``(alpha, beta)`` from ``(bytes, seconds)`` of broadcasts over ``groups`` ranks: alpha from the messages of at
     most 512 bytes (binomial: ``steps`` latencies), beta by least squares on those of at least ``large_from``
     bytes (scatter + ring allgather: ``(steps + g - 1) alpha + 2 (g - 1) / g m beta``; ``large_from`` is raised

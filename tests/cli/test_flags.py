@@ -64,7 +64,7 @@ def test_a_bad_train_number_is_refused_with_its_range(flag: str, value: str, sen
     (["bench", "spmm", "--mixing", "1.5"], "argument --mixing: must be a finite number >= 0 and <= 1, got 1.5"),
     (["bench", "spmm", "--nodes", "-5"], "argument --nodes: must be an integer >= 1 and <= 1000000000, got -5"),
     (["bench", "network", "--repeats", "0"], "argument --repeats: must be an integer >= 1 and <= 100000, got 0"),
-    (["bench", "network", "--max-bytes", "4"], "argument --max-bytes: must be an integer >= 8 and <= 2147483647, got 4"),
+    (["bench", "network", "--max-bytes", "4"], "argument --max-bytes: must be an integer >= 2097152 and <= 2147483647, got 4"),
     (["bench", "policies", "--data", "d", "--epochs", "0"], "argument --epochs: must be an integer >= 1 and <= 10000000, got 0"),
     (["bench", "policies", "--data", "d", "--dropout", "1"], "argument --dropout: must be a finite number >= 0 and < 1"),
     (["bench", "policies", "--data", "d", "--sancus-h-eps", "nan"],
