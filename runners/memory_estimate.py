@@ -19,6 +19,9 @@ torch, MPI) as the sum of these parts (the names it prints):
 * ``compiled kernels``: numba and the compiled dropout passes, where a rank's dropout passes are large enough to
   use them (CPU, dropout on, a layer input of at least :data:`MIN_ENTRIES` entries).
 * ``buffers``: a staleness rule's caches (send and receive side, every layer).
+* ``residuals``: error feedback's residuals (``--compress ...,feedback``), one per exchanging layer and direction
+  of the rows it sends: the forward's of the rows its boundary sends, the backward's of the gradients of its halo
+  rows, both taken at the halo's size (a row read by several ranks is sent, and kept, once for each).
 * ``kept by the heap``: where a rank's row arrays are small enough to be heap blocks (:data:`HEAP_BLOCK_BYTES`),
   glibc keeps them when they are freed and the next epoch's peak comes on top: a share of the halo and
   activations (:data:`HEAP_KEPT_SHARE`). This is the coarse part: how much the heap keeps depends on the order
@@ -55,6 +58,7 @@ from algorithms.model import LayerFigures, layer_figures
 from algorithms.policies.spec import AxisSpec
 from algorithms.static_input import evaluations
 from sparse_dist.dropout_kernel import MIN_ENTRIES
+from sparse_dist.compress import Codec
 
 GIB = 1 << 30
 
@@ -166,11 +170,11 @@ def axis_policy(axis: str, spec: Any) -> Any:
 def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replication: int, model: str, hidden: int,
                  layers: int, dtype: str, heads: int = 1, output_heads: int = 1, input_exchange: str = "auto",
                  stale: str = "none", epochs: int = 1, eval_every: int = 1, dropout: float = 0.0,
-                 device: str = "cpu") -> Estimate | None:
+                 device: str = "cpu", compress: str = "none") -> Estimate | None:
     """Peak bytes ``sparse-dist train`` adds on ``rank`` beyond the process at start; None if the dataset's parts
     cannot be split over the run's row groups. ``epochs`` and ``eval_every`` decide what ``auto`` makes of
     layer 0's input (:func:`fetched_once`); ``dropout`` and ``device`` whether the compiled dropout passes load
-    (:data:`COMPILED_KERNEL_BYTES`)."""
+    (:data:`COMPILED_KERNEL_BYTES`); ``compress`` (``--compress``'s text) whether error feedback keeps residuals."""
     if replication < 1 or world_size % replication:
         return None
     counts = group_counts(meta, world_size // replication, rank // replication)
@@ -200,6 +204,10 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
         "parameters": OPTIMIZER_COPIES * parameters * itemsize,
         "buffers": 2 * stale_layers * boundary * widest * itemsize,  # a staleness rule's caches, both sides
     }
+    codec = Codec.parse(compress)
+    if codec is not None and codec.feedback:  # a residual a layer and direction, of the rows it sends
+        exchanging = figures[1:] if once else figures
+        training["residuals"] = 2 * halo * sum(figure.owner[0] for figure in exchanging) * itemsize
     if rows * max(features, *(figure.width for figure in figures)) * itemsize <= HEAP_BLOCK_BYTES:
         # an epoch's row arrays are heap blocks that glibc keeps when freed: the next epoch's peak adds to them
         training["kept by the heap"] = int(HEAP_KEPT_SHARE * (training["halo"] + training["activations"]))

@@ -294,6 +294,15 @@ def memory_verdict(comm: Communicator, everyone: list[dict[str, Any]],
     return biggest, worst
 
 
+def _widest_compress(args: Any) -> str:
+    """``--compress`` as the memory estimate reads it; under ``--policy auto``, which chooses at set-up, a codec with
+    feedback where any candidate has it (the most a rank may keep)."""
+    if getattr(args, "policy", "manual") == "auto":
+        return next((text for text in AUTO_CODECS if (codec := Codec.parse(text)) is not None and codec.feedback),
+                    "none")
+    return str(getattr(args, "compress", "none"))
+
+
 def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | None) -> dict[str, Any] | None:
     """Estimate every rank's memory, print it (rank 0, one line) and refuse a run its nodes cannot hold (collective).
 
@@ -308,7 +317,7 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
                                 heads=args.heads, output_heads=args.output_heads,
                                 input_exchange=args.input_exchange, stale=str(args.stale), epochs=args.epochs,
                                 eval_every=1 if getattr(args, "steer_evaluation", False) else args.eval_every,
-                                dropout=args.dropout, device=args.device)
+                                dropout=args.dropout, device=args.device, compress=_widest_compress(args))
     disk, disk_error = None, None
     if comm.rank == 0 and meta is not None and (args.checkpoint or args.out):
         disk = train_disk(meta, args, comm.size)

@@ -104,6 +104,24 @@ def test_a_one_rank_run_keeps_nothing_for_other_ranks(graphs) -> None:
                         dtype="float32") is None  # 2 parts over 3 row groups: the shard reader refuses it
 
 
+def test_error_feedback_residuals_are_counted_for_the_layers_that_exchange(graphs) -> None:
+    meta = json.loads((graphs["cora"] / "meta.json").read_text())
+    shape = dict(rank=0, world_size=2, replication=1, model="gcn", hidden=64, layers=3, dtype="float32")
+    plain = train_memory(meta, input_exchange="per-epoch", **shape)
+    fp16 = train_memory(meta, input_exchange="per-epoch", compress="fp16", **shape)
+    every_layer = train_memory(meta, input_exchange="per-epoch", compress="int8,feedback", **shape)
+    once = train_memory(meta, input_exchange="once", compress="int8,feedback", **shape)
+    adaptive = train_memory(meta, input_exchange="once", compress="adaptive,feedback", **shape)
+    assert "residuals" not in plain.parts and "residuals" not in fp16.parts  # no feedback, nothing kept
+    halo_rows = plain.parts["halo"] // (4 * 2 * 64)  # two copies of the widest exchanged width (64) a halo row
+    assert halo_rows > 0
+    # a residual of the rows and one of the gradients for each exchanging layer: GCN 1433 -> 64 -> 64 -> 7 exchanges
+    # 64, 64 and 7 columns (the narrower side of each product); layer 0's input fetched once exchanges nothing a step
+    assert every_layer.parts["residuals"] == 2 * halo_rows * (64 + 64 + 7) * 4
+    assert once.parts["residuals"] == adaptive.parts["residuals"] == 2 * halo_rows * (64 + 7) * 4
+    assert every_layer.total == plain.total + every_layer.parts["residuals"]
+
+
 @pytest.mark.parametrize("f_in,f_out,epochs", [(1433, 16, 3), (1433, 16, 100), (128, 128, 1), (128, 8, 5),
                                                 (64, 256, 2)])
 def test_auto_input_exchange_is_predicted_as_the_run_decides_it(f_in: int, f_out: int, epochs: int) -> None:
