@@ -53,6 +53,7 @@ from runners.perf.workload import Workload, entry_counts
 from sparse_dist.comm import Communicator
 from sparse_dist.compress import Codec
 from sparse_dist.cost import Network
+from sparse_dist.csr import csr_tensor
 from sparse_dist.plans import plan_class
 
 SAMPLES = ("none", "bns:keep=0.1", "psc:budget=0.1")
@@ -228,9 +229,9 @@ def _compute_seconds(graph: LocalGraph, config: TrainConfig, group: int,
     lo = int(graph.layout.offsets[group])
     local = rows[:, lo:lo + graph.rows.shape[0]].tocsr()
     width = config.hidden
-    matrix = torch.sparse_csr_tensor(torch.from_numpy(local.indptr.astype(np.int64)),
-                                     torch.from_numpy(local.indices.astype(np.int64)),
-                                     torch.ones(local.nnz, dtype=torch.float32), size=local.shape).to(device)
+    matrix = csr_tensor(torch.from_numpy(local.indptr.astype(np.int64)),  # torch's beta notices silenced
+                        torch.from_numpy(local.indices.astype(np.int64)),
+                        torch.ones(local.nnz, dtype=torch.float32), local.shape).to(device)
     dense = torch.randn(local.shape[1], width, device=device)
     spmm = median_seconds(lambda: torch.sparse.mm(matrix, dense), device)
     features = torch.from_numpy(np.asarray(graph.features[:_PROBE_ROWS], dtype=np.float32)).to(device)

@@ -26,6 +26,7 @@ def _train(data: Path, out: Path, ranks: int, *extra: str) -> tuple[str, list[di
     result = run_mpi(ranks, [SPARSE_DIST, "train", "--data", str(data), "--threads", "1", "--print-every", "1000",
                              "--policy", "auto", "--out", str(out), *extra], timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "Warning" not in result.stderr, result.stderr  # its probes' torch notices are not the user's
     return result.stdout, [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
