@@ -225,6 +225,7 @@ class Guard:
         return self._bias_on() and bool(every) and epoch % every == 0
 
     def _bias_on(self) -> bool:
+        """Whether the bias signal acts: the guard on, the run not yet exact, ``--guard-bias`` not off."""
         return self.on and not self.state.exact and self.settings.bias != "off"
 
     def note_step(self, seconds: float) -> None:
