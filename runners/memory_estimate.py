@@ -208,9 +208,9 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
         "buffers": 2 * stale_layers * boundary * widest * itemsize,  # a staleness rule's caches, both sides
     }
     codec = Codec.parse(compress)
-    if codec is not None and codec.feedback:  # a residual a layer and direction, of the rows it sends
+    if codec is not None and codec.residual_copies:  # error feedback: the rows' and the gradients' residuals
         exchanging = figures[1:] if once else figures
-        training["residuals"] = 2 * halo * sum(figure.owner[0] for figure in exchanging) * itemsize
+        training["residuals"] = codec.residual_copies * halo * sum(f.owner[0] for f in exchanging) * itemsize
     if rows * max(features, *(figure.width for figure in figures)) * itemsize <= HEAP_BLOCK_BYTES:
         # an epoch's row arrays are heap blocks that glibc keeps when freed: the next epoch's peak adds to them
         training["kept by the heap"] = int(HEAP_KEPT_SHARE * (training["halo"] + training["activations"]))

@@ -68,9 +68,7 @@ def policy_state_copies(stale: Any, compress: str, sample: Any = None) -> tuple[
              if policy is not None] or [StateSize()]
     copies, structure = sum(size.row_copies for size in sizes), any(size.block_structure for size in sizes)
     codec = Codec.parse(compress)
-    if codec is not None and codec.feedback:
-        copies += 2  # residuals of the rows and of the gradients
-    return copies, structure
+    return copies + (codec.residual_copies if codec is not None else 0), structure
 
 
 def exchanged_rows(meta: dict[str, Any], plan: str, groups: int, counts: dict[str, int], group: int = 0) -> int:
@@ -295,11 +293,10 @@ def memory_verdict(comm: Communicator, everyone: list[dict[str, Any]],
 
 
 def _widest_compress(args: Any) -> str:
-    """``--compress`` as the memory estimate reads it; under ``--policy auto``, which chooses at set-up, a codec with
-    feedback where any candidate has it (the most a rank may keep)."""
+    """``--compress`` as the memory estimate reads it; under ``--policy auto``, which chooses at set-up, the
+    candidate codec that keeps the most (:attr:`~sparse_dist.compress.Codec.residual_copies`)."""
     if getattr(args, "policy", "manual") == "auto":
-        return next((text for text in AUTO_CODECS if (codec := Codec.parse(text)) is not None and codec.feedback),
-                    "none")
+        return max(AUTO_CODECS, key=lambda text: (codec := Codec.parse(text)) is not None and codec.residual_copies)
     return str(getattr(args, "compress", "none"))
 
 

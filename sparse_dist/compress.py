@@ -118,6 +118,12 @@ class Codec:
         """Whether its bit widths change during training (agreed between steps: :class:`AdaptiveCodec`)."""
         return False
 
+    @property
+    def residual_copies(self) -> int:
+        """Arrays of (rows an exchanging layer sends) x (its exchanged width) the codec keeps between steps, for the
+        memory and disk estimates: error feedback's residual of the rows and of the gradients, else none."""
+        return 2 if self.feedback else 0
+
     def at(self, layer: int, direction: str) -> "Codec":
         """The codec of one layer's messages in one direction (``rows`` or ``gradients``): itself."""
         return self
