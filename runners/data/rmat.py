@@ -257,20 +257,15 @@ def features_of(first: int, stop: int, width: int, seed: int) -> np.ndarray:
     return np.concatenate(pieces) if pieces else np.empty((0, width), dtype=np.float32)
 
 
-def _uniform(words: np.ndarray) -> np.ndarray:
-    """Raw words as float64 uniform on ``[0, 1)`` (53 bits, exact)."""
-    return unit_floats(words)
-
-
 def _hidden(width: int, classes: int, seed: int) -> np.ndarray:
     """The hidden map ``W`` (``width x classes``, uniform in ``[-1, 1)``) of the labels."""
-    return _uniform(_words(seed, _HIDDEN, 0, width * classes)).reshape(width, classes) * 2.0 - 1.0
+    return unit_floats(_words(seed, _HIDDEN, 0, width * classes)).reshape(width, classes) * 2.0 - 1.0
 
 
 def _split_masks(n: int, seed: int) -> dict[str, np.ndarray]:
     """Train, validation and test masks: one uniform draw per vertex against :data:`SPLIT`."""
     blocks = (n + ROW_CHUNK - 1) // ROW_CHUNK
-    draw = np.concatenate([_uniform(_words(seed, _SPLIT, block, min(ROW_CHUNK, n - block * ROW_CHUNK)))
+    draw = np.concatenate([unit_floats(_words(seed, _SPLIT, block, min(ROW_CHUNK, n - block * ROW_CHUNK)))
                            for block in range(blocks)]) if n else np.empty(0)
     train, val, test = SPLIT
     return {"train": draw < train, "val": (draw >= train) & (draw < train + val),
