@@ -192,9 +192,10 @@ def test_every_documented_command_parses(command: DocCommand, monkeypatch: pytes
     assert args is not None, f"{command}\nis refused by the parser:\n{said}"
 
 
-# Flags of other programs the README names: Slurm's sbatch/srun, Open MPI's mpiexec and mpirun, pip.
+# Flags of other programs the pages name: Slurm's sbatch/srun, Open MPI's mpiexec and mpirun, pip, pytest.
 OTHER_PROGRAMS_FLAGS = {"--account", "--partition", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-task", "--export",
-                        "--mpi", "--kill-on-bad-exit", "--oversubscribe", "--no-binary", "--host", "--mca"}
+                        "--mpi", "--kill-on-bad-exit", "--oversubscribe", "--no-binary", "--host", "--mca",
+                        "--durations"}
 
 
 def _all_flags(parser: argparse.ArgumentParser) -> set[str]:
