@@ -195,7 +195,7 @@ def test_every_documented_command_parses(command: DocCommand, monkeypatch: pytes
 # Flags of other programs the pages name: Slurm's sbatch/srun, Open MPI's mpiexec and mpirun, pip, pytest.
 OTHER_PROGRAMS_FLAGS = {"--account", "--partition", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-task", "--export",
                         "--mpi", "--kill-on-bad-exit", "--oversubscribe", "--no-binary", "--host", "--mca",
-                        "--durations"}
+                        "--durations", "--maxprocesses"}
 
 
 def _all_flags(parser: argparse.ArgumentParser) -> set[str]:
