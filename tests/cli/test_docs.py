@@ -192,7 +192,8 @@ def test_every_documented_command_parses(command: DocCommand, monkeypatch: pytes
     assert args is not None, f"{command}\nis refused by the parser:\n{said}"
 
 
-# Flags of other programs the pages name: Slurm's sbatch/srun, Open MPI's mpiexec and mpirun, pip, pytest.
+# Flags of other programs the pages name: Slurm's sbatch/srun, Open MPI's mpiexec and mpirun, pip, pytest and
+# pytest-xdist.
 OTHER_PROGRAMS_FLAGS = {"--account", "--partition", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--gpus-per-task", "--export",
                         "--mpi", "--kill-on-bad-exit", "--oversubscribe", "--no-binary", "--host", "--mca",
                         "--durations", "--maxprocesses"}
