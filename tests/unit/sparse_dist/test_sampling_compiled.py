@@ -198,6 +198,29 @@ def test_kernel_names_resolve() -> None:
         resolve_sampler("c")
 
 
+def test_a_wrong_count_writes_no_entry_outside_its_rows_slot() -> None:
+    """The kernel checks each row's count as it samples it: a row whose ``kept`` is not its own writes nothing,
+    every other row writes only its own slot, and the caller refuses the call; entries beyond the slots (a
+    buffer longer than the counts) stay as they were."""
+    rows = rows_of_every_degree(duplicates=False)
+    wanted = np.arange(rows.shape[0])
+    key = sampling_key(4, 1, 2, 0)
+    kept, columns, values = sample_rows_compiled(rows, 0, wanted, 5, key, 2)
+    wrong = kept.copy()
+    wrong[3] += 1  # row 3 (degree 3) claims a fourth entry: its slot and every later one shift by one
+    total = int(wrong.sum())
+    sentinel = -7
+    out_columns, out_values = np.full(total + 50, sentinel, dtype=np.int64), np.full(total + 50, -7.0)
+    with pytest.raises(ValueError, match="kept must be kept_per_row of the wanted rows"):
+        sample_rows_into(rows, 0, wanted, 5, key, 2, wrong, out_columns, out_values)
+    assert (out_columns[total:] == sentinel).all() and (out_values[total:] == -7.0).all()
+    starts = np.concatenate(([0], np.cumsum(wrong)))
+    assert (out_columns[starts[3]:starts[4]] == sentinel).all()  # the wrong row wrote nothing
+    for row in (0, 2, 4, 40, wanted.size - 1):  # the others wrote their own entries in their own slots
+        own = slice(int(np.sum(kept[:row])), int(np.sum(kept[:row + 1])))
+        assert np.array_equal(out_columns[starts[row]:starts[row] + kept[row]], columns[own])
+
+
 def test_compiled_block_columns_are_bitwise_numpys_assembly() -> None:
     """The requester's side: the block's source ids (destinations first, then the new ids increasing) and
     column positions, compiled, against assemble_block's numpy lines; no rows, no new ids, all new ids; few
