@@ -210,15 +210,14 @@ def test_a_wrong_count_writes_no_entry_outside_its_rows_slot() -> None:
     wrong[3] += 1  # row 3 (degree 3) claims a fourth entry: its slot and every later one shift by one
     total = int(wrong.sum())
     sentinel = -7
-    out_columns, out_values = np.full(total + 50, sentinel, dtype=np.int64), np.full(total + 50, -7.0)
+    out_columns, out_values = np.full(total + 50, sentinel, dtype=np.int64), np.full(total + 50, float(sentinel))
     with pytest.raises(ValueError, match="kept must be kept_per_row of the wanted rows"):
         sample_rows_into(rows, 0, wanted, 5, key, 2, wrong, out_columns, out_values)
-    assert (out_columns[total:] == sentinel).all() and (out_values[total:] == -7.0).all()
-    starts = np.concatenate(([0], np.cumsum(wrong)))
+    assert (out_columns[total:] == sentinel).all() and (out_values[total:] == sentinel).all()
+    starts, right = (np.concatenate(([0], np.cumsum(counts))) for counts in (wrong, kept))
     assert (out_columns[starts[3]:starts[4]] == sentinel).all()  # the wrong row wrote nothing
     for row in (0, 2, 4, 40, wanted.size - 1):  # the others wrote their own entries in their own slots
-        own = slice(int(np.sum(kept[:row])), int(np.sum(kept[:row + 1])))
-        assert np.array_equal(out_columns[starts[row]:starts[row] + kept[row]], columns[own])
+        assert np.array_equal(out_columns[starts[row]:starts[row] + kept[row]], columns[right[row]:right[row + 1]])
 
 
 def test_compiled_block_columns_are_bitwise_numpys_assembly() -> None:
