@@ -258,9 +258,10 @@ def _records(path: Path) -> list[dict]:
 def test_two_emulated_nodes_train_exactly_as_plain_mpiexec(tmp_path: Path) -> None:
     data = write(cora(), tmp_path / "cora", parts=2)
     # pipe: its flights progress by MPI_Test on one node and from a probe thread between nodes (--progress
-    # auto), which must change no value
+    # auto), which must change no value. --audit-every fixes when the guard reads its exact reference: left to
+    # itself it prices the interval from measured seconds, which differ between two runs, and so would the bytes
     train = [SPARSE_DIST, "train", "--data", str(data), "--plan", "p2p", "--stale", "pipe:tau=1", "--epochs", "3",
-             "--threads", "1", "--print-every", "1000", "--seed", "0"]
+             "--threads", "1", "--print-every", "1000", "--seed", "0", "--audit-every", "2"]
     plain = run_mpi(2, [*train, "--out", str(tmp_path / "plain.jsonl")], timeout=200)
     assert plain.returncode == 0, plain.stderr
     process = _emulate("--nodes", "2", "--ranks-per-node", "1", "--bandwidth", "1gbit", "--timeout", "200",
@@ -273,6 +274,8 @@ def test_two_emulated_nodes_train_exactly_as_plain_mpiexec(tmp_path: Path) -> No
     assert len(epochs_a) == len(epochs_b) == 3
     assert [e["loss"] for e in epochs_a] == [e["loss"] for e in epochs_b]  # bitwise: same ranks, same math
     assert [e["bytes"] for e in epochs_a] == [e["bytes"] for e in epochs_b]
+    readings = [[r.get("epoch") for r in records if r.get("guard_reference") is not None] for records in (a, b)]
+    assert readings[0] == readings[1] == [2]
     final_a, final_b = a[-1], b[-1]
     assert final_a["bytes_total"] == final_b["bytes_total"]
     assert [next(r for r in records if r["type"] == "setup")["progress"] for records in (a, b)] == ["test", "thread"]
