@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from algorithms.layers import GraphLayer
 from algorithms.policies.spec import AxisSpec
@@ -147,28 +148,30 @@ class InputExchange:
     budget: int | None
     reason: str
     extra_rows: float = 0.0    # the largest halo over its group's own rows: layer 0's added local work
+    wire_dtype: str = ""       # the halo's rows travel in it, bitwise (sparse_dist.lossless_wire); "": as loaded
 
     def describe(self) -> str:
         """One line for the start of a run."""
         keeps = (f"; each rank keeps up to {max(self.halo_rows, default=0)} halo rows "
                  f"({_megabytes(max(self.halo_bytes, default=0))}) and computes layer 0 on up to "
                  f"{self.extra_rows:.0%} more rows") if self.mode == "once" else ""
+        wire = f" (as {self.wire_dtype}, bitwise)" if self.wire_dtype else ""
         return (f"layer-0 input: {self.mode} ({self.reason}): X's boundary rows once = "
-                f"{_megabytes(self.once_bytes)}, layer 0 every epoch = {_megabytes(self.per_epoch_run_bytes)} "
+                f"{_megabytes(self.once_bytes)}{wire}, layer 0 every epoch = {_megabytes(self.per_epoch_run_bytes)} "
                 f"over the run{keeps}")
 
     def record(self) -> dict[str, Any]:
         return {"mode": self.mode, "requested": self.requested, "once_bytes": self.once_bytes,
                 "per_epoch_run_bytes": self.per_epoch_run_bytes, "halo_rows": self.halo_rows,
                 "halo_bytes": self.halo_bytes, "budget": self.budget, "reason": self.reason,
-                "extra_rows": self.extra_rows}
+                "extra_rows": self.extra_rows, "wire_dtype": self.wire_dtype}
 
 
 def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boundary_counts: np.ndarray,
                           union_sizes: np.ndarray, plan: str, f_in: int, f_out: int, itemsize: int, epochs: int,
                           evaluations: int, sample_p: float = 1.0, receiver: bool = False,
                           budget: int | None = None, layer0: tuple[int, bool] | None = None,
-                          pair_counts: np.ndarray | None = None) -> InputExchange:
+                          pair_counts: np.ndarray | None = None, wire: torch.dtype | None = None) -> InputExchange:
     """Decide how layer 0 gets its input from global metadata only, so every rank decides alike.
 
     The per-epoch side is the exact byte model of layer 0's exchanges (width ``min(F_in, F_out)``,
@@ -177,7 +180,9 @@ def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boun
     are not counted (they could only shrink the per-epoch side). ``layer0``: (width, backward) of layer 0's
     exchange where the layer says otherwise (attention: ``[Z | s]`` and its gradient,
     :meth:`algorithms.layers.GraphLayer.exchange_shape`). ``pair_counts``: the plan's own rows per pair where
-    its byte model needs them (``cover``: a cover of X's rows per epoch against X's boundary rows once). Raises
+    its byte model needs them (``cover``: a cover of X's rows per epoch against X's boundary rows once).
+    ``wire``: the narrower dtype X's rows travel in once, where one holds them bitwise
+    (:func:`sparse_dist.lossless_wire.agree_wire_dtype`; the per-epoch side sends products, full width). Raises
     :class:`HaloBudgetError`
     when ``once`` is requested and a halo exceeds ``budget``.
     """
@@ -187,7 +192,8 @@ def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boun
     np.fill_diagonal(counts, 0)
     halo_rows = [int(r) for r in counts.sum(axis=1)]
     halo_bytes = [rows * f_in * itemsize for rows in halo_rows]
-    once = int(predict_halo_bytes(grid, boundary_counts, f_in, itemsize)[:, SENT].sum())
+    wire_itemsize = wire.itemsize if wire is not None else itemsize
+    once = int(predict_halo_bytes(grid, boundary_counts, f_in, wire_itemsize)[:, SENT].sum())
     transform_first = f_out < f_in and not receiver
     width, returns = layer0 if layer0 is not None else (f_out if transform_first else f_in, transform_first)
     volume = predict_spmm_bytes(grid, layout, boundary_counts, union_sizes, plan, width, itemsize,
@@ -211,4 +217,5 @@ def choose_input_exchange(requested: str, *, grid: Grid, layout: RowLayout, boun
     else:
         mode, reason = "per-epoch", "auto: fewer bytes"
     extra = max((rows / max(own, 1) for rows, own in zip(halo_rows, layout.counts())), default=0.0)
-    return InputExchange(mode, requested, once, per_epoch, halo_rows, halo_bytes, budget, reason, float(extra))
+    return InputExchange(mode, requested, once, per_epoch, halo_rows, halo_bytes, budget, reason, float(extra),
+                         str(wire).removeprefix("torch.") if wire is not None and mode == "once" else "")

@@ -19,7 +19,8 @@ then repeated on the ``c`` replicas (it is the small product: ``F_0 x F_1`` per 
 
 Construction is collective over the replica column: one pull (:class:`~sparse_dist.pull.Pull`)
 without a count exchange (the boundary counts are agreed already): one alltoallv of row ids (phase
-``other``) and one of feature rows (phase ``halo``).
+``other``) and one of feature rows (phase ``halo``), in the narrowest dtype that holds them bitwise
+(:mod:`sparse_dist.lossless_wire`, where the caller gives one).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from sparse_dist.csr import csr_bytes, distinct_ids, entry_rows
 from sparse_dist.exchange import ExchangeContext
 from sparse_dist.layout import RowLayout
+from sparse_dist.lossless_wire import WireRows
 from sparse_dist.plans import ExchangePlan
 from sparse_dist.pull import Pull
 
@@ -54,13 +56,14 @@ class StaticHalo:
     """
 
     def __init__(self, plan: ExchangePlan, layout: RowLayout, rows: sp.csr_matrix, own_values: torch.Tensor,
-                 boundary_counts: np.ndarray) -> None:
+                 boundary_counts: np.ndarray, wire: WireRows | None = None) -> None:
         """Fetch the halo rows (collective over ``plan.col_comm``, the ``G`` ranks of one replica column).
 
         ``rows``: this rank's row group's rows of ``Â`` (global column ids, every column block, also on
         the 1.5D grid); ``own_values``: its rows of the input (``n_g x F``, the dtype and device the
         product uses); ``boundary_counts[i, j] = |B_ij|`` (every pair, the same on every rank, from
-        :class:`~sparse_dist.dcsr.DistCSR`).
+        :class:`~sparse_dist.dcsr.DistCSR`); ``wire``: the own rows as they travel where a narrower dtype holds
+        them bitwise (:mod:`sparse_dist.lossless_wire`), else ``own_values`` travel.
         """
         self.plan = plan
         group = plan.group
@@ -76,8 +79,9 @@ class StaticHalo:
         if not np.array_equal(recv_rows, np.where(others, counts[group], 0)):
             raise RuntimeError(f"row group {group}: its halo per owner {recv_rows.tolist()} differs from the "
                                f"boundary counts {counts[group].tolist()}")
-        received = Pull(plan.col_comm, layout, self.halo_ids, "halo", request_phase="other",
-                        answered=np.where(others, counts[:, group], 0)).rows(own_values)  # counts agreed already
+        pull = Pull(plan.col_comm, layout, self.halo_ids, "halo", request_phase="other",
+                    answered=np.where(others, counts[:, group], 0))  # counts agreed already
+        received = pull.rows(own_values) if wire is None else wire.decode(pull.rows(wire.sent))
         self.own_count = hi - lo
         self.count = int(self.halo_ids.size)
         self.values = torch.cat([own_values, received]) if self.count else own_values

@@ -38,6 +38,7 @@ from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.halo import StaticHalo
 from sparse_dist.layout import Grid
+from sparse_dist.lossless_wire import WireRows, agree_wire_dtype, from_wire, to_wire
 from sparse_dist.spmm import DistSpMM
 
 _log = logging.getLogger(__name__)
@@ -158,6 +159,8 @@ class TrainingRun:
         features = scaled_features(graph.features, config.feature_norm)
         features_tensor = torch.from_numpy(features).to(self.dtype).to(self.device)
         requested = "per-epoch" if self.feeds_layer0 else config.input_exchange
+        # the loaded rows travel, narrowed where every rank's fit bitwise; each receiver scales its own
+        wire = agree_wire_dtype(self.comm, graph.features) if requested != "per-epoch" else None  # collective
         try:
             self.input_exchange = choose_input_exchange(
                 requested, grid=self.matrix.grid, layout=graph.layout, boundary_counts=self.matrix.boundary_counts,
@@ -168,11 +171,11 @@ class TrainingRun:
                 evaluations=evaluations(config.epochs, 1 if config.steer_evaluation else config.eval_every),
                 sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
                 budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout),
-                pair_counts=self.spmm.plan.pair_counts)
+                pair_counts=self.spmm.plan.pair_counts, wire=wire)
         except HaloBudgetError as exc:
             raise said_once(exc) from None  # decided from global metadata
         self.halo = (StaticHalo(self.spmm.plan, graph.layout, self.normalized, features_tensor,
-                                self.matrix.boundary_counts)
+                                self.matrix.boundary_counts, self._wire_rows(wire))
                      if self.input_exchange.mode == "once" else None)  # collective over the replica column
         self.features = self.halo.own_values if self.halo is not None else features_tensor
         self.layer_input = self.halo.values if self.halo is not None else features_tensor
@@ -181,6 +184,19 @@ class TrainingRun:
             seconds = load_compiled_passes(largest, self.device, self.dtype)
             if seconds:
                 _log.info("loaded the compiled dropout passes in %.2f s", seconds)
+
+    def _wire_rows(self, wire: torch.dtype | None) -> WireRows | None:
+        """The loaded feature rows in ``wire``, and the receiver's way back to layer 0's input rows: widened to
+        the loaded dtype, scaled by ``--feature-norm`` row by row (the owner's values bitwise), cast and moved."""
+        if wire is None:
+            return None
+        loaded, norm, dtype, device = self.graph.features, self.config.feature_norm, self.dtype, self.device
+
+        def decode(received: torch.Tensor) -> torch.Tensor:
+            rows = scaled_features(from_wire(received, wire, loaded.dtype), norm)
+            return torch.from_numpy(rows).to(dtype).to(device)
+
+        return WireRows(to_wire(loaded, wire).to(device), decode)
 
     def _optimizer(self) -> Adam:
         return make_optimizer(self.model, self.config)

@@ -21,6 +21,8 @@ _MPI_TYPES: dict[torch.dtype, Any] = {
     torch.int32: MPI.INT32_T,
     torch.int64: MPI.INT64_T,
     torch.uint8: MPI.UINT8_T,
+    torch.int8: MPI.INT8_T,
+    torch.int16: MPI.INT16_T,
     torch.bool: MPI.C_BOOL,
 }
 

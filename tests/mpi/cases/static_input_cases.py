@@ -17,6 +17,8 @@ P = 3 one row group is EMPTY, the others uneven), for every plan:
 * compression (``--compress``): counted bytes equal the byte model's with the coded row size, every plan (adaptive
   widths: each layer and direction at the width agreed before the step, which must change from 8 bits);
   evaluation stays exact; with bns or sancus-e the compressed run moves the uncompressed run's rows, coded;
+* a narrower wire: count features travel once as uint8 (bytes the model's at one byte a value, the kept rows
+  bitwise the reference's scaled rows, losses exact); random features travel as they are;
 * SANCUS under dropout 0.5 (dense-bcast, sancus-h:eps=0.5, a wider graph):
   owners skip broadcasts on either dropout side (owner-side, the gap
   compares the rows without their fresh masks, ``H W``; before, the masks
@@ -102,6 +104,8 @@ def check_modes(comm, data: dict, layout: RowLayout, replication: int, failures:
                               TrainConfig(plan=plan, replication=replication, epochs=EPOCHS,
                                           input_exchange=input_exchange, dropout_side=side))
             after_setup = traffic(comm)
+            if trainer.input_exchange.wire_dtype:  # uniform random features fit no narrower dtype
+                failures.append(f"{label}: random features travelled as {trainer.input_exchange.wire_dtype}")
             halo = after_setup["halo"][0] - before["halo"][0], after_setup["halo"][1] - before["halo"][1]
             want_halo = (tuple(int(x) for x in predict_halo_bytes(trainer.matrix.grid, trainer.matrix.boundary_counts,
                                                                   F, 4)[comm.rank])
@@ -139,6 +143,34 @@ def check_modes(comm, data: dict, layout: RowLayout, replication: int, failures:
                 kept = trainer.halo.aggregate()
                 if kept is not trainer.halo.aggregate() or not close(kept, trainer.halo.multiply(trainer.halo.values)):
                     failures.append(f"{label}: the kept layer-0 product is not Â_ext X, or is made again")
+
+
+def check_narrow_wire(comm, layout: RowLayout, replication: int, failures: list[str]) -> None:
+    """Count features (0-3 a value, row sums exact in float32) travel once as uint8: the halo bytes are the model's
+    at one byte a value, the kept halo rows equal the reference's scaled rows bitwise, training is exact."""
+    group = comm.rank // replication
+    data = graph_data()
+    data["features"] = np.random.default_rng(7).integers(0, 4, (N, F)).astype(np.float32)
+    data["features"][5] = 0  # a row summing to 0 scales to 0
+    for plan in PLAN_NAMES:
+        label = f"{plan} uint8 wire P={comm.size} c={replication}"
+        before = traffic(comm)
+        trainer = Trainer(comm, local_graph(data, layout, group),
+                          TrainConfig(plan=plan, replication=replication, epochs=EPOCHS, input_exchange="once"))
+        after_setup = traffic(comm)
+        if trainer.input_exchange.wire_dtype != "uint8":
+            failures.append(f"{label}: the halo travelled as {trainer.input_exchange.wire_dtype!r}, not uint8")
+        halo = after_setup["halo"][0] - before["halo"][0], after_setup["halo"][1] - before["halo"][1]
+        want = tuple(int(x) for x in predict_halo_bytes(trainer.matrix.grid, trainer.matrix.boundary_counts, F,
+                                                        1)[comm.rank])
+        if halo != want:
+            failures.append(f"{label}: halo bytes (sent, recv) {halo} != predicted at one byte a value {want}")
+        reference = Reference(data["adjacency"].toarray(), data["features"], data["labels"], data["train"], C, "gcn")
+        kept = trainer.halo.values[trainer.halo.own_count:]
+        if not torch.equal(kept, reference.x[torch.from_numpy(trainer.halo.halo_ids)]):
+            failures.append(f"{label}: the kept halo rows differ from the reference's scaled rows")
+        for epoch in range(EPOCHS):
+            check_loss(failures, label, epoch, trainer.train_epoch()["loss"], reference.step())
 
 
 def check_sampled(comm, data: dict, layout: RowLayout, replication: int, failures: list[str]) -> None:
@@ -254,6 +286,7 @@ def run(comm, replication: int) -> list[str]:
     data = graph_data()
     failures: list[str] = []
     check_modes(comm, data, layout, replication, failures)
+    check_narrow_wire(comm, layout, replication, failures)
     check_sampled(comm, data, layout, replication, failures)
     check_compressed(comm, data, layout, replication, failures)
     check_sancus(comm, replication, failures)
