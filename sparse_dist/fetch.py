@@ -3,9 +3,10 @@
 A batch's input rows are its layer-0 source nodes. Own rows are read in place; remote rows held in the
 cache are read from it; the others are pulled from their owners (:class:`sparse_dist.pull.Pull`, phase
 ``fetch``): an alltoallv of per-peer counts, one of the global ids, then one of the rows (``F`` columns of the
-features' dtype). Bytes on one rank (the own slot of every alltoallv counts nothing): sent = ``8 (P - 1)`` +
-``8`` per id asked of another rank + ``F * itemsize`` per row answered to another rank; received alike with
-the roles swapped (:func:`predict_fetch_bytes`, the pull's own prediction).
+features' dtype, or of the narrower dtype that holds every rank's loaded rows bitwise where the caller gives
+one: :mod:`sparse_dist.lossless_wire`). Bytes on one rank (the own slot of every alltoallv counts nothing):
+sent = ``8 (P - 1)`` + ``8`` per id asked of another rank + ``F * itemsize`` per row answered to another
+rank; received alike with the roles swapped (:func:`predict_fetch_bytes`, the pull's own prediction).
 
 The cache (``--feature-cache SIZE`` rows per rank; psc's inclusion-aware idea, :mod:`sparse_dist.importance`,
 and SALIENT++'s): the remote rows with the highest estimated probability of being an input row of one of
@@ -25,6 +26,7 @@ import torch
 
 from sparse_dist.comm import Communicator
 from sparse_dist.layout import RowLayout
+from sparse_dist.lossless_wire import WireRows
 from sparse_dist.pull import Pull, PullTraffic, predict_pull_bytes
 
 __all__ = ["FeatureFetcher", "inclusion_estimate", "predict_fetch_bytes"]
@@ -71,14 +73,15 @@ class FeatureFetcher:
     """This rank's rows of ``X`` (``own``, ``n_g x F``) and the way to the others' (module docstring).
 
     ``cache_ids``: the remote global ids to keep (chosen by the caller, e.g. from :func:`inclusion_estimate`),
-    pulled once here. After each :meth:`fetch`: ``last_requests`` (the ids asked of each rank),
-    ``last_asked``, ``last_answered`` (rows per peer), ``last_needed`` (remote rows the batch needed) and
-    ``last_hits`` (of them, found in the cache).
+    pulled once here. ``wire``: ``own``'s rows as they travel and the way back to ``own``'s kind of rows, where
+    a narrower dtype holds them bitwise (else ``own`` travels). After each :meth:`fetch`: ``last_requests``
+    (the ids asked of each rank), ``last_asked``, ``last_answered`` (rows per peer), ``last_needed`` (remote
+    rows the batch needed) and ``last_hits`` (of them, found in the cache).
     """
 
     def __init__(self, comm: Communicator, layout: RowLayout, group: int, own: torch.Tensor,
-                 cache_ids: np.ndarray | None = None, phase: str = "fetch") -> None:
-        self.comm, self.layout, self.own, self.phase = comm, layout, own, phase
+                 cache_ids: np.ndarray | None = None, phase: str = "fetch", wire: WireRows | None = None) -> None:
+        self.comm, self.layout, self.own, self.phase, self.wire = comm, layout, own, phase, wire
         self.first_row = int(layout.offsets[group])
         self.last_asked: list[int] = [0] * comm.size
         self.last_answered: list[int] = [0] * comm.size
@@ -93,12 +96,13 @@ class FeatureFetcher:
         return int(self.own.shape[1])
 
     def row_bytes(self) -> int:
-        return self.width * self.own.element_size()
+        """Bytes of one row as it travels."""
+        return self.width * (self.wire.sent if self.wire is not None else self.own).element_size()
 
     def _pull(self, ids: np.ndarray) -> torch.Tensor:
         """Rows ``ids`` (remote) pulled from their owners, in ``ids``' order (collective)."""
         pull = Pull(self.comm, self.layout, ids, self.phase)
-        rows = pull.rows(self.own)
+        rows = pull.rows(self.own) if self.wire is None else self.wire.decode(pull.rows(self.wire.sent))
         self.last_requests = pull.requests
         self.last_asked, self.last_answered = pull.asked_counts, pull.answered_counts
         return rows

@@ -29,6 +29,7 @@ from sparse_dist.accounting import CommStats
 from sparse_dist.comm import CollectiveError, Communicator, threads_may_call_mpi
 from sparse_dist.fetch import FeatureFetcher, inclusion_estimate
 from sparse_dist.layout import RowLayout
+from sparse_dist.lossless_wire import WireRows
 from sparse_dist.sampling import DistributedSampler, SampledBlock
 
 __all__ = ["Batch", "BatchLoader", "Prefetcher", "step_groups"]
@@ -55,12 +56,14 @@ class BatchLoader:
     ``rows``: this rank's rows of the normalised adjacency (global column ids; the full-graph run's, not
     normalised again); ``features``: its rows of ``X`` (``n_own x F``, the model's dtype and device);
     ``train``: its training mask; ``epochs``: how many epochs the run trains (the prefetch worker makes the
-    next epoch's first batches only where there is one). Collective construction: the sampler, the training
-    ids gathered, the feature cache pulled, the worker's communicator split.
+    next epoch's first batches only where there is one); ``wire``: the feature rows as they travel, where a
+    narrower dtype holds them bitwise (:class:`~sparse_dist.fetch.FeatureFetcher`). Collective construction:
+    the sampler, the training ids gathered, the feature cache pulled, the worker's communicator split.
     """
 
     def __init__(self, comm: Communicator, layout: RowLayout, rows: sp.csr_matrix, features: torch.Tensor,
-                 train: np.ndarray, seed: int, epochs: int, minibatch: MinibatchConfig) -> None:
+                 train: np.ndarray, seed: int, epochs: int, minibatch: MinibatchConfig,
+                 wire: WireRows | None = None) -> None:
         self.comm, self.layout, self.seed, self.epochs, self.minibatch = comm, layout, seed, epochs, minibatch
         self.first_row = int(layout.offsets[comm.rank])
         self.sampler = DistributedSampler(comm, layout, comm.rank, rows, minibatch.fanouts, seed,
@@ -70,7 +73,8 @@ class BatchLoader:
         self.global_batch = comm.size * minibatch.batch_size
         self.steps_per_epoch = max(1, math.ceil(self.train_ids.size / self.global_batch))
         self._order: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
-        self.fetcher = FeatureFetcher(comm, layout, comm.rank, features, self._cache_choice(rows, own_train))
+        self.fetcher = FeatureFetcher(comm, layout, comm.rank, features, self._cache_choice(rows, own_train),
+                                      wire=wire)
         self.worker_comm: Communicator | None = None
         self.prefetcher: Prefetcher | None = None
         if minibatch.prefetch > 0:

@@ -115,7 +115,7 @@ class MinibatchTrainer:
                                                                self.full.device, self.full.dtype)
         self.first_row = int(graph.layout.offsets[comm.rank])
         self.loader = BatchLoader(comm, graph.layout, self.full.normalized, self.full.features, graph.masks["train"],
-                                  config.seed, config.epochs, minibatch)
+                                  config.seed, config.epochs, minibatch, self.full.wire_rows())
         self.epoch = 0
         self.setup_bytes = bytes_by_phase({phase: {k: v - built_from[phase][k] for k, v in counters.items()}
                                            for phase, counters in comm.stats.snapshot().items()})

@@ -28,7 +28,7 @@ from algorithms.static_input import (HaloBudgetError, choose_input_exchange, eva
                                      receiver_side)
 from algorithms.training.bit_widths import BitWidthWork
 from algorithms.training.config import PROGRESS_MODES, TrainConfig
-from algorithms.training.graph import LocalGraph, scaled_features
+from algorithms.training.graph import LocalGraph, scaled_features, wire_rows
 from algorithms.training.guard import Guard
 from algorithms.training.steering import EvaluationSteering
 from algorithms.training.tighten import ActivePolicies, install
@@ -38,7 +38,7 @@ from sparse_dist.compress import Codec
 from sparse_dist.dcsr import DistCSR, split_grid
 from sparse_dist.halo import StaticHalo
 from sparse_dist.layout import Grid
-from sparse_dist.lossless_wire import WireRows, agree_wire_dtype, from_wire, to_wire
+from sparse_dist.lossless_wire import WireRows, agree_wire_dtype
 from sparse_dist.spmm import DistSpMM
 
 _log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class TrainingRun:
         features_tensor = torch.from_numpy(features).to(self.dtype).to(self.device)
         requested = "per-epoch" if self.feeds_layer0 else config.input_exchange
         # the loaded rows travel, narrowed where every rank's fit bitwise; each receiver scales its own
-        wire = agree_wire_dtype(self.comm, graph.features) if requested != "per-epoch" else None  # collective
+        self.wire_dtype = agree_wire_dtype(self.comm, graph.features)  # collective
         try:
             self.input_exchange = choose_input_exchange(
                 requested, grid=self.matrix.grid, layout=graph.layout, boundary_counts=self.matrix.boundary_counts,
@@ -171,11 +171,11 @@ class TrainingRun:
                 evaluations=evaluations(config.epochs, 1 if config.steer_evaluation else config.eval_every),
                 sample_p=float(sampler.p) if sampler is not None else 1.0, receiver=self.receiver_dropout,
                 budget=config.halo_budget, layer0=self.model.layers[0].exchange_shape(self.receiver_dropout),
-                pair_counts=self.spmm.plan.pair_counts, wire=wire)
+                pair_counts=self.spmm.plan.pair_counts, wire=self.wire_dtype)
         except HaloBudgetError as exc:
             raise said_once(exc) from None  # decided from global metadata
         self.halo = (StaticHalo(self.spmm.plan, graph.layout, self.normalized, features_tensor,
-                                self.matrix.boundary_counts, self._wire_rows(wire))
+                                self.matrix.boundary_counts, self.wire_rows())
                      if self.input_exchange.mode == "once" else None)  # collective over the replica column
         self.features = self.halo.own_values if self.halo is not None else features_tensor
         self.layer_input = self.halo.values if self.halo is not None else features_tensor
@@ -185,18 +185,9 @@ class TrainingRun:
             if seconds:
                 _log.info("loaded the compiled dropout passes in %.2f s", seconds)
 
-    def _wire_rows(self, wire: torch.dtype | None) -> WireRows | None:
-        """The loaded feature rows in ``wire``, and the receiver's way back to layer 0's input rows: widened to
-        the loaded dtype, scaled by ``--feature-norm`` row by row (the owner's values bitwise), cast and moved."""
-        if wire is None:
-            return None
-        loaded, norm, dtype, device = self.graph.features, self.config.feature_norm, self.dtype, self.device
-
-        def decode(received: torch.Tensor) -> torch.Tensor:
-            rows = scaled_features(from_wire(received, wire, loaded.dtype), norm)
-            return torch.from_numpy(rows).to(dtype).to(device)
-
-        return WireRows(to_wire(loaded, wire).to(device), decode)
+    def wire_rows(self) -> WireRows | None:
+        """This rank's feature rows as they travel to others (:func:`algorithms.training.graph.wire_rows`)."""
+        return wire_rows(self.graph.features, self.wire_dtype, self.config.feature_norm, self.dtype, self.device)
 
     def _optimizer(self) -> Adam:
         return make_optimizer(self.model, self.config)

@@ -1,4 +1,5 @@
-"""What one rank holds of the graph (:class:`LocalGraph`; the data layer builds it) and its feature scaling."""
+"""What one rank holds of the graph (:class:`LocalGraph`; the data layer builds it), its feature scaling and the
+narrow wire its feature rows travel in."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from sparse_dist.layout import RowLayout
+from sparse_dist.lossless_wire import WireRows, from_wire, to_wire
 
 
 @dataclass
@@ -46,3 +49,19 @@ def row_normalize_features(features: np.ndarray) -> np.ndarray:
     np.divide(normalized, sums, out=normalized, where=~zero[:, None])
     normalized[zero] = 0
     return normalized
+
+
+def wire_rows(loaded: np.ndarray, wire: torch.dtype | None, feature_norm: str, dtype: torch.dtype,
+              device: torch.device) -> WireRows | None:
+    """This rank's loaded feature rows (``n_g x F``) in ``wire`` (agreed:
+    :func:`sparse_dist.lossless_wire.agree_wire_dtype`), and the receiver's way back to layer 0's input rows:
+    widened to the loaded dtype, scaled by :func:`scaled_features` row by row (the owner's values bitwise), cast
+    to ``dtype`` and moved to ``device``. None where no narrower dtype holds the rows."""
+    if wire is None:
+        return None
+
+    def decode(received: torch.Tensor) -> torch.Tensor:
+        rows = scaled_features(from_wire(received, wire, loaded.dtype), feature_norm)
+        return torch.from_numpy(rows).to(dtype).to(device)
+
+    return WireRows(to_wire(loaded, wire).to(device), decode)

@@ -8,7 +8,8 @@ unevenly: P = 3 has an EMPTY row group, P = 4 an empty one and one with rows but
   epoch 0), GCN and SAGE, 2 and 3 layers;
 * bytes: per batch, the counted ``sample`` and ``fetch`` bytes of every rank equal a prediction written here
   from the requested ids, every rank's requests (gathered) and the global degrees; and equal the library's
-  own predictions (:func:`predict_hop_bytes`, :func:`predict_fetch_bytes`);
+  own predictions (:func:`predict_hop_bytes`, :func:`predict_fetch_bytes`); count features travel as uint8
+  (one byte a value) and every batch's input rows are the reference's scaled rows bitwise;
 * prefetch 2 (worker thread on its own communicator, running on into the next epoch) is bitwise the
   unpipelined run over 3 epochs, bytes per epoch and the evaluations between epochs (and their bytes)
   included, and so are prefetch 2 with bulk sampling of 3 batches per round and prefetch 1 with 2;
@@ -27,6 +28,7 @@ Rank 0 prints ``EXACT P=.. max_dloss=.. max_dgrad=..``, ``BYTES P=.. batches=.. 
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -126,10 +128,16 @@ def expected_sample(comm, requests: list[list[np.ndarray]], fanouts: list, degre
     return {"sent": sent, "recv": recv}
 
 
-def check_bytes(comm, data: dict, failures: list[str]) -> None:
+def check_bytes(comm, floats: dict, failures: list[str]) -> None:
+    """Counted bytes against predictions; with count features (0-3 a value) the rows travel as uint8, one byte
+    a value, and arrive as the reference's scaled rows bitwise (the own rows and the cached ones too)."""
     batches = mismatches = counted = 0
-    for model, fanouts, cache in (("gcn", (3, 2), 0), ("sage", (2, None), 4)):
+    count_features = np.random.default_rng(7).integers(0, 4, floats["features"].shape).astype(np.float32)
+    counts = {**floats, "features": count_features}
+    for (model, fanouts, cache), (data, itemsize) in itertools.product(
+            (("gcn", (3, 2), 0), ("sage", (2, None), 4)), ((floats, 4), (counts, 1))):
         mb = trainer(comm, data, COUNTS[comm.size], model, 2, fanouts, 2, cache)
+        scaled = Reference(data["adjacency"].toarray(), data["features"], data["labels"], data["train"], C, model).x
         layer_fanouts = list(fanouts)[::-1]  # the sampler keeps its requests in layer order
         degree = degrees(data, model)
         for step in range(mb.steps_per_epoch):
@@ -147,7 +155,11 @@ def check_bytes(comm, data: dict, failures: list[str]) -> None:
                                           mb.fetcher.row_bytes())
             independent = expected_sample(comm, mb.sampler.last_requests, layer_fanouts, degree)
             asked = comm.allgather_object(mb.fetcher.last_requests)
-            row_bytes = data["features"].shape[1] * 4
+            row_bytes = data["features"].shape[1] * itemsize
+            # counts sum exactly in float32, so the reference's rows are the trainer's bitwise
+            if itemsize == 1 and not torch.equal(batch.inputs, scaled[torch.from_numpy(batch.blocks[0].src)]):
+                failures.append(f"bytes {model} P={comm.size} step {step}: input rows differ from the reference's "
+                                f"scaled rows ({itemsize}-byte wire)")
             others = [q for q in range(comm.size) if q != comm.rank]
             fetch_expected = {"sent": sum(8 + 8 * asked[comm.rank][q].size + row_bytes * asked[q][comm.rank].size
                                           for q in others),
