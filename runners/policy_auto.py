@@ -1,7 +1,8 @@
 """``train --policy auto``: the sampling and compression with the least predicted time to accuracy on this link
 and these cores, chosen at set-up, before the trainer is built, and run guarded.
 
-**What it measures** (collective, about a second; every rank enters in the same order):
+**What it measures** (collective, about a second plus the compute probes' 0.6 s of warm-up; every rank enters in
+the same order):
 
 * the link: chains of broadcasts of 8 bytes and 256 KiB over the replica column (the ranks that exchange rows),
   root alternating, the slowest rank's median of three; ``alpha`` from the small ones, ``beta`` from the large
@@ -10,7 +11,9 @@ and these cores, chosen at set-up, before the trainer is built, and run guarded.
 * the cores (on the run's device: a GPU where the run trains on one), on up to 16,384 of this rank's own
   rows: the local SpMM (those rows times its own columns, at the hidden width), and layer 0's dense work
   (dropout, ``X W``, ReLU, forward and backward), timed while every rank times its own, so oversubscribed
-  cores count; the slowest rank's rates;
+  cores count, after a barrier and before the link, each warmed up first (:data:`WARM_UP_SECONDS`); the median
+  rank's rates (one rank's probe can run 10x slow for a second on oversubscribed cores, and the slowest rank's
+  would price every step by that);
 * each codec's cost: encoding with error feedback and decoding a block of rows at the hidden width (int4 for
   ``adaptive``, the width its hidden rows take; :mod:`sparse_dist.compress`);
 * the workload: each rank's rows, its entries with local and remote columns and ``|B_ij|`` from its adjacency
@@ -66,6 +69,11 @@ EPOCH_FACTORS = {"none": 1.0, "bns:keep=0.1": 1.03, "psc:budget=0.1": 1.10, "int
 _SMALL, _LARGE = 8, 1 << 18  # the large size above MPICH's short broadcast (12 KiB): 0.8 MiB over 3 repeats
 _PROBE_ROWS = 16_384  # rows of this rank the compute probes multiply (a 100k-row rank's full probe took 1.8 s)
 _CODEC_PROBE_ROWS = 4096
+WARM_UP_SECONDS = 0.3
+"""How long each compute probe runs untimed first. R-MAT SCALE 18 at P = 4 (four ranks on two cores, 200 Mbit/s
+emulated): probed cold and after the link's broadcasts, the local SpMM ran at 0.7-0.9e8 entry-columns a second
+where the same probe warmed for 0.3 s and before the link ran at 7.0-9.3e8, and auto printed steps of 7.1-7.7 s
+for steps that took 1.5-1.7 s (docs/results.md, "What `--policy auto` predicts")."""
 
 
 @dataclass(frozen=True)
@@ -200,17 +208,20 @@ def layer0_once(policy: PolicySpec, config: TrainConfig) -> bool:
 # ------------------------------------------------------------------ measurements
 def measure(comm: Communicator, col_comm: Communicator, graph: LocalGraph, config: TrainConfig,
             threads: int, device: torch.device = torch.device("cpu")) -> Measured:
-    """The link, the cores and the codecs (collective over ``comm``: every figure agreed as the slowest)."""
-    alpha, beta = link(col_comm) if col_comm.size > 1 else (0.0, 1e-12)
+    """The cores and the codecs, then the link (collective over ``comm``: the link's figures agreed as the slowest
+    rank's, the rates and codec costs as the median rank's). The compute probes come first, all ranks together
+    after a barrier, each warmed up for :data:`WARM_UP_SECONDS`: after the link's broadcasts, ranks still waiting
+    in them spin beside the others' probes, and a cold probe runs several times slower than the step it prices."""
+    comm.idle_barrier()  # the ranks that loaded their shards first sleep instead of spinning
     spmm, dense = _compute_seconds(graph, config, col_comm.rank, device)
     codec = {text: _codec_seconds(text, config.hidden, device) for text in CODECS if text != "none"}
-    local = np.array([alpha, beta, spmm[0], dense[0], *codec.values()], dtype=np.float64)
-    slowest = comm.allgather_array(local).max(axis=0)
-    units = np.array([spmm[1], dense[1]], dtype=np.float64)  # work of this rank's probe (rates per core below)
-    rates = Rates(spmm=float(units[0] / slowest[2] / threads) if slowest[2] > 0 else 1e12,
-                  dense=float(units[1] / slowest[3] / threads) if slowest[3] > 0 else 1e12,
-                  source="measured at set-up by --policy auto")
-    return Measured(float(slowest[0]), float(slowest[1]), rates, dict(zip(codec, map(float, slowest[4:]))))
+    alpha, beta = link(col_comm) if col_comm.size > 1 else (0.0, 1e-12)
+    per_core = [units / seconds / threads if seconds > 0 else 1e12 for seconds, units in (spmm, dense)]
+    local = np.array([alpha, beta, *per_core, *codec.values()], dtype=np.float64)
+    gathered = comm.allgather_array(local)
+    slowest, median = gathered.max(axis=0), np.median(gathered, axis=0)
+    rates = Rates(spmm=float(median[2]), dense=float(median[3]), source="measured at set-up by --policy auto")
+    return Measured(float(slowest[0]), float(slowest[1]), rates, dict(zip(codec, map(float, median[4:]))))
 
 
 def link(comm: Communicator, repeats: int = 3) -> tuple[float, float]:
@@ -233,7 +244,7 @@ def _compute_seconds(graph: LocalGraph, config: TrainConfig, group: int,
                         torch.from_numpy(local.indices.astype(np.int64)),
                         torch.ones(local.nnz, dtype=torch.float32), local.shape).to(device)
     dense = torch.randn(local.shape[1], width, device=device)
-    spmm = median_seconds(lambda: torch.sparse.mm(matrix, dense), device)
+    spmm = median_seconds(lambda: torch.sparse.mm(matrix, dense), device, warm_up=WARM_UP_SECONDS)
     features = torch.from_numpy(np.asarray(graph.features[:_PROBE_ROWS], dtype=np.float32)).to(device)
     weight = torch.randn(features.shape[1], width, requires_grad=True, device=device)
 
@@ -241,7 +252,7 @@ def _compute_seconds(graph: LocalGraph, config: TrainConfig, group: int,
         out = torch.relu(torch.nn.functional.dropout(features, config.dropout, training=True) @ weight)
         out.sum().backward()
 
-    dense_seconds = median_seconds(layer, device)
+    dense_seconds = median_seconds(layer, device, warm_up=WARM_UP_SECONDS)
     return ((spmm, float(local.nnz) * width),
             (dense_seconds, float(features.shape[0]) * features.shape[1] * width))
 
@@ -259,14 +270,19 @@ def _codec_seconds(text: str, width: int, device: torch.device = torch.device("c
     return median_seconds(both, device) / rows.numel()
 
 
-def median_seconds(work: Any, device: torch.device = torch.device("cpu"), repeats: int = 3) -> float:
-    """The median wall time of ``work`` after one untimed call (its kernels waited for on a GPU)."""
+def median_seconds(work: Any, device: torch.device = torch.device("cpu"), repeats: int = 3,
+                   warm_up: float = 0.0) -> float:
+    """The median wall time of ``work`` (its kernels waited for on a GPU) after it ran untimed once, and again
+    until ``warm_up`` seconds have passed."""
     def waited() -> None:
         work()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    started = time.perf_counter()
     waited()
+    while time.perf_counter() - started < warm_up:
+        waited()
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()

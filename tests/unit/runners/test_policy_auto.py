@@ -5,6 +5,7 @@ without compression; every candidate the plan refuses is left out. The run itsel
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from algorithms.training.config import TrainConfig
 from runners.perf.cost_model import ModelShape, Rates
@@ -61,6 +62,7 @@ def test_the_compute_probe_multiplies_part_of_a_large_rank(monkeypatch) -> None:
     from sparse_dist.layout import RowLayout
 
     monkeypatch.setattr(auto, "_PROBE_ROWS", 7)
+    monkeypatch.setattr(auto, "WARM_UP_SECONDS", 0.0)
     layout = RowLayout.from_counts([30, 20])
     rows = sp.random(20, 50, density=0.2, format="csr", random_state=0)  # group 1's rows, global columns
     graph = LocalGraph(layout, rows, np.random.default_rng(0).random((20, 6)), np.zeros(20, np.int64),
@@ -69,6 +71,52 @@ def test_the_compute_probe_multiplies_part_of_a_large_rank(monkeypatch) -> None:
     local = rows[:7, 30:50]
     assert spmm_units == local.nnz * 4 and dense_units == 7 * 6 * 4
     assert spmm_seconds > 0 and dense_seconds > 0
+
+
+def test_a_probe_is_timed_after_its_warm_up(monkeypatch) -> None:
+    """Cold, a probe ran several times slower than the step it prices (``WARM_UP_SECONDS``): its work runs untimed
+    until the warm-up has passed, then three timed calls give the median."""
+    import runners.policy_auto as auto
+
+    clock, calls = [0.0], []
+    monkeypatch.setattr(auto.time, "perf_counter", lambda: clock[0])
+
+    def work() -> None:  # each call takes 0.1 s of the fake clock, the third timed one 0.3 s
+        calls.append(clock[0])
+        clock[0] += 0.3 if len(calls) == 6 else 0.1
+
+    assert auto.median_seconds(work, warm_up=0.35) == pytest.approx(0.1)
+    assert len(calls) == 4 + 3  # untimed at 0, 0.1, 0.2 and 0.3 (0.4 >= 0.35), then three timed
+    calls.clear()
+    auto.median_seconds(work)
+    assert len(calls) == 1 + 3
+
+
+def test_the_rates_are_the_median_ranks_and_the_link_the_slowest_ranks(monkeypatch) -> None:
+    """One rank's probe ten times slow (oversubscribed cores, for a second) does not price every step; the link's
+    figures stay the slowest rank's. The probes come before the link, after a barrier."""
+    import runners.policy_auto as auto
+
+    order: list[str] = []
+    monkeypatch.setattr(auto, "_compute_seconds", lambda *a, **k: (order.append("compute") or ((1.0, 1e9), (1.0, 4e9))))
+    monkeypatch.setattr(auto, "_codec_seconds", lambda *a, **k: 2e-9)
+    monkeypatch.setattr(auto, "link", lambda comm: (order.append("link") or (1e-4, 1e-9)))
+
+    class Ranks:
+        size, rank = 3, 0
+
+        def idle_barrier(self) -> None:
+            order.append("barrier")
+
+        def allgather_array(self, local: np.ndarray) -> np.ndarray:
+            slow = local * np.array([2.0, 2.0, 0.1, 0.1] + [10.0] * (local.size - 4))
+            return np.stack([local * 1.5, slow, local * 2.0])
+
+    measured = auto.measure(Ranks(), Ranks(), None, TrainConfig(), threads=1)
+    assert order == ["barrier", "compute", "link"]
+    assert (measured.rates.spmm, measured.rates.dense) == (1.5e9, 6e9)  # the median of 1.5, 0.1 and 2 times
+    assert (measured.alpha, measured.beta) == (2e-4, 2e-9)  # the largest of 1.5, 2 and 2 times
+    assert measured.codec_seconds == pytest.approx({"int8,feedback": 4e-9, "adaptive,feedback": 4e-9})
 
 
 def test_the_disk_estimate_of_an_auto_run_holds_whatever_it_chooses() -> None:
