@@ -14,7 +14,9 @@ it. Half-precision dtypes travel as their 16-bit patterns (MPI has no half type)
 Which rows: the *loaded* features, before ``--feature-norm`` scales them, since a scaled row (each value divided
 by the row's sum) is rarely narrow; the receiver scales the rows it receives with the same function, row by row,
 which gives the owner's values bitwise (tested). :func:`agree_wire_dtype` is collective over the communicator it
-is given, so every rank prices and sends alike.
+is given, so every rank prices and sends alike. Its local test reads every row once per candidate still in the
+running: 0.16 s for a rank's 97,082 x 128 count features, 0.09 s for as many random floats (which fail in the
+first chunk), on one core of the 2-core machine.
 """
 
 from __future__ import annotations
