@@ -71,9 +71,9 @@ _PROBE_ROWS = 16_384  # rows of this rank the compute probes multiply (a 100k-ro
 _CODEC_PROBE_ROWS = 4096
 WARM_UP_SECONDS = 0.3
 """How long each compute probe runs untimed first. R-MAT SCALE 18 at P = 4 (four ranks on two cores, 200 Mbit/s
-emulated): probed cold and after the link's broadcasts, the local SpMM ran at 0.7-0.9e8 entry-columns a second
-where the same probe warmed for 0.3 s and before the link ran at 7.0-9.3e8, and auto printed steps of 7.1-7.7 s
-for steps that took 1.5-1.7 s (docs/results.md, "What `--policy auto` predicts")."""
+emulated): probed cold and after the link's broadcasts, the local SpMM ran at 0.5-0.9e8 entry-columns a second
+(six runs) where the same probe warmed for 0.3 s and before the link ran at 7.0-9.3e8, and auto printed steps of
+7.1-7.7 s for steps that took 1.5-1.7 s (docs/results.md, "What `--policy auto` predicts")."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ planted 200k synthetic graph, whose features are small counts, ``uint8``: a quar
 
 The candidates, narrowest first (:data:`CANDIDATES`): ``uint8``, ``int8``, then ``int16``, ``float16``,
 ``bfloat16``; the first that holds every rank's rows wins, else the rows' own dtype. The test is the round trip
-itself (cast down, cast back, compare the bits), so NaN, infinities, ``-0.0`` and out-of-range values simply fail
-it. Half-precision dtypes travel as their 16-bit patterns (MPI has no half type).
+itself (cast down, cast back, compare the bits): NaN fails every candidate (its payload bits need not survive),
+infinities and ``-0.0`` fail the integer ones and pass the half-precision ones, out-of-range or fractional values
+fail the integers. Half-precision dtypes travel as their 16-bit patterns (MPI has no half type).
 
 Which rows: the *loaded* features, before ``--feature-norm`` scales them, since a scaled row (each value divided
 by the row's sum) is rarely narrow; the receiver scales the rows it receives with the same function, row by row,
