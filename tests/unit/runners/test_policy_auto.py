@@ -81,7 +81,7 @@ def test_a_probe_is_timed_after_its_warm_up(monkeypatch) -> None:
     clock, calls = [0.0], []
     monkeypatch.setattr(auto.time, "perf_counter", lambda: clock[0])
 
-    def work() -> None:  # each call takes 0.1 s of the fake clock, the third timed one 0.3 s
+    def work() -> None:  # each call takes 0.1 s of the fake clock, the second timed one 0.3 s (the median: 0.1)
         calls.append(clock[0])
         clock[0] += 0.3 if len(calls) == 6 else 0.1
 
