@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,9 @@ WARMUP_EPOCHS = 2
 
 @dataclass(frozen=True)
 class NodeSplitRun:
-    """One split at one dropout: medians of its timed epochs, seconds (the slowest rank's)."""
+    """One split at one dropout: medians of its timed epochs, seconds (the slowest rank's); ``parts``: the median of
+    every part the epoch records time (``local_spmm``, ``dense``, ``masks``, ``dropout``, ``allreduce``, ...), each
+    part's own median (so they need not sum to ``step``)."""
 
     ranks: int
     threads: int
@@ -52,6 +54,7 @@ class NodeSplitRun:
     dropout_part: float
     exchange: float
     exchange_wait: float
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,8 +112,9 @@ def read_node_split_run(path: Path, ranks: int, threads: int, dropout: float) ->
         return statistics.median(sum(record["time"].get(part, {}).get("max", 0.0) for part in parts)
                                  for record in epochs)
 
+    names = sorted({name for record in epochs for name in record["time"]} - {"total"})
     return NodeSplitRun(ranks, threads, dropout, median("total"), median("masks", "dropout"), median("exchange"),
-                    median("exchange_wait"))
+                        median("exchange_wait"), {name: median(name) for name in names})
 
 
 def _prepare(nodes: int, parts: int, scratch: Path) -> Path:

@@ -27,6 +27,7 @@ def test_bench_cores_runs_every_split_and_dropout_and_says_a_failed_run_in_one_s
     assert set(rows) == {(1, 1, 0.5), (1, 1, 0.0), (2, 1, 0.5), (2, 1, 0.0)}
     assert all(row["step"] > 0 for row in rows.values()) and rows[(1, 1, 0.5)]["speedup"] == 1.0
     assert rows[(2, 1, 0.5)]["dropout_part"] > 0 and rows[(2, 1, 0.0)]["dropout_part"] == 0
+    assert all(row["parts"]["local_spmm"] > 0 for row in rows.values())  # each part of the step, on its own
     assert record["code"]["commit"] and record["usable_cores"] >= 1 and "load_at_start" in record
     assert "2 x 1: dropout 0.5 step / dropout 0 step" in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cores.json", "data"]  # its scratch is gone

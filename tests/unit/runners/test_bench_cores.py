@@ -43,6 +43,9 @@ def test_a_run_is_the_median_of_its_epochs_after_the_first_two(tmp_path: Path) -
     run = read_node_split_run(path, 2, 1, 0.5)
     assert (run.step, run.exchange, run.exchange_wait) == (2.0, 0.2, 0.1)
     assert run.dropout_part == pytest.approx(0.3)  # masks + dropout, the slowest rank's
+    # every part on its own, each its own median of the slowest rank's seconds (masks 0.25x, dropout 0.75x)
+    assert run.parts == pytest.approx({"masks": 0.075, "dropout": 0.225, "exchange": 0.2, "exchange_wait": 0.1})
+    assert table([run])[0]["parts"] == run.parts  # and the JSON rows carry them
     path.write_text("".join(json.dumps(r) + "\n" for r in records[:3]))
     with pytest.raises(ValueError, match="no epoch past the first 2"):
         read_node_split_run(path, 2, 1, 0.5)
