@@ -43,18 +43,27 @@ WARMUP_EPOCHS = 2
 
 @dataclass(frozen=True)
 class NodeSplitRun:
-    """One split at one dropout: medians of its timed epochs, seconds (the slowest rank's); ``parts``: the median of
-    every part the epoch records time (``local_spmm``, ``dense``, ``masks``, ``dropout``, ``allreduce``, ...), each
-    part's own median (so they need not sum to ``step``)."""
+    """One split at one dropout: medians of its timed epochs, seconds (the slowest rank's). ``dropout_part``: the
+    median of ``masks + dropout``; ``parts``: the median of every part the epoch records time (``local_spmm``,
+    ``dense``, ``masks``, ``dropout``, ``exchange``, ``exchange_wait``, ...), each its own median (so they need not
+    sum to ``step``)."""
 
     ranks: int
     threads: int
     dropout: float
     step: float
     dropout_part: float
-    exchange: float
-    exchange_wait: float
     parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def exchange(self) -> float:
+        """Own seconds in the exchanges (the wait for late partners apart)."""
+        return self.parts.get("exchange", 0.0)
+
+    @property
+    def exchange_wait(self) -> float:
+        """Seconds waiting in the exchanges for late partners."""
+        return self.parts.get("exchange_wait", 0.0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,8 +122,8 @@ def read_node_split_run(path: Path, ranks: int, threads: int, dropout: float) ->
                                  for record in epochs)
 
     names = sorted({name for record in epochs for name in record["time"]} - {"total"})
-    return NodeSplitRun(ranks, threads, dropout, median("total"), median("masks", "dropout"), median("exchange"),
-                        median("exchange_wait"), {name: median(name) for name in names})
+    return NodeSplitRun(ranks, threads, dropout, median("total"), median("masks", "dropout"),
+                        {name: median(name) for name in names})
 
 
 def _prepare(nodes: int, parts: int, scratch: Path) -> Path:
@@ -144,7 +153,7 @@ def table(runs: list[NodeSplitRun]) -> list[dict[str, Any]]:
     single = {run.dropout: run.step for run in runs if run.ranks == run.threads == 1}
     rows = []
     for run in runs:
-        row: dict[str, Any] = asdict(run)
+        row: dict[str, Any] = {**asdict(run), "exchange": run.exchange, "exchange_wait": run.exchange_wait}
         base = single.get(run.dropout)
         row["speedup"] = base / run.step if base else None
         row["efficiency"] = base / run.step / (run.ranks * run.threads) if base else None

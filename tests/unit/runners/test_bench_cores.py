@@ -52,12 +52,16 @@ def test_a_run_is_the_median_of_its_epochs_after_the_first_two(tmp_path: Path) -
 
 
 def test_speedup_and_efficiency_are_against_one_rank_of_one_thread_at_the_same_dropout() -> None:
-    runs = [NodeSplitRun(1, 1, 0.5, 4.0, 1.0, 0.0, 0.0), NodeSplitRun(1, 1, 0.0, 3.0, 0.0, 0.0, 0.0),
-            NodeSplitRun(2, 2, 0.5, 1.6, 0.4, 0.1, 0.0), NodeSplitRun(2, 2, 0.0, 1.5, 0.0, 0.1, 0.0)]
+    def run(ranks: int, threads: int, dropout: float, step: float, dropout_part: float,
+            exchange: float) -> NodeSplitRun:
+        return NodeSplitRun(ranks, threads, dropout, step, dropout_part, {"exchange": exchange, "exchange_wait": 0.0})
+
+    runs = [run(1, 1, 0.5, 4.0, 1.0, 0.0), run(1, 1, 0.0, 3.0, 0.0, 0.0),
+            run(2, 2, 0.5, 1.6, 0.4, 0.1), run(2, 2, 0.0, 1.5, 0.0, 0.1)]
     rows = {(row["ranks"], row["threads"], row["dropout"]): row for row in table(runs)}
     assert rows[(2, 2, 0.5)]["speedup"] == pytest.approx(2.5)
     assert rows[(2, 2, 0.5)]["efficiency"] == pytest.approx(0.625)
     assert rows[(2, 2, 0.0)]["speedup"] == pytest.approx(2.0)
     assert rows[(2, 2, 0.5)]["dropout_share"] == pytest.approx(0.25)
-    alone = table([NodeSplitRun(2, 1, 0.5, 1.0, 0.1, 0.0, 0.0)])  # no 1 x 1 run: nothing to compare with
+    alone = table([run(2, 1, 0.5, 1.0, 0.1, 0.0)])  # no 1 x 1 run: nothing to compare with
     assert alone[0]["speedup"] is None and alone[0]["efficiency"] is None
