@@ -1,22 +1,21 @@
-"""Dropout passes at memory speed on the CPU: each chunk's SFC64 words drawn and applied in one compiled pass.
+"""Dropout passes at memory speed on the CPU: a layer's counter-based words made and applied in one compiled pass.
 
 Why: applying a boolean mask with torch on the CPU costs several passes over the activations (the mask
 drawn into a byte array, an inverted copy, a masked fill, or a float copy of the mask in a ``mul``):
 about 4 ns an entry at one thread, where one pass over memory costs well under 1. The kernels
-(:mod:`sparse_dist.dropout_compiled`, numba) draw a chunk's words into a small buffer and read and write
+(:mod:`sparse_dist.dropout_compiled`, numba) make a block of words into a small buffer and read and write
 each entry once; what they do to it is one of :mod:`sparse_dist.dropout_modes`.
 
-This module is their driver. :class:`ChunkRuns` says where one chunk's lanes go (the caller works
-that out from the rule: :func:`algorithms.dropout.host_runs`); :func:`apply_chunks` spreads a call's
-chunks over the caller's thread count on a thread pool of its own (one chunk's stream cannot be
-entered midway, so a rank whose rows span fewer chunks than it has threads uses fewer threads: the 200k
-synthetic at width 128 has 7 chunks a layer). The kernels release the GIL; numba's own threading layer
-is not used, so they never meet the compiled sampler's launches.
+This module is their driver. :class:`LaneRuns` says where a pass's lanes go (the caller works that out from
+the rule: :func:`algorithms.dropout.row_runs`); :func:`apply_runs` cuts a pass into equal shares of lanes, one
+for each of the caller's threads, on a thread pool of its own (the words are counter-based, so a share may
+start anywhere: every thread works, whatever the number of rows or the width). The kernels release the GIL;
+numba's own threading layer is not used, so they never meet the compiled sampler's launches.
 
 Compilation: :func:`ready` imports numba and compiles (or loads from numba's cache, ``cache=True``) the
 kernels in a background thread the first time it is asked, seconds the first time on a machine and
 about one from the cache, and says False until then, so that no run waits for the compiler: callers
-keep NumPy's draw (:func:`keep_runs_numpy`) and torch's passes meanwhile, which give the same values.
+keep NumPy's words (:func:`keep_runs_numpy`) and torch's passes meanwhile, which give the same values.
 A full-graph run that knows at set-up that its passes will be compiled loads them there instead
 (:func:`load_now`): in the background the load competes with the ranks for the cores (CiteSeer at P = 2
 on the 2-core machine, one thread a rank: steps of 0.15 s instead of 0.024 s for the first 44 epochs of a
@@ -44,20 +43,20 @@ from typing import Callable
 import numpy as np
 
 from sparse_dist.dropout_modes import FILL, KEEP, MULTIPLY, RELU_FILL
+from sparse_dist.splitmix import stream_words
 
-__all__ = ["FILL", "KEEP", "MIN_ENTRIES", "MULTIPLY", "RELU_FILL", "ChunkRuns", "apply_chunks",
-           "apply_mask_threaded", "keep_runs_numpy", "load_now", "ready", "warm_up", "worth"]
+__all__ = ["FILL", "KEEP", "MIN_ENTRIES", "MULTIPLY", "RELU_FILL", "LaneRuns", "apply_mask_threaded", "apply_runs",
+           "keep_runs_numpy", "load_now", "ready", "warm_up", "worth"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ChunkRuns:
-    """The runs of one chunk's stream that one call applies (:func:`sparse_dist.dropout_compiled.apply_runs`):
-    ``int64`` arrays."""
+class LaneRuns:
+    """Where one pass's lanes go (:func:`sparse_dist.dropout_compiled.apply_runs`): ``int64`` arrays, one entry a
+    run of consecutive lanes landing in consecutive output positions."""
 
-    state: np.ndarray   # uint64[4]: the stream's SFC64 state before its first word
-    lane: np.ndarray    # first lane of each run in the chunk, increasing
+    lane: np.ndarray    # first global lane of each run (``row * width + column``), any order
     pos: np.ndarray     # first flat position of each run in the output
     length: np.ndarray  # lanes of each run
 
@@ -65,30 +64,31 @@ class ChunkRuns:
     def lanes(self) -> int:
         return int(self.length.sum())
 
+    def shares(self, count: int) -> list["LaneRuns"]:
+        """The runs cut into ``count`` pieces of (nearly) equal lanes, in order; a run may be cut anywhere."""
+        ends = np.cumsum(self.length)
+        starts = ends - self.length
+        cuts = np.linspace(0, int(ends[-1]) if ends.size else 0, count + 1).astype(np.int64)
+        pieces = []
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            first, last = int(np.searchsorted(ends, a, "right")), int(np.searchsorted(starts, b, "left"))
+            begin = np.maximum(starts[first:last], a) - starts[first:last]
+            stop = np.minimum(ends[first:last], b) - starts[first:last]
+            pieces.append(LaneRuns(self.lane[first:last] + begin, self.pos[first:last] + begin, stop - begin))
+        return pieces
 
-def apply_chunks(chunks: list[ChunkRuns], src: np.ndarray, dst: np.ndarray, threshold: int, mode: int,
-                 threads: int) -> None:
-    """:func:`~sparse_dist.dropout_compiled.apply_runs` for every chunk, the chunks spread over ``threads``
-    threads (the caller's among them).
 
-    A chunk's stream is drawn in order, so one chunk is one thread's work; chunks go to the least loaded
-    thread, largest first. ``src`` and ``dst``: flat arrays every run's positions lie in.
-    """
-    workers = max(1, min(int(threads), len(chunks)))
-    shares: list[list[ChunkRuns]] = [[] for _ in range(workers)]
-    loads = [0] * workers
-    for chunk in sorted(chunks, key=lambda item: -item.lanes):
-        least = loads.index(min(loads))
-        shares[least].append(chunk)
-        loads[least] += chunk.lanes
-
+def apply_runs(key: int, runs: LaneRuns, src: np.ndarray, dst: np.ndarray, threshold: int, mode: int,
+               threads: int) -> None:
+    """:func:`~sparse_dist.dropout_compiled.apply_runs` over ``runs``, cut into equal shares of at least
+    :data:`_MIN_SHARE` lanes over ``threads`` threads (the caller's among them). ``key``: the layer's stream key;
+    ``src`` and ``dst``: flat arrays every run's positions lie in."""
     kernels = _compiled()
-
-    def run(share: list[ChunkRuns]) -> None:
-        for item in share:
-            kernels.apply_runs(item.state, item.lane, item.pos, item.length, src, dst, threshold, mode)
-
-    _spread([lambda share=share: run(share) for share in shares])
+    word = np.uint64(key)
+    workers = max(1, min(int(threads), runs.lanes // _MIN_SHARE))
+    _spread([lambda share=share: kernels.apply_runs(word, share.lane, share.pos, share.length, src, dst, threshold,
+                                                    mode)
+             for share in runs.shares(workers)])
 
 
 def apply_mask_threaded(src: np.ndarray, mask: np.ndarray, dst: np.ndarray, mode: int, threads: int) -> None:
@@ -119,25 +119,23 @@ def _spread(tasks: list[Callable[[], None]]) -> None:
         future.result()
 
 
-def keep_runs_numpy(chunks: list[ChunkRuns], out: np.ndarray, threshold: int) -> None:
-    """:data:`KEEP` of every run with NumPy's own ``SFC64`` (small masks, and the path until the kernels are
-    ready): each chunk's words drawn up to its last run's; long runs compared in place, short ones (a
-    receiver's scattered rows) gathered at once. ``out``: flat boolean array."""
+def keep_runs_numpy(key: int, runs: LaneRuns, out: np.ndarray, threshold: int) -> None:
+    """:data:`KEEP` of every run with NumPy (small masks, and the path until the kernels are ready): long runs
+    make their words and compare them in place, short ones (a receiver's scattered rows) make one word a lane at
+    once. ``out``: flat boolean array."""
     bound = threshold - (1 << 15)
-    for item in chunks:
-        if not item.lane.size:
-            continue
-        generator = np.random.SFC64()
-        generator.state = {"bit_generator": "SFC64", "state": {"state": item.state.copy()}, "has_uint32": 0,
-                           "uinteger": 0}
-        lanes = generator.random_raw(-(-int((item.lane + item.length).max()) // 4)).view(np.int16)
-        long = item.length >= _LONG_RUN
-        for lane, pos, length in zip(item.lane[long].tolist(), item.pos[long].tolist(), item.length[long].tolist()):
-            np.less(lanes[lane:lane + length], bound, out=out[pos:pos + length])
-        lengths = item.length[~long]
-        if lengths.size:
-            step = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            out[np.repeat(item.pos[~long], lengths) + step] = lanes[np.repeat(item.lane[~long], lengths) + step] < bound
+    long = runs.length >= _LONG_RUN
+    for lane, pos, length in zip(runs.lane[long].tolist(), runs.pos[long].tolist(), runs.length[long].tolist()):
+        first = lane // 4
+        lanes = stream_words(key, np.arange(first, (lane + length + 3) // 4)).view(np.int16)
+        np.less(lanes[lane - 4 * first:lane - 4 * first + length], bound, out=out[pos:pos + length])
+    lengths = runs.length[~long]
+    if lengths.size:
+        step = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        lane = np.repeat(runs.lane[~long], lengths) + step
+        words = stream_words(key, lane >> 2)
+        values = ((words >> ((lane & 3) * 16).astype(np.uint64)) & np.uint64(0xFFFF)).astype(np.int64)
+        out[np.repeat(runs.pos[~long], lengths) + step] = (values ^ 0x8000) < threshold
 
 
 _LONG_RUN = 1 << 12  # lanes: a run this long is compared in place, shorter ones are gathered
@@ -161,19 +159,19 @@ def warm_up() -> None:
     global _kernels
     from sparse_dist import dropout_compiled as kernels
 
-    state = np.zeros(4, np.uint64)
+    key = np.uint64(0)
     runs = [np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64)]
     for dtype in (np.float32, np.float64):
         values = np.zeros(1, dtype)
-        kernels.apply_runs(state, *runs, values, values, 1, MULTIPLY)
+        kernels.apply_runs(key, *runs, values, values, 1, MULTIPLY)
         kernels.apply_mask(values, np.ones(1, np.bool_), values, MULTIPLY)
     keep = np.zeros(1, np.uint8)
-    kernels.apply_runs(state, *runs, keep, keep, 1, KEEP)
+    kernels.apply_runs(key, *runs, keep, keep, 1, KEEP)
     _kernels = kernels
     _warm.set()
 
 
-MIN_ENTRIES = 1 << 22  # one CPU chunk of lanes; below, torch's passes cost milliseconds: numba's load would not pay
+MIN_ENTRIES = 1 << 22  # lanes; below, torch's passes cost milliseconds: numba's load would not pay
 
 
 def worth(entries: int) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GOLDEN", "MIX1", "MIX2", "UNIT", "splitmix64", "unit_floats"]
+__all__ = ["GOLDEN", "MIX1", "MIX2", "UNIT", "splitmix64", "stream_words", "unit_floats"]
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -29,3 +29,11 @@ def splitmix64(values: np.ndarray) -> np.ndarray:
 def unit_floats(words: np.ndarray) -> np.ndarray:
     """uint64 words as float64 uniform on ``[0, 1)``: their top 53 bits times 2^-53 (exact, no rounding)."""
     return (np.asarray(words, dtype=np.uint64) >> np.uint64(11)).astype(np.float64) * UNIT
+
+
+def stream_words(key: int, indices: np.ndarray) -> np.ndarray:
+    """Words ``indices`` (non-negative) of the SplitMix64 stream seeded with ``key``: word ``w`` is
+    ``splitmix64(key + w * GOLDEN)``, the ``w``-th output of Steele, Lea and Flood's generator from that seed, so
+    any word can be made without the ones before it (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        return splitmix64(np.uint64(key) + np.asarray(indices, dtype=np.uint64) * GOLDEN)

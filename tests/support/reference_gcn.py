@@ -5,8 +5,9 @@ documented conventions: remaining self-loops with weight 1 and row-degree
 symmetric normalisation for GCN, row-mean for SAGE, row-normalised
 features, Glorot-uniform weights from one seeded generator (layer by layer;
 SAGE draws W_self then W_neigh), zero biases, inverted dropout on every
-layer's input with the global-row masks of the documented CPU rule (SFC64
-per chunk of rows, 16-bit lanes, threshold round((1 - p) 2^16)), mean cross-entropy over
+layer's input with the global-row masks of the documented rule (the
+SplitMix64 word g // 4 of a per-layer key for lane g = row * width + column,
+16-bit little-endian lanes, kept when lane ^ 0x8000 < round((1 - p) 2^16)), mean cross-entropy over
 the training rows, Adam with weight decay on the first layer only.
 """
 
@@ -34,20 +35,48 @@ def normalized_adjacency(adjacency: np.ndarray, model: str) -> torch.Tensor:
     return torch.from_numpy(np.where(degree[:, None] > 0, a / np.maximum(degree[:, None], 1e-300), 0.0))
 
 
+_U64 = (1 << 64) - 1
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser on uint64 (NumPy wraps)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+    return z ^ (z >> np.uint64(31))
+
+
+def _sm(value: int) -> int:
+    """splitmix64 of one word (Python ints): ``mix(value + GOLDEN)``."""
+    z = (value + _GOLDEN) & _U64
+    z = ((z ^ (z >> 30)) * _MIX1) & _U64
+    z = ((z ^ (z >> 27)) * _MIX2) & _U64
+    return z ^ (z >> 31)
+
+
+def dropout_key(seed: int, epoch: int, layer: int) -> int:
+    """The layer's key: ``k = seed``, then ``k = sm(sm(k) ^ w)`` for w in (epoch, layer, 0x44524F50)."""
+    key = seed
+    for word in (epoch, layer, 0x44524F50):
+        key = _sm(_sm(key) ^ word)
+    return key
+
+
+def dropout_keep_rows(seed: int, epoch: int, layer: int, rows: np.ndarray, width: int, p: float) -> torch.Tensor:
+    """Keep mask of the global ``rows`` (``len(rows) x width``), straight from the written rule, lane by lane."""
+    threshold = max(1, round((1.0 - p) * 65536))
+    lane = (np.asarray(rows, dtype=np.int64)[:, None] * width + np.arange(width)).reshape(-1).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        words = _mix(np.uint64(dropout_key(seed, epoch, layer)) + ((lane >> np.uint64(2)) + np.uint64(1))
+                     * np.uint64(_GOLDEN))
+    values = (words >> ((lane & np.uint64(3)) * np.uint64(16))) & np.uint64(0xFFFF)
+    return torch.from_numpy(((values ^ np.uint64(0x8000)) < threshold).reshape(-1, width))
+
+
 def dropout_keep(seed: int, epoch: int, layer: int, rows: int, width: int, p: float) -> tuple[torch.Tensor, float]:
     """Keep mask of all ``rows`` and the scale of kept entries, straight from the written rule."""
-    lanes_per_chunk = 1 << 22
-    chunk_rows = max(1, lanes_per_chunk // width)
     threshold = max(1, round((1.0 - p) * 65536))
-    lanes = []
-    for chunk, first in enumerate(range(0, rows, chunk_rows)):
-        count = (min(rows, first + chunk_rows) - first) * width
-        stream = np.random.SFC64(np.random.SeedSequence((seed, epoch, layer, chunk)))
-        words = stream.random_raw((count + 3) // 4)
-        signed = words.astype("<u8").view("<i2")[:count].astype(np.int64)  # lanes read as int16
-        lanes.append(signed + 32768)
-    keep = np.concatenate(lanes) < threshold
-    return torch.from_numpy(keep.reshape(rows, width)), 65536.0 / threshold
+    return dropout_keep_rows(seed, epoch, layer, np.arange(rows), width, p), 65536.0 / threshold
 
 
 class Reference:

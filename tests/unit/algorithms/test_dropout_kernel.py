@@ -1,11 +1,11 @@
 """The compiled dropout passes give exactly the written rule's values (algorithms/dropout.py's docstring).
 
-The reference below is built from the rule's text alone (SFC64 words of ``SeedSequence((seed, epoch, layer,
-chunk))``, four little-endian int16 lanes a word, kept when ``s + 2^15 < T``), not from the library, and is
-compared bitwise with the compiled kernels and with the NumPy and torch path they replace (small matrices, and
-until compiled): at widths that do not divide a chunk, on row ranges that start mid-chunk and cross chunk edges,
-on gathered rows in any order, with one and two threads, forward and backward, and P row ranges (with halo
-rows) against one process.
+The reference is built from the rule's text alone (tests/support/reference_gcn.py: each lane's SplitMix64 word of
+the layer's key, four little-endian 16-bit lanes a word, kept when ``u ^ 0x8000 < T``), not from the library,
+and is compared bitwise with the compiled kernels, with the NumPy and torch path they replace (small matrices,
+and until compiled) and with the torch form CUDA falls back to: at widths that do not divide a word, on row
+ranges that start mid-word, on gathered rows in any order, with one to five threads (a pass cut anywhere),
+forward and backward, and P row ranges (with halo rows) against one process.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from reference_gcn import dropout_key, dropout_keep_rows
 
 from algorithms import dropout as dropout_module
-from algorithms.dropout import LANES_PER_CHUNK, GlobalRowDropout, KeepRule, keep_mask, keep_mask_rows
+from algorithms.dropout import GlobalRowDropout, KeepRule, keep_mask, keep_mask_rows, row_runs, stream_key
 from sparse_dist import dropout_compiled as compiled_kernels
 from sparse_dist import dropout_kernel as kernel
 from sparse_dist.receiver_dropout import masked, zero_dropped_
@@ -38,22 +39,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return request.param
 
 
-def reference_keep(seed: int, epoch: int, layer: int, rows: np.ndarray, width: int, p: float,
-                   lanes_per_chunk: int = LANES_PER_CHUNK) -> torch.Tensor:
-    """Keep mask of global ``rows`` (``len(rows) x width``), straight from the written rule."""
-    per_chunk = max(1, lanes_per_chunk // width)
-    threshold = max(1, round((1.0 - p) * 65536))
-    rows = np.asarray(rows, dtype=np.int64)
-    out = np.empty((rows.size, width), dtype=bool)
-    for chunk in np.unique(rows // per_chunk).tolist():
-        here = np.flatnonzero(rows // per_chunk == chunk)
-        firsts = (rows[here] - chunk * per_chunk) * width
-        stream = np.random.SFC64(np.random.SeedSequence((seed, epoch, layer, chunk)))
-        words = stream.random_raw((int(firsts.max()) + width + 3) // 4)  # the chunk's words up to the last lane needed
-        signed = words.astype("<u8").view("<i2").astype(np.int64)
-        for k, first in zip(here.tolist(), firsts.tolist()):
-            out[k] = signed[first:first + width] + 32768 < threshold
-    return torch.from_numpy(out)
+FORMS = ["auto", "torch"]  # the host rule, and the torch form (CUDA's fallback) run on the CPU
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -70,41 +56,41 @@ def specials(rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
     return values
 
 
+def test_the_key_is_the_written_chain() -> None:
+    for seed, epoch, layer in [(0, 0, 0), (11, 4, 2), (2**40, 7, 3)]:
+        assert stream_key(seed, epoch, layer) == dropout_key(seed, epoch, layer)
+    assert len({stream_key(1, e, l) for e in range(4) for l in range(4)}) == 16
+    with pytest.raises(ValueError, match="must be >= 0"):
+        stream_key(1, -1, 0)
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("width", [1, 3, 37, 128])
-def test_masks_are_the_written_rule_on_ranges_starting_mid_chunk(width: int, path: str) -> None:
-    lanes = 7 * 37 + 5  # small chunks whose lane count no width here divides
-    per_chunk = max(1, lanes // width)
-    for first, count in [(0, 40), (per_chunk // 2 + 1, 3 * per_chunk), (5 * per_chunk - 1, 2), (3, 1)]:
-        got = keep_mask(11, 4, 2, first, count, width, 0.3, lanes_per_chunk=lanes)
+def test_masks_are_the_written_rule_on_ranges_starting_mid_word(width: int, form: str, path: str) -> None:
+    for first, count in [(0, 40), (5, 300), (1001, 3), (3, 1), (2**33 + 7, 9)]:
+        got = keep_mask(11, 4, 2, first, count, width, 0.3, form=form)
         rows = np.arange(first, first + count)
-        assert torch.equal(got, reference_keep(11, 4, 2, rows, width, 0.3, lanes)), (first, count)
+        assert torch.equal(got, dropout_keep_rows(11, 4, 2, rows, width, 0.3)), (first, count)
 
 
-def test_masks_are_the_written_rule_at_the_real_chunk_size(path: str) -> None:
-    width = 37  # 2^22 = 113359 * 37 + 9: rows never align with words at a chunk edge
-    edge = LANES_PER_CHUNK // width
-    rows = np.arange(edge - 50, edge + 70)
-    got = keep_mask(2, 9, 1, int(rows[0]), rows.size, width, 0.5)
-    assert torch.equal(got, reference_keep(2, 9, 1, rows, width, 0.5))
-
-
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("p", [0.5, 0.6, 1e-6])
-def test_gathered_rows_in_any_order_with_repeats_are_the_written_rule(p: float, path: str) -> None:
-    lanes = 7 * 37 + 5
-    rows = np.array([30, 2, 3, 4, 31, 0, 90, 91, 92, 4, 7, 6, 200, 8])  # runs, repeats, several chunks, unsorted
-    got = keep_mask_rows(5, 2, 3, rows, 37, p, lanes_per_chunk=lanes)
-    assert torch.equal(got, reference_keep(5, 2, 3, rows, 37, p, lanes))
+def test_gathered_rows_in_any_order_with_repeats_are_the_written_rule(p: float, form: str, path: str) -> None:
+    rows = np.array([30, 2, 3, 4, 31, 0, 90, 91, 92, 4, 7, 6, 200, 8, 2**35])  # runs, repeats, unsorted, far
+    got = keep_mask_rows(5, 2, 3, rows, 37, p, form=form)
+    assert torch.equal(got, dropout_keep_rows(5, 2, 3, rows, 37, p))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_drop_forward_and_backward_are_the_product_by_the_rule(dtype: torch.dtype, threads: int, path: str) -> None:
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_drop_forward_and_backward_are_the_product_by_the_rule(dtype: torch.dtype, threads: int, path: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel, "_MIN_SHARE", 1000)  # small shares: every thread gets a piece, cut mid-row
     width = 37
-    edge = LANES_PER_CHUNK // width
-    first, own = edge - 1000, 2500  # two chunks, starting mid-chunk
-    extra = np.array([5, edge + 4000, 3, 4, 2 * edge + 1])  # halo rows: other chunks, unsorted
+    first, own = 113359 - 1000, 2500
+    extra = np.array([5, 117359, 3, 4, 226719])  # halo rows: unsorted, runs of one and of two
     rows = np.concatenate([np.arange(first, first + own), extra])
-    mask = reference_keep(8, 3, 0, rows, width, 0.5)
+    mask = dropout_keep_rows(8, 3, 0, rows, width, 0.5)
     h = specials(rows.size, width, dtype).requires_grad_(True)
     grad = specials(rows.size, width, dtype).flip(0)
     previous = torch.get_num_threads()
@@ -121,9 +107,8 @@ def test_drop_forward_and_backward_are_the_product_by_the_rule(dtype: torch.dtyp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fused_relu_drop_forward_and_backward_are_relu_then_fill(dtype: torch.dtype, path: str) -> None:
     width = 128
-    edge = LANES_PER_CHUNK // width
-    first, count = edge - 700, 1500
-    mask = reference_keep(4, 1, 2, np.arange(first, first + count), width, 0.5)
+    first, count = 32768 - 700, 1500
+    mask = dropout_keep_rows(4, 1, 2, np.arange(first, first + count), width, 0.5)
     z = specials(count, width, dtype).requires_grad_(True)
     grad = specials(count, width, dtype).flip(1)
     out = GlobalRowDropout(0.5, 4, 1, first).relu_drop(z, 2)
@@ -134,17 +119,16 @@ def test_fused_relu_drop_forward_and_backward_are_relu_then_fill(dtype: torch.dt
 
 
 def test_a_drop_keeps_no_mask_for_its_backward() -> None:
-    """The compiled path draws the words again in the backward: what it keeps is the streams' states and runs."""
+    """The compiled path makes the words again in the backward: what it keeps is the key and the runs."""
     h = torch.randn(kernel.MIN_ENTRIES // 64, 64, requires_grad=True)
     masking = GlobalRowDropout(0.5, 1, 1, 0)._masking(0, h)
     assert isinstance(masking, dropout_module._StreamOf)
-    assert all(isinstance(item, kernel.ChunkRuns) for item in masking.runs)
-    assert sum(item.state.nbytes + item.lane.nbytes + item.pos.nbytes + item.length.nbytes
-               for item in masking.runs) < 1024
+    runs = masking.runs
+    assert runs.lane.nbytes + runs.pos.nbytes + runs.length.nbytes < 1024
 
 
 def test_small_passes_never_load_numba(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under one chunk of entries the compiled path is not even asked for (a small graph never imports numba)."""
+    """Under MIN_ENTRIES entries the compiled path is not even asked for (a small graph never imports numba)."""
     asked = []
     monkeypatch.setattr(kernel, "ready", lambda: asked.append(True) or True)
     h = torch.randn(kernel.MIN_ENTRIES // 64 - 1, 64)
@@ -155,7 +139,7 @@ def test_small_passes_never_load_numba(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_set_up_loads_the_kernels_only_where_a_pass_will_use_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run whose largest pass reaches one chunk loads the kernels at set-up, in the caller's thread (not beside
+    """A run whose largest pass reaches MIN_ENTRIES loads the kernels at set-up, in the caller's thread (not beside
     its first epochs); small passes, CUDA and dtypes the kernels do not take load nothing."""
     loads: list[bool] = []
     monkeypatch.setattr(kernel, "load_now", lambda: loads.append(True) or 0.5)
@@ -182,27 +166,49 @@ def test_mask_passes_equal_torch_bitwise(dtype: torch.dtype, path: str) -> None:
     assert torch.equal(bits(filled), bits(values.masked_fill(~mask, 0)))
 
 
-def test_the_kernel_draws_numpy_sfc64_words_and_lanes() -> None:
-    """KEEP at T = 2^15 + 1 keeps a lane exactly when its int16 is <= 0: the sign bits of NumPy's words."""
-    state = np.random.SFC64(np.random.SeedSequence((1, 2, 3, 4))).state["state"]["state"]
-    words = np.random.SFC64(np.random.SeedSequence((1, 2, 3, 4))).random_raw(5000)
+def _splitmix_stream(key: int, count: int) -> np.ndarray:
+    """The first ``count`` outputs of the sequential SplitMix64 generator seeded with ``key`` (Python ints)."""
+    mask, state, out = (1 << 64) - 1, key, []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        out.append(z ^ (z >> 31))
+    return np.array(out, dtype=np.uint64)
+
+
+def test_the_kernel_makes_the_splitmix64_generators_words_and_lanes() -> None:
+    """KEEP at T = 2^15 + 1 keeps a lane exactly when its int16 is <= 0: the sign bits of the generator's words."""
+    key = dropout_key(1, 2, 3)
+    words = _splitmix_stream(key, 5000)
     out = np.zeros(4 * 5000 - 3, np.uint8)
     runs = [np.array([3]), np.array([0]), np.array([out.size])]  # starts mid-word, ends at the last lane
-    compiled_kernels.apply_runs(state, *runs, out, out, KeepRule.of(0.5).threshold + 1, kernel.KEEP)
+    compiled_kernels.apply_runs(np.uint64(key), *runs, out, out, KeepRule.of(0.5).threshold + 1, kernel.KEEP)
     assert np.array_equal(out.astype(bool), (words.view(np.int16) <= 0)[3:])
 
 
-def test_runs_out_of_order_draw_the_stream_again() -> None:
-    """Runs behind the words in hand (out of lane order) restart the stream: same lanes, any order."""
-    state = np.random.SFC64(np.random.SeedSequence((9, 9, 9, 9))).state["state"]["state"]
-    words = np.random.SFC64(np.random.SeedSequence((9, 9, 9, 9))).random_raw(3000)
-    lane = np.array([9000, 5, 4000, 4001, 11990])
-    length = np.array([7, 1100, 1, 3, 10])
-    pos = np.concatenate([[0], np.cumsum(length)[:-1]])
-    out = np.zeros(int(length.sum()), np.uint8)
-    compiled_kernels.apply_runs(state, lane, pos, length, out, out, KeepRule.of(0.5).threshold + 1, kernel.KEEP)
-    expected = np.concatenate([(words.view(np.int16) <= 0)[a:a + n] for a, n in zip(lane, length)])
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_runs_in_any_order_cut_into_any_shares_give_the_same_lanes(count: int) -> None:
+    """Runs out of lane order, cut into ``count`` shares anywhere (mid-run, mid-word): the same lanes."""
+    key = dropout_key(9, 9, 9)
+    words = _splitmix_stream(key, 3000)
+    runs = kernel.LaneRuns(np.array([9000, 5, 4000, 4001, 11990]), np.array([0, 7, 1107, 1108, 1111]),
+                           np.array([7, 1100, 1, 3, 10]))
+    out = np.zeros(runs.lanes, np.uint8)
+    shares = runs.shares(count)
+    assert len(shares) == count and sum(share.lanes for share in shares) == runs.lanes
+    for share in shares:
+        compiled_kernels.apply_runs(np.uint64(key), share.lane, share.pos, share.length, out, out,
+                                    KeepRule.of(0.5).threshold + 1, kernel.KEEP)
+    expected = np.concatenate([(words.view(np.int16) <= 0)[a:a + n] for a, n in zip(runs.lane, runs.length)])
     assert np.array_equal(out.astype(bool), expected)
+
+
+def test_row_runs_merge_consecutive_rows_only() -> None:
+    runs = row_runs(10, 4, 3, np.array([9, 10, 11, 2, 2, 3]))
+    assert runs.lane.tolist() == [40, 90, 20, 20] and runs.pos.tolist() == [0, 30, 60, 70]
+    assert runs.length.tolist() == [30, 30, 10, 20]
+    assert row_runs(10, 4, 0, None).lanes == 0
 
 
 @pytest.mark.parametrize("shape", [(0, 5), (5, 0), (3, 1)])
@@ -219,10 +225,10 @@ def test_empty_and_tiny_inputs_and_p_zero(shape: tuple[int, int], p: float, path
 
 @pytest.mark.parametrize("ranks", [2, 3, 5])
 def test_p_ranks_mask_like_one_process(ranks: int, path: str) -> None:
-    """Rows split over ``ranks`` ranges (cuts mid-chunk) and masked each with its own first row, halo rows from
+    """Rows split over ``ranks`` ranges (cuts mid-word) and masked each with its own first row, halo rows from
     the other ranks appended, give exactly the rows of one process's pass."""
     width = 37
-    rows = 3 * (LANES_PER_CHUNK // width) + 11
+    rows = 3 * 113359 + 11
     z = specials(rows, width, torch.float32)
     whole_relu = GlobalRowDropout(0.5, 6, 2, 0).relu_drop(z, 1)
     whole = GlobalRowDropout(0.5, 6, 2, 0).drop(z, 0)
@@ -234,3 +240,18 @@ def test_p_ranks_mask_like_one_process(ranks: int, path: str) -> None:
         assert torch.equal(bits(dropout.relu_drop(z[first:end], 1)), bits(whole_relu[first:end]))
         dropped = dropout.drop(piece, 0, halo)
         assert torch.equal(bits(dropped), bits(torch.cat([whole[first:end], whole[torch.from_numpy(halo)]])))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("p", [0.5, 0.6, 1e-6])
+def test_cuda_masks_are_the_cpu_masks(form: str, p: float) -> None:
+    """On CUDA (CuPy's kernel where importable, and torch's form) the masks are the written rule's, bit for bit:
+    a CUDA run draws the CPU run's masks."""
+    for first, count, width in [(0, 40, 1), (5, 3000, 37), (2**33 + 7, 9, 128), (1, 20000, 256)]:
+        got = keep_mask(11, 4, 2, first, count, width, p, "cuda", form=form)
+        assert got.device.type == "cuda"
+        assert torch.equal(got.cpu(), dropout_keep_rows(11, 4, 2, np.arange(first, first + count), width, p))
+    rows = np.array([30, 2, 3, 4, 31, 0, 90, 91, 92, 4, 7, 6, 200, 8, 2**35])
+    got = keep_mask_rows(5, 2, 3, rows, 37, p, "cuda", form=form)
+    assert torch.equal(got.cpu(), dropout_keep_rows(5, 2, 3, rows, 37, p))

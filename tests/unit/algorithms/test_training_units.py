@@ -27,26 +27,26 @@ def test_dropout_mask_of_a_row_does_not_depend_on_the_split() -> None:
     assert abs(rate - 0.7) < 0.01  # 100k draws: std of the mean is 0.0015
 
 
-@pytest.mark.parametrize("generator", ["auto", "device"])
-def test_dropout_mask_pieces_across_chunk_boundaries(generator: str) -> None:
-    """Small chunks (7 rows of width 37) so that the cuts fall inside and on chunk edges, both rules."""
-    lanes = 7 * 37 + 5  # not a multiple of the width: a chunk holds 7 whole rows
-    whole = keep_mask(5, 2, 3, 0, 100, 37, 0.4, lanes_per_chunk=lanes, generator=generator)
+@pytest.mark.parametrize("form", ["auto", "torch"])
+def test_dropout_mask_pieces_cut_anywhere(form: str) -> None:
+    """Cuts that fall inside words and on word edges (width 37: rows never align with words), both forms."""
+    whole = keep_mask(5, 2, 3, 0, 100, 37, 0.4, form=form)
     cuts = [0, 1, 7, 8, 20, 21, 63, 99, 100]
-    pieces = torch.cat([keep_mask(5, 2, 3, a, b - a, 37, 0.4, lanes_per_chunk=lanes, generator=generator)
-                        for a, b in zip(cuts[:-1], cuts[1:])])
+    pieces = torch.cat([keep_mask(5, 2, 3, a, b - a, 37, 0.4, form=form) for a, b in zip(cuts[:-1], cuts[1:])])
     assert torch.equal(whole, pieces)
-    empty = keep_mask(5, 2, 3, 40, 0, 37, 0.4, lanes_per_chunk=lanes, generator=generator)
+    empty = keep_mask(5, 2, 3, 40, 0, 37, 0.4, form=form)
     assert empty.shape == (0, 37)
 
 
-def test_dropout_rules_differ_but_are_each_fair() -> None:
+def test_dropout_forms_agree_and_each_lane_is_fair() -> None:
     host = keep_mask(1, 0, 0, 0, 2000, 64, 0.5)
-    device = keep_mask(1, 0, 0, 0, 2000, 64, 0.5, generator="device")
-    assert not torch.equal(host, device)  # documented: CPU and CUDA masks come from different generators
-    for mask in (host, device):
-        lanes = mask.reshape(-1, 4).float().mean(dim=0)  # each of a word's four 16-bit lanes is fair
-        assert torch.all((lanes - 0.5).abs() < 0.01), lanes  # 32k draws per lane: std 0.0028
+    assert torch.equal(host, keep_mask(1, 0, 0, 0, 2000, 64, 0.5, form="torch"))  # CUDA's fallback: the same bits
+    lanes = host.reshape(-1, 4).float().mean(dim=0)  # each of a word's four 16-bit lanes is fair
+    assert torch.all((lanes - 0.5).abs() < 0.01), lanes  # 32k draws per lane: std 0.0028
+    neighbours = (host[:, :-1] == host[:, 1:]).float().mean().item()  # adjacent lanes independent
+    assert abs(neighbours - 0.5) < 0.01, neighbours
+    with pytest.raises(ValueError, match="form must be"):
+        keep_mask(1, 0, 0, 0, 2, 2, 0.5, form="device")
 
 
 def test_dropout_scale_makes_the_expectation_exact() -> None:
