@@ -87,24 +87,31 @@ def stream_key(seed: int, epoch: int, layer: int) -> int:
 
 
 def keep_mask(seed: int, epoch: int, layer: int, first_row: int, n_rows: int, width: int, p: float,
-              device: str | torch.device = "cpu", *, form: str = "auto") -> torch.Tensor:
+              device: str | torch.device = "cpu", *, form: str = "auto",
+              columns: tuple[int, int] | None = None) -> torch.Tensor:
     """Boolean ``n_rows x width`` mask of kept entries of global rows ``first_row ...``, made on ``device``.
 
+    ``columns``: ``(c0, c1)`` gives only those columns of a ``width``-wide layer (``n_rows x (c1 - c0)``; a process
+    grid rank's block): on the CPU only their lanes are made, elsewhere the rows' whole width and then the cut.
     ``form``: ``auto``; ``torch`` makes it with torch's integer ops on any device (the CUDA fallback's form, which
     tests run on the CPU).
     """
     rule, device = _resolve(p, device, form)
-    if p == 0.0 or n_rows == 0 or width == 0:
-        return torch.ones(n_rows, width, dtype=torch.bool, device=device)
+    c0, c1 = (0, width) if columns is None else columns
+    if not 0 <= c0 <= c1 <= width:
+        raise ValueError(f"columns must satisfy 0 <= c0 <= c1 <= width = {width}, got {columns}")
+    if p == 0.0 or n_rows == 0 or c1 == c0:
+        return torch.ones(n_rows, c1 - c0, dtype=torch.bool, device=device)
     if first_row < 0:
         raise ValueError(f"global rows must be >= 0, got {first_row}")
-    mask = torch.empty(n_rows, width, dtype=torch.bool, device=device)
     key = stream_key(seed, epoch, layer)
     if device.type == "cpu" and form == "auto":
-        _keep_on_host(mask, key, row_runs(width, first_row, n_rows, None), rule)
-    else:
-        dropout_device.keep_range(key, first_row, mask, rule.threshold, form=form)
-    return mask
+        mask = torch.empty(n_rows, c1 - c0, dtype=torch.bool)
+        _keep_on_host(mask, key, _block_runs(width, first_row, n_rows, c0, c1), rule)
+        return mask
+    mask = torch.empty(n_rows, width, dtype=torch.bool, device=device)
+    dropout_device.keep_range(key, first_row, mask, rule.threshold, form=form)
+    return mask if (c0, c1) == (0, width) else mask[:, c0:c1].contiguous()
 
 
 def keep_mask_rows(seed: int, epoch: int, layer: int, global_rows: np.ndarray, width: int, p: float,
@@ -161,6 +168,15 @@ def load_compiled_passes(largest_pass: int, device: torch.device, dtype: torch.d
     if device.type != "cpu" or dtype not in COMPILED_DTYPES or largest_pass < kernel.MIN_ENTRIES:
         return None
     return kernel.load_now()
+
+
+def _block_runs(width: int, first_row: int, n_rows: int, c0: int, c1: int) -> kernel.LaneRuns:
+    """Columns ``c0 ... c1 - 1`` of global rows ``first_row ...`` of a ``width``-wide layer, row after row: one run
+    where they are whole rows, else a run a row."""
+    if (c0, c1) == (0, width):
+        return row_runs(width, first_row, n_rows, None)
+    rows = np.arange(n_rows, dtype=np.int64)
+    return kernel.LaneRuns((first_row + rows) * width + c0, rows * (c1 - c0), np.full(n_rows, c1 - c0, np.int64))
 
 
 def _keep_on_host(mask: torch.Tensor, key: int, runs: kernel.LaneRuns, rule: KeepRule) -> None:

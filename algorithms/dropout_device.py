@@ -51,8 +51,7 @@ def keep_range(key: int, first_row: int, out: torch.Tensor, threshold: int, *, f
     """Keep decisions of global rows ``first_row ...`` into ``out`` (boolean, ``n_rows x width``, contiguous)."""
     if out.numel() == 0:
         return
-    if form == "auto" and _cupy_kernel(out.device) is not None:
-        _launch(key, first_row * out.shape[1], None, out, threshold)
+    if form == "auto" and _launched(key, first_row * out.shape[1], None, out, threshold):
         return
     if threshold >= _ALL_KEPT:  # every lane kept (an int16 cannot hold the bound)
         out.fill_(True)
@@ -71,8 +70,7 @@ def keep_rows(key: int, rows: torch.Tensor, out: torch.Tensor, threshold: int, *
     ``len(rows) x width``, contiguous)."""
     if out.numel() == 0:
         return
-    if form == "auto" and _cupy_kernel(out.device) is not None:
-        _launch(key, 0, rows, out, threshold)
+    if form == "auto" and _launched(key, 0, rows, out, threshold):
         return
     if threshold >= _ALL_KEPT:
         out.fill_(True)
@@ -92,12 +90,27 @@ def _words_(key: int, words: torch.Tensor) -> torch.Tensor:
     return splitmix64_torch_(words)
 
 
-def _launch(key: int, first_lane: int, rows: torch.Tensor | None, out: torch.Tensor, threshold: int) -> None:
+def _launched(key: int, first_lane: int, rows: torch.Tensor | None, out: torch.Tensor, threshold: int) -> bool:
+    """Whether CuPy's kernel made ``out`` (False: not CUDA, or CuPy unavailable or failing, said once in the log;
+    the caller then uses torch's form)."""
+    kernel = _cupy_kernel(out.device)
+    if kernel is None:
+        return False
+    try:
+        _launch(kernel, key, first_lane, rows, out, threshold)
+    except Exception:  # a runtime that built the kernel but cannot run it here: torch's form, the same bits
+        _failed.add(out.device.index)
+        _log.warning("dropout masks on CUDA use torch's integer ops (CuPy's kernel failed)", exc_info=True)
+        return False
+    return True
+
+
+def _launch(kernel: Any, key: int, first_lane: int, rows: torch.Tensor | None, out: torch.Tensor,
+            threshold: int) -> None:
     """The CuPy kernel over ``out`` on torch's current stream of its device: lanes ``first_lane ...`` where ``rows``
     is None, else the lanes of ``rows``."""
     import cupy
 
-    kernel = _cupy_kernel(out.device)
     ids = cupy.asarray(rows) if rows is not None else cupy.zeros(1, dtype=cupy.int64)
     with cupy.cuda.Device(out.device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(out.device).cuda_stream):
         kernel(ids, np.int64(first_lane), np.uint64(out.shape[1]), np.bool_(rows is None), np.uint64(key),

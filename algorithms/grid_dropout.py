@@ -8,9 +8,9 @@ with dropout as without. The inverted-dropout scale multiplies the layer's weigh
 ``(H m)(s W)``); the biases are not scaled.
 
 Layer 0's input is masked too, so with dropout its aggregation ``Â (X ∘ M)`` changes every step: a run with
-dropout aggregates layer 0 in every step (``aggregated_once`` False in the byte functions). The mask of a hidden
-layer is drawn at its whole width and cut: ``|i|`` times the draws a rank needs (a cost, not a difference in
-values). Pure: no communication.
+dropout aggregates layer 0 in every step (``aggregated_once`` False in the byte functions). On the CPU a rank makes only
+its block's lanes (the rule is counter-based); on a GPU the rows' whole width, then the cut. Pure: no
+communication.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class GridDropout:
         """This rank's block of ``layer``'s input mask (``n_o x f_i``, boolean)."""
         outer, inner, _ = roles(layer)
         (r0, r1), (c0, c1) = self.grid.block(self.nodes, outer), self.grid.block(self.dims[layer], inner)
-        whole = keep_mask(self.seed, self.epoch, layer, r0, r1 - r0, self.dims[layer], self.rule.p, device)
-        return whole[:, c0:c1].contiguous()
+        return keep_mask(self.seed, self.epoch, layer, r0, r1 - r0, self.dims[layer], self.rule.p, device,
+                         columns=(c0, c1))
 
     def drop(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """``h * mask`` of ``layer``'s input block (unscaled: :attr:`scale` goes to the weights)."""

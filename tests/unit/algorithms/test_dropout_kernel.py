@@ -255,3 +255,29 @@ def test_cuda_masks_are_the_cpu_masks(form: str, p: float) -> None:
     rows = np.array([30, 2, 3, 4, 31, 0, 90, 91, 92, 4, 7, 6, 200, 8, 2**35])
     got = keep_mask_rows(5, 2, 3, rows, 37, p, "cuda", form=form)
     assert torch.equal(got.cpu(), dropout_keep_rows(5, 2, 3, rows, 37, p))
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("columns", [(0, 37), (0, 5), (5, 37), (13, 14), (20, 20)])
+def test_a_column_block_is_the_cut_of_the_whole_rows(columns: tuple[int, int], form: str, path: str) -> None:
+    """A grid rank's block (rows, a column range) is the written rule's rows cut to those columns, made alone."""
+    c0, c1 = columns
+    got = keep_mask(3, 1, 2, 1001, 300, 37, 0.5, form=form, columns=columns)
+    assert got.shape == (300, c1 - c0)
+    assert torch.equal(got, dropout_keep_rows(3, 1, 2, np.arange(1001, 1301), 37, 0.5)[:, c0:c1])
+    with pytest.raises(ValueError, match="columns must satisfy"):
+        keep_mask(3, 1, 2, 0, 3, 37, 0.5, columns=(5, 38))
+
+
+def test_a_gpu_kernel_that_fails_leaves_torchs_form_with_the_same_bits(monkeypatch: pytest.MonkeyPatch,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Where CuPy's kernel was built but cannot run, the masks come from torch's form, said once in the log."""
+    from algorithms import dropout_device
+
+    monkeypatch.setattr(dropout_device, "_cupy_kernel", lambda device: object())  # launching it raises
+    monkeypatch.setattr(dropout_device, "_failed", set())
+    out = torch.empty(300, 37, dtype=torch.bool)
+    with caplog.at_level("WARNING"):
+        dropout_device.keep_range(stream_key(3, 1, 2), 1001, out, KeepRule.of(0.5).threshold)
+    assert torch.equal(out, dropout_keep_rows(3, 1, 2, np.arange(1001, 1301), 37, 0.5))
+    assert "CuPy's kernel failed" in caplog.text
