@@ -13,7 +13,8 @@ module may offer ``check_arguments(args) -> str | None`` for flag
 combinations argparse cannot express. A renamed command keeps its old name one release
 (:data:`RENAMED_COMMANDS`, saying the new one in one line), as renamed flags do
 (:func:`runners.argtypes.add_renamed`). SIGTERM raises ``SystemExit(143)`` so
-that cleanup (``finally``, context managers) runs as it does for SIGINT.
+that cleanup (``finally``, context managers) runs as it does for SIGINT; under MPI from the moment MPI has
+started, with a watcher that ends a rank which cannot act on it (:mod:`runners.termination`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sys
 import warnings
 from typing import Any, Callable, NoReturn
 
+from runners import termination
 from runners.argtypes import (bound_flags, deprecation_notice, launcher_rank, launcher_world_size, replication_problem,
                               say_once)
 from sparse_dist import log
@@ -273,10 +275,6 @@ def _allocator_failure(exc: BaseException) -> bool:
                                               or "can't allocate memory" in str(exc))
 
 
-def _raise_on_sigterm(signum: int, frame: object) -> NoReturn:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     prefer_huge_pages()  # before anything imports torch (see sparse_dist.hostmem)
@@ -298,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         (command_parser or _parser()).error(problem)
     log.configure(args.log_level)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     if not getattr(args, "mpi", True):
+        signal.signal(signal.SIGTERM, termination.raise_on_sigterm)
         return _run_without_mpi(args)
     from sparse_dist.comm import GpuAwareError, run_or_abort, separate_endpoints, world, world_rank
 
@@ -315,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             if world_rank() == 0:
                 print(f"sparse-dist: error: {exc}", file=sys.stderr, flush=True)
             return 2
+        # SIGTERM's handler and the watcher only once MPI has started: MPI_Init holds the GIL, so a rank waiting
+        # there for a peer that never came could take neither; with the default action the signal ends it.
+        termination.install(f"sparse-dist {args.command}")
         # Where the launcher did not announce P (launcher_world_size() None), c is checked here: comm.size
         # is the same on every rank, so every rank decides alike before any collective, and rank 0 says it.
         problem = replication_problem(getattr(args, "replication", 1), comm.size) \
