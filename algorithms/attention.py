@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from algorithms.attention_structure import AttentionEdges
 from algorithms.dropout import KeepRule
+from algorithms.dropout_device import keep_signed_lanes
 from algorithms.hashing import as_int64, chained_key, splitmix64_torch_
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.csr import csr_tensor
@@ -63,7 +64,7 @@ def attention_keep(seed: int, epoch: int, layer: int, rows: torch.Tensor, entry_
     for group in range(-(-heads // 4)):
         lanes = splitmix64_torch_(keys ^ as_int64(group * 0x9E3779B97F4A7C15)).view(torch.int16).view(-1, 4)
         for lane in range(min(4, heads - 4 * group)):
-            torch.lt(lanes[:, lane], rule.signed_bound, out=keep[4 * group + lane])
+            keep_signed_lanes(lanes[:, lane], rule.threshold, keep[4 * group + lane])
     return keep
 
 

@@ -45,12 +45,13 @@ import numpy as np
 import torch
 
 from algorithms import dropout_device
+from algorithms.hashing import chained_key
 from sparse_dist import dropout_kernel as kernel
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.receiver_dropout import COMPILED_DTYPES, zero_dropped_
-from sparse_dist.splitmix import splitmix64
 
 _LANE_SPAN = 1 << 16
+_WORD_BITS = (1 << 64) - 1
 _STREAM_TAG = 0x44524F50  # "DROP": keeps the masks' streams apart from every other splitmix64 chain's
 
 
@@ -69,21 +70,13 @@ class KeepRule:
         threshold = min(_LANE_SPAN, max(1, round((1.0 - p) * _LANE_SPAN)))
         return cls(p, threshold, _LANE_SPAN / threshold)
 
-    @property
-    def signed_bound(self) -> int:
-        """Kept when the lane read as ``int16`` is below this (``T - 2^15``)."""
-        return self.threshold - _LANE_SPAN // 2
-
 
 def stream_key(seed: int, epoch: int, layer: int) -> int:
-    """The key (``uint64``, as a Python int) of one layer's stream: ``k = seed``, then ``k = sm(sm(k) ^ word)`` for
-    ``epoch``, ``layer`` and the tag (``sm``: splitmix64). Non-negative arguments."""
+    """The key (``uint64``, as a Python int) of one layer's stream: :func:`algorithms.hashing.chained_key` of
+    ``(seed, epoch, layer, tag)`` (``k = seed``, then ``k = sm(sm(k) ^ word)``). Non-negative arguments."""
     if min(seed, epoch, layer) < 0:
         raise ValueError(f"dropout seed, epoch and layer must be >= 0, got {(seed, epoch, layer)}")
-    key = np.array([seed], dtype=np.uint64)
-    for word in (epoch, layer, _STREAM_TAG):
-        key = splitmix64(splitmix64(key) ^ np.array([word], dtype=np.uint64))
-    return int(key[0])
+    return chained_key(seed, epoch, layer, _STREAM_TAG) & _WORD_BITS
 
 
 def keep_mask(seed: int, epoch: int, layer: int, first_row: int, n_rows: int, width: int, p: float,
@@ -122,18 +115,30 @@ def keep_mask_rows(seed: int, epoch: int, layer: int, global_rows: np.ndarray, w
     holding it: the rule is the same, only the rows differ. Used by receivers, which mask rows owned
     by other ranks (a static input's halo rows, received boundary rows) without asking their owners.
     """
+    return keep_mask_range_and_rows(seed, epoch, layer, 0, 0, global_rows, width, p, device, form=form)
+
+
+def keep_mask_range_and_rows(seed: int, epoch: int, layer: int, first_row: int, n_rows: int,
+                             global_rows: np.ndarray, width: int, p: float, device: str | torch.device = "cpu", *,
+                             form: str = "auto") -> torch.Tensor:
+    """Boolean ``(n_rows + len(global_rows)) x width`` mask: global rows ``first_row ...`` (a rank's own), then the
+    given ``global_rows`` (any order: a static input's halo rows). One pass on the CPU; on a device the range is
+    made from its first row alone (no row ids travel for it) and only ``global_rows`` go to the device."""
     rule, device = _resolve(p, device, form)
     rows = np.asarray(global_rows, dtype=np.int64).reshape(-1)
-    if p == 0.0 or rows.size == 0 or width == 0:
-        return torch.ones(rows.size, width, dtype=torch.bool, device=device)
-    if rows.min() < 0:
-        raise ValueError(f"global rows must be >= 0, got {int(rows.min())}")
-    mask = torch.empty(rows.size, width, dtype=torch.bool, device=device)
+    if p == 0.0 or n_rows + rows.size == 0 or width == 0:
+        return torch.ones(n_rows + rows.size, width, dtype=torch.bool, device=device)
+    if first_row < 0 or (rows.size and rows.min() < 0):
+        raise ValueError(f"global rows must be >= 0, got {min(first_row, int(rows.min()) if rows.size else 0)}")
+    mask = torch.empty(n_rows + rows.size, width, dtype=torch.bool, device=device)
     key = stream_key(seed, epoch, layer)
     if device.type == "cpu" and form == "auto":
-        _keep_on_host(mask, key, row_runs(width, 0, 0, rows), rule)
-    else:
-        dropout_device.keep_rows(key, torch.from_numpy(rows).to(device), mask, rule.threshold, form=form)
+        _keep_on_host(mask, key, row_runs(width, first_row, n_rows, rows), rule)
+        return mask
+    if n_rows:
+        dropout_device.keep_range(key, first_row, mask[:n_rows], rule.threshold, form=form)
+    if rows.size:
+        dropout_device.keep_rows(key, torch.from_numpy(rows).to(device), mask[n_rows:], rule.threshold, form=form)
     return mask
 
 
@@ -305,9 +310,8 @@ class GlobalRowDropout:
             if not extra:
                 return keep_mask(self.seed, self.epoch, layer, self.first_row, own, like.shape[1], self.rule.p,
                                  like.device)
-            rows = np.concatenate([np.arange(self.first_row, self.first_row + own, dtype=np.int64),
-                                   np.asarray(extra_rows, dtype=np.int64)])
-            return keep_mask_rows(self.seed, self.epoch, layer, rows, like.shape[1], self.rule.p, like.device)
+            return keep_mask_range_and_rows(self.seed, self.epoch, layer, self.first_row, own, extra_rows,
+                                            like.shape[1], self.rule.p, like.device)
 
     def rows_mask(self, layer: int, global_rows: np.ndarray | range, like: torch.Tensor) -> torch.Tensor:
         """Boolean keep mask of layer ``layer``'s input rows ``global_rows`` (any owner's), ``len x like.shape[1]``."""

@@ -22,16 +22,16 @@ import numpy as np
 import torch
 
 from algorithms.hashing import as_int64, splitmix64_torch_
-from sparse_dist.splitmix import GOLDEN
+from sparse_dist.splitmix import GOLDEN, MIX1, MIX2
 
-__all__ = ["keep_range", "keep_rows"]
+__all__ = ["keep_range", "keep_rows", "keep_signed_lanes"]
 
 _log = logging.getLogger(__name__)
 _GOLDEN_INT64 = as_int64(int(GOLDEN))
 _SIGNED_LANE = 1 << 15
 _ALL_KEPT = 1 << 16
 
-_KERNEL_SOURCE = r"""
+_KERNEL_SOURCE = """
 unsigned long long g;
 if (contiguous) {
     g = first + (unsigned long long)i;  /* the range's lanes follow one another: no division */
@@ -39,13 +39,14 @@ if (contiguous) {
     unsigned long long k = (unsigned long long)i / width;
     g = (unsigned long long)rows[k] * width + ((unsigned long long)i - k * width);
 }
-unsigned long long z = key + ((g >> 2) + 1ULL) * 0x9E3779B97F4A7C15ULL;
-z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+unsigned long long z = key + ((g >> 2) + 1ULL) * GOLDEN_ULL;
+z = (z ^ (z >> 30)) * MIX1_ULL;
+z = (z ^ (z >> 27)) * MIX2_ULL;
 z ^= z >> 31;
 unsigned int lane = (unsigned int)((z >> (16 * (g & 3ULL))) & 0xFFFFULL);
 keep = (lane ^ 0x8000U) < threshold ? 1 : 0;
-"""
+""".replace("GOLDEN_ULL", f"{int(GOLDEN):#x}ULL").replace("MIX1_ULL", f"{int(MIX1):#x}ULL").replace(
+    "MIX2_ULL", f"{int(MIX2):#x}ULL")  # splitmix64's constants from their one definition (sparse_dist.splitmix)
 
 def keep_range(key: int, first_row: int, out: torch.Tensor, threshold: int, *, form: str = "auto") -> None:
     """Keep decisions of global rows ``first_row ...`` into ``out`` (boolean, ``n_rows x width``, contiguous)."""
@@ -53,16 +54,13 @@ def keep_range(key: int, first_row: int, out: torch.Tensor, threshold: int, *, f
         return
     if form == "auto" and _launched(key, first_row * out.shape[1], None, out, threshold):
         return
-    if threshold >= _ALL_KEPT:  # every lane kept (an int16 cannot hold the bound)
-        out.fill_(True)
-        return
     n_rows, width = out.shape
     first_lane, end_lane = first_row * width, (first_row + n_rows) * width
     first_word = first_lane // 4
     words = torch.arange(first_word, (end_lane + 3) // 4, dtype=torch.int64, device=out.device)
     lanes = _words_(key, words).view(torch.int16)
     offset = first_lane - 4 * first_word
-    torch.lt(lanes[offset:offset + n_rows * width], threshold - _SIGNED_LANE, out=out.view(-1))
+    keep_signed_lanes(lanes[offset:offset + n_rows * width], threshold, out.view(-1))
 
 
 def keep_rows(key: int, rows: torch.Tensor, out: torch.Tensor, threshold: int, *, form: str = "auto") -> None:
@@ -72,16 +70,23 @@ def keep_rows(key: int, rows: torch.Tensor, out: torch.Tensor, threshold: int, *
         return
     if form == "auto" and _launched(key, 0, rows, out, threshold):
         return
-    if threshold >= _ALL_KEPT:
-        out.fill_(True)
-        return
     width = out.shape[1]
     first_lane = rows * width
     span = (width + 3) // 4 + 1  # words a row's lanes can touch
     words = (first_lane // 4).unsqueeze(1) + torch.arange(span, dtype=torch.int64, device=out.device)
     lanes = _words_(key, words).view(torch.int16)  # rows x 4 span
     picks = (first_lane % 4).unsqueeze(1) + torch.arange(width, dtype=torch.int64, device=out.device)
-    torch.lt(lanes.gather(1, picks), threshold - _SIGNED_LANE, out=out)
+    keep_signed_lanes(lanes.gather(1, picks), threshold, out)
+
+
+def keep_signed_lanes(lanes: torch.Tensor, threshold: int, out: torch.Tensor) -> None:
+    """``out = (lane read unsigned) ^ 0x8000 < threshold`` for ``int16`` lanes (the signed reading of the same bits:
+    ``lane < threshold - 2^15``), on their device; ``threshold`` 2^16 keeps every lane, a bound no ``int16``
+    comparison holds. The one comparison of the torch forms of every lane rule (dropout, attention dropout)."""
+    if threshold >= _ALL_KEPT:
+        out.fill_(True)
+        return
+    torch.lt(lanes, threshold - _SIGNED_LANE, out=out)
 
 
 def _words_(key: int, words: torch.Tensor) -> torch.Tensor:

@@ -16,14 +16,12 @@ import numpy as np
 from numba import njit
 
 from sparse_dist.dropout_modes import FILL, KEEP, MULTIPLY, RELU_FILL
+from sparse_dist.splitmix import GOLDEN, MIX1, MIX2
 
 __all__ = ["BLOCK_WORDS", "apply_mask", "apply_runs"]
 
 BLOCK_WORDS = 256  # words made ahead of applying them: 1024 lanes, 2 KiB of buffer
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
 _U30, _U27, _U31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _SIGN = np.uint16(0x8000)
 
@@ -31,11 +29,11 @@ _SIGN = np.uint16(0x8000)
 @njit(cache=True, nogil=True, inline="always")
 def _make_words(key, first, words, count):  # pragma: no cover - compiled
     """Words ``first ... first + count - 1`` of the stream of ``key`` into ``words[:count]`` (all ``uint64``)."""
-    z = key + first * _GOLDEN
+    z = key + first * GOLDEN
     for k in range(count):
-        z += _GOLDEN
-        m = (z ^ (z >> _U30)) * _MIX1
-        m = (m ^ (m >> _U27)) * _MIX2
+        z += GOLDEN
+        m = (z ^ (z >> _U30)) * MIX1
+        m = (m ^ (m >> _U27)) * MIX2
         words[k] = m ^ (m >> _U31)
 
 

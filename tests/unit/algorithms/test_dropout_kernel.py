@@ -16,7 +16,8 @@ import torch
 from reference_gcn import dropout_key, dropout_keep_rows
 
 from algorithms import dropout as dropout_module
-from algorithms.dropout import GlobalRowDropout, KeepRule, keep_mask, keep_mask_rows, row_runs, stream_key
+from algorithms.dropout import (GlobalRowDropout, KeepRule, keep_mask, keep_mask_range_and_rows, keep_mask_rows,
+                                row_runs, stream_key)
 from sparse_dist import dropout_compiled as compiled_kernels
 from sparse_dist import dropout_kernel as kernel
 from sparse_dist.receiver_dropout import masked, zero_dropped_
@@ -281,3 +282,12 @@ def test_a_gpu_kernel_that_fails_leaves_torchs_form_with_the_same_bits(monkeypat
         dropout_device.keep_range(stream_key(3, 1, 2), 1001, out, KeepRule.of(0.5).threshold)
     assert torch.equal(out, dropout_keep_rows(3, 1, 2, np.arange(1001, 1301), 37, 0.5))
     assert "CuPy's kernel failed" in caplog.text
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_range_then_gathered_rows_is_the_written_rule(form: str, path: str) -> None:
+    """A rank's own rows then a static input's halo rows, in one mask: the range's rows, then the gathered ones."""
+    halo = np.array([5, 117359, 3, 4, 2**34])
+    got = keep_mask_range_and_rows(8, 3, 0, 1000, 250, halo, 37, 0.5, form=form)
+    assert torch.equal(got, dropout_keep_rows(8, 3, 0, np.concatenate([np.arange(1000, 1250), halo]), 37, 0.5))
+    assert keep_mask_range_and_rows(8, 3, 0, 1000, 0, np.empty(0, np.int64), 37, 0.5, form=form).shape == (0, 37)

@@ -42,6 +42,14 @@ def test_attention_masks_follow_the_written_rule(heads: int, p: float) -> None:
     assert not torch.equal(got, other_epoch)
 
 
+def test_attention_dropout_below_two_to_the_minus_sixteen_keeps_every_entry() -> None:
+    """T = 2^16 (drop < 7.6e-6) keeps every lane; as an int16 bound it would keep none."""
+    rng = np.random.default_rng(2)
+    cols = torch.from_numpy(rng.integers(0, 10**9, 3000))
+    got = attention_keep(3, 7, 1, torch.arange(100), torch.from_numpy(rng.integers(0, 100, 3000)), cols, 5, 1e-6)
+    assert bool(got.all())
+
+
 def test_attention_adjacency_replaces_loops_and_drops_weights() -> None:
     raw = sp.csr_matrix(np.array([[0, 2.5, 0, 0],    # node 10: an edge of weight 2.5
                                   [0, 0, 0, 0],      # node 11: isolated
