@@ -6,8 +6,9 @@ whose peer is gone or stuck, or ``MPI_Init`` waiting for a rank that died before
 ``kill`` or a launcher's first signal did not end the job (only a SIGKILL did). :func:`install` keeps the handlers
 and adds a watcher thread: Python's C-level handler writes each signal's number to a pipe
 (:func:`signal.set_wakeup_fd`, no GIL needed), the watcher reads it (mpi4py's blocking calls release the GIL), and
-if the process is still alive :data:`HARD_EXIT_GRACE_SECONDS` later it writes one line (launcher rank 0 only) and
-ends the process with ``128 + signal`` without cleanup. Every writer of the project writes under a temporary name
+if the process is still alive :data:`HARD_EXIT_GRACE_SECONDS` later it unlinks the MPICH shared-memory segments
+it maps (as an abort does), writes one line (launcher rank 0 only) and ends the process with ``128 + signal``
+without further cleanup. Every writer of the project writes under a temporary name
 or streams to ``NAME.partial`` (:class:`runners.results.ResultsWriter`), so a hard end leaves no half-written file
 under a final name. Local: no communication.
 """
@@ -69,6 +70,9 @@ def _watch(read_fd: int, prog: str, grace: float) -> None:
         if watched:
             time.sleep(grace)
             number = watched[0]
+            from sparse_dist.comm.abort import unlink_mpich_segments  # here: a command line's import starts no MPI
+
+            unlink_mpich_segments()  # as an abort does: MPICH removes them only in MPI_Finalize
             if launcher_rank() == 0:
                 sys.stderr.write(f"{prog}: error: {signal.Signals(number).name} not acted on within {grace:g} s "
                                  "(a rank waiting inside MPI); ending without cleanup\n")

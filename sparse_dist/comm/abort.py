@@ -186,7 +186,7 @@ def _abort_with(reason: str | None, code: int) -> None:
         sys.stderr.write(f"[rank {rank}] error: {reason}; aborting all ranks\n")
     sys.stderr.flush()
     if MPI.COMM_WORLD.Get_size() > 1:
-        _unlink_mpich_segments()
+        unlink_mpich_segments()
         # Let the launcher forward this message before MPI_Abort tears the job down (without the pause an
         # abort from every rank at once sometimes lost all output).
         time.sleep(ABORT_GRACE_SECONDS)
@@ -194,10 +194,11 @@ def _abort_with(reason: str | None, code: int) -> None:
     raise SystemExit(code)
 
 
-def _unlink_mpich_segments() -> None:
+def unlink_mpich_segments() -> None:
     """Unlink the MPICH shared-memory files this process maps; the mappings stay valid until exit.
 
-    Only this job's processes map them, and the job is about to be aborted, so nothing attaches to them again.
+    Only this job's processes map them, and the job is about to end (aborted, or this rank ended by
+    :mod:`runners.termination`), so nothing attaches to them again.
     Segments on other nodes (mapped only by ranks there) are not reached.
     """
     try:

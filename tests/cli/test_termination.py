@@ -9,6 +9,7 @@ left.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,28 +25,32 @@ def _start(argv: list[str]) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
-def _signal_after(process: subprocess.Popen[str], ready: str, count: int, timeout: float) -> None:
-    """Read stdout until ``ready`` was printed ``count`` times, then SIGTERM ``mpiexec``."""
+def _signal_after(process: subprocess.Popen[str], ready: str, count: int, timeout: float) -> str:
+    """Read stdout until ``ready`` was printed ``count`` times, then SIGTERM ``mpiexec``; what was read."""
     deadline = time.monotonic() + timeout
-    seen = 0
+    seen, read = 0, ""
     assert process.stdout is not None
     while seen < count:
         line = process.stdout.readline()
         assert line and time.monotonic() < deadline, f"the job never said {ready!r} {count} times"
         seen += line.count(ready)
+        read += line
     time.sleep(0.5)  # into the blocking call
     process.send_signal(signal.SIGTERM)
+    return read
 
 
 def test_a_rank_waiting_in_a_collective_ends_after_the_grace() -> None:
     process = _start([mpiexec_path(), "-n", "2", sys.executable, str(CASES / "termination_probe.py")])
-    _signal_after(process, "in place", 2, timeout=60)
+    said = _signal_after(process, "in place", 2, timeout=60)
     signalled = time.monotonic()
     result = finish(process, 60, "the probe after SIGTERM")
     elapsed = time.monotonic() - signalled
     assert result.returncode != 0
     assert elapsed < 15, f"the job took {elapsed:.1f} s to end after SIGTERM"
     assert result.stderr.count("probe: error: SIGTERM not acted on within 1 s") == 1, result.stderr
+    mapped = set(re.findall(r"/dev/shm/mpich_shm_[0-9a-f]+_[0-9]+", said))
+    assert mapped and not [path for path in mapped if os.path.exists(path)]  # unlinked as an abort would
 
 
 def test_a_rank_waiting_in_mpi_init_for_a_rank_that_never_came_ends_on_sigterm(tmp_path) -> None:
