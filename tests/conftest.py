@@ -6,11 +6,27 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 _SEGMENTS_BEFORE: set[Path] = set()
+_ZYGOTES: list = []
 
 
 def _is_controller(config: pytest.Config) -> bool:
     """The process that runs the session (not a pytest-xdist worker)."""
     return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller starts the zygotes every launched Python process is forked from (tests/support/preload)."""
+    if _is_controller(config):
+        from preload import start
+
+        _ZYGOTES.append(start.start())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _is_controller(config) and _ZYGOTES:
+        from preload import start
+
+        start.stop(_ZYGOTES.pop())
 
 
 @pytest.hookimpl(tryfirst=True)

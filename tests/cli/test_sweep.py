@@ -199,7 +199,8 @@ def test_a_run_over_its_time_limit_is_killed_and_reported(tmp_path: Path) -> Non
     path = tmp_path / "study.toml"
     path.write_text(STUDY.format(timeout=1).replace('policies = ["exact", "sancus-e:eps=1"]',
                                                     'policies = ["exact"]').replace("ranks = [1, 3]", "ranks = [3]")
-                    .replace('plans = ["sparse-bcast", "p2p"]', 'plans = ["p2p"]'))
+                    .replace('plans = ["sparse-bcast", "p2p"]', 'plans = ["p2p"]')
+                    .replace("epochs = 4", "epochs = 100000"))  # over the limit however fast the ranks start
     result = _sweep(path, timeout=120)
     assert result.returncode == 1
     assert "FAILED (timed out" in result.stdout and "1 run(s) failed" in result.stderr

@@ -1,0 +1,132 @@
+"""The suite's launch preloader (tests/support/preload): a launched process forked from a zygote behaves as a
+fresh interpreter would where the suite can see it: its command line, directory, environment, umask and file
+descriptors, its exit status (a death by a signal included), signals sent to it, its death with its launcher,
+and distinct hash seeds for the ranks of one ``mpiexec`` job; and what must start as usual does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpirun import mpiexec_path, run_with_timeout
+
+pytestmark = pytest.mark.skipif(os.environ.get("SPARSE_DIST_TEST_PRELOAD", "off") == "off",
+                                reason="the suite runs without its preloader (SPARSE_DIST_TEST_PRELOAD=off)")
+
+REPORT = """
+import json, os, sys
+parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().split(b"\\0")
+mask = os.umask(0)
+extra = int(os.environ.get("EXTRA_FD", "-1"))
+report = json.dumps({"forked": any(part.endswith(b"zygote.py") for part in parent), "argv": sys.argv,
+                     "cwd": os.getcwd(), "variable": os.environ.get("PRELOAD_PROBE"), "umask": mask,
+                     "rank": os.environ.get("PMI_RANK"), "hash": hash("sparse-dist"),
+                     "torch_loaded": "torch" in sys.modules, "main": __name__,
+                     "extra": os.read(extra, 100).decode() if extra >= 0 else None})
+if os.environ.get("REPORT_DIR"):  # one file a rank: ranks' lines on one stdout may interleave
+    open(os.path.join(os.environ["REPORT_DIR"], "rank-" + os.environ["PMI_RANK"]), "w").write(report)
+else:
+    print(report)
+sys.exit(int(os.environ.get("EXIT_WITH", "0")))
+"""
+
+
+def _script(tmp_path: Path, text: str = REPORT) -> Path:
+    path = tmp_path / "probe.py"
+    path.write_text(text)
+    return path
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def test_a_launched_script_gets_its_own_argv_directory_environment_umask_and_descriptors(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"through fd")
+    os.close(write_end)
+    try:
+        result = subprocess.run([sys.executable, str(script), "a b", "--c"], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60, pass_fds=(read_end,), umask=0o027,
+                                env=_env(PRELOAD_PROBE="x y", EXIT_WITH="7", EXTRA_FD=str(read_end)))
+    finally:
+        os.close(read_end)
+    assert result.returncode == 7, result.stderr
+    report = json.loads(result.stdout)
+    assert report["forked"], "the probe started as a fresh interpreter: the preloader did not take it"
+    assert report["argv"] == [str(script), "a b", "--c"] and report["cwd"] == str(tmp_path)
+    assert report["variable"] == "x y" and report["umask"] == 0o027 and report["extra"] == "through fd"
+    assert report["torch_loaded"] and report["main"] == "__main__"
+
+
+def test_the_ranks_of_a_job_are_forked_with_distinct_hash_seeds(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    result = run_with_timeout([mpiexec_path(), "-n", "3", sys.executable, str(script)], timeout=120,
+                              env={**_env(), "MPIEXEC_TIMEOUT": "120", "REPORT_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    reports = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank-*"))]
+    assert sorted(report["rank"] for report in reports) == ["0", "1", "2"]
+    assert all(report["forked"] for report in reports)
+    assert len({report["hash"] for report in reports}) == 3  # a set of strings iterates differently on each
+
+
+@pytest.mark.parametrize("ending, expected", [("raise RuntimeError('probe failed')", 1),
+                                              ("os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),
+                                              ("os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM),
+                                              ("os.abort()", -signal.SIGABRT)])
+def test_an_uncaught_exception_and_a_signal_end_the_launcher_as_they_end_the_child(tmp_path: Path, ending: str,
+                                                                                   expected: int) -> None:
+    runs = tmp_path / "runs"
+    script = _script(tmp_path, "import os, signal, sys\n"
+                               f"open({str(runs)!r}, 'a').write(str(os.getpid()) + '\\n')\n" + ending + "\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=_env())
+    assert result.returncode == expected, result.stderr
+    assert len(runs.read_text().splitlines()) == 1  # the child's end is the launcher's: it never runs it again
+    assert expected != 1 or "RuntimeError: probe failed" in result.stderr
+
+
+def test_a_signal_to_the_launcher_reaches_the_child_and_its_death_takes_the_child(tmp_path: Path) -> None:
+    waiting = _script(tmp_path, "import os, signal, sys, time\n"
+                                "signal.signal(signal.SIGTERM, lambda *_: sys.exit(5))\n"
+                                "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                                "time.sleep(60)\n")
+    for how, expected in ((signal.SIGTERM, 5), (signal.SIGKILL, -signal.SIGKILL)):
+        marker = tmp_path / f"pid-{how}"
+        process = subprocess.Popen([sys.executable, str(waiting), str(marker)], env=_env())
+        try:
+            deadline = time.monotonic() + 30
+            while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            child = int(marker.read_text())
+            assert child != process.pid  # forked, not the launcher itself
+            process.send_signal(how)
+            assert process.wait(timeout=30) == expected
+            deadline = time.monotonic() + 10
+            while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not Path(f"/proc/{child}").exists(), f"the forked child {child} outlived its launcher"
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_what_differs_at_import_time_or_runs_code_from_the_command_line_starts_as_usual(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    for argv, env in (([sys.executable, str(script)], _env(OMP_NUM_THREADS="2")),
+                      ([sys.executable, "-c", REPORT], _env())):
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        assert result.returncode == 0, result.stderr
+        assert not json.loads(result.stdout)["forked"]
+    limited = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=_env(),
+                             preexec_fn=lambda: __import__("resource").setrlimit(
+                                 __import__("resource").RLIMIT_NOFILE, (512, 512)))
+    assert limited.returncode == 0 and not json.loads(limited.stdout)["forked"]

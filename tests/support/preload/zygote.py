@@ -1,0 +1,231 @@
+"""A zygote for the test suite's launches: one process that imported torch, numpy, scipy and numba once and
+forks a child for each Python process a test starts (``python zygote.py FOLDER INDEX``).
+
+Why: the suite starts about a thousand Python processes (every rank of every ``mpiexec`` launch, every
+command a test runs), and each spent about 2 CPU seconds importing torch and its neighbours before it did
+what the test checks: most of the two lanes' CPU time on the 2-core CI machine. A child of the zygote skips
+that; everything else is the process's own: it is launched by the real ``mpiexec`` (the launcher starts a
+small Python process, :mod:`sitecustomize`, which hands its command line, environment, working directory,
+umask and every open file descriptor, the PMI socket included, to the zygote and then waits), it starts MPI
+itself, imports the project's modules afresh, and exits with its own status, which the waiting process
+repeats (a death by a signal included). A signal sent to the waiting process is forwarded to the child, and
+a waiting process that dies (``SIGKILL`` at a test's timeout) takes its child with it.
+
+What differs from a fresh interpreter, and how the suite keeps it honest:
+
+* string hashing: one hash seed a zygote. The suite runs several zygotes (``--zygotes``) and rank ``r`` of a
+  launch goes to zygote ``r mod count``, so the ranks of a job still iterate sets of strings in different
+  orders, as separate interpreters would (an order that differs between ranks must not reach a collective);
+* the random modules: ``random`` and NumPy's global generator are reseeded from the OS in every child;
+* a process whose interpreter, flags, namespaces, resource limits or import-time environment differ from
+  the zygote's (:mod:`zygote_key`), or that runs ``-c``, starts as usual; so do the tests that examine how a
+  process starts (signals before MPI, refusals before torch loads), which launch without the hook.
+
+Each zygote ends when the process that started it ends (``PR_SET_PDEATHSIG``), and so does each child when its
+zygote ends.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+PRELOADED = ("torch", "numpy", "scipy.sparse", "scipy.sparse.csgraph", "scipy.linalg", "numba", "mpi4py", "tqdm")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _exactly(link: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        piece = link.recv(count - len(data))
+        if not piece:
+            raise ConnectionError("the launching process went away")
+        data += piece
+    return data
+
+
+def _read_request(link: socket.socket) -> tuple[dict, list[int]]:
+    message, fds, _, _ = socket.recv_fds(link, 8, 1024)
+    if len(message) < 8:
+        message += _exactly(link, 8 - len(message))
+    request = json.loads(_exactly(link, int.from_bytes(message, "little")))
+    return request, fds
+
+
+def serve(folder: str, name: str) -> tuple[socket.socket, dict, list[int]]:
+    """Accept launches on ``FOLDER/NAME.sock`` until the parent ends; returns only in a forked child, with its
+    connection, request and received descriptors."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = os.path.join(folder, f"{name}.sock")
+    listener.bind(path + ".partial")
+    os.rename(path + ".partial", path)
+    listener.listen(256)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    children: dict[int, socket.socket] = {}
+    while True:
+        try:
+            readable, _, _ = select.select([listener, wake_read, *children.values()], [], [])
+        except InterruptedError:
+            continue
+        if wake_read in readable:
+            os.read(wake_read, 4096)
+        for link in [entry for entry in readable if isinstance(entry, socket.socket) and entry is not listener]:
+            if not link.recv(1, socket.MSG_PEEK):  # the launching process died: so does its child
+                pid = next(pid for pid, value in children.items() if value is link)
+                _kill(pid)
+        if listener in readable:
+            link, _ = listener.accept()
+            try:
+                request, fds = _read_request(link)
+            except (ConnectionError, OSError, ValueError):
+                link.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                for other in (listener, *children.values()):
+                    other.close()
+                os.close(wake_read)
+                os.close(wake_write)
+                return link, request, fds
+            for fd in fds:
+                os.close(fd)
+            try:
+                link.sendall(pid.to_bytes(8, "little", signed=True))
+            except OSError:
+                _kill(pid)
+            children[pid] = link
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            link = children.pop(pid, None)
+            if link is not None:
+                try:
+                    link.sendall(status.to_bytes(4, "little", signed=True))
+                except OSError:
+                    pass
+                link.close()
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def become(link: socket.socket, request: dict, fds: list[int]) -> tuple[str, str, list[str]]:
+    """Turn this forked child into the launched process (descriptors, directory, environment, streams, argv);
+    returns how to run it: ``("path", script, argv)`` or ``("module", name, argv)``."""
+    _die_with_parent()
+    link.close()
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    targets = [int(fd) for fd in request["fds"]]
+    floor = max(targets + [2]) + 1
+    parked = []
+    for fd in fds:
+        parked.append(_fcntl_dupfd(fd, floor))
+        os.close(fd)
+    for fd, target in zip(parked, targets):
+        os.dup2(fd, target, inheritable=True)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.umask(int(request["umask"]))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]
+    rest = argv[1:]
+    while rest and rest[0] == "-u":
+        rest = rest[1:]
+    _reopen_streams(bool(request["env"].get("PYTHONUNBUFFERED")) or "-u" in argv[1:len(argv) - len(rest)])
+    _reseed()
+    sys.orig_argv = list(argv)
+    if rest[0] == "-m":
+        sys.path[0] = os.getcwd()
+        return "module", rest[1], rest[1:]
+    sys.path[0] = os.path.dirname(os.path.realpath(rest[0]))
+    return "path", rest[0], rest
+
+
+def _fcntl_dupfd(fd: int, floor: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+
+
+def _reopen_streams(unbuffered: bool) -> None:
+    """New ``sys.stdin/stdout/stderr`` over descriptors 0-2 with the buffering a fresh interpreter would choose."""
+    import io
+
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        old = getattr(sys, name)
+        try:
+            raw = io.FileIO(fd, mode + "b", closefd=False)
+        except OSError:
+            setattr(sys, name, None)
+            continue
+        interactive = raw.isatty()
+        binary = raw if (unbuffered and mode == "w") else io.BufferedWriter(raw) if mode == "w" else \
+            io.BufferedReader(raw)
+        stream = io.TextIOWrapper(binary, encoding=old.encoding if old else "utf-8",
+                                  errors=old.errors if old else "strict",
+                                  line_buffering=(name == "stderr" or interactive) and not unbuffered,
+                                  write_through=unbuffered or name == "stderr")
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _reseed() -> None:
+    import random
+
+    random.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    import tempfile
+
+    tempfile.tempdir = None
+
+
+def main() -> None:
+    folder, name = sys.argv[1], sys.argv[2]
+    _die_with_parent()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "site"))
+    from zygote_key import process_key  # before the imports: what a launched process has at its start
+
+    key = json.dumps({"key": process_key()})
+    del sys.path[0], sys.modules["zygote_key"]
+    for module in PRELOADED:
+        __import__(module)
+    with open(os.path.join(folder, f"{name}.json.partial"), "w") as handle:
+        handle.write(key)
+    os.rename(os.path.join(folder, f"{name}.json.partial"), os.path.join(folder, f"{name}.json"))
+    link, request, fds = serve(folder, name)
+    kind, target, argv = become(link, request, fds)
+    import runpy
+    import types
+
+    sys.argv = list(argv)
+    sys.modules["__main__"] = types.ModuleType("__main__")  # a fresh one, as a new interpreter's
+    if kind == "module":
+        runpy._run_module_as_main(target, alter_argv=True)  # what ``python -m`` itself calls
+    else:
+        runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
