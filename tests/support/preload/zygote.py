@@ -13,13 +13,15 @@ a waiting process that dies (``SIGKILL`` at a test's timeout) takes its child wi
 
 What differs from a fresh interpreter, and how the suite keeps it honest:
 
-* string hashing: one hash seed a zygote. The suite runs several zygotes (``--zygotes``) and rank ``r`` of a
-  launch goes to zygote ``r mod count``, so the ranks of a job still iterate sets of strings in different
+* string hashing: one hash seed a zygote. The suite runs four a family (:data:`start.COUNT`) and rank ``r`` of a
+  launch goes to zygote ``r mod 4``, so the ranks of a job still iterate sets of strings in different
   orders, as separate interpreters would (an order that differs between ranks must not reach a collective);
 * the random modules: ``random`` and NumPy's global generator are reseeded from the OS in every child;
 * a process whose interpreter, flags, namespaces, resource limits or import-time environment differ from
-  the zygote's (:mod:`zygote_key`), or that runs ``-c``, starts as usual; so do the tests that examine how a
-  process starts (signals before MPI, refusals before torch loads), which launch without the hook.
+  the zygote's (:mod:`zygote_key`), or that runs ``-c``, starts as usual; so do the processes that work with
+  their own pid, parent and descendants (``sitecustomize.SUPERVISING_MODULES`` and ``SUPERVISING_COMMANDS``).
+  Signals keep their meaning: until the child installs a handler, SIGTERM forwarded to it ends it, as it would
+  end a fresh interpreter (the suite's SIGTERM-before-MPI tests pass either way).
 
 Each zygote ends when the process that started it ends (``PR_SET_PDEATHSIG``), and so does each child when its
 zygote ends.
