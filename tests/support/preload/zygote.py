@@ -37,6 +37,11 @@ import signal
 import socket
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "site"))
+from zygote_key import process_key  # noqa: E402  (standard library only, shared with sitecustomize)
+from zygote_wire import receive_exactly  # noqa: E402
+
+del sys.path[0]
 PRELOADED = ("torch", "numpy", "scipy.sparse", "scipy.sparse.csgraph", "scipy.linalg", "numba", "mpi4py", "tqdm")
 _PR_SET_PDEATHSIG = 1
 
@@ -45,22 +50,15 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _exactly(link: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        piece = link.recv(count - len(data))
-        if not piece:
-            raise ConnectionError("the launching process went away")
-        data += piece
-    return data
-
-
 def _read_request(link: socket.socket) -> tuple[dict, list[int]]:
     message, fds, _, _ = socket.recv_fds(link, 8, 1024)
-    if len(message) < 8:
-        message += _exactly(link, 8 - len(message))
-    request = json.loads(_exactly(link, int.from_bytes(message, "little")))
-    return request, fds
+    rest = receive_exactly(link, 8 - len(message)) if len(message) < 8 else b""
+    body = None if rest is None else receive_exactly(link, int.from_bytes(message + rest, "little"))
+    if body is None:
+        for fd in fds:
+            os.close(fd)
+        raise ConnectionError("the launching process went away")
+    return json.loads(body), fds
 
 
 def serve(folder: str, name: str) -> tuple[socket.socket, dict, list[int]]:
@@ -150,18 +148,12 @@ def become(link: socket.socket, request: dict, fds: list[int]) -> tuple[str, str
     os.umask(int(request["umask"]))
     os.environ.clear()
     os.environ.update(request["env"])
-    argv = request["argv"]
-    rest = argv[1:]
-    while rest and rest[0] == "-u":
-        rest = rest[1:]
-    _reopen_streams(bool(request["env"].get("PYTHONUNBUFFERED")) or "-u" in argv[1:len(argv) - len(rest)])
+    command = request["command"]  # parsed by the launching process (zygote_wire.parse_command)
+    _reopen_streams(bool(request["env"].get("PYTHONUNBUFFERED")) or command["unbuffered"])
     _reseed()
-    sys.orig_argv = list(argv)
-    if rest[0] == "-m":
-        sys.path[0] = os.getcwd()
-        return "module", rest[1], rest[1:]
-    sys.path[0] = os.path.dirname(os.path.realpath(rest[0]))
-    return "path", rest[0], rest
+    sys.orig_argv = list(request["orig_argv"])
+    sys.path[0] = os.getcwd() if command["kind"] == "module" else os.path.dirname(os.path.realpath(command["target"]))
+    return command["kind"], command["target"], command["argv"]
 
 
 def _fcntl_dupfd(fd: int, floor: int) -> int:
@@ -206,11 +198,7 @@ def _reseed() -> None:
 def main() -> None:
     folder, name = sys.argv[1], sys.argv[2]
     _die_with_parent()
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "site"))
-    from zygote_key import process_key  # before the imports: what a launched process has at its start
-
-    key = json.dumps({"key": process_key()})
-    del sys.path[0], sys.modules["zygote_key"]
+    key = json.dumps({"key": process_key()})  # before the imports: what a launched process has at its start
     for module in PRELOADED:
         __import__(module)
     with open(os.path.join(folder, f"{name}.json.partial"), "w") as handle:

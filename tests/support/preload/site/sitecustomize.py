@@ -3,7 +3,7 @@
 Loaded at start-up by every Python process whose ``PYTHONPATH`` names this folder (the suite's conftest sets
 it, with ``SPARSE_DIST_TEST_PRELOAD`` naming the zygotes' folder; :mod:`zygote`). Where the process runs a
 script or ``-m module`` in the same interpreter, flags, namespaces, limits and import-time environment as
-the zygotes (their ``key.json``), it sends its command line, environment, working directory and open file
+the zygotes (their ``FAMILY-INDEX.json``, :mod:`zygote_key`), it sends its command line, environment, working directory and open file
 descriptors to a zygote, which forks a child that has already imported torch, numpy, scipy and numba; this
 process then only waits, forwards signals to the child and exits as the child did. Anything else (another
 interpreter, ``-c``, a test's own limits or network namespace, no zygote answering) starts as usual.
@@ -45,26 +45,25 @@ def _handed_off(folder: str) -> str:
     import os
     import sys
 
-    argv = list(sys.orig_argv)
-    options, rest = [], argv[1:]
-    while rest and rest[0] in ("-u",):
-        options.append(rest.pop(0))
-    if not rest or (rest[0].startswith("-") and rest[0] != "-m") or (rest[0] == "-m" and len(rest) < 2):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import zygote_key
+        import zygote_wire
+    finally:
+        del sys.path[0]
+    del sys.modules["zygote_key"], sys.modules["zygote_wire"]
+    command = zygote_wire.parse_command(sys.orig_argv)
+    if command is None:
         return "not a script or module"
-    if rest[0] == "-m" and rest[1] in SUPERVISING_MODULES or SUPERVISING_COMMANDS.intersection(rest[1:]):
+    words = set(command["argv"][1:])
+    if command["kind"] == "module" and command["target"] in SUPERVISING_MODULES or SUPERVISING_COMMANDS & words:
         return "supervises processes"
     try:
         with open(os.path.join(folder, "families.json")) as handle:
             families = json.load(handle)
     except (OSError, ValueError):
         return "no zygotes"
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    try:
-        import zygote_key
-    finally:
-        del sys.path[0]
     key = zygote_key.process_key()
-    del sys.modules["zygote_key"]
     import socket
 
     rank = os.environ.get("PMI_RANK", "0")
@@ -92,25 +91,25 @@ def _handed_off(folder: str) -> str:
     trace = os.environ.get("SPARSE_DIST_TEST_PRELOAD_TRACE")
     if trace:
         with open(trace, "a") as log:
-            log.write(f"forked\t{' '.join(argv)[:200]}\n")
+            log.write(f"forked\t{' '.join(sys.orig_argv)[:200]}\n")
     fds = sorted(int(name) for name in os.listdir("/proc/self/fd") if int(name) != link.fileno())
     fds = [fd for fd in fds if _is_open(fd)]
-    request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask(),
-                          "fds": fds}).encode()
+    request = json.dumps({"command": command, "orig_argv": sys.orig_argv, "env": dict(os.environ),
+                          "cwd": os.getcwd(), "umask": _umask(), "fds": fds}).encode()
     socket.send_fds(link, [len(request).to_bytes(8, "little")], fds)
     link.sendall(request)
-    pid = int.from_bytes(_exactly(link, 8), "little", signed=True)
-    if pid <= 0:  # no child was made: start as usual
+    answer = zygote_wire.receive_exactly(link, 8)
+    if answer is None:  # no child was made: start as usual
         link.close()
         return "zygote failed to fork"
     try:  # the child runs the command: from here on this process must never run it too
-        _wait_as(link, pid)
+        _wait_as(link, int.from_bytes(answer, "little", signed=True), zygote_wire.receive_exactly)
     except BaseException:
         os._exit(1)
     return "unreachable"
 
 
-def _wait_as(link, pid: int) -> None:
+def _wait_as(link, pid: int, receive_exactly) -> None:
     """Forward signals to the child ``pid`` and end as it ended (its exit status, or its signal)."""
     import os
     import signal
@@ -123,7 +122,8 @@ def _wait_as(link, pid: int) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, forward)
-    status = int.from_bytes(_exactly(link, 4), "little", signed=True)
+    answer = receive_exactly(link, 4)
+    status = -1 if answer is None else int.from_bytes(answer, "little", signed=True)
     if status >= 0 and os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         if signum not in (signal.SIGKILL, signal.SIGSTOP):
@@ -173,20 +173,6 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _exactly(link, count: int) -> bytes:
-    """``count`` bytes from ``link``; a zygote that closes first reports a failed child (status -1)."""
-    data = b""
-    while len(data) < count:
-        try:
-            piece = link.recv(count - len(data))
-        except InterruptedError:
-            continue
-        if not piece:
-            return (-1).to_bytes(count, "little", signed=True)
-        data += piece
-    return data
 
 
 _handoff()
