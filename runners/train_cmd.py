@@ -135,9 +135,25 @@ def check_arguments(args: argparse.Namespace) -> str | None:
                                                 receiver_dropout=args.dropout_side == "receiver" and args.dropout > 0)
     if problem:
         return problem
+    problem = evaluation_plan_problem(args)
+    if problem:
+        return problem
     shape = RunShape(plan=args.plan, replication=args.replication, model=args.model,
                      dropout_side=args.dropout_side, input_exchange=args.input_exchange)
     return PolicySpec(args.sample, args.stale).refusal(shape)  # the policies' one check, from the flags alone
+
+
+def evaluation_plan_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--evaluation-plan`` cannot be what was asked, in one sentence, or None (from the flags alone)."""
+    if args.evaluation_plan == "same":
+        return None
+    if args.minibatch is not None or args.grid is not None:
+        return (f"--evaluation-plan {args.evaluation_plan} is for 1D full-graph training (a mini-batch or grid run "
+                "evaluates on its own exchanges)")
+    if plan_class(args.evaluation_plan).run_refusal(attention=layer_type(args.model).takes_operator):
+        return (f"--evaluation-plan {args.evaluation_plan} sends partial sums, but attention ({args.model}) weighs "
+                "each edge by its source row itself: use --evaluation-plan same")
+    return None
 
 
 def _config(args: argparse.Namespace, meta: dict[str, Any] | None = None) -> TrainConfig:

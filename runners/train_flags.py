@@ -12,6 +12,7 @@ from algorithms.model import MODEL_KINDS
 from algorithms.policies import sampling_arg, staleness_arg
 from algorithms.static_input import DROPOUT_SIDES, INPUT_EXCHANGES, halo_budget_arg
 from algorithms.train import PROGRESS_MODES
+from algorithms.training.config import EVALUATION_PLANS
 from algorithms.training.steering import DEFAULT_CEILING
 from runners.argtypes import add_renamed, at_least, non_negative, number, positive, probability
 from runners.argtypes import seed as seed_number
@@ -159,6 +160,11 @@ def _exchange_arguments(parser: argparse._ActionsContainer) -> None:
                         help="how SpMM exchanges rows: dense-bcast, sparse-bcast, p2p, or cover (per pair a minimum "
                              "vertex cover: rows of H and partial sums, never more than p2p, exact; "
                              "docs/guide/plans.md) (default: %(default)s)")
+    parser.add_argument("--evaluation-plan", choices=EVALUATION_PLANS, default="same",
+                        help="what exact evaluations exchange on: same (--plan's) or cover (built at set-up beside "
+                             "--plan: exact, 0.70x p2p's evaluation bytes on the 200k synthetic at P = 2, for "
+                             "the sampling policies cover refuses in training; gcn and sage; docs/guide/plans.md) "
+                             "(default: %(default)s)")
     parser.add_argument("--grid", default=None, metavar="X,Y,Z",
                         help="train over a process grid of X x Y x Z = P ranks instead of a 1D plan: every matrix "
                              "in blocks, allreduces along the grid's axes, exact; gcn and sage "

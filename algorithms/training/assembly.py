@@ -27,7 +27,7 @@ from algorithms.policies.base import EpochWork
 from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, model_exchange_widths,
                                      receiver_side)
 from algorithms.training.bit_widths import BitWidthWork
-from algorithms.training.config import PROGRESS_MODES, TrainConfig
+from algorithms.training.config import EVALUATION_PLANS, PROGRESS_MODES, TrainConfig
 from algorithms.training.graph import LocalGraph, scaled_features, wire_rows
 from algorithms.training.guard import Guard
 from algorithms.training.steering import EvaluationSteering
@@ -122,6 +122,7 @@ class TrainingRun:
         self.spmm = DistSpMM(self.matrix, config.plan, dtype=self.dtype, device=self.device, sampler=sampler,
                              staleness=rule, row_masks=self.receiver_dropout or self.model.needs_source_ids,
                              codec=self.codec)
+        self.evaluation_spmm = self._evaluation_operator()
         if config.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {config.progress!r}")
         if config.overlap_evaluation and not threads_may_call_mpi():  # the same answer on every rank
@@ -138,6 +139,21 @@ class TrainingRun:
         self.progress_thread = (ProgressThread(comm, lambda: lifecycle.in_flight() or self._evaluation_in_flight())
                                 if progress == "thread" else None)
         return dims
+
+    def _evaluation_operator(self) -> DistSpMM:
+        """What exact evaluations multiply with: the training operator, or (``evaluation_plan`` cover where the run
+        trains on another plan) an exact cover-plan operator over the same matrix, built here (collective over
+        the replica column: the covers' set-up). Its evaluations move the cover's rows, never more than p2p's;
+        training, its policies and its bytes stay the training plan's."""
+        config = self.config
+        if config.evaluation_plan not in EVALUATION_PLANS:
+            raise ValueError(f"evaluation_plan must be one of {EVALUATION_PLANS}, got {config.evaluation_plan!r}")
+        if config.evaluation_plan == "same" or config.evaluation_plan == config.plan:
+            return self.spmm
+        if self.model.needs_source_ids or any(layer.takes_operator for layer in self.model.layers):
+            raise ValueError(f"evaluation_plan {config.evaluation_plan} sends partial sums, but attention "
+                             f"({config.model}) weighs each edge by its source row itself: use evaluation_plan same")
+        return DistSpMM(self.matrix, config.evaluation_plan, dtype=self.dtype, device=self.device)
 
     def _data(self) -> None:
         """Labels, split masks, the training rows and the global count of each split (collective)."""

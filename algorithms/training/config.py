@@ -11,6 +11,8 @@ from algorithms.policies.spec import AxisSpec
 from algorithms.training.guard import GuardSettings
 
 PROGRESS_MODES: tuple[str, ...] = ("auto", "test", "thread", "none")
+EVALUATION_PLANS: tuple[str, ...] = ("same", "cover")
+"""The plans exact evaluations may exchange on (:class:`TrainConfig.evaluation_plan`): the run's own, or ``cover``."""
 """How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
 
 
@@ -32,6 +34,8 @@ class TrainConfig:
     target_acc: float | None = None  # the validation accuracy a run races to (steering's target rule)
     seed: int = 0
     plan: str = "p2p"
+    evaluation_plan: str = "same"  # what exact evaluations exchange on: "same" (``plan``) or "cover" (exact, fewer
+                                   # rows; built beside ``plan`` where that is another, for policies cover refuses)
     replication: int = 1
     feature_norm: str = "row"  # "row": divide each feature row by its sum; "none"
     dtype: str = "float32"

@@ -60,7 +60,8 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         if training and not bypass_policy:
             for work in self.work:  # e.g. psc's cached rows of X (collective), dgs' feature columns
                 halo, layer_input = work.layer_input(self.epoch, halo, layer_input)
-        return self.model(layer_input, self.spmm, first_row=self.first_row, epoch=self.epoch, training=training,
+        spmm = self.spmm if training else self.evaluation_spmm  # an evaluation may exchange on a plan of its own
+        return self.model(layer_input, spmm, first_row=self.first_row, epoch=self.epoch, training=training,
                           timer=self.spmm.timer if training else None, halo=halo,
                           receiver_dropout=self.receiver_dropout, bypass_policy=bypass_policy, trace=trace)
 
@@ -176,7 +177,7 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
             raise ValueError("evaluate_alongside needs overlap_evaluation in the config (its progress is set up "
                              "with the run)")
         alongside = AlongsideEvaluation(self.comm, self.spmm.timer, self.device, self._exact_metrics,
-                                        self.spmm.plan, self.evaluation_comm)
+                                        self.evaluation_spmm.plan, self.evaluation_comm)
         self._evaluation_in_flight = lambda: alongside.in_flight
         return alongside
 
@@ -265,6 +266,11 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         """This rank's seconds building the exchange plan, where the plan times its set-up (the cover's), else None."""
         return self.spmm.plan.setup_seconds
 
+    @property
+    def evaluation_plan_setup_seconds(self) -> float | None:
+        """This rank's seconds building the evaluations' own plan (``evaluation_plan``), None without one."""
+        return self.evaluation_spmm.plan.setup_seconds if self.evaluation_spmm is not self.spmm else None
+
     def memory(self) -> dict[str, int]:
         """What this rank keeps for its layer-0 halo or a policy's layer-0 cache (zeros without one)."""
         if self.halo is not None:
@@ -280,6 +286,8 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         flights still outstanding, so none is pending when its buffers go or MPI is finalised, and stop the
         progress thread. Training may go on afterwards (kept flights stay, completed)."""
         self.spmm.lifecycle.close()
+        if self.evaluation_spmm is not self.spmm:
+            self.evaluation_spmm.lifecycle.close()
         if self.progress_thread is not None:
             self.progress_thread.stop()
             self.progress_thread = None

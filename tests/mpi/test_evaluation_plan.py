@@ -1,0 +1,71 @@
+"""``--evaluation-plan cover``: exact evaluations on a cover plan of their own beside a sampled p2p training.
+
+Under real mpiexec: tests/mpi/cases/evaluation_plan_cases.py (one launch of 4 ranks: P = 2, 3 with an empty row
+group, 4, and c = 2, against one process and against the same run evaluated on its training plan); a whole
+``train`` run steered and overlapped, whose every reported accuracy is the same-plan run's with fewer evaluation
+bytes. Its refusals, said before MPI starts, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from datasets_for_tests import cora, write
+from mpirun import BIN, run_case, run_mpi
+from refusals import refused
+
+SPARSE_DIST = str(BIN / "sparse-dist")
+METRICS = ("train_acc", "val_acc", "test_acc")
+
+
+def test_cover_evaluations_equal_one_process_and_the_training_plans_evaluations() -> None:
+    result = run_case(4, "evaluation_plan_cases.py", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "evaluation plan cases (32 runs on this rank): all checks pass" in result.stdout, (result.stdout
+                                                                                             + result.stderr)
+
+
+def _train(data: Path, out: Path, *extra: str) -> list[dict[str, Any]]:
+    result = run_mpi(2, [SPARSE_DIST, "train", "--data", str(data), "--threads", "1", "--print-every", "1000",
+                         "--epochs", "12", "--sample", "psc:budget=0.3", "--steer-evaluation", "--eval-every", "3",
+                         "--overlap-evaluation", "--out", str(out), *extra], timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def test_a_steered_overlapped_run_reports_the_same_accuracies_with_fewer_bytes(tmp_path: Path) -> None:
+    """The evaluation beside the next step (in turns, on its own duplicate communicator) on the cover plan: every
+    epoch's metrics and loss are the same-plan run's, its evaluations move fewer bytes, the training the same."""
+    data = write(cora(), tmp_path / "cora", parts=2)
+    same = _train(data, tmp_path / "same.jsonl")
+    cover = _train(data, tmp_path / "cover.jsonl", "--evaluation-plan", "cover")
+    setup = next(r for r in cover if r["type"] == "setup")
+    assert setup["evaluation_plan_setup_seconds"]["max"] > 0
+    assert "evaluation_plan_setup_seconds" not in next(r for r in same if r["type"] == "setup")
+    rows = {r["epoch"]: r for r in cover if r["type"] == "epoch"}
+    reference = {r["epoch"]: r for r in same if r["type"] == "epoch"}
+    assert sorted(rows) == sorted(reference) == list(range(1, 13))
+    evaluated = 0
+    for epoch, row in rows.items():
+        assert row["loss"] == reference[epoch]["loss"]
+        assert row["bytes"]["forward"] == reference[epoch]["bytes"]["forward"]
+        assert [row[k] for k in METRICS] == [reference[epoch][k] for k in METRICS]
+        assert ("eval_bytes" in row) == ("eval_bytes" in reference[epoch])
+        if "eval_bytes" in row:
+            evaluated += 1
+            assert row["eval_bytes"]["forward"]["sent"]["max"] < reference[epoch]["eval_bytes"]["forward"]["sent"]["max"]
+    assert evaluated >= 4  # first, every 3 epochs, last
+    assert cover[-1]["test_acc"] == same[-1]["test_acc"]
+
+
+@pytest.mark.parametrize("argv,sentence", [
+    (["--layer-kind", "gat"], "attention (gat) weighs each edge by its source row itself"),
+    (["--mode", "minibatch"], "is for 1D full-graph training"),
+    (["--grid", "2,1,1"], "is for 1D full-graph training"),
+])
+def test_evaluation_plan_refusals_are_one_sentence(argv: list[str], sentence: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    said = refused(["train", "--data", "d", "--evaluation-plan", "cover", *argv], capsys)
+    assert sentence in said, said
