@@ -37,8 +37,13 @@ def _train(data: Path, out: Path, *extra: str) -> list[dict[str, Any]]:
 
 def test_a_steered_overlapped_run_reports_the_same_accuracies_with_fewer_bytes(tmp_path: Path) -> None:
     """The evaluation beside the next step (in turns, on its own duplicate communicator) on the cover plan: every
-    epoch's metrics and loss are the same-plan run's, its evaluations move fewer bytes, the training the same."""
-    data = write(cora(), tmp_path / "cora", parts=2)
+    epoch's metrics are the same-plan run's (to one node's tie), its evaluations move fewer bytes, the training
+    (losses, bytes) the same."""
+    graph = cora()
+    data = write(graph, tmp_path / "cora", parts=2)
+    # the same weights give the same accuracies; a node whose two best logits lie within float32's rounding of
+    # each other may go either way when partial sums are added in another order: one node a split at most
+    one_node = {f"{split}_acc": 1.0 / int(graph.masks[split].sum()) for split in ("train", "val", "test")}
     same = _train(data, tmp_path / "same.jsonl")
     cover = _train(data, tmp_path / "cover.jsonl", "--evaluation-plan", "cover")
     setup = next(r for r in cover if r["type"] == "setup")
@@ -51,13 +56,13 @@ def test_a_steered_overlapped_run_reports_the_same_accuracies_with_fewer_bytes(t
     for epoch, row in rows.items():
         assert row["loss"] == reference[epoch]["loss"]
         assert row["bytes"]["forward"] == reference[epoch]["bytes"]["forward"]
-        assert [row[k] for k in METRICS] == [reference[epoch][k] for k in METRICS]
+        assert all(abs(row[k] - reference[epoch][k]) <= one_node[k] * 1.001 for k in METRICS)
         assert ("eval_bytes" in row) == ("eval_bytes" in reference[epoch])
         if "eval_bytes" in row:
             evaluated += 1
             assert row["eval_bytes"]["forward"]["sent"]["max"] < reference[epoch]["eval_bytes"]["forward"]["sent"]["max"]
     assert evaluated >= 4  # first, every 3 epochs, last
-    assert cover[-1]["test_acc"] == same[-1]["test_acc"]
+    assert abs(cover[-1]["test_acc"] - same[-1]["test_acc"]) <= one_node["test_acc"] * 1.001
 
 
 @pytest.mark.parametrize("argv,sentence", [
