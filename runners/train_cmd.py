@@ -148,8 +148,8 @@ def evaluation_plan_problem(args: argparse.Namespace) -> str | None:
     if args.evaluation_plan == "same":
         return None
     if args.minibatch is not None or args.grid is not None:
-        return (f"--evaluation-plan {args.evaluation_plan} is for 1D full-graph training (a mini-batch or grid run "
-                "evaluates on its own exchanges)")
+        return (f"--evaluation-plan {args.evaluation_plan} is for 1D full-graph training (mini-batch and grid runs "
+                "evaluate on the run's own plan)")
     if plan_class(args.evaluation_plan).run_refusal(attention=layer_type(args.model).takes_operator):
         return (f"--evaluation-plan {args.evaluation_plan} sends partial sums, but attention ({args.model}) weighs "
                 "each edge by its source row itself: use --evaluation-plan same")

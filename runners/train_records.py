@@ -33,7 +33,7 @@ def setup_record(comm: Communicator, trainer: Any, grid: bool = False) -> dict[s
     they time it (collective); on the ``grid``, also the byte model's bytes of a
     step per rank and phase (``step_bytes_predicted``)."""
     plan_seconds = trainer.plan_setup_seconds  # the same on every rank: a plan times its set-up or never does
-    evaluation_seconds = getattr(trainer, "evaluation_plan_setup_seconds", None)  # 1D full-graph runs only
+    evaluation_seconds = trainer.evaluation_plan_setup_seconds  # where evaluations have a plan of their own
     gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes,
                                       "plan_seconds": plan_seconds, "evaluation_seconds": evaluation_seconds})
     memory = {key: spread([g["memory"][key] for g in gathered]) for key in gathered[0]["memory"]}

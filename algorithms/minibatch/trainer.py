@@ -303,6 +303,11 @@ class MinibatchTrainer:
         """The evaluation trainer's plan set-up seconds (:attr:`Trainer.plan_setup_seconds`)."""
         return self.full.plan_setup_seconds
 
+    @property
+    def evaluation_plan_setup_seconds(self) -> float | None:
+        """The evaluation trainer's own evaluation plan's set-up seconds (None: it evaluates on its plan)."""
+        return self.full.evaluation_plan_setup_seconds
+
     def memory(self) -> dict[str, int]:
         """What the evaluation keeps for layer 0 (:meth:`Trainer.memory`)."""
         return self.full.memory()

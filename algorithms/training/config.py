@@ -11,9 +11,9 @@ from algorithms.policies.spec import AxisSpec
 from algorithms.training.guard import GuardSettings
 
 PROGRESS_MODES: tuple[str, ...] = ("auto", "test", "thread", "none")
+"""How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
 EVALUATION_PLANS: tuple[str, ...] = ("same", "cover")
 """The plans exact evaluations may exchange on (:class:`TrainConfig.evaluation_plan`): the run's own, or ``cover``."""
-"""How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
 
 
 @dataclass

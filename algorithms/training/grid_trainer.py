@@ -120,6 +120,7 @@ class GridTrainer(grid_policy.GridPolicyState):
                            validation_size=self.global_counts["val"], epochs=config.epochs)
         self.steering, self.work = None, []  # what the 1D state functions ask of a run (none here)
         self.receiver_dropout, self.progress_mode, self.plan_setup_seconds = False, None, None
+        self.evaluation_plan_setup_seconds: float | None = None  # evaluations exchange on the grid itself
         self.setup_bytes = moved_since(comm, built_from)
         self.eval_bytes: dict[str, dict[str, int]] = {}
 
