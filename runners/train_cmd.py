@@ -58,6 +58,7 @@ from algorithms.checkpoint import (MAIN_FILE, CheckpointError, CheckpointSet, Se
 from algorithms.layers import layer_type
 from algorithms.policies import PolicySpec, RunShape
 from algorithms.train import TrainConfig, Trainer, bytes_by_phase
+from algorithms.training.config import evaluation_plan_refusal
 from algorithms.training.state import replicated_state_problem
 from algorithms.training.steering import DEFAULT_CEILING
 from algorithms.training.tighten import restore_best_at_end
@@ -150,10 +151,7 @@ def evaluation_plan_problem(args: argparse.Namespace) -> str | None:
     if args.minibatch is not None or args.grid is not None:
         return (f"--evaluation-plan {args.evaluation_plan} is for 1D full-graph training (mini-batch and grid runs "
                 "evaluate on the run's own plan)")
-    if plan_class(args.evaluation_plan).run_refusal(attention=layer_type(args.model).takes_operator):
-        return (f"--evaluation-plan {args.evaluation_plan} sends partial sums, but attention ({args.model}) weighs "
-                "each edge by its source row itself: use --evaluation-plan same")
-    return None
+    return evaluation_plan_refusal(args.evaluation_plan, args.model, layer_type(args.model).takes_operator)
 
 
 def _config(args: argparse.Namespace, meta: dict[str, Any] | None = None) -> TrainConfig:

@@ -27,7 +27,7 @@ from algorithms.policies.base import EpochWork
 from algorithms.static_input import (HaloBudgetError, choose_input_exchange, evaluations, model_exchange_widths,
                                      receiver_side)
 from algorithms.training.bit_widths import BitWidthWork
-from algorithms.training.config import EVALUATION_PLANS, PROGRESS_MODES, TrainConfig
+from algorithms.training.config import PROGRESS_MODES, TrainConfig, evaluation_plan_refusal
 from algorithms.training.graph import LocalGraph, scaled_features, wire_rows
 from algorithms.training.guard import Guard
 from algorithms.training.steering import EvaluationSteering
@@ -146,14 +146,23 @@ class TrainingRun:
         the replica column: the covers' set-up). Its evaluations move the cover's rows, never more than p2p's;
         training, its policies and its bytes stay the training plan's."""
         config = self.config
-        if config.evaluation_plan not in EVALUATION_PLANS:
-            raise ValueError(f"evaluation_plan must be one of {EVALUATION_PLANS}, got {config.evaluation_plan!r}")
+        attention = self.model.needs_source_ids or any(layer.takes_operator for layer in self.model.layers)
+        problem = evaluation_plan_refusal(config.evaluation_plan, config.model, attention)
+        if problem:
+            raise ValueError(problem)
         if config.evaluation_plan == "same" or config.evaluation_plan == config.plan:
             return self.spmm
-        if self.model.needs_source_ids or any(layer.takes_operator for layer in self.model.layers):
-            raise ValueError(f"evaluation_plan {config.evaluation_plan} sends partial sums, but attention "
-                             f"({config.model}) weighs each edge by its source row itself: use evaluation_plan same")
         return DistSpMM(self.matrix, config.evaluation_plan, dtype=self.dtype, device=self.device)
+
+    @property
+    def plan_setup_seconds(self) -> float | None:
+        """This rank's seconds building the exchange plan, where the plan times its set-up (the cover's), else None."""
+        return self.spmm.plan.setup_seconds
+
+    @property
+    def evaluation_plan_setup_seconds(self) -> float | None:
+        """This rank's seconds building the evaluations' own plan (``evaluation_plan``), None without one."""
+        return self.evaluation_spmm.plan.setup_seconds if self.evaluation_spmm is not self.spmm else None
 
     def _data(self) -> None:
         """Labels, split masks, the training rows and the global count of each split (collective)."""

@@ -9,11 +9,24 @@ from typing import Any
 from algorithms.layers import LayerOptions
 from algorithms.policies.spec import AxisSpec
 from algorithms.training.guard import GuardSettings
+from sparse_dist.plans import plan_class
 
 PROGRESS_MODES: tuple[str, ...] = ("auto", "test", "thread", "none")
 """How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
 EVALUATION_PLANS: tuple[str, ...] = ("same", "cover")
 """The plans exact evaluations may exchange on (:class:`TrainConfig.evaluation_plan`): the run's own, or ``cover``."""
+
+
+def evaluation_plan_refusal(evaluation_plan: str, model: str, attention: bool) -> str | None:
+    """Why exact evaluations of a ``model`` run cannot exchange on ``evaluation_plan``, in one sentence, or None
+    (``attention``: a layer weighs each edge by its source row, which a partial sum hides). The command line
+    and the trainer ask it alike."""
+    if evaluation_plan not in EVALUATION_PLANS:
+        return f"--evaluation-plan must be one of {', '.join(EVALUATION_PLANS)}, got {evaluation_plan!r}"
+    if evaluation_plan != "same" and plan_class(evaluation_plan).run_refusal(attention=attention):
+        return (f"--evaluation-plan {evaluation_plan} sends partial sums, but attention ({model}) weighs each edge "
+                "by its source row itself: use --evaluation-plan same")
+    return None
 
 
 @dataclass

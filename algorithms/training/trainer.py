@@ -261,16 +261,6 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
         """Bytes of the attention structures (GAT) this rank keeps cached with its operators (0 otherwise)."""
         return cached_structure_bytes(self.spmm, self.halo)
 
-    @property
-    def plan_setup_seconds(self) -> float | None:
-        """This rank's seconds building the exchange plan, where the plan times its set-up (the cover's), else None."""
-        return self.spmm.plan.setup_seconds
-
-    @property
-    def evaluation_plan_setup_seconds(self) -> float | None:
-        """This rank's seconds building the evaluations' own plan (``evaluation_plan``), None without one."""
-        return self.evaluation_spmm.plan.setup_seconds if self.evaluation_spmm is not self.spmm else None
-
     def memory(self) -> dict[str, int]:
         """What this rank keeps for its layer-0 halo or a policy's layer-0 cache (zeros without one)."""
         if self.halo is not None:

@@ -18,7 +18,7 @@ owner-side dropout 0.5, layer 0 both ways (exchanged every epoch; fetched once a
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,8 +128,8 @@ def check_bytes(label: str, trainer: Trainer, records: list[dict], training_shap
 
 @dataclass
 class Cell:
-    """One configuration of the sweep (:func:`cells`) on this rank: the whole graph's run on this rank alone is
-    made once per graph, model and layer-0 mode (``alone``, None until the caller makes it)."""
+    """One configuration of the sweep (:func:`cells`) on this rank, with ``reference``: what the caller's
+    reference run gave for the whole graph on this rank alone (made once per graph, model and layer-0 mode)."""
 
     name: str
     data: dict
@@ -141,17 +141,22 @@ class Cell:
     rows: slice
     label: str
     replication: int
+    reference: dict
 
 
-def cells(comm, grids: tuple[tuple[int, int], ...]) -> Iterator[Cell]:
+def cells(comm, grids: tuple[tuple[int, int], ...],
+          reference: Callable[[Any, dict, list[int], dict], dict]) -> Iterator[Cell]:
     """The directed graph and Cora x GCN and SAGE x layer 0 exchanged every epoch or fetched once x ``grids``
     (ranks, c), on the sub-communicator of the first ``ranks`` ranks (every rank enters each split; the cells a
-    rank is not part of are skipped), uneven row groups with an empty one at 3 (:func:`counts_for`)."""
+    rank is not part of are skipped), uneven row groups with an empty one at 3 (:func:`counts_for`).
+    ``reference(alone, data, counts, base)`` runs the whole graph on ``alone``, a communicator of this rank only."""
+    alone = comm.split(comm.rank, 0)
     for name, data in (("directed", directed()), ("cora", cora_data())):
         n = data["adjacency"].shape[0]
         for model in ("gcn", "sage"):
             for input_exchange in ("per-epoch", "once"):
                 base = dict(model=model, input_exchange=input_exchange, dropout_side="owner")
+                whole = reference(alone, data, [n], base)
                 shape = ModelShape((data["features"].shape[1], 16, data["classes"]), model, itemsize=8,
                                    input_once=input_exchange == "once")
                 for ranks, replication in grids:
@@ -161,24 +166,22 @@ def cells(comm, grids: tuple[tuple[int, int], ...]) -> Iterator[Cell]:
                         group = sub.rank // replication
                         lo, hi = RowLayout.from_counts(counts).row_range(group)
                         yield Cell(name, data, base, shape, sub, counts, group, slice(lo, hi),
-                                   f"{name} {model} input={input_exchange} P={ranks} c={replication}", replication)
+                                   f"{name} {model} input={input_exchange} P={ranks} c={replication}", replication,
+                                   whole)
 
 
 def main() -> int:
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
     assert comm.size == 4, "cover_cases.py runs on 4 ranks"
-    alone = comm.split(comm.rank, 0)
     failures: list[str] = []
     runs = 0
-    wanted: dict[str, dict] = {}
-    for cell in cells(comm, ((1, 1), (2, 1), (3, 1), (4, 1), (4, 2))):
-        key = f"{cell.name} {cell.base}"
-        if key not in wanted:
-            wanted[key] = run_one(alone, cell.data, [cell.data["adjacency"].shape[0]], 0, plan="p2p", **cell.base)
+    grids = ((1, 1), (2, 1), (3, 1), (4, 1), (4, 2))
+    for cell in cells(comm, grids, lambda alone, data, counts, base: run_one(alone, data, counts, 0, plan="p2p",
+                                                                             **base)):
         got = run_one(cell.comm, cell.data, cell.counts, cell.group, plan="cover", replication=cell.replication,
                       **cell.base)
-        compare(cell.label, got, wanted[key], cell.rows, failures)
+        compare(cell.label, got, cell.reference, cell.rows, failures)
         check_bytes(cell.label, got["trainer"], got["records"], cell.shape, failures)
         runs += 1
     # compression and pipe compose (Cora GCN at P = 4 only: they are about the messages, not the graph)

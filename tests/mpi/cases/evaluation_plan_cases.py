@@ -103,18 +103,14 @@ def main() -> int:
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
     assert comm.size == 4, "evaluation_plan_cases.py runs on 4 ranks"
-    alone_comm = comm.split(comm.rank, 0)
     failures: list[str] = []
     runs = 0
-    alone: dict[str, dict] = {}
-    for cell in cells(comm, ((2, 1), (3, 1), (4, 1), (4, 2))):
-        key = f"{cell.name} {cell.base}"
-        if key not in alone:
-            alone[key] = run_one(alone_comm, cell.data, [cell.data["adjacency"].shape[0]], 0, **cell.base)
+    for cell in cells(comm, ((2, 1), (3, 1), (4, 1), (4, 2)),
+                      lambda alone, data, counts, base: run_one(alone, data, counts, 0, **base)):
         same = run_one(cell.comm, cell.data, cell.counts, cell.group, replication=cell.replication, **cell.base)
         got = run_one(cell.comm, cell.data, cell.counts, cell.group, replication=cell.replication,
                       evaluation_plan="cover", **cell.base)
-        check(cell.label, got, same, alone[key], cell.rows, cell.shape, failures)
+        check(cell.label, got, same, cell.reference, cell.rows, cell.shape, failures)
         runs += 1
     return finish(comm, failures, f"evaluation plan cases ({runs} runs on this rank)")
 
