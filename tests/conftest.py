@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 _SEGMENTS_BEFORE: set[Path] = set()
 _ZYGOTES: list = []
+_IDLE_SLEEP_FOLDER: list[Path] = []
 
 
 def _is_controller(config: pytest.Config) -> bool:
@@ -15,10 +16,16 @@ def _is_controller(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller starts the zygotes every launched Python process is forked from (tests/support/preload)."""
+    """The controller preloads the idle-sleep ``sched_yield`` (tests/support/idle_sleep.py) and then starts the
+    zygotes every launched Python process is forked from (tests/support/preload), which inherit it."""
     if _is_controller(config):
+        import tempfile
+
+        import idle_sleep
         from preload import start
 
+        _IDLE_SLEEP_FOLDER.append(Path(tempfile.mkdtemp(prefix="sparse-dist-idle-sleep-")))
+        idle_sleep.install(_IDLE_SLEEP_FOLDER[0])
         _ZYGOTES.append(start.start())
 
 
@@ -27,6 +34,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         from preload import start
 
         start.stop(_ZYGOTES.pop())
+    if _is_controller(config) and _IDLE_SLEEP_FOLDER:
+        import shutil
+
+        shutil.rmtree(_IDLE_SLEEP_FOLDER.pop(), ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
