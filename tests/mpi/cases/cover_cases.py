@@ -129,7 +129,7 @@ def check_bytes(label: str, trainer: Trainer, records: list[dict], training_shap
 @dataclass
 class Cell:
     """One configuration of the sweep (:func:`cells`) on this rank, with ``reference``: what the caller's
-    reference run gave for the whole graph on this rank alone (made once per graph, model and layer-0 mode)."""
+    reference run gave for the whole graph on one rank (made once per graph, model and layer-0 mode)."""
 
     name: str
     data: dict
@@ -149,14 +149,16 @@ def cells(comm, grids: tuple[tuple[int, int], ...],
     """The directed graph and Cora x GCN and SAGE x layer 0 exchanged every epoch or fetched once x ``grids``
     (ranks, c), on the sub-communicator of the first ``ranks`` ranks (every rank enters each split; the cells a
     rank is not part of are skipped), uneven row groups with an empty one at 3 (:func:`counts_for`).
-    ``reference(alone, data, counts, base)`` runs the whole graph on ``alone``, a communicator of this rank only."""
+    ``reference(alone, data, counts, base)`` runs the whole graph on ``alone``, a communicator of rank 0 only;
+    every rank gets what it returned but its ``trainer`` (one run where each rank made its own copy)."""
     alone = comm.split(comm.rank, 0)
     for name, data in (("directed", directed()), ("cora", cora_data())):
         n = data["adjacency"].shape[0]
         for model in ("gcn", "sage"):
             for input_exchange in ("per-epoch", "once"):
                 base = dict(model=model, input_exchange=input_exchange, dropout_side="owner")
-                whole = reference(alone, data, [n], base)
+                made = reference(alone, data, [n], base) if comm.rank == 0 else {}
+                whole = comm.allgather_object({k: v for k, v in made.items() if k != "trainer"})[0]
                 shape = ModelShape((data["features"].shape[1], 16, data["classes"]), model, itemsize=8,
                                    input_once=input_exchange == "once")
                 for ranks, replication in grids:
