@@ -21,7 +21,15 @@ What differs from a fresh interpreter, and how the suite keeps it honest:
   the zygote's (:mod:`zygote_key`), or that runs ``-c``, starts as usual; so do the processes that work with
   their own pid, parent and descendants (``sitecustomize.SUPERVISING_MODULES`` and ``SUPERVISING_COMMANDS``).
   Signals keep their meaning: until the child installs a handler, SIGTERM forwarded to it ends it, as it would
-  end a fresh interpreter (the suite's SIGTERM-before-MPI tests pass either way).
+  end a fresh interpreter (the suite's SIGTERM-before-MPI tests pass either way);
+* the end (:func:`end_as_the_interpreter`): a program that returns or raises ``SystemExit`` ends as
+  ``Py_FinalizeEx`` begins (non-daemon threads joined, ``atexit`` handlers run, the standard streams flushed,
+  one garbage collection with its finalizers), finalises MPI as mpi4py would at its end, and then calls the C
+  library's ``exit`` (its handlers run; with ``os._exit`` instead, MPICH's launcher at times saw a 4-rank job's
+  ranks killed) with the status the interpreter would give, without tearing down its modules. With torch
+  loaded that teardown costs a process about 0.2 s of one core (from a 1-rank job's last line to its end 0.44
+  -> 0.25 s; 4 ranks 1.0 -> 0.53 s), and a suite starts about a thousand. A program that raises anything else
+  ends as usual.
 
 Each zygote ends when the process that started it ends (``PR_SET_PDEATHSIG``), and so does each child when its
 zygote ends.
@@ -211,10 +219,43 @@ def main() -> None:
 
     sys.argv = list(argv)
     sys.modules["__main__"] = types.ModuleType("__main__")  # a fresh one, as a new interpreter's
-    if kind == "module":
-        runpy._run_module_as_main(target, alter_argv=True)  # what ``python -m`` itself calls
+    try:
+        if kind == "module":
+            runpy._run_module_as_main(target, alter_argv=True)  # what ``python -m`` itself calls
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exit:
+        end_as_the_interpreter(exit.code)
+    end_as_the_interpreter(None)
+
+
+def end_as_the_interpreter(code: object) -> None:
+    """End as a fresh interpreter would after ``sys.exit(code)``, without its module teardown (never returns)."""
+    import atexit
+    import gc
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
     else:
-        runpy.run_path(target, run_name="__main__")
+        status = 1
+        if sys.stderr is not None:
+            print(code, file=sys.stderr)
+    threading._shutdown()  # non-daemon threads first, as Py_FinalizeEx does
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    gc.collect()
+    mpi = sys.modules.get("mpi4py.MPI")  # mpi4py finalises MPI at the very end of the teardown (Py_AtExit): here
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    ctypes.CDLL(None).exit(status)
 
 
 if __name__ == "__main__":
