@@ -33,7 +33,9 @@ def _limited() -> None:
 @pytest.mark.slow
 def test_the_campaign_reads_or_refuses_every_case_under_an_address_space_limit() -> None:
     env = {"SPARSE_DIST_FUZZ_CASES": str(CAMPAIGN_CASES), "SPARSE_DIST_FUZZ_SEED": str(CAMPAIGN_SEED),
-           "PATH": str(BIN), "OMP_NUM_THREADS": "1", "HOME": str(Path.home())}
+           "PATH": str(BIN), "OMP_NUM_THREADS": "1", "HOME": str(Path.home()),
+           # the campaign reads inputs in its own process: no launches, so no zygotes (eight torch imports)
+           "SPARSE_DIST_TEST_PRELOAD": "off", "SPARSE_DIST_TEST_IDLE_SLEEP": "off"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:xdist", "-p", "no:cacheprovider",
                              str(ROOT / "tests" / "unit" / "runners" / "test_fuzz_inputs.py")],
                             cwd=ROOT, env=env, preexec_fn=_limited, capture_output=True, text=True, timeout=1200)
