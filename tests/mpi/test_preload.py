@@ -1,7 +1,8 @@
 """The suite's launch preloader (tests/support/preload): a launched process forked from a zygote behaves as a
 fresh interpreter would where the suite can see it: its command line, directory, environment, umask and file
 descriptors, its exit status (a death by a signal included), signals sent to it, its death with its launcher,
-and distinct hash seeds for the ranks of one ``mpiexec`` job; and what must start as usual does."""
+distinct hash seeds for the ranks of one ``mpiexec`` job, and its end without the module teardown (the same
+status, output and MPI finalisation as a fresh interpreter's); and what must start as usual does."""
 
 from __future__ import annotations
 
@@ -130,3 +131,60 @@ def test_what_differs_at_import_time_or_runs_code_from_the_command_line_starts_a
                              preexec_fn=lambda: __import__("resource").setrlimit(
                                  __import__("resource").RLIMIT_NOFILE, (512, 512)))
     assert limited.returncode == 0 and not json.loads(limited.stdout)["forked"]
+
+
+ENDING = """
+import atexit, os, sys, threading, time
+parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
+open(os.environ["MARK"], "w").write(str(b"zygote.py" in parent))
+atexit.register(lambda: sys.stdout.write("atexit ran\\n"))
+threading.Thread(target=lambda: (time.sleep(0.3), sys.stdout.write("thread finished\\n"))).start()
+sys.stdout.write("no newline, buffered")
+if os.environ.get("WITH_MPI"):
+    from sparse_dist.comm import world
+    world().barrier()
+ending = os.environ["ENDING"]
+if ending != "return":
+    sys.exit(eval(ending))
+"""
+
+
+@pytest.mark.parametrize("ending", ["return", "None", "300", "'a message'", "True"])
+def test_a_forked_child_ends_as_a_fresh_interpreter_would(tmp_path: Path, ending: str) -> None:
+    """Its end skips the module teardown (zygote.end_as_the_interpreter) but keeps what a program sees: the
+    exit status of ``sys.exit`` (none, an int past 255, a message), atexit handlers, non-daemon threads joined,
+    buffered output flushed."""
+    script = _script(tmp_path, ENDING)
+    ends = {}
+    for preload in ("forked", "off"):
+        extra = {"ENDING": ending, "MARK": str(tmp_path / preload)}
+        if preload == "off":
+            extra["SPARSE_DIST_TEST_PRELOAD"] = "off"
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                                env=_env(**extra))
+        ends[preload] = (result.returncode, result.stdout, result.stderr)
+    assert (tmp_path / "forked").read_text() == "True" and (tmp_path / "off").read_text() == "False"
+    assert ends["forked"] == ends["off"]
+    assert "atexit ran" in ends["forked"][1] and "thread finished" in ends["forked"][1], ends
+
+
+def test_a_forked_job_finalises_mpi_and_says_nothing_a_fresh_job_would_not(tmp_path: Path) -> None:
+    """Two ranks that started MPI end with status 0 and the same output as fresh interpreters; and a real
+    command's ranks (``sparse-dist train``, whose whole teardown a fresh interpreter still runs) say nothing on
+    stderr either way."""
+    from datasets_for_tests import random_directed, write
+    from mpirun import BIN
+
+    script = _script(tmp_path, ENDING)
+    data = write(random_directed(n=60), tmp_path / "d", parts=2, partitioner="block")
+    train = [str(BIN / "sparse-dist"), "train", "--data", str(data), "--epochs", "2", "--hidden", "8",
+             "--print-every", "100", "--out", str(tmp_path / "r.jsonl")]
+    probe = {"ENDING": "return", "WITH_MPI": "1", "MARK": str(tmp_path / "mark")}
+    for argv, extra in (([sys.executable, str(script)], probe), (train, {})):
+        ends = {}
+        for preload in ("forked", "off"):
+            env = _env(**extra) if preload == "forked" else _env(SPARSE_DIST_TEST_PRELOAD="off", **extra)
+            result = run_with_timeout([mpiexec_path(), "-n", "2", *argv], timeout=120, env=env)
+            ends[preload] = (result.returncode, result.stderr)
+            assert result.returncode == 0, (preload, result.stdout, result.stderr)
+        assert ends["forked"] == ends["off"], ends
