@@ -149,6 +149,11 @@ if ending != "return":
 """
 
 
+def _forked_and_fresh(**extra: str) -> dict[str, dict[str, str]]:
+    """The environment of a launch forked from a zygote and of the same launch started afresh."""
+    return {"forked": _env(**extra), "off": _env(SPARSE_DIST_TEST_PRELOAD="off", **extra)}
+
+
 @pytest.mark.parametrize("ending", ["return", "None", "300", "'a message'", "True"])
 def test_a_forked_child_ends_as_a_fresh_interpreter_would(tmp_path: Path, ending: str) -> None:
     """Its end skips the module teardown (zygote.end_as_the_interpreter) but keeps what a program sees: the
@@ -157,11 +162,8 @@ def test_a_forked_child_ends_as_a_fresh_interpreter_would(tmp_path: Path, ending
     script = _script(tmp_path, ENDING)
     ends = {}
     for preload in ("forked", "off"):
-        extra = {"ENDING": ending, "MARK": str(tmp_path / preload)}
-        if preload == "off":
-            extra["SPARSE_DIST_TEST_PRELOAD"] = "off"
-        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                                env=_env(**extra))
+        env = _forked_and_fresh(ENDING=ending, MARK=str(tmp_path / preload))[preload]
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
         ends[preload] = (result.returncode, result.stdout, result.stderr)
     assert (tmp_path / "forked").read_text() == "True" and (tmp_path / "off").read_text() == "False"
     assert ends["forked"] == ends["off"]
@@ -169,9 +171,9 @@ def test_a_forked_child_ends_as_a_fresh_interpreter_would(tmp_path: Path, ending
 
 
 def test_a_forked_job_finalises_mpi_and_says_nothing_a_fresh_job_would_not(tmp_path: Path) -> None:
-    """Two ranks that started MPI end with status 0 and the same output as fresh interpreters; and a real
-    command's ranks (``sparse-dist train``, whose whole teardown a fresh interpreter still runs) say nothing on
-    stderr either way."""
+    """Two ranks that started MPI end with status 0 and the same stderr as fresh interpreters, and so do a real
+    command's ranks (``sparse-dist train``: whatever a fresh interpreter's whole teardown would say on stderr, a
+    forked child must say too)."""
     from datasets_for_tests import random_directed, write
     from mpirun import BIN
 
@@ -182,8 +184,7 @@ def test_a_forked_job_finalises_mpi_and_says_nothing_a_fresh_job_would_not(tmp_p
     probe = {"ENDING": "return", "WITH_MPI": "1", "MARK": str(tmp_path / "mark")}
     for argv, extra in (([sys.executable, str(script)], probe), (train, {})):
         ends = {}
-        for preload in ("forked", "off"):
-            env = _env(**extra) if preload == "forked" else _env(SPARSE_DIST_TEST_PRELOAD="off", **extra)
+        for preload, env in _forked_and_fresh(**extra).items():
             result = run_with_timeout([mpiexec_path(), "-n", "2", *argv], timeout=120, env=env)
             ends[preload] = (result.returncode, result.stderr)
             assert result.returncode == 0, (preload, result.stdout, result.stderr)
