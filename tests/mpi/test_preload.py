@@ -144,7 +144,9 @@ if os.environ.get("WITH_MPI"):
     from sparse_dist.comm import world
     world().barrier()
 ending = os.environ["ENDING"]
-if ending != "return":
+if ending.startswith("raise "):
+    exec(ending)
+elif ending != "return":
     sys.exit(eval(ending))
 """
 
@@ -154,11 +156,13 @@ def _forked_and_fresh(**extra: str) -> dict[str, dict[str, str]]:
     return {"forked": _env(**extra), "off": _env(SPARSE_DIST_TEST_PRELOAD="off", **extra)}
 
 
-@pytest.mark.parametrize("ending", ["return", "None", "300", "'a message'", "True"])
+@pytest.mark.parametrize("ending", ["return", "None", "300", "'a message'", "True", "raise RuntimeError('probe')",
+                                    "raise KeyboardInterrupt"])
 def test_a_forked_child_ends_as_a_fresh_interpreter_would(tmp_path: Path, ending: str) -> None:
-    """Its end skips the module teardown (zygote.end_as_the_interpreter) but keeps what a program sees: the
-    exit status of ``sys.exit`` (none, an int past 255, a message), atexit handlers, non-daemon threads joined,
-    buffered output flushed."""
+    """Its end skips the module teardown and the preloaded libraries' exit handlers
+    (zygote.end_as_the_interpreter) but keeps what a program sees: the exit status of ``sys.exit`` (none, an int
+    past 255, a message), an uncaught exception's traceback and status (a ``KeyboardInterrupt``'s death by
+    SIGINT), atexit handlers, non-daemon threads joined, buffered output flushed."""
     script = _script(tmp_path, ENDING)
     ends = {}
     for preload in ("forked", "off"):
