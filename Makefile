@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,mpich,pyg,emulate]'
 	$(BIN)/python -c 'from sparse_dist import dropout_kernel; dropout_kernel.warm_up()'  # numba's cache, once
+	$(BIN)/python -c 'import numpy, scipy.sparse; from sparse_dist import sampling_compiled as s; \
+	  [s.warm_up(scipy.sparse.csr_matrix((1, 1), dtype=t)) for t in (numpy.float32, numpy.float64)]'  # the sampler's
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -35,7 +35,7 @@ What differs from a fresh interpreter, and how the suite keeps it honest:
 * the preloaded modules' objects are frozen out of the collector (``gc.freeze``) before the first fork: a
   child's collections skip them instead of writing to every page of the zygote's heap (each write a
   copy-on-write fault). A forked 1-rank job that imports MPI, torch and sparse_dist and ends, every process it
-  starts together: 0.30 s of CPU with C's whole ``exit`` and no freeze, 0.21 s with the freeze, 0.10 s with
+  starts together: 0.30 s of CPU with C's whole ``exit`` and no freeze, 0.21 s with the freeze, 0.09 s with
   both (eight launches each).
 
 Each zygote ends when the process that started it ends (``PR_SET_PDEATHSIG``), and so does each child when its
