@@ -276,11 +276,14 @@ _EXIT_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_leave_after_the_childs_
 def _register_the_last_exit_handler() -> None:
     """Register :func:`_leave_after_the_childs_handlers` in the child before its program starts: C runs exit
     handlers last-registered first, so every handler the program's libraries add (MPICH's at ``MPI_Init``) runs
-    before it, and none the zygote's imports added (torch's) after it."""
-    register = ctypes.CDLL(None).__cxa_atexit
+    before it, and none the zygote's imports added (torch's) after it. Where the C library has no
+    ``__cxa_atexit`` (not glibc) or refuses it, nothing is registered and the child's ``exit`` runs every
+    handler, as before: a slower end, the same result."""
+    register = getattr(ctypes.CDLL(None), "__cxa_atexit", None)
+    if register is None:
+        return
     register.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    if register(ctypes.cast(_EXIT_HANDLER, ctypes.c_void_p), None, None) != 0:
-        raise OSError("could not register the zygote child's exit handler")
+    register(ctypes.cast(_EXIT_HANDLER, ctypes.c_void_p), None, None)
 
 
 def end_as_the_interpreter(code: object, interrupted: bool = False) -> None:
