@@ -45,6 +45,7 @@ zygote ends.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import select
@@ -60,10 +61,11 @@ from zygote_wire import receive_exactly  # noqa: E402
 del sys.path[0]
 PRELOADED = ("torch", "numpy", "scipy.sparse", "scipy.sparse.csgraph", "scipy.linalg", "numba", "mpi4py", "tqdm")
 _PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # the C library (prctl, __cxa_atexit, fflush, exit)
 
 
 def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _read_request(link: socket.socket) -> tuple[dict, list[int]]:
@@ -217,8 +219,6 @@ def main() -> None:
     key = json.dumps({"key": process_key()})  # before the imports: what a launched process has at its start
     for module in PRELOADED:
         __import__(module)
-    import gc
-
     gc.collect()
     gc.freeze()  # the children's collections leave the preloaded objects (and their pages) alone
     with open(os.path.join(folder, f"{name}.json.partial"), "w") as handle:
@@ -266,7 +266,7 @@ def _leave_after_the_childs_handlers(_: object) -> None:
     interpreter lives (it would crash after ``Py_FinalizeEx``); from any other ``exit`` (a library's own, with
     no status set) it returns and that ``exit`` goes on as usual."""
     if _EXIT_STATUS:
-        ctypes.CDLL(None).fflush(None)
+        _LIBC.fflush(None)
         os._exit(_EXIT_STATUS[0])
 
 
@@ -279,7 +279,7 @@ def _register_the_last_exit_handler() -> None:
     before it, and none the zygote's imports added (torch's) after it. Where the C library has no
     ``__cxa_atexit`` (not glibc) or refuses it, nothing is registered and the child's ``exit`` runs every
     handler, as before: a slower end, the same result."""
-    register = getattr(ctypes.CDLL(None), "__cxa_atexit", None)
+    register = getattr(_LIBC, "__cxa_atexit", None)
     if register is None:
         return
     register.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -290,8 +290,6 @@ def end_as_the_interpreter(code: object, interrupted: bool = False) -> None:
     """End as a fresh interpreter would after ``sys.exit(code)`` (or, ``interrupted``, after an uncaught
     ``KeyboardInterrupt``), without its module teardown (never returns)."""
     import atexit
-    import gc
-    import signal
     import threading
 
     if code is None:
@@ -319,7 +317,8 @@ def end_as_the_interpreter(code: object, interrupted: bool = False) -> None:
         os.kill(os.getpid(), signal.SIGINT)
         status = 128 + signal.SIGINT
     _EXIT_STATUS.append(status)
-    ctypes.CDLL(None).exit(status)
+    _LIBC.exit(status)
+
 
 if __name__ == "__main__":
     main()
