@@ -31,6 +31,20 @@ its peak and fragments: the resident set of a rank rose from 1.35-1.39 GiB to
 1.66-1.70 GiB after 5 epochs and went on growing by a 50 MB block now and
 then, to 1.81-2.18 GiB after 90 epochs. A job with memory to spare turns it
 on; a C library without ``mallopt`` (not glibc) is left alone.
+
+Kept memory is reused only by threads that allocate from the heap that kept
+it. glibc gives every further thread that allocates an arena of its own, whose
+blocks are trimmed and mapped afresh whatever the settings above: an exact
+evaluation run beside a step in a helper thread (``--overlap-evaluation``)
+page-faulted its 300 MB of layer outputs in again every time (from the
+receptive field, 200k synthetic, P = 2: 1.6-2.5 s with 1.3-2.1 s of system
+time, against 0.26 s from the main heap). So with ``keep`` every thread
+allocates from the main heap (``M_ARENA_MAX`` = 1; the helper and the step
+take turns, they never allocate at once). glibc fixes its arena limit when a
+second thread first allocates, so :func:`one_heap_where_kept` sets it at the
+entry point, before torch starts any thread; :func:`keep_freed_memory` sets
+it again for library callers, where it holds if no second thread has
+allocated yet.
 """
 
 from __future__ import annotations
@@ -38,13 +52,15 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from typing import Callable
 
 from sparse_dist.log import get_logger
 
 VARIABLE = "THP_MEM_ALLOC_ENABLE"
 FREED_VARIABLE = "SPARSE_DIST_FREED_MEMORY"  # keep, or release (the default)
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc's mallopt parameters (malloc.h)
 _kept = False
+_one_heap = False
 _log = get_logger(__name__)
 _KERNEL_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -53,6 +69,27 @@ def prefer_huge_pages() -> None:
     """Set ``THP_MEM_ALLOC_ENABLE=1`` unless the user chose a value (before torch is imported)."""
     if "torch" not in sys.modules:
         os.environ.setdefault(VARIABLE, "1")
+
+
+def _mallopt() -> Callable[[int, int], int] | None:
+    """The C library's ``mallopt``, or None where it has none (not glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt
+
+
+def one_heap_where_kept() -> bool:
+    """Where ``SPARSE_DIST_FREED_MEMORY=keep``: every thread allocates from the main heap (module docstring);
+    True when set. Call before any second thread allocates (the entry point does, before torch is imported)."""
+    global _one_heap
+    if os.environ.get(FREED_VARIABLE, "release") != "keep":
+        return False
+    mallopt = _mallopt()
+    _one_heap = _one_heap or (mallopt is not None and mallopt(_M_ARENA_MAX, 1) == 1)
+    return _one_heap
 
 
 def keep_freed_memory() -> bool:
@@ -65,19 +102,18 @@ def keep_freed_memory() -> bool:
                      choice)
     if choice != "keep":
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
-    except (OSError, AttributeError):
+    mallopt = _mallopt()
+    if mallopt is None:
         return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     _kept = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    one_heap_where_kept()  # holds where no second thread has allocated yet (a library caller)
     return _kept
 
 
 def freed_memory_state() -> str:
     """Whether freed memory is kept or returned, for results files (rank-local)."""
     if _kept:
-        return f"kept for reuse ({FREED_VARIABLE}=keep: no mmap, no trim)"
+        return f"kept for reuse ({FREED_VARIABLE}=keep: no mmap, no trim{', one heap' if _one_heap else ''})"
     if os.environ.get(FREED_VARIABLE, "release") == "keep":
         return f"returned to the kernel ({FREED_VARIABLE}=keep, but this C library has no mallopt)"
     return "returned to the kernel (the default)"

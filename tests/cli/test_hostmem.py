@@ -58,14 +58,19 @@ print(freed_memory_state(), "|", held - resident_mib())
 """
 
 
-def _returned_mib(value: str | None) -> tuple[str, int]:
-    """The probe's freed-memory state and how many MiB freeing a 64 MiB block gave back to the kernel."""
+def _probe(code: str, value: str | None) -> subprocess.CompletedProcess[str]:
+    """``code`` run in a fresh interpreter with ``SPARSE_DIST_FREED_MEMORY`` set to ``value`` (unset for None)."""
     env = {key: val for key, val in os.environ.items() if key != "SPARSE_DIST_FREED_MEMORY"}
     if value is not None:
         env["SPARSE_DIST_FREED_MEMORY"] = value
-    result = subprocess.run([sys.executable, "-c", REUSE_PROBE], capture_output=True, text=True, timeout=120,
-                            env=env)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def _returned_mib(value: str | None) -> tuple[str, int]:
+    """The probe's freed-memory state and how many MiB freeing a 64 MiB block gave back to the kernel."""
+    result = _probe(REUSE_PROBE, value)
     state, returned = result.stdout.strip().rsplit("|", 1)
     return state.strip(), int(returned)
 
@@ -78,3 +83,37 @@ def test_freed_memory_is_returned_by_default_and_kept_on_request() -> None:
     assert default_state == "returned to the kernel (the default)", default_state
     assert default_returned >= 60, default_returned  # the block's pages go back when it is freed
     assert kept_returned <= 4, kept_returned  # they stay, for the next block of that size
+
+
+THREAD_PROBE = """
+import ctypes, threading
+from sparse_dist.hostmem import freed_memory_state, one_heap_where_kept
+one_heap_where_kept()  # as the entry point does, before torch
+import torch
+from sparse_dist.hostmem import keep_freed_memory
+keep_freed_memory()
+def helper():
+    block = torch.ones(16 << 20)  # 64 MiB, from the heap this thread allocates from
+    del block
+for _ in range(2):  # a new thread each time, as each evaluation beside a step gets
+    thread = threading.Thread(target=helper)
+    thread.start()
+    thread.join()
+print(freed_memory_state(), flush=True)
+ctypes.CDLL(None).malloc_stats()  # glibc: one "Arena N:" paragraph per heap, on stderr
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+@pytest.mark.parametrize("value", ["keep", None])
+def test_helper_threads_allocate_from_the_heap_that_keeps_freed_memory(value: str | None) -> None:
+    """With keep every thread allocates from the main heap, which keeps what they free for the next one (an
+    evaluation beside a step runs in a new helper thread each time); released, each helper gets a heap of its
+    own as glibc's default gives."""
+    result = _probe(THREAD_PROBE, value)
+    heaps = [line for line in result.stderr.splitlines() if line.startswith("Arena ")]
+    if value == "keep":
+        assert result.stdout.strip().endswith("no mmap, no trim, one heap)"), result.stdout
+        assert heaps == ["Arena 0:"], result.stderr
+    else:
+        assert len(heaps) >= 2, result.stderr
