@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,9 @@ from algorithms.dropout import GlobalRowDropout
 from algorithms.layers import LAYER_TYPES, ExchangeContext, LayerOptions, SpMM, glorot, layer_type
 from sparse_dist.accounting import ComputeTimer
 from sparse_dist.halo import StaticHalo
+
+if TYPE_CHECKING:  # annotations only
+    from sparse_dist.receptive_field import ReceptiveField
 
 MODEL_KINDS: tuple[str, ...] = tuple(LAYER_TYPES)
 """The built-in layer kinds (for ``choices=``); layers registered later are in ``LAYER_TYPES``."""
@@ -197,6 +201,28 @@ class GraphModel(nn.Module):
                 h = layer(h, operator, context, scale)
             if trace is not None:
                 trace.append(h.detach())
+        return h
+
+    def forward_on_field(self, field: ReceptiveField, epoch: int, first_product: torch.Tensor | None = None
+                         ) -> torch.Tensor:
+        """This rank's exact output rows (``n_g x F_L``, no dropout) from its receptive field held locally
+        (:class:`~sparse_dist.receptive_field.ReceptiveField`): layer ``l`` takes the field's ``S_l`` rows (own
+        rows first, its self term reads them) and gives ``S_{l+1}``'s. ``first_product``: layer 0's ``Â X`` over
+        the field, kept by a caller whose first layer sees its input only through the product (one GEMM then).
+        Local: nothing is exchanged."""
+        h = field.inputs
+        for index, layer in enumerate(self.layers):
+            if layer.takes_operator:
+                raise ValueError(f"the {layer.kind} layer multiplies through its operator's exchanged rows; an "
+                                 "evaluation over the receptive field multiplies by the field's Â alone")
+            if index > 0:
+                h = self._activate(h, self.layers[index - 1].activation, index, None, in_place=True)
+            context = ExchangeContext(epoch=epoch, layer=index, training=False,
+                                      halo_rows=field.sizes[index] - field.sizes[index + 1])
+            if index == 0 and first_product is not None:
+                h = layer(first_product, _as_is, context, 1.0)
+            else:
+                h = layer(h, lambda rows, _context, at=index: field.multiply(at, rows), context, 1.0)
         return h
 
     def _mask_free_after_halo(self, x: torch.Tensor, halo: StaticHalo, epoch: int) -> Callable[[], torch.Tensor]:

@@ -161,10 +161,12 @@ def _exchange_arguments(parser: argparse._ActionsContainer) -> None:
                              "vertex cover: rows of H and partial sums, never more than p2p, exact; "
                              "docs/guide/plans.md) (default: %(default)s)")
     parser.add_argument("--evaluation-plan", choices=EVALUATION_PLANS, default="same",
-                        help="what exact evaluations exchange on: same (--plan's) or cover (built at set-up beside "
+                        help="what exact evaluations exchange on: same (--plan's), cover (built at set-up beside "
                              "--plan: exact, 0.70x p2p's evaluation bytes on the 200k synthetic at P = 2, for "
-                             "the sampling policies cover refuses in training; gcn and sage; docs/guide/plans.md) "
-                             "(default: %(default)s)")
+                             "the sampling policies cover refuses in training) or field (nothing: each rank "
+                             "gathers its rows' receptive field once and evaluates alone, trading an evaluation's "
+                             "bytes for compute and memory on the field; for slow links); gcn and sage; "
+                             "docs/guide/plans.md (default: %(default)s)")
     parser.add_argument("--grid", default=None, metavar="X,Y,Z",
                         help="train over a process grid of X x Y x Z = P ranks instead of a 1D plan: every matrix "
                              "in blocks, allreduces along the grid's axes, exact; gcn and sage "

@@ -28,6 +28,7 @@ from algorithms.static_input import (HaloBudgetError, choose_input_exchange, eva
                                      receiver_side)
 from algorithms.training.bit_widths import BitWidthWork
 from algorithms.training.config import PROGRESS_MODES, TrainConfig, evaluation_plan_refusal
+from algorithms.training.field_evaluation import FieldEvaluation
 from algorithms.training.graph import LocalGraph, scaled_features, wire_rows
 from algorithms.training.guard import Guard
 from algorithms.training.steering import EvaluationSteering
@@ -59,6 +60,8 @@ class TrainingRun:
         dims = self._operator(sampler, rule)
         self._data()
         self._layer_input(sampler, dims)
+        # evaluations from the receptive field held here (evaluation_plan "field"): gathered once, collective
+        self.field = FieldEvaluation(self) if config.evaluation_plan == "field" else None
         self.work: list[EpochWork] = []
         self.build_work(((config.sample, sampler), (config.stale, rule)))
         self.optimizer = self._optimizer()
@@ -144,13 +147,14 @@ class TrainingRun:
         """What exact evaluations multiply with: the training operator, or (``evaluation_plan`` cover where the run
         trains on another plan) an exact cover-plan operator over the same matrix, built here (collective over
         the replica column: the covers' set-up). Its evaluations move the cover's rows, never more than p2p's;
-        training, its policies and its bytes stay the training plan's."""
+        training, its policies and its bytes stay the training plan's. (``field`` evaluations multiply locally,
+        :class:`~algorithms.training.field_evaluation.FieldEvaluation`.)"""
         config = self.config
         attention = self.model.needs_source_ids or any(layer.takes_operator for layer in self.model.layers)
         problem = evaluation_plan_refusal(config.evaluation_plan, config.model, attention)
         if problem:
             raise ValueError(problem)
-        if config.evaluation_plan == "same" or config.evaluation_plan == config.plan:
+        if config.evaluation_plan in ("same", "field", config.plan):  # field: no operator, see FieldEvaluation
             return self.spmm
         return DistSpMM(self.matrix, config.evaluation_plan, dtype=self.dtype, device=self.device)
 
@@ -161,8 +165,16 @@ class TrainingRun:
 
     @property
     def evaluation_plan_setup_seconds(self) -> float | None:
-        """This rank's seconds building the evaluations' own plan (``evaluation_plan``), None without one."""
+        """This rank's seconds building the evaluations' own plan (``evaluation_plan``: the cover's, or gathering
+        the receptive field), None without one."""
+        if self.field is not None:
+            return self.field.setup_seconds
         return self.evaluation_spmm.plan.setup_seconds if self.evaluation_spmm is not self.spmm else None
+
+    def evaluation_memory(self) -> dict[str, int] | None:
+        """What this rank keeps for exact evaluations beyond training's (the receptive field's rows and bytes,
+        :meth:`FieldEvaluation.memory`), or None where evaluations keep nothing of their own."""
+        return self.field.memory() if self.field is not None else None
 
     def _data(self) -> None:
         """Labels, split masks, the training rows and the global count of each split (collective)."""

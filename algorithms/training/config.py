@@ -13,8 +13,9 @@ from sparse_dist.plans import plan_class
 
 PROGRESS_MODES: tuple[str, ...] = ("auto", "test", "thread", "none")
 """How outstanding pipelined exchanges progress while the rank computes (see :class:`TrainConfig.progress`)."""
-EVALUATION_PLANS: tuple[str, ...] = ("same", "cover")
-"""The plans exact evaluations may exchange on (:class:`TrainConfig.evaluation_plan`): the run's own, or ``cover``."""
+EVALUATION_PLANS: tuple[str, ...] = ("same", "cover", "field")
+"""How exact evaluations get their rows (:class:`TrainConfig.evaluation_plan`): exchanged on the run's own plan or
+on ``cover``, or ``field``: from the receptive field each rank gathers once (no exchange per evaluation)."""
 
 
 def evaluation_plan_refusal(evaluation_plan: str, model: str, attention: bool) -> str | None:
@@ -23,6 +24,9 @@ def evaluation_plan_refusal(evaluation_plan: str, model: str, attention: bool) -
     and the trainer ask it alike."""
     if evaluation_plan not in EVALUATION_PLANS:
         return f"--evaluation-plan must be one of {', '.join(EVALUATION_PLANS)}, got {evaluation_plan!r}"
+    if evaluation_plan == "field":
+        return (f"--evaluation-plan field multiplies by the held rows of Â alone, but attention ({model}) weighs each "
+                "edge by its rows' scores through its operator: use --evaluation-plan same") if attention else None
     if evaluation_plan != "same" and plan_class(evaluation_plan).run_refusal(attention=attention):
         return (f"--evaluation-plan {evaluation_plan} sends partial sums, but attention ({model}) weighs each edge "
                 "by its source row itself: use --evaluation-plan same")
@@ -48,7 +52,8 @@ class TrainConfig:
     seed: int = 0
     plan: str = "p2p"
     evaluation_plan: str = "same"  # what exact evaluations exchange on: "same" (``plan``) or "cover" (exact, fewer
-                                   # rows; built beside ``plan`` where that is another, for policies cover refuses)
+                                   # rows; built beside ``plan`` where that is another, for policies cover refuses),
+                                   # or "field": none, each rank holds its receptive field (gathered at set-up)
     replication: int = 1
     feature_norm: str = "row"  # "row": divide each feature row by its sum; "none"
     dtype: str = "float32"

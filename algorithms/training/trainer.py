@@ -56,6 +56,8 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
     def forward(self, training: bool, *, bypass_policy: bool = False,
                 trace: list[torch.Tensor] | None = None) -> torch.Tensor:
         """This rank's logits for the current epoch (collective); see :meth:`GraphModel.forward`."""
+        if not training and self.field is not None:  # from the receptive field held here: no exchange
+            return self.field.logits(self.model, self.epoch)
         halo, layer_input = self.halo, self.layer_input
         if training and not bypass_policy:
             for work in self.work:  # e.g. psc's cached rows of X (collective), dgs' feature columns

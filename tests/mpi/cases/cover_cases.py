@@ -145,22 +145,23 @@ class Cell:
 
 
 def cells(comm, grids: tuple[tuple[int, int], ...],
-          reference: Callable[[Any, dict, list[int], dict], dict]) -> Iterator[Cell]:
+          reference: Callable[[Any, dict, list[int], dict], dict], layers: int = 2) -> Iterator[Cell]:
     """The directed graph and Cora x GCN and SAGE x layer 0 exchanged every epoch or fetched once x ``grids``
     (ranks, c), on the sub-communicator of the first ``ranks`` ranks (every rank enters each split; the cells a
     rank is not part of are skipped), uneven row groups with an empty one at 3 (:func:`counts_for`).
     ``reference(alone, data, counts, base)`` runs the whole graph on ``alone``, a communicator of rank 0 only;
-    every rank gets what it returned but its ``trainer`` (one run where each rank made its own copy)."""
+    every rank gets what it returned but its ``trainer`` (one run where each rank made its own copy). ``layers``:
+    the model's (hidden width 16)."""
     alone = comm.split(comm.rank, 0)
     for name, data in (("directed", directed()), ("cora", cora_data())):
         n = data["adjacency"].shape[0]
         for model in ("gcn", "sage"):
             for input_exchange in ("per-epoch", "once"):
-                base = dict(model=model, input_exchange=input_exchange, dropout_side="owner")
+                base = dict(model=model, input_exchange=input_exchange, dropout_side="owner", layers=layers)
                 made = reference(alone, data, [n], base) if comm.rank == 0 else {}
                 whole = comm.allgather_object({k: v for k, v in made.items() if k != "trainer"})[0]
-                shape = ModelShape((data["features"].shape[1], 16, data["classes"]), model, itemsize=8,
-                                   input_once=input_exchange == "once")
+                widths = (data["features"].shape[1], *[16] * (layers - 1), data["classes"])
+                shape = ModelShape(widths, model, itemsize=8, input_once=input_exchange == "once")
                 for ranks, replication in grids:
                     sub = comm.split(0 if comm.rank < ranks else 1, comm.rank)
                     if comm.rank < ranks:

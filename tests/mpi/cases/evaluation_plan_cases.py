@@ -39,10 +39,11 @@ EPOCHS = 3
 
 
 def run_one(comm, data: dict, counts: list[int], group: int, **config) -> dict:
-    """Logits and metrics of an evaluation before and after ``EPOCHS`` sampled epochs, and the epochs' records."""
+    """Logits and metrics of an evaluation before and after ``EPOCHS`` sampled epochs, the epochs' records and
+    what building the run moved."""
     graph = local_graph(data, RowLayout.from_counts(counts), group, data["classes"], "evaluation-plan")
     trainer = Trainer(comm, graph, TrainConfig(dtype="float64", epochs=EPOCHS, sample="bns:keep=0.5", **config))
-    out: dict = {"trainer": trainer}
+    out: dict = {"trainer": trainer, "setup": trainer.setup_bytes}
     with torch.no_grad():
         out["logits"] = trainer.forward(training=False).detach().clone()
     out["records"] = [trainer.train_epoch() for _ in range(EPOCHS)]
@@ -64,12 +65,11 @@ def expected_evaluation(trainer: Trainer, shape: ModelShape) -> np.ndarray:
     return total
 
 
-def check(label: str, got: dict, same: dict, alone: dict, rows: slice, shape: ModelShape,
-          failures: list[str]) -> None:
-    trainer = got["trainer"]
-    if trainer.evaluation_spmm is trainer.spmm or trainer.evaluation_spmm.plan.name != "cover":
-        failures.append(f"{label}: the evaluation has no cover plan of its own")
-        return
+def same_evaluations_and_training(label: str, got: dict, same: dict, alone: dict, rows: slice,
+                                  failures: list[str]) -> None:
+    """What every evaluation plan keeps: logits before training equal one process's, training is the same-plan
+    run's bitwise (losses, bytes, final weights), and the evaluation after it equals that run's (logits to
+    rounding, metrics)."""
     if not close(got["logits"], alone["logits"][rows]):
         failures.append(f"{label}: logits before training differ from one process by "
                         f"{(got['logits'] - alone['logits'][rows]).abs().max():.2e}")
@@ -87,6 +87,15 @@ def check(label: str, got: dict, same: dict, alone: dict, rows: slice, shape: Mo
         failures.append(f"{label}: logits after training differ by {(got['after'] - same['after']).abs().max():.2e}")
     if got["metrics"] != same["metrics"]:
         failures.append(f"{label}: metrics {got['metrics']} != the same-plan run's {same['metrics']}")
+
+
+def check(label: str, got: dict, same: dict, alone: dict, rows: slice, shape: ModelShape,
+          failures: list[str]) -> None:
+    trainer = got["trainer"]
+    if trainer.evaluation_spmm is trainer.spmm or trainer.evaluation_spmm.plan.name != "cover":
+        failures.append(f"{label}: the evaluation has no cover plan of its own")
+        return
+    same_evaluations_and_training(label, got, same, alone, rows, failures)
     rank = trainer.comm.rank
     counted = (got["eval_bytes"]["forward"]["sent"], got["eval_bytes"]["forward"]["recv"])
     want = tuple(int(x) for x in expected_evaluation(trainer, shape)[rank])

@@ -1,0 +1,68 @@
+"""Exact evaluations from the receptive field each rank holds (``evaluation_plan="field"``): no exchange per
+evaluation.
+
+At set-up every rank gathers the rows of ``Â`` and ``X`` its own rows' outputs depend on through the model's
+layers (:class:`~sparse_dist.receptive_field.ReceptiveField`); an evaluation then computes its own rows' logits
+from them with the replicated weights (:meth:`GraphModel.forward_on_field`), so it moves nothing but the
+accuracy counts' allreduce. The logits are an exact forward's (the same products, partial sums added in another
+order: equal to rounding), so every metric a run reports is an exact evaluation's. The price is compute on the
+field's outer rings, every evaluation, and the field's memory (:meth:`FieldEvaluation.memory`).
+
+Where a layer sees its input only through ``Â X`` (GCN), layer 0's product over the field is made once here and
+kept instead of ``X``'s rows (an evaluation's layer 0 is one GEMM), as the static input's halo does for the
+exchanging evaluation (:meth:`StaticHalo.aggregate`).
+
+Collective: construction (the field's pulls, over the replica column).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from sparse_dist.receptive_field import ReceptiveField
+
+if TYPE_CHECKING:
+    from algorithms.training.assembly import TrainingRun
+
+_log = logging.getLogger(__name__)
+
+
+class FieldEvaluation:
+    """This rank's receptive field and what an evaluation reads of it (module docstring)."""
+
+    def __init__(self, run: TrainingRun) -> None:
+        start = time.perf_counter()
+        halo = run.halo
+        held = (halo.halo_ids, halo.values[halo.own_count:]) if halo is not None else None
+        model = run.model
+        self.field = ReceptiveField(run.spmm.plan.col_comm, run.graph.layout, run.group, run.normalized,
+                                    model.num_layers, run.features, run.spmm.plan.products, held=held,
+                                    wire=run.wire_rows())
+        self.first_product: torch.Tensor | None = None
+        if model.layers[0].input_only_through_product:
+            with torch.no_grad():
+                self.first_product = self.field.multiply(0, self.field.inputs)
+            self.field.drop_inputs()
+        self.setup_seconds = time.perf_counter() - start
+        _log.info("receptive field: %s rows per layer input (own %d), gathered in %.2f s",
+                  self.field.sizes, self.field.sizes[-1], self.setup_seconds)
+
+    @torch.no_grad()
+    def logits(self, model: torch.nn.Module, epoch: int) -> torch.Tensor:
+        """This rank's exact logits (``n_g x C``) of ``model``'s current weights (local)."""
+        return model.forward_on_field(self.field, epoch, self.first_product)
+
+    def memory(self) -> dict[str, int]:
+        """Rows and bytes the field keeps on this rank (:meth:`ReceptiveField.memory`, with layer 0's kept product)."""
+        kept = self.field.memory()
+        if self.first_product is not None:
+            kept["input_bytes"] += self.first_product.numel() * self.first_product.element_size()
+        return kept
+
+    def sizes(self) -> list[int]:
+        return list(np.asarray(self.field.sizes).tolist())
