@@ -203,26 +203,39 @@ class GraphModel(nn.Module):
                 trace.append(h.detach())
         return h
 
-    def forward_on_field(self, field: ReceptiveField, epoch: int, first_product: torch.Tensor | None = None
-                         ) -> torch.Tensor:
-        """This rank's exact output rows (``n_g x F_L``, no dropout) from its receptive field held locally
+    def forward_on_field(self, field: ReceptiveField, *, first_row: int, epoch: int, training: bool = False,
+                         first_product: torch.Tensor | None = None,
+                         trace: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """This rank's exact output rows (``n_g x F_L``) from its receptive field held locally
         (:class:`~sparse_dist.receptive_field.ReceptiveField`): layer ``l`` takes the field's ``S_l`` rows (own
-        rows first, its self term reads them) and gives ``S_{l+1}``'s. ``first_product``: layer 0's ``Â X`` over
-        the field, kept by a caller whose first layer sees its input only through the product (one GEMM then).
-        Local: nothing is exchanged."""
+        rows first, its self term reads them) and gives ``S_{l+1}``'s. ``training``: with ``epoch``'s dropout
+        masks (an exact reference of a training step: every row of a layer's input masked by its global id, as its
+        owner masks it; the same product on either dropout side), else none. ``first_product``: layer 0's ``Â X``
+        over the field, kept by a caller whose first layer sees its input only through the product (one GEMM
+        where no mask applies). ``trace``: each layer's own output rows, as :meth:`forward`'s. Local: nothing
+        is exchanged."""
+        dropout = (GlobalRowDropout(self.dropout, self.seed, epoch, first_row) if training and self.dropout > 0
+                   else None)
+        scale = dropout.scale if dropout is not None else 1.0
+        own = field.sizes[-1]
         h = field.inputs
         for index, layer in enumerate(self.layers):
             if layer.takes_operator:
-                raise ValueError(f"the {layer.kind} layer multiplies through its operator's exchanged rows; an "
-                                 "evaluation over the receptive field multiplies by the field's Â alone")
+                raise ValueError(f"the {layer.kind} layer multiplies through its operator's exchanged rows; a "
+                                 "forward over the receptive field multiplies by the field's Â alone")
             if index > 0:
-                h = self._activate(h, self.layers[index - 1].activation, index, None, in_place=True)
+                h = self._activate(h, self.layers[index - 1].activation, index, None,
+                                   in_place=dropout is None and trace is None)
+            if dropout is not None:
+                h = dropout.drop(h, index, field.ids[own:field.sizes[index]])
             context = ExchangeContext(epoch=epoch, layer=index, training=False,
                                       halo_rows=field.sizes[index] - field.sizes[index + 1])
-            if index == 0 and first_product is not None:
+            if index == 0 and first_product is not None and dropout is None:
                 h = layer(first_product, _as_is, context, 1.0)
             else:
-                h = layer(h, lambda rows, _context, at=index: field.multiply(at, rows), context, 1.0)
+                h = layer(h, lambda rows, _context, at=index: field.multiply(at, rows), context, scale)
+            if trace is not None:
+                trace.append(h[:own].detach())
         return h
 
     def _mask_free_after_halo(self, x: torch.Tensor, halo: StaticHalo, epoch: int) -> Callable[[], torch.Tensor]:

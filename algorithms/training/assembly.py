@@ -60,8 +60,6 @@ class TrainingRun:
         dims = self._operator(sampler, rule)
         self._data()
         self._layer_input(sampler, dims)
-        # evaluations from the receptive field held here (evaluation_plan "field"): gathered once, collective
-        self.field = FieldEvaluation(self) if config.evaluation_plan == "field" else None
         self.work: list[EpochWork] = []
         self.build_work(((config.sample, sampler), (config.stale, rule)))
         self.optimizer = self._optimizer()
@@ -73,6 +71,11 @@ class TrainingRun:
                                             self.global_counts["val"], config.guard_drop, config.guard_warmup,
                                             self.graph.multilabel)
                          if config.steer_evaluation else None)
+        # evaluations (and, with dropout, the exact references the guard's bias signal and the audit read) from the
+        # receptive field held here (evaluation_plan "field"): gathered once, collective
+        self.field = (FieldEvaluation(self, references=config.dropout > 0 and (config.audit_every > 0
+                                                                            or self.guard.reads_references))
+                      if config.evaluation_plan == "field" else None)
         self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}
 

@@ -224,6 +224,11 @@ class Guard:
         every = self.budget.every(self.state)
         return self._bias_on() and bool(every) and epoch % every == 0
 
+    @property
+    def reads_references(self) -> bool:
+        """Whether the bias signal may read exact reference forwards in this run (as it starts)."""
+        return self._bias_on()
+
     def _bias_on(self) -> bool:
         """Whether the bias signal acts: the guard on, the run not yet exact, ``--guard-bias`` not off."""
         return self.on and not self.state.exact and self.settings.bias != "off"

@@ -56,8 +56,9 @@ class Trainer(checkpoint_state.CheckpointState, TrainingRun):
     def forward(self, training: bool, *, bypass_policy: bool = False,
                 trace: list[torch.Tensor] | None = None) -> torch.Tensor:
         """This rank's logits for the current epoch (collective); see :meth:`GraphModel.forward`."""
-        if not training and self.field is not None:  # from the receptive field held here: no exchange
-            return self.field.logits(self.model, self.epoch)
+        field = self.field
+        if field is not None and (not training or (bypass_policy and field.takes_references)):
+            return field.logits(self.model, self.epoch, training, trace)  # from the field held here: no exchange
         halo, layer_input = self.halo, self.layer_input
         if training and not bypass_policy:
             for work in self.work:  # e.g. psc's cached rows of X (collective), dgs' feature columns

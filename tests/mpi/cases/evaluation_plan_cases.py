@@ -51,6 +51,10 @@ def run_one(comm, data: dict, counts: list[int], group: int, **config) -> dict:
     with torch.no_grad():
         out["after"] = trainer.forward(training=False).detach().clone()
     out["metrics"] = trainer.measured_evaluation()
+    out["reference_trace"] = []
+    with torch.no_grad():  # the exact reference of the next step (the guard's bias signal, the audit)
+        out["reference"] = trainer.forward(training=True, bypass_policy=True,
+                                           trace=out["reference_trace"]).detach().clone()
     out["eval_bytes"] = trainer.eval_bytes
     return out
 
@@ -68,8 +72,8 @@ def expected_evaluation(trainer: Trainer, shape: ModelShape) -> np.ndarray:
 def same_evaluations_and_training(label: str, got: dict, same: dict, alone: dict, rows: slice,
                                   failures: list[str]) -> None:
     """What every evaluation plan keeps: logits before training equal one process's, training is the same-plan
-    run's bitwise (losses, bytes, final weights), and the evaluation after it equals that run's (logits to
-    rounding, metrics)."""
+    run's bitwise (losses, bytes, final weights), the evaluation after it equals that run's (logits to rounding,
+    metrics), and so does the exact reference of the next step (every layer, with its dropout masks)."""
     if not close(got["logits"], alone["logits"][rows]):
         failures.append(f"{label}: logits before training differ from one process by "
                         f"{(got['logits'] - alone['logits'][rows]).abs().max():.2e}")
@@ -87,6 +91,10 @@ def same_evaluations_and_training(label: str, got: dict, same: dict, alone: dict
         failures.append(f"{label}: logits after training differ by {(got['after'] - same['after']).abs().max():.2e}")
     if got["metrics"] != same["metrics"]:
         failures.append(f"{label}: metrics {got['metrics']} != the same-plan run's {same['metrics']}")
+    for layer, (a, b) in enumerate(zip(got["reference_trace"], same["reference_trace"], strict=True)):
+        if not close(a, b):
+            failures.append(f"{label}: the exact reference's layer {layer} differs from the same-plan run's by "
+                            f"{(a - b).abs().max():.2e}")
 
 
 def check(label: str, got: dict, same: dict, alone: dict, rows: slice, shape: ModelShape,

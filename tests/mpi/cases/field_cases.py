@@ -11,7 +11,9 @@ of ``X``) and exchanged every epoch (it pulls them all), training sampled with `
 * the evaluation's logits before training equal one process's exact forward (rtol 1e-9);
 * training is the training plan's: every epoch's loss and forward/backward bytes, and the weights after the
   last epoch, bitwise those of the same run evaluated on its own plan;
-* after training the field's logits equal that run's exchanged evaluation (rtol 1e-9) and so do its metrics;
+* after training the field's logits equal that run's exchanged evaluation (rtol 1e-9) and so do its metrics,
+  and so does the exact reference of the next step (the guard's bias signal and the audit read it from the
+  field, with that step's dropout masks), layer by layer;
 * an evaluation moves no forward or backward bytes, and the set-up's rows of ``Â`` and ``X`` are those counted here:
   16 bytes per entry (an int32 column and a float64 value), 8 per row length, and ``X``'s rows not in the
   static halo at the wire's width.
@@ -55,8 +57,8 @@ def check(label: str, got: dict, same: dict, alone: dict, rows: slice, data: dic
           failures: list[str]) -> None:
     trainer = got["trainer"]
     field = trainer.field.field if trainer.field is not None else None
-    if field is None:
-        failures.append(f"{label}: the run holds no receptive field")
+    if field is None or not trainer.field.takes_references:
+        failures.append(f"{label}: the run holds no receptive field, or reads no references from it")
         return
     parts = expected_field(data["adjacency"], rows.start, rows.stop, layers)
     if not np.array_equal(field.ids, np.concatenate(parts)):
