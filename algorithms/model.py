@@ -213,7 +213,11 @@ class GraphModel(nn.Module):
         owner masks it; the same product on either dropout side), else none. ``first_product``: layer 0's ``Â X``
         over the field, kept by a caller whose first layer sees its input only through the product (one GEMM
         where no mask applies). ``trace``: each layer's own output rows, as :meth:`forward`'s. Local: nothing
-        is exchanged."""
+        is exchanged. Without autograd (a caller's ``no_grad``): activations and masks write over each layer's
+        output, which the model alone holds, so a forward over the field allocates about two layers' rows."""
+        if torch.is_grad_enabled():
+            raise ValueError("a forward over the receptive field writes over its layer outputs: call it under "
+                             "torch.no_grad()")
         dropout = (GlobalRowDropout(self.dropout, self.seed, epoch, first_row) if training and self.dropout > 0
                    else None)
         scale = dropout.scale if dropout is not None else 1.0
@@ -223,11 +227,11 @@ class GraphModel(nn.Module):
             if layer.takes_operator:
                 raise ValueError(f"the {layer.kind} layer multiplies through its operator's exchanged rows; a "
                                  "forward over the receptive field multiplies by the field's Â alone")
-            if index > 0:
-                h = self._activate(h, self.layers[index - 1].activation, index, None,
-                                   in_place=dropout is None and trace is None)
-            if dropout is not None:
-                h = dropout.drop(h, index, field.ids[own:field.sizes[index]])
+            if index > 0:  # h is this forward's own layer output (a trace keeps a copy): written over
+                h = self._activate(h, self.layers[index - 1].activation, index, None, in_place=True)
+            if dropout is not None:  # no autograd here: a layer's own output is masked in place (less memory)
+                rows = field.ids[own:field.sizes[index]]
+                h = dropout.drop(h, index, rows) if index == 0 else h.mul_(dropout.mask(index, h, rows))
             context = ExchangeContext(epoch=epoch, layer=index, training=False,
                                       halo_rows=field.sizes[index] - field.sizes[index + 1])
             if index == 0 and first_product is not None and dropout is None:
@@ -235,7 +239,7 @@ class GraphModel(nn.Module):
             else:
                 h = layer(h, lambda rows, _context, at=index: field.multiply(at, rows), context, scale)
             if trace is not None:
-                trace.append(h[:own].detach())
+                trace.append(h[:own].clone())
         return h
 
     def _mask_free_after_halo(self, x: torch.Tensor, halo: StaticHalo, epoch: int) -> Callable[[], torch.Tensor]:

@@ -59,8 +59,8 @@ class ReceptiveField:
     rows (``inputs``, ``sizes[0] x F``)."""
 
     def __init__(self, comm: Communicator, layout: RowLayout, group: int, rows: sp.csr_matrix, layers: int,
-                 own_inputs: torch.Tensor, products: BlockProducts, *, held: tuple[np.ndarray, torch.Tensor] | None = None,
-                 wire: WireRows | None = None) -> None:
+                 own_inputs: torch.Tensor, products: BlockProducts, *,
+                 held: tuple[np.ndarray, torch.Tensor] | None = None, wire: WireRows | None = None) -> None:
         """Gather the field (collective over ``comm``, the replica column: ``layout.parts == comm.size``).
 
         ``rows``: this row group's rows of ``Â`` (global column ids, float64 CSR); ``own_inputs``: its rows of
@@ -146,7 +146,8 @@ class ReceptiveField:
         ring = rows[own_inputs.shape[0]:]
         device = own_inputs.device
         if held is not None and found.any():
-            ring[torch.from_numpy(np.flatnonzero(found)).to(device)] = held[1][torch.from_numpy(where[found]).to(device)]
+            taken = torch.from_numpy(where[found]).to(device)
+            ring[torch.from_numpy(np.flatnonzero(found)).to(device)] = held[1][taken]
         if missing.size:
             ring[torch.from_numpy(np.flatnonzero(~found)).to(device)] = pulled
         return rows

@@ -73,8 +73,9 @@ class TrainingRun:
                          if config.steer_evaluation else None)
         # evaluations (and, with dropout, the exact references the guard's bias signal and the audit read) from the
         # receptive field held here (evaluation_plan "field"): gathered once, collective
-        self.field = (FieldEvaluation(self, references=config.dropout > 0 and (config.audit_every > 0
-                                                                            or self.guard.reads_references))
+        references = config.dropout > 0 and (config.audit_every > 0 or self.guard.reads_references)
+        self.field = (FieldEvaluation(self.spmm.plan, graph, self.normalized, self.model, self.features, self.halo,
+                                      self.wire_rows(), references=references)
                       if config.evaluation_plan == "field" else None)
         self.setup_bytes = moved_since(comm, built_from)  # what building this run moved: set-up and halo
         self.eval_bytes: dict[str, dict[str, int]] = {}

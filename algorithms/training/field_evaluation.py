@@ -27,13 +27,17 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from sparse_dist.receptive_field import ReceptiveField
 
 if TYPE_CHECKING:
     from algorithms.model import GraphModel
-    from algorithms.training.assembly import TrainingRun
+    from algorithms.training.graph import LocalGraph
+    from sparse_dist.exchange_plan import ExchangePlan
+    from sparse_dist.halo import StaticHalo
+    from sparse_dist.lossless_wire import WireRows
 
 _log = logging.getLogger(__name__)
 
@@ -41,17 +45,19 @@ _log = logging.getLogger(__name__)
 class FieldEvaluation:
     """This rank's receptive field and what an evaluation reads of it (module docstring)."""
 
-    def __init__(self, run: TrainingRun, references: bool = False) -> None:
-        """``references``: exact forwards with training's dropout masks are read from the field too (the guard's
+    def __init__(self, plan: ExchangePlan, graph: LocalGraph, normalized: sp.csr_matrix, model: GraphModel,
+                 features: torch.Tensor, halo: StaticHalo | None, wire: WireRows | None, *,
+                 references: bool = False) -> None:
+        """Gather the field (collective over ``plan.col_comm``). ``normalized``: this row group's rows of ``Â``
+        (global columns); ``features``: its rows of layer 0's input; ``halo``: the static input's halo where the
+        run keeps one (its rows of ``X`` are not pulled again); ``wire``: the own rows as they travel.
+        ``references``: exact forwards with training's dropout masks are read from the field too (the guard's
         bias reference, the audit), so ``X``'s rows are kept beside layer 0's product."""
         start = time.perf_counter()
-        self.first_row, self.takes_references = run.first_row, references
-        halo = run.halo
+        self.first_row, self.takes_references = graph.layout.offsets[plan.group], references
         held = (halo.halo_ids, halo.values[halo.own_count:]) if halo is not None else None
-        model = run.model
-        self.field = ReceptiveField(run.spmm.plan.col_comm, run.graph.layout, run.group, run.normalized,
-                                    model.num_layers, run.features, run.spmm.plan.products, held=held,
-                                    wire=run.wire_rows())
+        self.field = ReceptiveField(plan.col_comm, graph.layout, plan.group, normalized, model.num_layers, features,
+                                    plan.products, held=held, wire=wire)
         self.first_product: torch.Tensor | None = None
         if model.layers[0].input_only_through_product:
             with torch.no_grad():

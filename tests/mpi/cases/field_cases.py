@@ -1,10 +1,11 @@
 """Exact evaluations from the receptive field each rank holds (``evaluation_plan="field"``) beside a sampled
 p2p training.
 
-One launch of 4 ranks runs every rank count on sub-communicators (ranks 0-1, 0-2, all four) and c = 2 on all
-four; row groups are uneven and at P = 3 one is EMPTY. Graphs: a directed graph with isolated, in-only and
-out-only nodes and Cora. GCN and SAGE with 3 layers (two pulls of ``Â``'s rows, then ``X``'s), layer 0 fetched once (the field takes the halo's rows
-of ``X``) and exchanged every epoch (it pulls them all), training sampled with ``bns:keep=0.5``. Checks, in float64:
+One launch of 4 ranks runs every rank count on sub-communicators (ranks 0-1, 0-2, all four) and c = 2 on all four;
+row groups are uneven and at P = 3 one is EMPTY. Graphs: a directed graph with isolated, in-only and out-only nodes
+and Cora. GCN and SAGE with 3 layers (two pulls of ``Â``'s rows, then ``X``'s), layer 0 fetched once (the field
+takes the halo's rows of ``X``) and exchanged every epoch (it pulls them all), training sampled with
+``bns:keep=0.5``. Checks, in float64:
 
 * the field's sets are the receptive field counted here from the whole graph's pattern, layer by layer
   (``S_L`` the own rows, ``S_l`` = ``S_{l+1}`` and its rows' columns), in the order the module promises;
