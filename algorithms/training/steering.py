@@ -34,7 +34,8 @@ their own, so the weights, losses and exchanged bytes of every step are that run
 
 Measured decision: exchanging only what the evaluated nodes' receptive field needs saves little on the graphs
 here (docs/guide/emulate.md, "Steered evaluation"), so the evaluation stays the exact full forward and is run
-less often instead.
+less often instead (``--evaluation-plan field`` holds each rank's whole receptive field instead, exchanging
+nothing per evaluation).
 """
 
 from __future__ import annotations
