@@ -94,10 +94,12 @@ class ReceptiveField:
         self.inputs = self._gather_inputs(comm, layout, own_inputs, self.ids[hi - lo:], held, wire)
         held_rows = sp.vstack(chunks, format="csr") if len(chunks) > 1 else own
         index = np.int32 if self.ids.size < 2**31 else np.int64
-        self._rows = sp.csr_matrix((held_rows.data.astype(self.format["value"]),
-                                    _positions(self.ids, held_rows.indices, n_rows).astype(index, copy=False),
-                                    held_rows.indptr), shape=(held_rows.shape[0], int(self.ids.size)))
-        self._operators: dict[int, torch.Tensor] = {}
+        kept = sp.csr_matrix((held_rows.data.astype(self.format["value"]),
+                              _positions(self.ids, held_rows.indices, n_rows).astype(index, copy=False),
+                              held_rows.indptr), shape=(held_rows.shape[0], int(self.ids.size)))
+        del held_rows, chunks
+        # every layer's operator made now, the held rows then let go: an operator is its own copy of its rows
+        self._operators = {layer: self._operator_of(kept, layer) for layer in range(layers)}
         self.layers = layers
 
     def _pull_rows(self, comm: Communicator, layout: RowLayout, wanted: np.ndarray, own: sp.csr_matrix,
@@ -152,15 +154,17 @@ class ReceptiveField:
             ring[torch.from_numpy(np.flatnonzero(~found)).to(device)] = pulled
         return rows
 
+    def _operator_of(self, kept: sp.csr_matrix, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s ``Â`` over the field from the held rows ``kept`` (their first ``sizes[layer + 1]``)."""
+        rows, width = self.sizes[layer + 1], self.sizes[layer]
+        indptr = kept.indptr[: rows + 1]
+        block = sp.csr_matrix((kept.data[: indptr[-1]], kept.indices[: indptr[-1]], indptr), shape=(rows, width))
+        return torch_csr(block, self.products.dtype, self.products.device)
+
     def operator(self, layer: int) -> torch.Tensor:
-        """Layer ``layer``'s ``Â`` over the field (CSR, ``sizes[layer + 1] x sizes[layer]``; made on first use and
-        kept)."""
+        """Layer ``layer``'s ``Â`` over the field (CSR, ``sizes[layer + 1] x sizes[layer]``)."""
         if layer not in self._operators:
-            rows, width = self.sizes[layer + 1], self.sizes[layer]
-            indptr = self._rows.indptr[: rows + 1]
-            block = sp.csr_matrix((self._rows.data[: indptr[-1]], self._rows.indices[: indptr[-1]], indptr),
-                                  shape=(rows, width))
-            self._operators[layer] = torch_csr(block, self.products.dtype, self.products.device)
+            raise ValueError(f"layer {layer}'s operator over the receptive field was let go (drop_inputs)")
         return self._operators[layer]
 
     def multiply(self, layer: int, h: torch.Tensor) -> torch.Tensor:
@@ -176,12 +180,11 @@ class ReceptiveField:
         self._operators.pop(0, None)
 
     def memory(self) -> dict[str, int]:
-        """What holding the field costs this rank: its rows beyond its own, and bytes of its inputs, its held
-        rows of ``Â`` and the operators made so far."""
-        held = self._rows.data.nbytes + self._rows.indices.nbytes + self._rows.indptr.nbytes
+        """What holding the field costs this rank: its rows beyond its own, and bytes of its inputs and of its
+        layers' operators (each its own copy of its rows of ``Â``)."""
         return {"field_rows": int(self.ids.size - self.sizes[-1]),
                 "input_bytes": self.inputs.numel() * self.inputs.element_size(),
-                "matrix_bytes": held + sum(csr_bytes(m) for m in self._operators.values())}
+                "matrix_bytes": sum(csr_bytes(m) for m in self._operators.values())}
 
 
 def _positions(ids: np.ndarray, columns: np.ndarray, n_rows: int) -> np.ndarray:
