@@ -73,20 +73,28 @@ class FeatureFetcher:
     """This rank's rows of ``X`` (``own``, ``n_g x F``) and the way to the others' (module docstring).
 
     ``cache_ids``: the remote global ids to keep (chosen by the caller, e.g. from :func:`inclusion_estimate`),
-    pulled once here. ``wire``: ``own``'s rows as they travel and the way back to ``own``'s kind of rows, where
+    pulled once here; or ``held``: remote ids (ascending, distinct) and their rows the caller holds already (a
+    static input's halo), kept as the cache without a pull (given on every rank or on none: the pull is
+    collective). ``phase``: where the rows' bytes are booked, ``request_phase`` the ids' (``phase`` by default).
+    ``wire``: ``own``'s rows as they travel and the way back to ``own``'s kind of rows, where
     a narrower dtype holds them bitwise (else ``own`` travels). After each :meth:`fetch`: ``last_requests``
     (the ids asked of each rank), ``last_asked``, ``last_answered`` (rows per peer), ``last_needed`` (remote
     rows the batch needed) and ``last_hits`` (of them, found in the cache).
     """
 
     def __init__(self, comm: Communicator, layout: RowLayout, group: int, own: torch.Tensor,
-                 cache_ids: np.ndarray | None = None, phase: str = "fetch", wire: WireRows | None = None) -> None:
+                 cache_ids: np.ndarray | None = None, phase: str = "fetch", wire: WireRows | None = None, *,
+                 held: tuple[np.ndarray, torch.Tensor] | None = None, request_phase: str | None = None) -> None:
         self.comm, self.layout, self.own, self.phase, self.wire = comm, layout, own, phase, wire
+        self.request_phase = request_phase or phase
         self.first_row = int(layout.offsets[group])
         self.last_asked: list[int] = [0] * comm.size
         self.last_answered: list[int] = [0] * comm.size
         self.last_needed = self.last_hits = 0
         self.last_requests: list[np.ndarray] = []
+        if held is not None:
+            self.cache_ids, self.cache_values = np.asarray(held[0], dtype=np.int64), held[1]
+            return
         ids = np.unique(np.asarray(cache_ids if cache_ids is not None else [], dtype=np.int64))
         self.cache_ids = ids
         self.cache_values = self._pull(ids)  # collective even when empty: every rank enters it
@@ -101,7 +109,7 @@ class FeatureFetcher:
 
     def _pull(self, ids: np.ndarray) -> torch.Tensor:
         """Rows ``ids`` (remote) pulled from their owners, in ``ids``' order (collective)."""
-        pull = Pull(self.comm, self.layout, ids, self.phase)
+        pull = Pull(self.comm, self.layout, ids, self.phase, request_phase=self.request_phase)
         rows = pull.rows(self.own) if self.wire is None else self.wire.decode(pull.rows(self.wire.sent))
         self.last_requests = pull.requests
         self.last_asked, self.last_answered = pull.asked_counts, pull.answered_counts

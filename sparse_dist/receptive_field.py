@@ -35,6 +35,7 @@ import torch
 
 from sparse_dist.comm import Communicator
 from sparse_dist.csr import csr_bytes, distinct_ids, torch_csr
+from sparse_dist.fetch import FeatureFetcher
 from sparse_dist.layout import RowLayout
 from sparse_dist.lossless_wire import WireRows
 from sparse_dist.products import BlockProducts
@@ -91,7 +92,10 @@ class ReceptiveField:
         del member
         self.ids = np.concatenate([np.arange(lo, hi, dtype=np.int64), *rings])
         self.sizes = [hi - lo + sum(r.size for r in rings[:layers - level]) for level in range(layers + 1)]
-        self.inputs = self._gather_inputs(comm, layout, own_inputs, self.ids[hi - lo:], held, wire)
+        # layer 0's input rows in field order: own rows in place, the halo's from the caller, the rest pulled
+        kept_rows = held if held is not None else (np.zeros(0, np.int64), own_inputs[:0])
+        self.inputs = FeatureFetcher(comm, layout, group, own_inputs, phase="halo", wire=wire, held=kept_rows,
+                                     request_phase="other").fetch(self.ids)
         held_rows = sp.vstack(chunks, format="csr") if len(chunks) > 1 else own
         index = np.int32 if self.ids.size < 2**31 else np.int64
         kept = sp.csr_matrix((held_rows.data.astype(self.format["value"]),
@@ -100,7 +104,6 @@ class ReceptiveField:
         del held_rows, chunks
         # every layer's operator made now, the held rows then let go: an operator is its own copy of its rows
         self._operators = {layer: self._operator_of(kept, layer) for layer in range(layers)}
-        self.layers = layers
 
     def _pull_rows(self, comm: Communicator, layout: RowLayout, wanted: np.ndarray, own: sp.csr_matrix,
                    lo: int) -> sp.csr_matrix:
@@ -128,31 +131,6 @@ class ReceptiveField:
         return sp.csr_matrix((np.concatenate(values + [np.zeros(0, self.format["value"])]),
                               np.concatenate(columns + [np.zeros(0, np.int64)]), indptr),
                              shape=(wanted.size, layout.n_rows))
-
-    @staticmethod
-    def _gather_inputs(comm: Communicator, layout: RowLayout, own_inputs: torch.Tensor, wanted: np.ndarray,
-                       held: tuple[np.ndarray, torch.Tensor] | None, wire: WireRows | None) -> torch.Tensor:
-        """Layer 0's input rows: own rows, then ``wanted`` (global ids in field order), from ``held`` where it
-        has them, the rest pulled (collective: one pull, possibly of nothing)."""
-        found = np.zeros(wanted.size, dtype=bool)
-        where = np.zeros(wanted.size, dtype=np.int64)
-        if held is not None and held[0].size:
-            spot = np.minimum(np.searchsorted(held[0], wanted), held[0].size - 1)
-            found = held[0][spot] == wanted
-            where = spot
-        missing = wanted[~found]
-        pull = Pull(comm, layout, missing, "halo", request_phase="other")
-        pulled = pull.rows(own_inputs) if wire is None else wire.decode(pull.rows(wire.sent))
-        rows = own_inputs.new_empty((own_inputs.shape[0] + wanted.size, own_inputs.shape[1]))
-        rows[: own_inputs.shape[0]] = own_inputs
-        ring = rows[own_inputs.shape[0]:]
-        device = own_inputs.device
-        if held is not None and found.any():
-            taken = torch.from_numpy(where[found]).to(device)
-            ring[torch.from_numpy(np.flatnonzero(found)).to(device)] = held[1][taken]
-        if missing.size:
-            ring[torch.from_numpy(np.flatnonzero(~found)).to(device)] = pulled
-        return rows
 
     def _operator_of(self, kept: sp.csr_matrix, layer: int) -> torch.Tensor:
         """Layer ``layer``'s ``Â`` over the field from the held rows ``kept`` (their first ``sizes[layer + 1]``)."""

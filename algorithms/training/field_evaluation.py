@@ -26,7 +26,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import numpy as np
 import scipy.sparse as sp
 import torch
 
@@ -85,6 +84,3 @@ class FieldEvaluation:
         if self.first_product is not None:
             kept["input_bytes"] += self.first_product.numel() * self.first_product.element_size()
         return kept
-
-    def sizes(self) -> list[int]:
-        return list(np.asarray(self.field.sizes).tolist())
