@@ -30,12 +30,11 @@ def leg_record(epoch: int, checkpoint: str, earlier: EarlierLegs | None) -> dict
 def setup_record(comm: Communicator, trainer: Any, grid: bool = False) -> dict[str, Any]:
     """``trainer``'s set-up (a 1D, mini-batch or grid trainer): how layer 0 gets its input, what each rank keeps
     for it, the bytes before the first epoch, the seconds building its plan and its evaluations' own plan where
-    they time it, what its evaluations keep where they keep a receptive field (collective); on the ``grid``, also the byte model's bytes of a
-    step per rank and phase (``step_bytes_predicted``)."""
+    they time it, what its evaluations keep where they keep a receptive field (collective); on the ``grid``, also
+    the byte model's bytes of a step per rank and phase (``step_bytes_predicted``)."""
     plan_seconds = trainer.plan_setup_seconds  # the same on every rank: a plan times its set-up or never does
     evaluation_seconds = trainer.evaluation_plan_setup_seconds  # where evaluations have a plan of their own
-    # what evaluations keep of their own (the receptive field); mini-batch and grid trainers keep nothing
-    kept = getattr(trainer, "evaluation_memory", lambda: None)()  # the same kind on every rank
+    kept = trainer.evaluation_memory()  # what evaluations keep of their own (the receptive field), or None
     gathered = comm.allgather_object({"memory": trainer.memory(), "bytes": trainer.setup_bytes,
                                       "plan_seconds": plan_seconds, "evaluation_seconds": evaluation_seconds,
                                       "kept": kept})

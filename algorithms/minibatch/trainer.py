@@ -312,6 +312,10 @@ class MinibatchTrainer:
         """What the evaluation keeps for layer 0 (:meth:`Trainer.memory`)."""
         return self.full.memory()
 
+    def evaluation_memory(self) -> dict[str, int] | None:
+        """What the evaluation trainer keeps of its own for evaluations (:meth:`TrainingRun.evaluation_memory`)."""
+        return self.full.evaluation_memory()
+
     def predictions(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """The exact model's predictions of ``split``'s rows (:meth:`Trainer.predictions`)."""
         return self.full.predictions(split)

@@ -310,6 +310,10 @@ class GridTrainer(grid_policy.GridPolicyState):
                         "exp_avg": self._cut_of(key[0], saved["exp_avg"]).to(block.device, block.dtype),
                         "exp_avg_sq": self._cut_of(key[0], saved["exp_avg_sq"]).to(block.device, block.dtype)}
 
+    def evaluation_memory(self) -> None:
+        """Evaluations keep nothing of their own on the grid (they exchange on the grid itself)."""
+        return None
+
     def memory(self) -> dict[str, int]:
         """What this rank keeps for layer 0 (its aggregation) and of ``Â`` (its blocks' nonzeros)."""
         itemsize = self.first.element_size()
