@@ -18,6 +18,7 @@ sampled with ``bns:keep=0.5`` (which the cover plan refuses in training). Checks
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from case_report import finish  # noqa: E402
-from cover_cases import cells, close  # noqa: E402
+from cover_cases import Cell, cells, close  # noqa: E402
 from row_groups import local_graph  # noqa: E402
 
 from algorithms.train import TrainConfig, Trainer  # noqa: E402
@@ -116,19 +117,29 @@ def check(label: str, got: dict, same: dict, alone: dict, rows: slice, shape: Mo
         failures.append(f"{label}: an evaluation sent backward bytes {got['eval_bytes']['backward']}")
 
 
+def against_same_plan(comm, evaluation_plan: str, check_cell: Callable[[Cell, dict, dict, list[str]], None],
+                      layers: int = 2) -> tuple[list[str], int]:
+    """Every cell of :func:`cover_cases.cells` at P = 2, 3 (an empty group), 4 and c = 2: the run evaluated on
+    ``evaluation_plan`` and the same run evaluated on its own plan, handed to ``check_cell(cell, got, same,
+    failures)``; the failures and this rank's runs."""
+    failures: list[str] = []
+    runs = 0
+    for cell in cells(comm, ((2, 1), (3, 1), (4, 1), (4, 2)),
+                      lambda alone, data, counts, base: run_one(alone, data, counts, 0, **base), layers=layers):
+        same = run_one(cell.comm, cell.data, cell.counts, cell.group, replication=cell.replication, **cell.base)
+        got = run_one(cell.comm, cell.data, cell.counts, cell.group, replication=cell.replication,
+                      evaluation_plan=evaluation_plan, **cell.base)
+        check_cell(cell, got, same, failures)
+        runs += 1
+    return failures, runs
+
+
 def main() -> int:
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
     assert comm.size == 4, "evaluation_plan_cases.py runs on 4 ranks"
-    failures: list[str] = []
-    runs = 0
-    for cell in cells(comm, ((2, 1), (3, 1), (4, 1), (4, 2)),
-                      lambda alone, data, counts, base: run_one(alone, data, counts, 0, **base)):
-        same = run_one(cell.comm, cell.data, cell.counts, cell.group, replication=cell.replication, **cell.base)
-        got = run_one(cell.comm, cell.data, cell.counts, cell.group, replication=cell.replication,
-                      evaluation_plan="cover", **cell.base)
-        check(cell.label, got, same, cell.reference, cell.rows, cell.shape, failures)
-        runs += 1
+    failures, runs = against_same_plan(comm, "cover", lambda cell, got, same, failures: check(
+        cell.label, got, same, cell.reference, cell.rows, cell.shape, failures))
     return finish(comm, failures, f"evaluation plan cases ({runs} runs on this rank)")
 
 

@@ -32,8 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from case_report import finish  # noqa: E402
-from cover_cases import cells  # noqa: E402
-from evaluation_plan_cases import run_one, same_evaluations_and_training  # noqa: E402
+from evaluation_plan_cases import against_same_plan, same_evaluations_and_training  # noqa: E402
 
 from algorithms.train import Trainer  # noqa: E402
 from sparse_dist.comm import run_or_abort, world  # noqa: E402
@@ -100,16 +99,10 @@ def main() -> int:
     torch.set_num_threads(1)
     comm = world(gpu_aware="off")
     assert comm.size == 4, "field_cases.py runs on 4 ranks"
-    failures: list[str] = []
-    runs = 0
     layers = 3
-    for cell in cells(comm, ((2, 1), (3, 1), (4, 1), (4, 2)),
-                      lambda alone, data, counts, base: run_one(alone, data, counts, 0, **base), layers=layers):
-        same = run_one(cell.comm, cell.data, cell.counts, cell.group, replication=cell.replication, **cell.base)
-        got = run_one(cell.comm, cell.data, cell.counts, cell.group, replication=cell.replication,
-                      evaluation_plan="field", **cell.base)
-        check(f"{cell.label} layers={layers}", got, same, cell.reference, cell.rows, cell.data, layers, failures)
-        runs += 1
+    failures, runs = against_same_plan(comm, "field", lambda cell, got, same, failures: check(
+        f"{cell.label} layers={layers}", got, same, cell.reference, cell.rows, cell.data, layers, failures),
+        layers=layers)
     return finish(comm, failures, f"field evaluation cases ({runs} runs on this rank)")
 
 
