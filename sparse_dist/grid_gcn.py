@@ -32,8 +32,9 @@ Layer 0's aggregation ``A X`` does not change during training: a run computes it
 ``ring(n_d f'_o, |i|)`` forward and its gradients (``aggregated_once`` in the byte functions).
 
 Memory: a rank holds each rotation's block once (its transpose is stored on CUDA only,
-:class:`AdjacencyBlock`), and the ReLU between layers keeps a boolean mask (:class:`GridReLU`), so a layer
-keeps its aggregation ``T[d, i]`` and a mask of its output for the backward.
+:class:`AdjacencyBlock`), and the ReLU between layers keeps its mask at one bit an entry (:class:`GridReLU`), so
+a layer keeps its aggregation ``T[d, i]`` and a bit mask of its output for the backward; the backward lets
+``T[d, i]`` go once the weights' gradient is made (:func:`kept_aggregation`), before the input gradient's blocks.
 
 GraphSAGE is :mod:`sparse_dist.grid_sage` (the same collectives, twice the aggregated columns); GAT does not run
 on the grid. Dropout is :mod:`algorithms.grid_dropout` (``grid_logits(..., dropout=)``). ``train --grid`` trains
@@ -52,8 +53,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from sparse_dist.bit_mask import PackedMask
 from sparse_dist.csr import torch_csr
-from sparse_dist.comm import Communicator
 from sparse_dist.grid import GridShape, ProcessGrid, block_range, roles
 from sparse_dist.compress import Codec
 from sparse_dist.grid_links import GridLinks, allreduce_message_bytes, allreduce_pieces, pieces_bytes
@@ -163,17 +164,18 @@ class GridGCNFunction(torch.autograd.Function):
             assert h is not None
             aggregated = _aggregate(h, block, links, "forward")
         out = combine(aggregated, weight, bias, links, inner)
-        ctx.save_for_backward(aggregated, weight)
+        ctx.save_for_backward(weight)
+        ctx.aggregated = aggregated  # not saved: the backward lets it go early (kept_aggregation)
         ctx.block, ctx.links, ctx.input_grad = block, links, input_grad
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
-        aggregated, weight = ctx.saved_tensors
+        (weight,) = ctx.saved_tensors
         block, links = ctx.block, ctx.links
         outer, _, depth = block.roles
         grad_out = grad_out.contiguous()
-        grad_weight, grad_bias = parameter_gradients(aggregated, grad_out, weight, links, depth)
+        grad_weight, grad_bias = parameter_gradients(kept_aggregation(ctx), grad_out, weight, links, depth)
         grad_h = None
         if ctx.input_grad:
             grad_aggregated = aggregation_gradient(grad_out, weight, links, outer)
@@ -182,22 +184,35 @@ class GridGCNFunction(torch.autograd.Function):
         return grad_h, grad_weight, grad_bias, None, None, None, None
 
 
+def kept_aggregation(ctx: Any) -> torch.Tensor:
+    """The layer's ``T[d, i]`` its forward kept on ``ctx``, handed over once: the backward needs it only for the
+    weights' gradient, so it is let go before the input gradient's blocks ``dT[d, i]`` and ``dH[o, i]`` are made
+    (a saved tensor would live to the end of the backward: one activation block more at the peak). A second
+    backward through the same graph is refused."""
+    aggregated = ctx.aggregated
+    if aggregated is None:
+        raise RuntimeError("a grid layer's backward runs once per forward: its aggregation was let go after the "
+                           "weights' gradient")
+    ctx.aggregated = None
+    return aggregated
+
+
 class GridReLU(torch.autograd.Function):
-    """ReLU in place on a layer's output, keeping a boolean mask for the backward (a quarter of the float32
-    output ``torch.relu`` would keep): the next layer keeps its own aggregation, not its input."""
+    """ReLU in place on a layer's output, keeping its mask for the backward at one bit an entry
+    (:class:`~sparse_dist.bit_mask.PackedMask`: a 32nd of the float32 output ``torch.relu`` would keep): the next
+    layer keeps its own aggregation, not its input."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         positive = h > 0
         h.masked_fill_(~positive, 0.0)
         ctx.mark_dirty(h)
-        ctx.save_for_backward(positive)
+        ctx.positive = PackedMask.of(positive)
         return h
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
-        (positive,) = ctx.saved_tensors
-        return grad_out * positive
+        return grad_out * ctx.positive.unpack()
 
 
 class GridCrossEntropy(torch.autograd.Function):
@@ -438,7 +453,7 @@ def output_classes(grid: ProcessGrid, layers: int, classes: int) -> tuple[int, i
 
 __all__ = ["AdjacencyBlock", "Collective", "GridCrossEntropy", "GridGCNFunction", "GridReLU", "adjacency_blocks",
            "aggregate_input", "aggregation_gradient", "as_blocks", "bias_block", "block_range", "combine",
-           "gcn_layer", "grid_logits", "input_block", "input_bytes", "layer_bytes", "layer_collectives",
+           "gcn_layer", "grid_logits", "input_block", "input_bytes", "kept_aggregation", "layer_bytes", "layer_collectives",
            "loss_bytes", "loss_collectives", "output_classes", "output_rows", "parameter_gradients",
            "predicted_classes", "predicted_input_bytes", "predicted_layer_bytes", "predicted_loss_bytes", "step_bytes",
            "weight_block"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from sparse_dist.grid import ProcessGrid, roles
-from sparse_dist.grid_gcn import AdjacencyBlock, aggregation_gradient, combine, parameter_gradients
+from sparse_dist.grid_gcn import AdjacencyBlock, aggregation_gradient, combine, kept_aggregation, parameter_gradients
 from sparse_dist.grid_links import GridLinks
 
 TERMS = 2
@@ -84,18 +84,19 @@ class GridSAGEFunction(torch.autograd.Function):
             aggregated = _aggregate(h, block, own, links, "forward")
         weight = torch.cat([neighbour_weight, self_weight])
         out = combine(aggregated, weight, bias, links, block.roles[1])
-        ctx.save_for_backward(aggregated, weight)
+        ctx.save_for_backward(weight)
+        ctx.aggregated = aggregated  # let go once the weights' gradient is made (kept_aggregation)
         ctx.block, ctx.own, ctx.links, ctx.input_grad = block, own, links, input_grad
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
-        aggregated, weight = ctx.saved_tensors
+        (weight,) = ctx.saved_tensors
         block, own, links = ctx.block, ctx.own, ctx.links
         outer, _, depth = block.roles
         width = weight.shape[0] // TERMS
         grad_out = grad_out.contiguous()
-        grad_weight, grad_bias = parameter_gradients(aggregated, grad_out, weight, links, depth)
+        grad_weight, grad_bias = parameter_gradients(kept_aggregation(ctx), grad_out, weight, links, depth)
         grad_h = None
         if ctx.input_grad:
             grad_aggregated = aggregation_gradient(grad_out, weight, links, outer)

@@ -1,0 +1,64 @@
+"""Masks kept at one bit an entry (sparse_dist.bit_mask), and the grid layers that keep them: the same bits come
+back, on numpy's path and torch's, and a grid layer's backward lets its aggregation go."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from sparse_dist.bit_mask import PackedMask, pack_with_shifts, unpack_with_shifts
+from sparse_dist.comm import world
+from sparse_dist.grid import GridShape, ProcessGrid
+from sparse_dist.grid_gcn import GridReLU, adjacency_blocks, gcn_layer
+from sparse_dist.grid_links import GridLinks
+
+
+@pytest.mark.parametrize("numel", [0, 1, 7, 8, 9, 63, 1000, 4097])
+def test_a_packed_mask_unpacks_to_the_same_bits_on_both_paths(numel: int) -> None:
+    mask = torch.from_numpy(np.random.default_rng(numel).random(numel) < 0.3)
+    packed = PackedMask.of(mask)
+    assert packed.bits.dtype == torch.uint8 and packed.bits.numel() == -(-numel // 8)
+    assert torch.equal(packed.unpack(), mask)
+    assert torch.equal(pack_with_shifts(mask), packed.bits)  # torch's shifts (other devices) lay bits out alike
+    assert torch.equal(unpack_with_shifts(packed.bits, numel), mask)
+
+
+def test_a_mask_of_any_shape_and_stride_comes_back_in_its_shape() -> None:
+    mask = torch.from_numpy(np.random.default_rng(3).random((37, 5)) < 0.5)
+    for view in (mask, mask.T, mask[::2]):
+        assert torch.equal(PackedMask.of(view).unpack(), view)
+    with pytest.raises(TypeError, match="boolean"):
+        PackedMask.of(torch.ones(3))
+
+
+def test_grid_relu_keeps_bits_and_its_gradient_is_the_masks() -> None:
+    h = torch.randn(33, 7, dtype=torch.float64, requires_grad=True)
+    out = GridReLU.apply(h.clone())
+    assert out.grad_fn.positive.bits.numel() == -(-33 * 7 // 8)
+    grad = torch.randn(33, 7, dtype=torch.float64)
+    out.backward(grad)
+    assert torch.equal(h.grad, grad * (h.detach() > 0))
+
+
+def test_a_grid_layer_lets_its_aggregation_go_after_the_weights_gradient_and_refuses_a_second_backward() -> None:
+    comm = world(gpu_aware="off")
+    grid = ProcessGrid(comm, GridShape(1, 1, 1))
+    try:
+        matrix = sp.random(20, 20, density=0.2, random_state=1, format="csr")
+        block = adjacency_blocks(grid, matrix, 2, torch.float64)[1]
+        h = torch.randn(20, 4, dtype=torch.float64, requires_grad=True)
+        weight = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+        bias = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+        out = gcn_layer(h, (weight, bias), block, GridLinks(grid, 1), True, None)
+        node = out.grad_fn
+        assert node.aggregated is not None
+        out.sum().backward(retain_graph=True)
+        dense = torch.from_numpy(matrix.toarray())
+        assert torch.allclose(weight.grad, (dense @ h.detach()).T @ torch.ones(20, 3, dtype=torch.float64))
+        assert torch.allclose(h.grad, dense.T @ torch.ones(20, 3, dtype=torch.float64) @ weight.detach().T)
+        assert node.aggregated is None
+        with pytest.raises(RuntimeError, match="runs once per forward"):
+            out.sum().backward()
+    finally:
+        grid.free()
+        comm.free()
