@@ -11,7 +11,7 @@ of a width; roles ``(o, i, d)`` rotating per layer):
   ``n_d + 1`` row pointers. No transpose on the CPU.
 * ``input``: layer 0's aggregation ``T[d, i]``, kept for the run (``X[o, i]`` is freed once it is computed).
 * ``activations``: what the backward keeps of each later layer (its aggregation ``n_d f_i``) and each ReLU's
-  boolean mask (``n_d f'_o`` bytes).
+  mask at one bit an entry (``n_d f'_o / 8`` bytes, :class:`~sparse_dist.bit_mask.PackedMask`).
 * ``transient``: :data:`TRANSIENT_COPIES` arrays of the widest layer's ``n_d x max(f_i, f'_o)`` alive at the
   peak (a layer's product, its allreduce piece's temporary, the backward's gradients) and the heap's slack.
 * ``parameters``: each ``W[i, o]`` and ``b[o]``, its gradient and Adam's two moments.
@@ -35,10 +35,11 @@ from runners.resources import ResourceError, memory_verdict, node_memory
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.grid import GridShape, block_range, roles
 
-TRANSIENT_COPIES = 3.5
+TRANSIENT_COPIES = 4.0
 """Arrays of the widest layer's ``n_d x max(f_i, f'_o)`` alive at the peak beyond what the backward keeps, with
-the heap's slack: fitted on R-MAT SCALE 20 at 2x2x2 (GCN 3 x 128, float32; the largest rank's peak 1.09 GiB
-beyond the start, the counted parts 0.65 GiB)."""
+the heap's slack: fitted on R-MAT SCALE 20 at 2x2x2 (GCN 3 x 128, float32, masks kept as bits; the largest
+rank's peak 1.11 GiB beyond the start, in the forward: the input, the aggregation and the product of the last
+layer beside the kept aggregations)."""
 READ_BYTES_PER_ENTRY = 40
 """Bytes per entry of the rotation block being assembled while reading: the cut rows (float64 values, int64
 indices), their stacked copy and the normalised one (fitted on SCALE 20 at 2x2x2: peak while reading 0.73 GiB
@@ -51,15 +52,20 @@ def _length(span: tuple[int, int]) -> int:
     return span[1] - span[0]
 
 
+def _bits(entries: int) -> int:
+    """Bytes of a mask of ``entries`` kept at one bit an entry."""
+    return -(-entries // 8)
+
+
 def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], layers: int, hidden: int,
                 itemsize: int, terms: int = 1, dropout: bool = False) -> Estimate:
     """The bytes the rank at ``coords`` adds to its start at its peak, by part (module docstring); ``terms``: the
     aggregated terms side by side a layer keeps (GCN 1, SAGE 2: its aggregation ``n_d x terms f_i`` and ``terms``
     weight blocks, :mod:`sparse_dist.grid_sage`). ``dropout``: every layer's input masked
     (:mod:`algorithms.grid_dropout`): ``X[o, i]`` is kept instead of layer 0's aggregation (aggregated every step),
-    each layer keeps its input's boolean mask (``n_o f_i`` bytes) and its masked input, and a mask drawn at a
-    layer's whole width (``n_o F`` bytes) is alive while it is cut (counted from the code, not yet checked against
-    a measured peak)."""
+    each layer keeps its input's mask (``n_o f_i / 8`` bytes) and its aggregation, and at the peak one layer's
+    masked input (``n_o f_i`` values) and a mask drawn at a layer's whole width (``n_o F`` bytes, on a GPU) are
+    alive (R-MAT SCALE 20, 2x2x2, dropout 0.5: the estimate 1.02-1.09 of every rank's peak beyond its start)."""
     n, entries = int(meta["num_nodes"]), int(meta["num_edges"]) + int(meta["num_nodes"])
     dims = [int(meta["feature_dim"])] + [hidden] * (layers - 1) + [int(meta["num_classes"])]
 
@@ -86,12 +92,12 @@ def grid_memory(meta: dict[str, Any], shape: GridShape, coords: dict[str, int], 
         rows, _, f_in, f_out = spans(layer)
         if dropout:
             inputs = _length(block_range(n, shape.of(roles(layer)[0]), coords[roles(layer)[0]]))
-            kept += inputs * f_in * (1 + itemsize)  # the input's mask and its masked copy
-            drawn = max(drawn, inputs * dims[layer])
+            kept += _bits(inputs * f_in)  # its mask, for the backward
+            drawn = max(drawn, inputs * dims[layer] + inputs * f_in * itemsize)  # drawn whole, and its product
         if layer > 0 or dropout:
             kept += rows * terms * f_in * itemsize
         if layer < layers - 1:
-            masks += rows * f_out
+            masks += _bits(rows * f_out)
         widest = max(widest, rows * max(terms * f_in, f_out) * itemsize)
         parameters += (terms * f_in * f_out + f_out) * itemsize * OPTIMIZER_COPIES
     training = {"runtime": RUNTIME_BYTES, "graph": graph, "input": aggregation, "activations": kept + masks,

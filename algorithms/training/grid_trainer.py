@@ -28,6 +28,7 @@ Collective: construction, :meth:`GridTrainer.train_epoch`, :meth:`~GridTrainer.e
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from algorithms.grid_dropout import GridDropout
+from algorithms.grid_dropout import GridDropout, load_grid_passes
 from algorithms.layers import layer_type
 from algorithms.model import GraphModel
 from algorithms.training import state as checkpoint_state
@@ -52,6 +53,8 @@ from sparse_dist.grid import ProcessGrid, roles
 from sparse_dist.grid_gcn import (GridCrossEntropy, as_blocks, bias_block, grid_logits, input_bytes,
                                   predicted_classes, step_bytes, weight_block)
 from sparse_dist.grid_links import GridLinks
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class GridTrainer(grid_policy.GridPolicyState):
         features = torch.from_numpy(graph.features).to(self.device)
         self.first = form.first_aggregation(features, self.blocks[0], self.grid, self.nodes)  # phase halo, once
         self.features = features if dropping else None  # without dropout X is not read again
+        if dropping and (seconds := load_grid_passes(self.grid, self.nodes, self.dims, self.device, self.dtype)):
+            _log.info("loaded the compiled dropout passes in %.2f s", seconds)
         self.input_exchange = GridInput("per-epoch" if dropping else "once",
                                         input_bytes(self.shape, self.grid.coords, self.nodes, self.dims[0], itemsize,
                                                     form.terms))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from algorithms.grid_dropout import GridDropout
+from algorithms.grid_dropout import GridDropout, load_grid_passes
 from runners.argtypes import at_least, number
 from runners.data.grid_reader import load_grid_graph, read_meta_everywhere
 from runners.grid_memory import check_grid_memory
@@ -97,6 +97,8 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
               + (bias_block(grid, layer, full[-1]).requires_grad_(),)
               for layer, full in enumerate(_weights(dims, args.seed, dtype, terms))]
     optimizer = torch.optim.Adam([p for pair in params for p in pair], lr=args.lr)
+    if dropping:
+        load_grid_passes(grid, n, dims, torch.device("cpu"), dtype)
     layer_fn = sage_layers(grid, n) if sage else gcn_layer
     comm.stats.reset()
     features = torch.from_numpy(graph.features)

@@ -258,6 +258,16 @@ def test_cuda_masks_are_the_cpu_masks(form: str, p: float) -> None:
     assert torch.equal(got.cpu(), dropout_keep_rows(5, 2, 3, rows, 37, p))
 
 
+@pytest.mark.parametrize("pieces_of", [1, 100, 1 << 20])
+def test_short_runs_gathered_in_pieces_are_the_written_rule(pieces_of: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NumPy pass gathers a grid block's one-run-a-row lanes a piece at a time (bounded memory): pieces of one
+    run, of runs cut at any lane count, and all at once give the rows' cut."""
+    monkeypatch.setattr(kernel, "ready", lambda: False)
+    monkeypatch.setattr(kernel, "_GATHERED_LANES", pieces_of)
+    got = keep_mask(5, 0, 1, 77, 211, 37, 0.3, columns=(4, 31))
+    assert torch.equal(got, dropout_keep_rows(5, 0, 1, np.arange(77, 288), 37, 0.3)[:, 4:31])
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("columns", [(0, 37), (0, 5), (5, 37), (13, 14), (20, 20)])
 def test_a_column_block_is_the_cut_of_the_whole_rows(columns: tuple[int, int], form: str, path: str) -> None:
