@@ -27,7 +27,10 @@ measured, multiplied across axes). The plan stays the one given (``p2p`` by defa
 covers, computed by the run itself, so auto refuses it; ``sparse-dist cost predict`` ranks plans).
 
 **Candidates**: sampling ``none``, ``bns:keep=0.1``, ``psc:budget=0.1`` crossed with compression ``none``,
-``int8,feedback``, ``adaptive,feedback`` (those the plan runs). Left out, by measurement: ``pipe`` (guarded
+``int8,feedback``, ``adaptive,feedback`` (those the plan runs), each evaluated on the run's plan and from the
+receptive field (``--evaluation-plan field``: no exchange an evaluation, the field's compute,
+:mod:`runners.perf.field_cost`) where the model takes it, ``--evaluation-plan`` was left as it is, and every
+rank's field, bounded from above, fits :data:`FIELD_SHARE` of its free memory. Left out, by measurement: ``pipe`` (guarded
 pipe at P = 4 on the 200k synthetic never reached 0.69 validation accuracy, and it cannot be steered),
 ``fp16`` (25 epochs to 0.69 against exact's 15 at P = 4), ``dgs`` (its step is 1.7x exact's), ``sancus``
 (broadcast plans only, slower than ``p2p`` here).
@@ -47,11 +50,13 @@ import numpy as np
 import torch
 
 from algorithms.policies import AxisSpec, PolicySpec, RunShape
-from algorithms.training.config import TrainConfig
+from algorithms.layers import layer_type
+from algorithms.training.config import TrainConfig, evaluation_plan_refusal
 from algorithms.training.graph import LocalGraph
 from runners.bench.network import broadcast_seconds, fit_alpha_beta
 from runners.perf.cost_model import (ExpectedTraffic, ModelShape, Rates, predict_cycle, predict_epoch,
                                      predict_evaluation)
+from runners.perf.field_cost import field_memory, predict_field_evaluation
 from runners.perf.workload import Workload, entry_counts
 from sparse_dist.comm import Communicator
 from sparse_dist.compress import Codec
@@ -85,6 +90,7 @@ class Candidate:
     step: float
     cycle: float
     factor: float
+    evaluation: str = "same"  # --evaluation-plan: on the run's plan, or from the receptive field
 
     @property
     def time_to_accuracy(self) -> float:
@@ -94,7 +100,8 @@ class Candidate:
     @property
     def text(self) -> str:
         flags = [f"--sample {self.sample}" if self.sample != "none" else "",
-                 f"--compress {self.compress}" if self.compress != "none" else ""]
+                 f"--compress {self.compress}" if self.compress != "none" else "",
+                 f"--evaluation-plan {self.evaluation}" if self.evaluation != "same" else ""]
         return " ".join(flag for flag in flags if flag) or "exact"
 
     def line(self, exact: "Candidate") -> str:
@@ -102,8 +109,9 @@ class Candidate:
                 f"accuracy against exact's) = {self.time_to_accuracy / exact.time_to_accuracy:.2f}x exact's time")
 
     def record(self) -> dict[str, Any]:
-        return {"sample": self.sample, "compress": self.compress, "step": self.step, "cycle": self.cycle,
-                "epochs_factor": self.factor, "time_to_accuracy": self.time_to_accuracy}
+        return {"sample": self.sample, "compress": self.compress, "evaluation_plan": self.evaluation,
+                "step": self.step, "cycle": self.cycle, "epochs_factor": self.factor,
+                "time_to_accuracy": self.time_to_accuracy}
 
 
 @dataclass(frozen=True)
@@ -137,14 +145,21 @@ def auto_problem(args: Any) -> str | None:
 
 
 def choose(comm: Communicator, col_comm: Communicator, graph: LocalGraph, config: TrainConfig, threads: int,
-           device: torch.device | str = "cpu") -> tuple[TrainConfig, dict[str, Any], list[str]]:
+           device: torch.device | str = "cpu",
+           free_per_rank: float | None = None) -> tuple[TrainConfig, dict[str, Any], list[str]]:
     """The configuration to run, the set-up record's ``policy_auto`` and the two lines rank 0 prints
-    (collective over ``comm``; ``col_comm`` is the replica column, the ranks that exchange rows)."""
+    (collective over ``comm``; ``col_comm`` is the replica column, the ranks that exchange rows).
+    ``free_per_rank``: the bytes a rank may add beyond the run's estimate, the same on every rank
+    (:func:`runners.resources.free_memory_per_rank`); None: evaluations from the receptive field are not
+    weighed."""
     measured = measure(comm, col_comm, graph, config, threads, torch.device(device))
     work = workload(col_comm, graph, config.plan)
-    candidates = rank_candidates(work, model_shape(graph, config), config, measured, threads)
+    room = FIELD_SHARE * free_per_rank if free_per_rank is not None else None
+    candidates = rank_candidates(work, model_shape(graph, config), config, measured, threads,
+                                 nodes=graph.layout.n_rows, field_room=room)
     best, runner_up, exact = candidates[0], candidates[1], _exact(candidates)
-    chosen = replace(config, sample=AxisSpec.parse("sample", best.sample), compress=best.compress)
+    chosen = replace(config, sample=AxisSpec.parse("sample", best.sample), compress=best.compress,
+                     evaluation_plan=best.evaluation)
     lines = [f"policy auto: chose {best.line(exact)}",
              f"policy auto: runner-up {runner_up.line(exact)} (link {measured.alpha * 1e6:.0f} us, "
              f"{1e-9 / measured.beta:.3g} GB/s)"]
@@ -154,11 +169,17 @@ def choose(comm: Communicator, col_comm: Communicator, graph: LocalGraph, config
 
 
 def rank_candidates(work: Workload, shape: ModelShape, config: TrainConfig, measured: Measured,
-                    threads: int) -> list[Candidate]:
-    """Every candidate the plan runs, least predicted time to accuracy first (ties: the listed order)."""
+                    threads: int, nodes: int = 0, field_room: float | None = None) -> list[Candidate]:
+    """Every candidate the plan runs, least predicted time to accuracy first (ties: the listed order), each with
+    its evaluations on the run's plan and, where :func:`field_evaluations_allowed`, from the receptive field."""
     net = Network("measured", measured.alpha, measured.beta, measured.alpha, measured.beta, ranks_per_node=1,
                   cores_per_node=threads)
-    evaluation = predict_evaluation(work, shape, config.plan, measured.rates, net, config.replication, threads)
+    evaluations = {}
+    if config.evaluation_plan != "field":
+        evaluations["same"] = predict_evaluation(work, shape, config.plan, measured.rates, net, config.replication,
+                                                 threads)
+    if field_evaluations_allowed(work, shape, config, nodes, field_room):
+        evaluations["field"] = predict_field_evaluation(work, shape, measured.rates, net, nodes, threads)
     run = RunShape(plan=config.plan, replication=config.replication, model=config.model,
                    dropout_side=config.dropout_side, input_exchange=config.input_exchange)
     out = []
@@ -178,15 +199,39 @@ def rank_candidates(work: Workload, shape: ModelShape, config: TrainConfig, meas
                                  net, config.replication, threads)
             coding = coded_values * measured.codec_seconds.get(compress, 0.0)
             step = replace(step, compute_dense=step.compute_dense + coding)
-            cycle = predict_cycle(step, evaluation, config.overlap_evaluation,
-                                  every=max(1, config.eval_every))
             factor = EPOCH_FACTORS[sample] * EPOCH_FACTORS[compress]
-            out.append(Candidate(sample, compress, step.epoch, cycle, factor))
+            for plan, evaluation in evaluations.items():
+                cycle = predict_cycle(step, evaluation, config.overlap_evaluation, every=max(1, config.eval_every))
+                out.append(Candidate(sample, compress, step.epoch, cycle, factor, plan))
     return sorted(out, key=lambda candidate: candidate.time_to_accuracy)
 
 
+FIELD_SHARE = 0.5
+"""The share of a rank's free memory (its node's available memory beyond the run's estimates, split over the
+node's ranks) that the receptive field's bound (:func:`runners.perf.field_cost.field_memory`) may take for
+``auto`` to consider it: the bound is above what the field holds (1.9x on the 200k synthetic), and the rest is
+the run's margin."""
+
+
+def field_evaluations_allowed(work: Workload, shape: ModelShape, config: TrainConfig, nodes: int,
+                              field_room: float | None) -> bool:
+    """Whether ``auto`` weighs evaluations from the receptive field: the user left ``--evaluation-plan`` to it (or
+    asked for the field), the model and plan take it, and every rank's field, bounded from above with references
+    kept (the guard reads them), fits ``field_room`` bytes (None: unknown, not weighed)."""
+    if config.evaluation_plan not in ("same", "field") or nodes <= 0 or config.replication != 1:
+        return False
+    if evaluation_plan_refusal("field", config.model, layer_type(config.model).takes_operator) is not None:
+        return False
+    if config.evaluation_plan == "field":
+        return True  # asked for: priced as it will run
+    return field_room is not None and float(field_memory(work, shape, nodes, references=True).max()) <= field_room
+
+
 def _exact(candidates: list[Candidate]) -> Candidate:
-    return next(c for c in candidates if c.sample == "none" and c.compress == "none")
+    """The exact configuration every line compares with: no sampling, no compression, evaluated on the run's
+    plan (from the field where only the field is priced)."""
+    plain = [c for c in candidates if c.sample == "none" and c.compress == "none"]
+    return next((c for c in plain if c.evaluation == "same"), plain[0])
 
 
 def model_shape(graph: LocalGraph, config: TrainConfig) -> ModelShape:
@@ -316,13 +361,17 @@ def workload(col_comm: Communicator, graph: LocalGraph, plan: str) -> Workload:
     return Workload("run", table[:, 0], table[:, 1], table[:, 2], boundary, union)
 
 def with_checkpoint_policies(config: TrainConfig, recorded: Any) -> TrainConfig:
-    """``config`` with the sampling, staleness and compression a checkpoint's configuration holds (a resumed
-    ``--policy auto`` run keeps its first leg's choice); as it is where the checkpoint holds none."""
+    """``config`` with the sampling, staleness, compression and evaluation plan a checkpoint's configuration holds
+    (a resumed ``--policy auto`` run keeps its first leg's choice); as it is where the checkpoint holds none."""
     if not isinstance(recorded, dict):
         return config
+    evaluation = str(recorded.get("evaluation_plan", config.evaluation_plan))
     try:
+        if evaluation_plan_refusal(evaluation, config.model, layer_type(config.model).takes_operator) is not None:
+            return config
         return replace(config, sample=AxisSpec.parse("sample", str(recorded.get("sample", "none"))),
                        stale=AxisSpec.parse("stale", str(recorded.get("stale", "none"))),
-                       compress=str(Codec.parse(str(recorded.get("compress", "none"))) or "none"))
+                       compress=str(Codec.parse(str(recorded.get("compress", "none"))) or "none"),
+                       evaluation_plan=evaluation)
     except ValueError:
         return config  # the fingerprint check then says what differs

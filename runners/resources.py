@@ -267,6 +267,26 @@ def node_memory() -> dict[str, Any]:
     return {"host": socket.gethostname(), "rss_at_start": current_rss(), "available": mem_available()}
 
 
+def free_memory_per_rank(comm: Communicator, record: dict[str, Any] | None) -> float | None:
+    """The bytes each rank may add beyond the run's estimates: on each node its ``MemAvailable`` less its ranks'
+    estimates, split over them; the smallest over the nodes (0 where a node is short). None without the
+    estimates (``record``: :func:`check_train_resources`' figures) or a node's available memory. Collective (one
+    allgather); the same on every rank."""
+    everyone = comm.allgather_object(node_memory())
+    if record is None or "estimate_per_rank" not in record:
+        return None
+    nodes: dict[str, list[int]] = {}
+    for rank, entry in enumerate(everyone):
+        nodes.setdefault(entry["host"], []).append(rank)
+    shares = []
+    for ranks in nodes.values():
+        available = [everyone[r]["available"] for r in ranks if everyone[r]["available"] is not None]
+        if not available:
+            return None
+        shares.append((min(available) - sum(record["estimate_per_rank"][r] for r in ranks)) / len(ranks))
+    return max(0.0, float(min(shares)))
+
+
 def memory_verdict(comm: Communicator, everyone: list[dict[str, Any]],
                    totals: list[int]) -> tuple[Estimate, tuple[str, list[int], int, int] | None]:
     """From every rank's :func:`node_memory` and ``estimate`` parts (gathered) and their ``totals``: rank 0 prints

@@ -78,7 +78,7 @@ from runners.train_flags import DEFAULT_CHECKPOINT_EVERY, add_arguments, attenti
 from runners.train_grid import grid_flag_problem, open_grid_run, resumed_plan
 from runners.train_records import leg_record, setup_record
 from runners.train_paths import PathError, check_paths, overlap_problems
-from runners.resources import check_train_resources, readable_meta
+from runners.resources import check_train_resources, free_memory_per_rank, readable_meta
 from sparse_dist.comm import Communicator, default_threads_per_rank, mpi_vendor_details, ranks_on_this_node, said_once
 from sparse_dist.compress import Codec
 from sparse_dist.dcsr import split_grid
@@ -393,7 +393,8 @@ def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
         grid = Grid(comm.size, args.replication)
         graph = load_local_graph(comm, args.data, grid.groups, args.replication)
         if resumption is None and args.policy == "auto":  # measured and chosen before the trainer (collective)
-            config, chosen_policy, lines = choose(comm, split_grid(comm, grid)[1], graph, config, threads, device)
+            config, chosen_policy, lines = choose(comm, split_grid(comm, grid)[1], graph, config, threads, device,
+                                                  free_memory_per_rank(comm, resources))
             auto = {"type": "policy_auto", **chosen_policy}
             if comm.rank == 0:
                 print("\n".join(lines), flush=True)

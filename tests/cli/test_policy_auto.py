@@ -36,8 +36,11 @@ def test_auto_says_its_choice_once_and_trains_with_it(cora_shards: Path, tmp_pat
     config = next(r for r in records if r["type"] == "config")
     auto = next(r for r in records if r["type"] == "policy_auto")
     chosen, candidates = auto["chosen"], auto["candidates"]
-    assert (config["sample"], config["compress"]) == (chosen["sample"], chosen["compress"])
-    assert candidates[0] == chosen and len(candidates) == 9
+    assert (config["sample"], config["compress"], config["evaluation_plan"]) == (
+        chosen["sample"], chosen["compress"], chosen["evaluation_plan"])
+    # every sampling x compression, evaluated on the plan and from the receptive field (Cora's fits anywhere)
+    assert candidates[0] == chosen and len(candidates) == 18
+    assert sorted(c["evaluation_plan"] for c in candidates) == ["field"] * 9 + ["same"] * 9
     assert [c["time_to_accuracy"] for c in candidates] == sorted(c["time_to_accuracy"] for c in candidates)
     assert auto["measured"]["alpha"] > 0 and auto["measured"]["gb_per_s"] > 0
     assert all(auto["measured"]["codec_seconds_per_value"][c] > 0 for c in ("int8,feedback", "adaptive,feedback"))
@@ -56,7 +59,8 @@ def test_a_resumed_auto_run_keeps_its_first_legs_choice(cora_shards: Path, tmp_p
     chosen = next(r for r in first if r["type"] == "policy_auto")["chosen"]
     assert [r["epoch"] for r in records if r["type"] == "epoch"] == [1, 2, 3, 4, 5]
     leg = next(r for r in records if r["type"] == "leg")
-    assert (leg["config"]["sample"], leg["config"]["compress"]) == (chosen["sample"], chosen["compress"]), leg
+    assert (leg["config"]["sample"], leg["config"]["compress"], leg["config"]["evaluation_plan"]) == (
+        chosen["sample"], chosen["compress"], chosen["evaluation_plan"]), leg
 
 
 @pytest.mark.parametrize("flags,sentence", [

@@ -1,6 +1,6 @@
 """``--policy auto``'s ranking (runners/policy_auto.py) on a hand-made workload: a slow link makes a sampled,
-compressed configuration the fastest to accuracy; a free link with a costly codec makes it exact or sampled
-without compression; every candidate the plan refuses is left out. The run itself: tests/cli/test_policy_auto.py."""
+compressed configuration the fastest to accuracy, evaluated from the receptive field where it fits; a free link
+with a costly codec makes it exact or sampled without compression; every candidate the plan refuses is left out. The run itself: tests/cli/test_policy_auto.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pytest
 
 from algorithms.training.config import TrainConfig
 from runners.perf.cost_model import ModelShape, Rates
+from runners.perf.field_cost import field_memory, field_sizes, predict_field_evaluation
 from runners.perf.workload import Workload
 from runners.policy_auto import CODECS, SAMPLES, Measured, rank_candidates, with_checkpoint_policies
+from sparse_dist.cost import Network
 
 SHAPE = ModelShape((128, 128, 128, 47))
 # two row groups of 100k rows, degree 15, a third of the entries cut, 60k boundary rows each way
@@ -48,6 +50,9 @@ def test_a_resumed_auto_run_takes_the_policies_its_checkpoint_holds() -> None:
     config = with_checkpoint_policies(TrainConfig(), {"sample": "psc:budget=0.1", "stale": "none",
                                                       "compress": "adaptive,feedback"})
     assert (str(config.sample), str(config.stale), config.compress) == ("psc:budget=0.1", "none", "adaptive,feedback")
+    assert config.evaluation_plan == "same"  # the checkpoint holds none: the run's own
+    assert with_checkpoint_policies(TrainConfig(), {"evaluation_plan": "field"}).evaluation_plan == "field"
+    assert with_checkpoint_policies(TrainConfig(), {"evaluation_plan": "no-such-plan"}) == TrainConfig()
     assert with_checkpoint_policies(TrainConfig(), "not a table") == TrainConfig()
     assert with_checkpoint_policies(TrainConfig(), {"sample": "no-such-policy"}) == TrainConfig()
 
@@ -144,3 +149,56 @@ def test_the_disk_estimate_of_an_auto_run_holds_whatever_it_chooses() -> None:
 # Cora's sizes in two parts (what train_disk reads of a prepared dataset's meta.json)
 META = {"feature_dim": 1433, "num_classes": 7, "num_nodes": 2708, "num_edges": 10556, "num_parts": 2,
         "row_offsets": [0, 1354, 2708], "partition_stats": {}}
+
+
+def test_a_slow_link_evaluates_from_the_receptive_field_where_it_fits_and_a_free_link_does_not() -> None:
+    slow, free = _measured(0.025, 5e-9), _measured(100.0, 5e-9)
+    ranked = rank_candidates(WORK, SHAPE, TrainConfig(), slow, threads=1, nodes=200_000, field_room=1e12)
+    assert len(ranked) == 2 * len(SAMPLES) * len(CODECS) and ranked[0].evaluation == "field", ranked[0]
+    assert "--evaluation-plan field" in ranked[0].text
+    same = next(c for c in ranked if c.evaluation == "same" and (c.sample, c.compress) == (ranked[0].sample,
+                                                                                           ranked[0].compress))
+    assert ranked[0].step == same.step and ranked[0].cycle < same.cycle  # the same step, a cheaper evaluation
+    assert rank_candidates(WORK, SHAPE, TrainConfig(), free, threads=1, nodes=200_000,
+                           field_room=1e12)[0].evaluation == "same"
+    bound = float(field_memory(WORK, SHAPE, 200_000, references=True).max())
+    for room in (None, bound * 0.99):  # unknown memory, or too little: the field is not weighed
+        assert {c.evaluation for c in rank_candidates(WORK, SHAPE, TrainConfig(), slow, threads=1, nodes=200_000,
+                                                      field_room=room)} == {"same"}
+    assert {c.evaluation for c in rank_candidates(WORK, SHAPE, TrainConfig(), slow, threads=1, nodes=200_000,
+                                                  field_room=bound)} == {"same", "field"}
+
+
+def test_the_field_is_weighed_only_where_the_run_takes_it() -> None:
+    slow = _measured(0.025, 5e-9)
+
+    def plans(config: TrainConfig, shape: ModelShape = SHAPE) -> set[str]:
+        return {c.evaluation for c in rank_candidates(WORK, shape, config, slow, threads=1, nodes=200_000,
+                                                      field_room=1e12)}
+
+    assert plans(TrainConfig(evaluation_plan="field")) == {"field"}  # asked for: priced as it will run
+    assert plans(TrainConfig(evaluation_plan="cover")) == {"same"}   # another plan asked for: not replaced
+    assert plans(TrainConfig(model="gat"), ModelShape((128, 128, 128, 47), kind="gat")) == {"same"}
+    assert plans(TrainConfig(replication=2)) == {"same"}
+
+
+def test_the_field_grows_from_its_first_ring_up_to_the_graph() -> None:
+    # own 100k rows, a halo of 60k: S_3 = 100k, S_2 = 160k, then x1.6 a ring, at most N
+    assert field_sizes(WORK, 3, 200_000)[0].tolist() == [200_000, 200_000, 160_000, 100_000]
+    assert field_sizes(WORK, 3, 1_000_000)[0].tolist() == pytest.approx([409_600, 256_000, 160_000, 100_000])
+    evaluation = predict_field_evaluation(WORK, SHAPE, RATES, Network("n", 1e-5, 1e-9, 1e-5, 1e-9), 200_000)
+    assert evaluation.exchange == 0.0 and evaluation.compute > 0.0
+
+
+def test_free_memory_per_rank_is_what_the_node_has_beyond_the_estimates() -> None:
+    from runners.resources import free_memory_per_rank, node_memory
+    from sparse_dist.comm import world
+
+    comm = world(gpu_aware="off")
+    try:
+        available = node_memory()["available"]
+        assert free_memory_per_rank(comm, None) is None
+        assert free_memory_per_rank(comm, {"estimate_per_rank": [1 << 20]}) == available - (1 << 20)
+        assert free_memory_per_rank(comm, {"estimate_per_rank": [available * 2]}) == 0.0
+    finally:
+        comm.free()
