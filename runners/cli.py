@@ -35,7 +35,7 @@ from runners import termination
 from runners.argtypes import (bound_flags, deprecation_notice, launcher_rank, launcher_world_size, replication_problem,
                               say_once)
 from sparse_dist import log
-from sparse_dist.hostmem import one_heap_where_kept, prefer_huge_pages
+from sparse_dist.hostmem import one_heap_where_kept
 
 
 class _Parser(argparse.ArgumentParser):
@@ -277,8 +277,7 @@ def _allocator_failure(exc: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
-    prefer_huge_pages()  # before anything imports torch (see sparse_dist.hostmem)
-    one_heap_where_kept()  # and before any second thread allocates
+    one_heap_where_kept()  # before any second thread allocates (see sparse_dist.hostmem)
     warnings.showwarning = _show_warning
     words = sys.argv[1:] if argv is None else argv
     args = _parser(words).parse_args(words)

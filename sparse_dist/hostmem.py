@@ -1,4 +1,4 @@
-"""Host memory: large CPU tensors on transparent huge pages, and freed memory kept for reuse.
+"""Host memory: freed memory kept for reuse, and what the process does with transparent huge pages.
 
 Why: an epoch allocates and frees tensors of the same large sizes over and
 over (activations, gradients, SpMM outputs: 100 MB each at 200k rows x 128
@@ -10,14 +10,16 @@ result cost 20-70 ms where a write into a warm one took 6 ms.
 PyTorch's own switch ``THP_MEM_ALLOC_ENABLE=1`` makes its CPU allocator
 align large blocks to 2 MiB and ask for transparent huge pages
 (``madvise(MADV_HUGEPAGE)``), so a 100 MB tensor is faulted in with about
-50 faults instead of 25,000.
-
-PyTorch reads the variable once, at its first CPU allocation, so it must be
-in the environment before ``torch`` is imported: :func:`prefer_huge_pages`
-is called by the ``sparse-dist`` entry point first thing. A value the user
-set (``THP_MEM_ALLOC_ENABLE=0`` to switch it off) is kept. It matters only
-where the kernel's THP mode is ``always`` or ``madvise``
-(``/sys/kernel/mm/transparent_hugepage/enabled``).
+50 faults instead of 25,000. ``sparse-dist`` leaves it at torch's default
+(off); a user sets it before the launch (it is read at torch's first CPU
+allocation). It was the entry point's default until measured against: on the
+2-core test machine (2026-12-05; its kernel pages cold memory out, DAMON's
+``pageout``, and its THP defrag is ``madvise``) the 200k synthetic at P = 2
+(psc with adaptive widths, field evaluations, 12 epochs, two interleaved
+pairs) reached its first row in 8.4-8.8 s without huge pages against
+13.6-15.6 s with them, and ended in 21.0-24.6 s against 31.6-34.0 s, with
+2.9-6.6 s of system time against 12.3-14.0 s, whether freed memory was kept
+or not. ``huge_page_state`` reports the choice in every results file.
 
 Fewer faults still zero every page: over an emulated 1 Gbit/s network (200k
 synthetic, P = 2, ``pipe:tau=1``) the kernel's page clearing was a tenth of
@@ -51,7 +53,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from typing import Callable
 
 from sparse_dist.log import get_logger
@@ -63,12 +64,6 @@ _kept = False
 _one_heap = False
 _log = get_logger(__name__)
 _KERNEL_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
-
-
-def prefer_huge_pages() -> None:
-    """Set ``THP_MEM_ALLOC_ENABLE=1`` unless the user chose a value (before torch is imported)."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault(VARIABLE, "1")
 
 
 def _mallopt() -> Callable[[int, int], int] | None:

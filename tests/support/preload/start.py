@@ -37,7 +37,6 @@ def start() -> tuple[Path, list[subprocess.Popen[bytes]]] | None:
     for family, extra in families.items():
         env = {key: value for key, value in os.environ.items() if key != SWITCH}
         env.update(extra)
-        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `sparse-dist` sets it before torch loads
         for index in range(COUNT):
             processes.append(subprocess.Popen([sys.executable, str(HERE / "zygote.py"), str(folder),
                                                f"{family}-{index}"], env=env, stdin=subprocess.DEVNULL))

@@ -12,10 +12,11 @@ import os
 import resource
 import sys
 
-IMPORT_TIME_PREFIXES = ("OMP_", "GOMP_", "MKL_", "OPENBLAS_", "NUMBA_", "TORCH_", "PYTORCH", "CUDA",
+IMPORT_TIME_PREFIXES = ("OMP_", "GOMP_", "MKL_", "OPENBLAS_", "NUMBA_", "TORCH_", "PYTORCH", "CUDA", "THP_",
                         "LD_", "MALLOC_", "GLIBC_", "LC_", "LANG", "TZ", "NPY_", "PYTHON", "TMPDIR")
 """Variables read when the preloaded libraries load (:data:`zygote.PRELOADED`): libgomp's (torch's OpenMP; the
-CPU wheel has no Intel OpenMP, so ``KMP_*`` is not read), OpenBLAS's, numba's, torch's own (``TORCH_*``, not
+CPU wheel has no Intel OpenMP, so ``KMP_*`` is not read), OpenBLAS's, numba's, torch's own (``TORCH_*``,
+``THP_MEM_ALLOC_ENABLE``, not
 ``TORCHINDUCTOR_*``: the compiler's modules are not preloaded, a child reads those when it imports them),
 glibc's, the locale's and Python's."""
 APPLIED_BY_CHILD = ("PYTHONUNBUFFERED",)
