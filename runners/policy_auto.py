@@ -90,7 +90,7 @@ class Candidate:
     step: float
     cycle: float
     factor: float
-    evaluation: str = "same"  # --evaluation-plan: on the run's plan, or from the receptive field
+    evaluation: str = "same"  # --evaluation-plan: on the run's plan ("same"), the user's "cover", or "field"
 
     @property
     def time_to_accuracy(self) -> float:
@@ -175,9 +175,9 @@ def rank_candidates(work: Workload, shape: ModelShape, config: TrainConfig, meas
     net = Network("measured", measured.alpha, measured.beta, measured.alpha, measured.beta, ranks_per_node=1,
                   cores_per_node=threads)
     evaluations = {}
-    if config.evaluation_plan != "field":
-        evaluations["same"] = predict_evaluation(work, shape, config.plan, measured.rates, net, config.replication,
-                                                 threads)
+    if config.evaluation_plan != "field":  # "same", or the user's "cover" (priced on --plan: its covers are unknown)
+        evaluations[config.evaluation_plan] = predict_evaluation(work, shape, config.plan, measured.rates, net,
+                                                                 config.replication, threads)
     if field_evaluations_allowed(work, shape, config, nodes, field_room):
         evaluations["field"] = predict_field_evaluation(work, shape, measured.rates, net, nodes, threads)
     run = RunShape(plan=config.plan, replication=config.replication, model=config.model,

@@ -177,7 +177,7 @@ def test_the_field_is_weighed_only_where_the_run_takes_it() -> None:
                                                       field_room=1e12)}
 
     assert plans(TrainConfig(evaluation_plan="field")) == {"field"}  # asked for: priced as it will run
-    assert plans(TrainConfig(evaluation_plan="cover")) == {"same"}   # another plan asked for: not replaced
+    assert plans(TrainConfig(evaluation_plan="cover")) == {"cover"}  # another plan asked for: kept, not replaced
     assert plans(TrainConfig(model="gat"), ModelShape((128, 128, 128, 47), kind="gat")) == {"same"}
     assert plans(TrainConfig(replication=2)) == {"same"}
 
