@@ -267,23 +267,27 @@ def node_memory() -> dict[str, Any]:
     return {"host": socket.gethostname(), "rss_at_start": current_rss(), "available": mem_available()}
 
 
-def free_memory_per_rank(comm: Communicator, record: dict[str, Any] | None) -> float | None:
-    """The bytes each rank may add beyond the run's estimates: on each node its ``MemAvailable`` less its ranks'
-    estimates, split over them; the smallest over the nodes (0 where a node is short). None without the
-    estimates (``record``: :func:`check_train_resources`' figures) or a node's available memory. Collective (one
-    allgather); the same on every rank."""
-    everyone = comm.allgather_object(node_memory())
+def ranks_by_host(hosts: list[str]) -> dict[str, list[int]]:
+    """The ranks on each host, in rank order, from every rank's host name (gathered)."""
+    nodes: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        nodes.setdefault(host, []).append(rank)
+    return nodes
+
+
+def free_memory_per_rank(record: dict[str, Any] | None) -> float | None:
+    """The bytes each rank may add beyond the run's estimates: on each node its ``MemAvailable`` (read with the
+    estimates, before any shard) less its ranks' estimates, split over them; the smallest over the nodes (0 where
+    a node is short). None without the estimates (``record``: :func:`check_train_resources`' figures) or a node's
+    available memory. Local: the record is the same on every rank."""
     if record is None or "estimate_per_rank" not in record:
         return None
-    nodes: dict[str, list[int]] = {}
-    for rank, entry in enumerate(everyone):
-        nodes.setdefault(entry["host"], []).append(rank)
     shares = []
-    for ranks in nodes.values():
-        available = [everyone[r]["available"] for r in ranks if everyone[r]["available"] is not None]
-        if not available:
+    for host, ranks in ranks_by_host(record["host_per_rank"]).items():
+        available = record["available_per_node"].get(host)
+        if available is None:
             return None
-        shares.append((min(available) - sum(record["estimate_per_rank"][r] for r in ranks)) / len(ranks))
+        shares.append((available - sum(record["estimate_per_rank"][r] for r in ranks)) / len(ranks))
     return max(0.0, float(min(shares)))
 
 
@@ -293,9 +297,7 @@ def memory_verdict(comm: Communicator, everyone: list[dict[str, Any]],
     the largest rank's estimate in one line; returns it and the node short of memory by the most, ``(host, ranks,
     need, available)``, or None. The same on every rank (decided from gathered figures)."""
     largest = max(range(len(everyone)), key=lambda r: totals[r])
-    nodes: dict[str, list[int]] = {}
-    for rank, entry in enumerate(everyone):
-        nodes.setdefault(entry["host"], []).append(rank)
+    nodes = ranks_by_host([entry["host"] for entry in everyone])
     worst, short_by = None, 0
     for host, ranks in nodes.items():
         available = [everyone[r]["available"] for r in ranks if everyone[r]["available"] is not None]
@@ -346,7 +348,8 @@ def check_train_resources(comm: Communicator, args: Any, meta: dict[str, Any] | 
     totals = [sum(entry["estimate"].values()) for entry in everyone]
     record = {"estimate_per_rank": totals, "estimate_parts_per_rank": [entry["estimate"] for entry in everyone],
               "rss_at_start_per_rank": [entry["rss_at_start"] for entry in everyone],
-              "available_per_node": {entry["host"]: entry["available"] for entry in everyone}}
+              "available_per_node": {entry["host"]: entry["available"] for entry in everyone},
+              "host_per_rank": [entry["host"] for entry in everyone]}
     biggest, worst = memory_verdict(comm, everyone, totals)
     if comm.rank == 0 and disk is not None:
         sets = (f"1 set of {size(disk['set'])} beside the current one" if args.resume

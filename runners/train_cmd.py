@@ -394,7 +394,7 @@ def _train(comm: Communicator, args: argparse.Namespace, config: TrainConfig,
         graph = load_local_graph(comm, args.data, grid.groups, args.replication)
         if resumption is None and args.policy == "auto":  # measured and chosen before the trainer (collective)
             config, chosen_policy, lines = choose(comm, split_grid(comm, grid)[1], graph, config, threads, device,
-                                                  free_memory_per_rank(comm, resources))
+                                                  free_memory_per_rank(resources))
             auto = {"type": "policy_auto", **chosen_policy}
             if comm.rank == 0:
                 print("\n".join(lines), flush=True)

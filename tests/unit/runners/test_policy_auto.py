@@ -191,14 +191,16 @@ def test_the_field_grows_from_its_first_ring_up_to_the_graph() -> None:
 
 
 def test_free_memory_per_rank_is_what_the_node_has_beyond_the_estimates() -> None:
-    from runners.resources import free_memory_per_rank, node_memory
-    from sparse_dist.comm import world
+    from runners.resources import free_memory_per_rank
 
-    comm = world(gpu_aware="off")
-    try:
-        available = node_memory()["available"]
-        assert free_memory_per_rank(comm, None) is None
-        assert free_memory_per_rank(comm, {"estimate_per_rank": [1 << 20]}) == available - (1 << 20)
-        assert free_memory_per_rank(comm, {"estimate_per_rank": [available * 2]}) == 0.0
-    finally:
-        comm.free()
+    available = 8 << 30
+
+    def record(estimates: list[int], hosts: list[str]) -> dict:
+        return {"estimate_per_rank": estimates, "host_per_rank": hosts, "available_per_node": {"a": available,
+                                                                                                "b": available}}
+
+    assert free_memory_per_rank(None) is None
+    assert free_memory_per_rank(record([1 << 20], ["a"])) == available - (1 << 20)
+    assert free_memory_per_rank(record([available * 2], ["a"])) == 0.0
+    # two ranks on node a share its memory; node b's one rank has more: the smaller share counts
+    assert free_memory_per_rank(record([1 << 30, 1 << 30, 1 << 30], ["a", "a", "b"])) == (available - (2 << 30)) / 2
