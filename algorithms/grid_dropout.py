@@ -53,8 +53,7 @@ class GridDropout:
 
     def mask(self, layer: int, device: torch.device) -> torch.Tensor:
         """This rank's block of ``layer``'s input mask (``n_o x f_i``, boolean)."""
-        outer, inner, _ = roles(layer)
-        (r0, r1), (c0, c1) = self.grid.block(self.nodes, outer), self.grid.block(self.dims[layer], inner)
+        (r0, r1), (c0, c1) = input_block(self.grid, self.nodes, self.dims, layer)
         return keep_mask(self.seed, self.epoch, layer, r0, r1 - r0, self.dims[layer], self.rule.p, device,
                          columns=(c0, c1))
 
@@ -71,10 +70,15 @@ def load_grid_passes(grid: ProcessGrid, nodes: int, dims: list[int], device: tor
     slower pass (R-MAT SCALE 20 at 2x2x2: 1.0 s a mask against well under 0.1 s compiled)."""
     largest = 0
     for layer in range(len(dims) - 1):
-        outer, inner, _ = roles(layer)
-        (r0, r1), (c0, c1) = grid.block(nodes, outer), grid.block(dims[layer], inner)
+        (r0, r1), (c0, c1) = input_block(grid, nodes, dims, layer)
         largest = max(largest, (r1 - r0) * (c1 - c0))
     return load_compiled_passes(largest, device, dtype)
+
+
+def input_block(grid: ProcessGrid, nodes: int, dims: list[int], layer: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The rows (of ``o``) and columns (of ``i``) of ``layer``'s input block ``H[o, i]`` on this rank."""
+    outer, inner, _ = roles(layer)
+    return grid.block(nodes, outer), grid.block(dims[layer], inner)
 
 
 __all__ = ["GridDropout", "load_grid_passes"]

@@ -42,13 +42,16 @@ def field_sizes(work: Workload, layers: int, nodes: int) -> np.ndarray:
     return sizes
 
 
+def entries_per_row(work: Workload) -> np.ndarray:
+    """Each row group's mean stored entries a row (local and remote columns), what a field row is assumed to hold."""
+    return (work.nnz_local + work.nnz_remote) / np.maximum(work.rows, 1)
+
+
 def predict_field_evaluation(work: Workload, shape: ModelShape, rates: Rates, net: Network, nodes: int,
                              threads: int = 1) -> EvaluationCost:
     """One evaluation from the field on ``work.groups`` ranks (one a row group): the slowest rank's compute, no
     exchange (module docstring)."""
-    layers = len(shape.dims) - 1
-    sizes = field_sizes(work, layers, nodes)
-    per_row = (work.nnz_local + work.nnz_remote) / np.maximum(work.rows, 1)
+    sizes, per_row = field_sizes(work, len(shape.dims) - 1, nodes), entries_per_row(work)
     kept_product = layer_type(shape.kind).input_only_through_product
     cores = cores_per_rank(net, work.groups, threads)
     seconds = np.zeros(work.groups)
@@ -68,9 +71,7 @@ def field_memory(work: Workload, shape: ModelShape, nodes: int, references: bool
     output over the widest field rows. On the 200k synthetic in two METIS parts (GCN 3 x 128, float32) this
     gives 320 MB a rank (422 MB with references), where the field kept 171 MB (its product and operators, the
     set-up record's ``evaluation_field``) beside a layer's output over its 200,000 rows (102 MB)."""
-    layers = len(shape.dims) - 1
-    sizes = field_sizes(work, layers, nodes)
-    per_row = (work.nnz_local + work.nnz_remote) / np.maximum(work.rows, 1)
+    sizes, per_row = field_sizes(work, len(shape.dims) - 1, nodes), entries_per_row(work)
     itemsize = shape.itemsize
     operators = sizes[:, 1:].sum(axis=1) * per_row * (INDEX_BYTES + itemsize)
     kept_product = layer_type(shape.kind).input_only_through_product
@@ -80,4 +81,4 @@ def field_memory(work: Workload, shape: ModelShape, nodes: int, references: bool
     return operators + first + inputs + widest
 
 
-__all__ = ["field_memory", "field_sizes", "predict_field_evaluation"]
+__all__ = ["entries_per_row", "field_memory", "field_sizes", "predict_field_evaluation"]
