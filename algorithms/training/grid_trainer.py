@@ -39,8 +39,8 @@ import torch
 from algorithms.grid_dropout import GridDropout, load_grid_passes
 from algorithms.layers import layer_type
 from algorithms.model import GraphModel
-from algorithms.training import state as checkpoint_state
 from algorithms.training import grid_policy
+from algorithms.training.grid_state import GridCheckpointState
 from algorithms.training.alongside import EvaluationShare
 from algorithms.training.assembly import make_optimizer
 from algorithms.training.config import TrainConfig
@@ -78,7 +78,7 @@ class GridInput:
                 f"set-up")
 
 
-class GridTrainer(grid_policy.GridPolicyState):
+class GridTrainer(grid_policy.GridPolicyState, GridCheckpointState):
     """One rank's part of a grid run (module docstring): its blocks of ``Â``, layer 0's aggregation, its output
     rows' labels and masks, its blocks of the weights and their Adam (:attr:`block_optimizer`). ``model`` and
     ``optimizer`` are the whole weights and Adam in the 1D form, filled only to write or read a checkpoint."""
@@ -238,82 +238,6 @@ class GridTrainer(grid_policy.GridPolicyState):
         classes, mask = self._classes(), self.masks[split]
         rows = torch.nonzero(mask).flatten() + self.output_first_row
         return rows.cpu().numpy(), classes[mask].cpu().numpy()
-
-    # ----------------------------------------------------- checkpoint state
-    def state(self) -> dict[str, Any]:
-        """The replicated state in the 1D trainer's form (:func:`algorithms.training.state.replicated_state`):
-        the whole weights and Adam moments gathered from the blocks into :attr:`model` and :attr:`optimizer`
-        (collective: one allreduce over every rank, phase ``other``)."""
-        self._gather_whole()
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch,
-                "torch_rng": torch.get_rng_state(), "config": self.config.fingerprint(),
-                "graph": {"name": self.meta["name"], "nodes": self.nodes}, "written_at": self.written_at(),
-                **self.guard.state_dict()}
-
-    def _gather_whole(self) -> None:
-        wholes = self._wholes()
-        moments = bool(self.block_optimizer.state)  # the same on every rank: every block stepped alike
-        sections = 3 if moments else 1
-        sizes = [whole.numel() for _, whole in wholes]
-        flat = torch.zeros(sections * sum(sizes), dtype=self.dtype, device=self.device)
-        offset = 0
-        for section in range(sections):
-            for (key, whole), size in zip(wholes, sizes):
-                block = self._cut[key] if section == 0 else self.block_optimizer.state[self._cut[key]][
-                    ("exp_avg", "exp_avg_sq")[section - 1]]
-                if self._writes(key, whole):
-                    self._place(key, flat[offset:offset + size].view_as(whole), block.detach())
-                offset += size
-        self.comm.allreduce_(flat, "other")
-        offset = 0
-        with torch.no_grad():
-            for section in range(sections):
-                for (key, whole), size in zip(wholes, sizes):
-                    values = flat[offset:offset + size].view_as(whole)
-                    offset += size
-                    if section == 0:
-                        whole.copy_(values)
-                        continue
-                    state = self.optimizer.state.setdefault(whole, {})
-                    state["step"] = self.block_optimizer.state[self._cut[key]]["step"].clone()
-                    state[("exp_avg", "exp_avg_sq")[section - 1]] = values.clone()
-
-    def _wholes(self) -> list[tuple[tuple[int, str], torch.nn.Parameter]]:
-        return [((index, name), whole) for index, layer in enumerate(self.model.layers)
-                for name, whole in layer.named_parameters()]
-
-    def _writes(self, key: tuple[int, str], whole: torch.Tensor) -> bool:
-        """Whether this rank writes its block of ``whole`` when gathering: one holder per block."""
-        _, inner, depth = roles(key[0])
-        return self.grid.coords[depth] == 0 and (whole.dim() == 2 or self.grid.coords[inner] == 0)
-
-    def _place(self, key: tuple[int, str], into: torch.Tensor, block: torch.Tensor) -> None:
-        outer, inner, _ = roles(key[0])
-        if into.dim() == 2:
-            (r0, r1), (c0, c1) = self.grid.block(into.shape[0], inner), self.grid.block(into.shape[1], outer)
-            into[r0:r1, c0:c1] = block
-        else:
-            lo, hi = self.grid.block(into.shape[0], outer)
-            into[lo:hi] = block
-
-    def written_at(self) -> dict[str, Any]:
-        return {"world_size": self.comm.size, "replication": 1, "plan": self.config.plan}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """A checked 1D-form state into :attr:`model` and :attr:`optimizer`, then cut into the blocks and their
-        moments (local)."""
-        checkpoint_state.load_replicated_state(self, state)  # type: ignore[arg-type]
-        self.block_optimizer.reset_moments()
-        with torch.no_grad():
-            for key, whole in self._wholes():
-                block = self._cut[key]
-                block.copy_(self._cut_of(key[0], whole.detach()))
-                saved = self.optimizer.state.get(whole)
-                if saved is not None:
-                    self.block_optimizer.state[block] = {
-                        "step": saved["step"].clone(),
-                        "exp_avg": self._cut_of(key[0], saved["exp_avg"]).to(block.device, block.dtype),
-                        "exp_avg_sq": self._cut_of(key[0], saved["exp_avg_sq"]).to(block.device, block.dtype)}
 
     def evaluation_memory(self) -> None:
         """Evaluations keep nothing of their own on the grid (they exchange on the grid itself)."""
