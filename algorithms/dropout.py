@@ -27,10 +27,11 @@ and on every device: a CUDA run draws the CPU run's masks.
 * CPU: the words are made and applied in one compiled pass
   (:mod:`sparse_dist.dropout_kernel`: no mask is stored, and a backward that
   needs the mask makes it again), cut into equal shares over torch's threads;
-  for matrices under :data:`sparse_dist.dropout_kernel.MIN_ENTRIES` entries, and
-  until the kernels are ready (compiled in the background: seconds the first
-  time on a machine, then loaded from numba's cache), NumPy makes the masks and
-  torch applies them, with the same values.
+  for matrices under :data:`sparse_dist.dropout_kernel.MIN_ENTRIES` entries in a
+  run too short to load the kernels at set-up, and until the kernels are ready
+  (compiled in the background: seconds the first time on a machine, then loaded
+  from numba's cache), NumPy makes the masks and torch applies them, with the
+  same values.
 * Other devices: :mod:`algorithms.dropout_device` (on CUDA one CuPy kernel a
   mask, else torch's integer ops with the same bits), the mask stored as a
   boolean tensor for the backward.
@@ -165,12 +166,13 @@ def row_runs(width: int, first_row: int, n_rows: int, extra_rows: np.ndarray | N
     return kernel.LaneRuns(lane[keep], pos[keep], length[keep])
 
 
-def load_compiled_passes(largest_pass: int, device: torch.device, dtype: torch.dtype) -> float | None:
+def load_compiled_passes(largest_pass: int, device: torch.device, dtype: torch.dtype, epochs: int = 1) -> float | None:
     """Load the compiled passes now (set-up, one rank's own: not collective) where a pass over ``largest_pass``
-    entries of ``dtype`` on ``device`` would use them; the seconds it took, or None where none was loaded here
-    (small passes, CUDA, numba unavailable). Loaded lazily instead, the load would run in the background
-    beside the first epochs and slow them (:mod:`sparse_dist.dropout_kernel`)."""
-    if device.type != "cpu" or dtype not in COMPILED_DTYPES or largest_pass < kernel.MIN_ENTRIES:
+    entries of ``dtype`` on ``device`` would use them, or where ``epochs`` of such passes would cost NumPy's words
+    more than the load (:func:`sparse_dist.dropout_kernel.loads_at_set_up`); the seconds it took, or None where
+    none was loaded here (short runs of small passes, CUDA, numba unavailable). Loaded lazily instead, the load
+    would run in the background beside the first epochs and slow them (:mod:`sparse_dist.dropout_kernel`)."""
+    if device.type != "cpu" or dtype not in COMPILED_DTYPES or not kernel.loads_at_set_up(largest_pass, epochs):
         return None
     return kernel.load_now()
 

@@ -16,8 +16,9 @@ torch, MPI) as the sum of these parts (the names it prints):
 * ``activations``: layer 0's dropped-out input and mask, and per layer the arrays of its width autograd keeps
   and their gradients (:data:`ACTIVATION_COPIES`), plus a layer's per-entry values (attention).
 * ``parameters``: the parameters, their gradients and Adam's two moments.
-* ``compiled kernels``: numba and the compiled dropout passes, where a rank's dropout passes are large enough to
-  use them (CPU, dropout on, a layer input of at least :data:`MIN_ENTRIES` entries).
+* ``compiled kernels``: numba and the compiled dropout passes, where a rank's run loads them at set-up (CPU,
+  dropout on, a layer input of at least :data:`~sparse_dist.dropout_kernel.MIN_ENTRIES` entries or enough epochs
+  of smaller ones: :func:`sparse_dist.dropout_kernel.loads_at_set_up`).
 * ``buffers``: a staleness rule's caches (send and receive side, every layer).
 * ``residuals``: error feedback's residuals (``--compress ...,feedback``), one per exchanging layer and direction
   of the rows it sends: the forward's of the rows its boundary sends, the backward's of the gradients of its halo
@@ -60,7 +61,7 @@ from algorithms.layers import LayerOptions, layer_type
 from algorithms.model import LayerFigures, layer_figures
 from algorithms.policies.spec import AxisSpec
 from algorithms.static_input import evaluations
-from sparse_dist.dropout_kernel import MIN_ENTRIES
+from sparse_dist.dropout_kernel import loads_at_set_up
 from sparse_dist.compress import Codec
 
 GIB = 1 << 30
@@ -71,7 +72,7 @@ RUNTIME_BYTES = 32 << 20
 first step imported ``torch._dynamo``; :mod:`algorithms.optim` no longer does)."""
 COMPILED_KERNEL_BYTES = 88 << 20
 """What loading the compiled dropout passes (:mod:`sparse_dist.dropout_kernel`: numba, llvmlite and the kernels
-from numba's cache) adds to a rank's peak, once a dropout pass reaches :data:`MIN_ENTRIES` entries on the CPU: 82
+from numba's cache) adds to a rank's peak, where a run loads them (:func:`loads_at_set_up`) on the CPU: 82
 to 93 MiB on the 50k planted graph at P = 2 (two runs each with and without them, GCN 3 epochs)."""
 GRAPH_BYTES_PER_EDGE = 30
 """A rank's stored entries at the peak, per entry: the CSR as loaded, the normalised rows, the operator's blocks
@@ -216,8 +217,9 @@ def train_memory(meta: dict[str, Any], *, rank: int, world_size: int, replicatio
         training["kept by the heap"] = int(HEAP_KEPT_SHARE * (training["halo"] + training["activations"]))
     setup = SETUP_BYTES_PER_FEATURE * rows * features
     fixed = {"runtime": RUNTIME_BYTES, "graph": GRAPH_BYTES_PER_EDGE * edges + 3 * 8 * rows}
-    if dropout > 0 and device == "cpu" and (rows + halo) * max(features, *(f.width for f in figures)) >= MIN_ENTRIES:
-        fixed["compiled kernels"] = COMPILED_KERNEL_BYTES  # a pass this large loads the compiled dropout passes
+    if dropout > 0 and device == "cpu" and loads_at_set_up((rows + halo) * max(features, *(f.width for f in figures)),
+                                                            epochs):
+        fixed["compiled kernels"] = COMPILED_KERNEL_BYTES  # such a run loads the compiled dropout passes
     if setup > sum(training.values()):  # set-up's float64 copies are the peak: say so
         parts = {**fixed, "features at set-up": setup}
     else:

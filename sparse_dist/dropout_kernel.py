@@ -23,7 +23,8 @@ cold compile, and for two epochs loading from the cache), which slows the first 
 timed beside them (the guard's bias reference chose its interval from them). ``make venv`` fills numba's
 cache once at install.
 Callers ask through :func:`worth`, which says no to passes under :data:`MIN_ENTRIES` without asking
-:func:`ready`, so that a run on a small graph (Cora, the tests' graphs) never imports numba at all.
+:func:`ready`, so that a short run on a small graph (Cora, the tests' graphs) never imports numba at all; a long
+one loads them at set-up (:func:`loads_at_set_up`) and then compiles its small passes too.
 Where numba cannot be imported, that is said once in the log and the kernels are never ready. Pure (no
 communication).
 """
@@ -45,8 +46,9 @@ import numpy as np
 from sparse_dist.dropout_modes import FILL, KEEP, MULTIPLY, RELU_FILL
 from sparse_dist.splitmix import stream_words
 
-__all__ = ["FILL", "KEEP", "MIN_ENTRIES", "MULTIPLY", "RELU_FILL", "LaneRuns", "apply_mask_threaded", "apply_runs",
-           "keep_runs_numpy", "load_now", "ready", "warm_up", "worth"]
+__all__ = ["FILL", "KEEP", "MIN_ENTRIES", "MIN_LOADED_ENTRIES", "MIN_RUN_LANES", "MULTIPLY", "RELU_FILL", "LaneRuns",
+           "apply_mask_threaded", "apply_runs", "keep_runs_numpy", "load_now", "loaded", "loads_at_set_up", "ready",
+           "warm_up", "worth"]
 
 _log = logging.getLogger(__name__)
 
@@ -187,12 +189,34 @@ def warm_up() -> None:
 
 
 MIN_ENTRIES = 1 << 22  # lanes; below, torch's passes cost milliseconds: numba's load would not pay
+MIN_RUN_LANES = 1 << 27
+"""Lanes of a run's largest pass times its epochs from which set-up loads the kernels although no pass reaches
+:data:`MIN_ENTRIES`: NumPy's words cost 3 ns a lane in long runs and 16 ns in a receiver's scattered rows
+(Cora-sized passes, one thread: 11.7 ms for 3.9M lanes in one run, 50 ms for 3.1M in rows of 1433), the
+compiled pass 0.4-1.6 ms, and the load 0.4-1 s, so from 2^27 lanes (0.4-2.1 s of NumPy's words) the load pays
+for itself: Cora at P = 2 over 200 epochs (650M lanes) loads, a 5-epoch run does not."""
+MIN_LOADED_ENTRIES = 1 << 12  # lanes; once loaded, a compiled pass beats NumPy's words from here (0.06 ms vs 0.4)
 
 
 def worth(entries: int) -> bool:
-    """Whether a pass over ``entries`` entries should be compiled: at least :data:`MIN_ENTRIES`, and :func:`ready`.
-    Smaller passes never ask, so a run on a small graph never loads numba (about a second of one core)."""
-    return entries >= MIN_ENTRIES and ready()
+    """Whether a pass over ``entries`` entries should be compiled: from :data:`MIN_ENTRIES` where :func:`ready`
+    (which starts the load), and from :data:`MIN_LOADED_ENTRIES` where the kernels are :func:`loaded` already.
+    Smaller passes never ask for a load, so a short run on a small graph never loads numba (about a second of
+    one core)."""
+    if entries >= MIN_ENTRIES:
+        return ready()
+    return entries >= MIN_LOADED_ENTRIES and loaded()
+
+
+def loaded() -> bool:
+    """Whether the kernels are loaded (asks for nothing: no load starts)."""
+    return _warm.is_set()
+
+
+def loads_at_set_up(largest_pass: int, epochs: int) -> bool:
+    """Whether a CPU run whose largest dropout pass has ``largest_pass`` lanes over ``epochs`` epochs loads the
+    kernels at set-up: a pass reaches :data:`MIN_ENTRIES`, or the passes together :data:`MIN_RUN_LANES`."""
+    return largest_pass >= MIN_ENTRIES or largest_pass * max(epochs, 1) >= MIN_RUN_LANES
 
 
 def load_now() -> float | None:

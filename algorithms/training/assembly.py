@@ -222,7 +222,7 @@ class TrainingRun:
         self.layer_input = self.halo.values if self.halo is not None else features_tensor
         if config.dropout > 0.0:  # the largest pass: layer 0's input, or a hidden layer's over the same rows
             largest = self.layer_input.shape[0] * max(dims[:-1])
-            seconds = load_compiled_passes(largest, self.device, self.dtype)
+            seconds = load_compiled_passes(largest, self.device, self.dtype, config.epochs)
             if seconds:
                 _log.info("loaded the compiled dropout passes in %.2f s", seconds)
 

@@ -35,6 +35,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     for small matrices and until the kernels are ready."""
     if request.param == "numpy":
         monkeypatch.setattr(kernel, "ready", lambda: False)
+        monkeypatch.setattr(kernel, "loaded", lambda: False)
     else:
         monkeypatch.setattr(kernel, "MIN_ENTRIES", 0)
     return request.param
@@ -129,9 +130,11 @@ def test_a_drop_keeps_no_mask_for_its_backward() -> None:
 
 
 def test_small_passes_never_load_numba(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under MIN_ENTRIES entries the compiled path is not even asked for (a small graph never imports numba)."""
+    """Under MIN_ENTRIES entries the compiled path is not even asked for where the kernels are not loaded (a short
+    run on a small graph never imports numba)."""
     asked = []
     monkeypatch.setattr(kernel, "ready", lambda: asked.append(True) or True)
+    monkeypatch.setattr(kernel, "loaded", lambda: False)
     h = torch.randn(kernel.MIN_ENTRIES // 64 - 1, 64)
     assert isinstance(GlobalRowDropout(0.5, 1, 1, 0)._masking(0, h), dropout_module._MaskOf)
     assert not asked
@@ -140,15 +143,30 @@ def test_small_passes_never_load_numba(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_set_up_loads_the_kernels_only_where_a_pass_will_use_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run whose largest pass reaches MIN_ENTRIES loads the kernels at set-up, in the caller's thread (not beside
-    its first epochs); small passes, CUDA and dtypes the kernels do not take load nothing."""
+    """A run whose largest pass reaches MIN_ENTRIES, or whose epochs of smaller passes reach MIN_RUN_LANES, loads
+    the kernels at set-up, in the caller's thread (not beside its first epochs); a short run of small passes,
+    CUDA and dtypes the kernels do not take load nothing."""
     loads: list[bool] = []
     monkeypatch.setattr(kernel, "load_now", lambda: loads.append(True) or 0.5)
     cpu = torch.device("cpu")
-    assert dropout_module.load_compiled_passes(kernel.MIN_ENTRIES - 1, cpu, torch.float32) is None and not loads
+    small = kernel.MIN_ENTRIES - 1
+    enough = -(-kernel.MIN_RUN_LANES // small)  # epochs of the small pass that reach MIN_RUN_LANES
+    assert dropout_module.load_compiled_passes(small, cpu, torch.float32) is None and not loads
+    assert dropout_module.load_compiled_passes(small, cpu, torch.float32, enough - 1) is None and not loads
     assert dropout_module.load_compiled_passes(kernel.MIN_ENTRIES, torch.device("cuda"), torch.float32) is None
     assert dropout_module.load_compiled_passes(kernel.MIN_ENTRIES, cpu, torch.float16) is None and not loads
     assert dropout_module.load_compiled_passes(kernel.MIN_ENTRIES, cpu, torch.float64) == 0.5 and loads == [True]
+    assert dropout_module.load_compiled_passes(small, cpu, torch.float32, enough) == 0.5 and loads == [True] * 2
+
+
+def test_loaded_kernels_take_small_passes_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once loaded (a long run's set-up), a pass from MIN_LOADED_ENTRIES lanes is compiled without asking for a
+    load; smaller ones stay with NumPy and torch."""
+    monkeypatch.setattr(kernel, "ready", lambda: pytest.fail("a small pass asked for a load"))
+    monkeypatch.setattr(kernel, "loaded", lambda: True)
+    drop = GlobalRowDropout(0.5, 1, 1, 0)
+    assert isinstance(drop._masking(0, torch.randn(kernel.MIN_LOADED_ENTRIES // 64, 64)), dropout_module._StreamOf)
+    assert isinstance(drop._masking(0, torch.randn(kernel.MIN_LOADED_ENTRIES // 64 - 1, 64)), dropout_module._MaskOf)
 
 
 def test_load_now_leaves_the_kernels_ready() -> None:
