@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from sparse_dist.grid import ProcessGrid, roles
-from sparse_dist.grid_gcn import AdjacencyBlock, aggregation_gradient, combine, kept_aggregation, parameter_gradients
+from sparse_dist.grid_gcn import (AdjacencyBlock, aggregation_gradient, combine, kept_aggregation,
+                                   parameter_gradients, sparse_product)
 from sparse_dist.grid_links import GridLinks
 
 TERMS = 2
@@ -57,7 +58,7 @@ def _aggregate(h: torch.Tensor, block: AdjacencyBlock, own: SelfRows, links: Gri
     width = h.shape[1]
     aggregated = h.new_zeros(block.forward.shape[0], TERMS * width)
     if h.shape[0]:
-        aggregated[:, :width] = torch.sparse.mm(block.forward, h)
+        aggregated[:, :width] = sparse_product(block.forward, h)
     if own.count:
         aggregated[own.d_start:own.d_start + own.count, width:] = h[own.o_start:own.o_start + own.count]
     links.allreduce(aggregated, block.roles[0], phase, "aggregation")

@@ -1,5 +1,6 @@
 """Masks kept at one bit an entry (sparse_dist.bit_mask), and the grid layers that keep them: the same bits come
-back, on numpy's path and torch's, and a grid layer's backward lets its aggregation go."""
+back, on numpy's path and torch's, a grid layer's backward lets its aggregation go, and its aggregation product
+makes one block."""
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ import torch
 from sparse_dist.bit_mask import PackedMask, pack_with_shifts, unpack_with_shifts
 from sparse_dist.comm import world
 from sparse_dist.grid import GridShape, ProcessGrid
-from sparse_dist.grid_gcn import GridReLU, adjacency_blocks, gcn_layer
+from sparse_dist.grid_gcn import GridReLU, adjacency_blocks, gcn_layer, sparse_product
 from sparse_dist.grid_links import GridLinks
 
 
@@ -62,3 +63,23 @@ def test_a_grid_layer_lets_its_aggregation_go_after_the_weights_gradient_and_ref
     finally:
         grid.free()
         comm.free()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows,cols,width", [(300, 200, 17), (0, 5, 3), (4, 0, 3), (6, 5, 0)])
+def test_a_grid_blocks_product_gives_torchs_bits_into_one_fresh_block(dtype: torch.dtype, rows: int, cols: int,
+                                                                      width: int) -> None:
+    """The grid's aggregation product (addmm into a fresh block, beta 0) equals ``torch.sparse.mm`` bit for bit,
+    empty blocks too; it relies on addmm with beta 0 ignoring what the block held, NaN included (checked here)."""
+    rng = np.random.default_rng(rows + width)
+    dense = sp.random(rows, cols, density=0.1, random_state=rng, format="csr")
+    matrix = torch.sparse_csr_tensor(torch.from_numpy(dense.indptr.astype(np.int64)),
+                                     torch.from_numpy(dense.indices.astype(np.int64)),
+                                     torch.from_numpy(dense.data).to(dtype), size=(rows, cols))
+    h = torch.from_numpy(rng.standard_normal((cols, width))).to(dtype)
+    expected = torch.sparse.mm(matrix, h) if rows and cols else torch.zeros(rows, width, dtype=dtype)
+    out = sparse_product(matrix, h)
+    assert out.shape == (rows, width) and out.is_contiguous() and torch.equal(out, expected)
+    if rows and cols:
+        poisoned = torch.full((rows, width), float("nan"), dtype=dtype)
+        assert torch.equal(torch.addmm(poisoned, matrix, h, beta=0, out=poisoned), expected)
