@@ -37,19 +37,21 @@ ALL = "spmm,parity,static,pipe,gat,policy,minibatch"
 
 
 # One launch per (P, c): every check this launch's P and c can run (policy_cases.py and minibatch_cases.py are
-# written for c = 1; P = 1 parity runs alone in tests/mpi/test_train.py, P = 1 mini-batch inside P = 2). P = 4
-# at c = 1 repeats P = 2 and 3's sections at a rank count that divides the parts: the slow lane runs it.
+# written for c = 1; P = 1 parity runs alone in tests/mpi/test_train.py, P = 1 mini-batch inside P = 2). At four
+# ranks, c = 2 runs the SpMM, parity and GAT checks (as four ranks), so c = 1 runs only what c = 2 cannot: the
+# policies and mini-batch (the slow lane).
 @pytest.mark.parametrize("ranks,replication,sections,gat_policies", [
     (2, 1, ALL, False), (3, 1, ALL, True), (4, 2, "spmm,parity,static,pipe,gat", True),
-    pytest.param(4, 1, "spmm,parity,gat,policy,minibatch", False, marks=pytest.mark.slow)])
+    pytest.param(4, 1, "policy,minibatch", False, marks=pytest.mark.slow)])
 def test_training_cases_equal_their_references(parity_shards: list[str], ranks: int, replication: int, sections: str,
                                                gat_policies: bool) -> None:
     extra = ["--gat-policies"] if gat_policies else []
     result = run_case(ranks, "training_cases.py", "--replication", str(replication), "--sections", sections, *extra,
                       "--parity", *parity_shards, timeout=500)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "(96 SpMM cases per rank, 12 parity runs," in result.stdout and "all checks pass" in result.stdout, \
-        result.stdout + result.stderr
+    assert "all checks pass" in result.stdout, result.stdout + result.stderr
+    if "spmm" in sections and "parity" in sections:  # the counts come from the plan list
+        assert "(96 SpMM cases per rank, 12 parity runs," in result.stdout, result.stdout
     if "minibatch" in sections:  # the mini-batch cases say what they checked
         assert f"BYTES P={ranks}" in result.stdout and "mismatches=0" in result.stdout, result.stdout
         assert f"EXACT P={ranks}" in result.stdout and (ranks != 2 or "EXACT P=1" in result.stdout), result.stdout
