@@ -18,13 +18,14 @@ from __future__ import annotations
 import torch
 
 from algorithms.dropout import KeepRule, keep_mask, load_compiled_passes
-from sparse_dist.bit_mask import PackedMask
+from sparse_dist.bit_mask import PackedMask, masked_gradient
 from sparse_dist.grid import ProcessGrid, roles
 
 
 class _Masked(torch.autograd.Function):
     """``h * mask`` (boolean mask, unscaled), its backward ``grad * mask`` (the mask kept at one bit an entry,
-    :class:`~sparse_dist.bit_mask.PackedMask`)."""
+    :class:`~sparse_dist.bit_mask.PackedMask`; the grid layer's fresh input gradient masked in place,
+    :func:`~sparse_dist.bit_mask.masked_gradient`)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -33,7 +34,7 @@ class _Masked(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return grad * ctx.kept.unpack(), None
+        return masked_gradient(ctx.kept, grad), None
 
 
 class GridDropout:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sparse_dist.bit_mask import fresh_gradient
 from sparse_dist.grid import ProcessGrid, roles
 from sparse_dist.grid_gcn import (AdjacencyBlock, aggregation_gradient, combine, kept_aggregation,
                                    parameter_gradients, sparse_product)
@@ -106,6 +107,7 @@ class GridSAGEFunction(torch.autograd.Function):
                 grad_h[own.o_start:own.o_start + own.count] += grad_aggregated[own.d_start:own.d_start + own.count,
                                                                                width:]
             links.allreduce(grad_h, depth, "backward", "input_gradient")
+            fresh_gradient(grad_h)  # the ReLU (or dropout) behind it masks it in place
         return (grad_h, grad_weight[:width], grad_weight[width:], grad_bias, None, None, None, None, None)
 
 

@@ -7,7 +7,8 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from sparse_dist.bit_mask import PackedMask, pack_with_shifts, unpack_with_shifts
+from sparse_dist import bit_mask
+from sparse_dist.bit_mask import PackedMask, fresh_gradient, masked_gradient, pack_with_shifts, unpack_with_shifts
 from sparse_dist.comm import world
 from sparse_dist.grid import GridShape, ProcessGrid
 from sparse_dist.grid_gcn import GridReLU, adjacency_blocks, gcn_layer, sparse_product
@@ -32,13 +33,62 @@ def test_a_mask_of_any_shape_and_stride_comes_back_in_its_shape() -> None:
         PackedMask.of(torch.ones(3))
 
 
+@pytest.mark.parametrize("numel", [0, 5, 16, 40, 1001])
+def test_a_mask_multiplies_in_place_piece_by_piece_as_the_whole_mask_would(monkeypatch: pytest.MonkeyPatch,
+                                                                          numel: int) -> None:
+    """In pieces of 16 entries (a piece ending mid-byte included), the same values as ``values * mask``: zeros
+    signed as the product signs them, NaN kept where the mask keeps it; a gradient inside a graph, or a view, is
+    masked on a copy."""
+    monkeypatch.setattr(bit_mask, "PIECE", 16)
+    rng = np.random.default_rng(numel)
+    mask = torch.from_numpy(rng.random(numel) < 0.5)
+    values = torch.from_numpy(rng.standard_normal(numel))
+    if numel:
+        values[0] = float("nan")
+    expected = values * mask
+    packed = PackedMask.of(mask)
+    same = packed.multiply_(values)
+    assert same is values and torch.equal(values.isnan(), expected.isnan())
+    assert torch.equal(torch.nan_to_num(values), torch.nan_to_num(expected))
+    assert torch.equal(torch.signbit(values), torch.signbit(expected))
+    grad = torch.randn(numel, requires_grad=True)
+    assert masked_gradient(packed, grad) is not grad and torch.equal(grad.detach() * mask,
+                                                                     masked_gradient(packed, grad).detach())
+    with pytest.raises(ValueError, match="contiguous tensor of its shape"):
+        PackedMask.of(torch.ones(4, 3, dtype=torch.bool)).multiply_(torch.ones(3, 4).T)
+
+
 def test_grid_relu_keeps_bits_and_its_gradient_is_the_masks() -> None:
     h = torch.randn(33, 7, dtype=torch.float64, requires_grad=True)
     out = GridReLU.apply(h.clone())
     assert out.grad_fn.positive.bits.numel() == -(-33 * 7 // 8)
     grad = torch.randn(33, 7, dtype=torch.float64)
-    out.backward(grad)
+    handed = grad.clone()
+    out.backward(handed)
     assert torch.equal(h.grad, grad * (h.detach() > 0))
+    assert torch.equal(handed, grad)  # a gradient a caller hands to backward() is not masked in place
+
+
+def test_a_fresh_gradient_is_masked_in_place_behind_the_layer_that_made_it() -> None:
+    """The grid layers mark the input gradient they return (fresh_gradient); the ReLU behind masks that very
+    tensor, so no second block stands beside it."""
+    made = []
+
+    class Next(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return h.sum(dim=1, keepdim=True)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            made.append(fresh_gradient(grad.expand(-1, 7).contiguous().clone()))
+            return made[-1]
+
+    h = torch.randn(33, 7, dtype=torch.float64, requires_grad=True)
+    relu_out = GridReLU.apply(h * 1.0)
+    Next.apply(relu_out).sum().backward()
+    assert torch.equal(made[0], (h.detach() > 0).double())  # ones masked where the ReLU cut, in place
+    assert torch.equal(h.grad, made[0])
 
 
 def test_a_grid_layer_lets_its_aggregation_go_after_the_weights_gradient_and_refuses_a_second_backward() -> None:
