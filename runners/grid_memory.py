@@ -35,11 +35,12 @@ from runners.resources import ResourceError, memory_verdict, node_memory
 from sparse_dist.comm import Communicator, said_once
 from sparse_dist.grid import GridShape, block_range, roles
 
-TRANSIENT_COPIES = 4.0
+TRANSIENT_COPIES = 3.0
 """Arrays of the widest layer's ``n_d x max(f_i, f'_o)`` alive at the peak beyond what the backward keeps, with
-the heap's slack: fitted on R-MAT SCALE 20 at 2x2x2 (GCN 3 x 128, float32, masks kept as bits; the largest
-rank's peak 1.11 GiB beyond the start, in the forward: the input, the aggregation and the product of the last
-layer beside the kept aggregations)."""
+the heap's slack: fitted on R-MAT SCALE 20 at 2x2x2 (GCN 3 x 128, float32, masks kept as bits, the aggregation's
+product made in one block and the backward's masks applied in place; the largest rank's peak 0.99 GiB beyond the
+start, in the forward: a middle layer's input, aggregation and product beside layer 0's aggregation, or the last
+layer's input and aggregation beside layer 0's and layer 1's)."""
 READ_BYTES_PER_ENTRY = 40
 """Bytes per entry of the rotation block being assembled while reading: the cut rows (float64 values, int64
 indices), their stacked copy and the normalised one (fitted on SCALE 20 at 2x2x2: peak while reading 0.73 GiB
