@@ -18,7 +18,7 @@ from datasets_for_tests import random_directed, write
 from input_mutations import FORMATS, apply, random_mutation
 from mpirun import BIN, ROOT, run_mpi
 
-CAMPAIGN_CASES = 300
+CAMPAIGN_CASES = 200
 CAMPAIGN_SEED = 20261128
 ADDRESS_SPACE = 8 << 30
 """Bytes of virtual memory the campaign's process may map: torch and numba map about 3 GiB on import; a

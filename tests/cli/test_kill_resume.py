@@ -1,4 +1,4 @@
-"""Twenty kill -9s of every process of a checkpointing run (mpiexec and its ranks, at seeded random moments:
+"""Twelve kill -9s of every process of a checkpointing run (mpiexec and its ranks, at seeded random moments:
 a third in start-up, the others just after a new checkpoint set, so that kills fall in start-up, epochs and
 commits alike),
 each followed by ``--resume``, end where an uninterrupted run ends: the same epochs once each with the same
@@ -23,7 +23,7 @@ from algorithms.checkpoint import CheckpointError, load_checkpoint, read_pointer
 from runners.data.datasets import planted_classes
 
 SPARSE_DIST = str(BIN / "sparse-dist")
-KILLS = 20
+KILLS = 12  # two thirds of them after a commit: at least five sets committed between kills (asserted)
 EPOCHS = 300
 
 
@@ -78,7 +78,7 @@ def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_twenty_kills_of_every_process_then_resume_end_as_the_uninterrupted_run(tmp_path: Path) -> None:
+def test_kills_of_every_process_then_resume_end_as_the_uninterrupted_run(tmp_path: Path) -> None:
     # epochs of tens of milliseconds (about 30 ms here at 64 features and hidden 64): a leg's kill lands within a
     # few epochs of its moment even on a loaded machine, where the checkpoint pointer is polled late
     data = write(planted_classes(nodes=20_000, classes=4, degree=8, features=64), tmp_path / "d", parts=2,
