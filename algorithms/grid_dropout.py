@@ -64,16 +64,17 @@ class GridDropout:
 
 
 def load_grid_passes(grid: ProcessGrid, nodes: int, dims: list[int], device: torch.device,
-                     dtype: torch.dtype) -> float | None:
-    """Load the compiled mask passes at set-up where this rank's largest mask (a layer's ``n_o x f_i`` block)
-    would use them; the seconds it took, or None (:func:`algorithms.dropout.load_compiled_passes`; not collective).
+                     dtype: torch.dtype, epochs: int = 1) -> float | None:
+    """Load the compiled mask passes at set-up where this rank's largest mask (a layer's ``n_o x f_i`` block), or
+    ``epochs`` of them, would use them (the 1D trainer's rule); the seconds it took, or None
+    (:func:`algorithms.dropout.load_compiled_passes`; not collective).
     Left to the first step, the load runs in the background beside it and the first masks come from NumPy's
     slower pass (R-MAT SCALE 20 at 2x2x2: 1.0 s a mask against well under 0.1 s compiled)."""
     largest = 0
     for layer in range(len(dims) - 1):
         (r0, r1), (c0, c1) = input_block(grid, nodes, dims, layer)
         largest = max(largest, (r1 - r0) * (c1 - c0))
-    return load_compiled_passes(largest, device, dtype)
+    return load_compiled_passes(largest, device, dtype, epochs)
 
 
 def input_block(grid: ProcessGrid, nodes: int, dims: list[int], layer: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -112,7 +112,8 @@ class GridTrainer(grid_policy.GridPolicyState, GridCheckpointState):
         features = torch.from_numpy(graph.features).to(self.device)
         self.first = form.first_aggregation(features, self.blocks[0], self.grid, self.nodes)  # phase halo, once
         self.features = features if dropping else None  # without dropout X is not read again
-        if dropping and (seconds := load_grid_passes(self.grid, self.nodes, self.dims, self.device, self.dtype)):
+        if dropping and (seconds := load_grid_passes(self.grid, self.nodes, self.dims, self.device, self.dtype,
+                                                        config.epochs)):
             _log.info("loaded the compiled dropout passes in %.2f s", seconds)
         self.input_exchange = GridInput("per-epoch" if dropping else "once",
                                         input_bytes(self.shape, self.grid.coords, self.nodes, self.dims[0], itemsize,

@@ -98,7 +98,7 @@ def main(comm: Communicator, args: argparse.Namespace) -> int:
               for layer, full in enumerate(_weights(dims, args.seed, dtype, terms))]
     optimizer = torch.optim.Adam([p for pair in params for p in pair], lr=args.lr)
     if dropping:
-        load_grid_passes(grid, n, dims, torch.device("cpu"), dtype)
+        load_grid_passes(grid, n, dims, torch.device("cpu"), dtype, args.epochs)
     layer_fn = sage_layers(grid, n) if sage else gcn_layer
     comm.stats.reset()
     features = torch.from_numpy(graph.features)
